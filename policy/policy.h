@@ -1,0 +1,230 @@
+/*
+ * policy.h: the datamem policy, from YAML bytes to an immutable compiled table.
+ *
+ * This module knows nothing of jemalloc, NUMA system calls or Python: it turns a
+ * policy file into plain data (dm_policy_t), and that data into a dispatch table
+ * (dm_table_t) whose per-context views (dm_view_t) answer "which rule serves an
+ * allocation of this size and dtype" in O(log rules).
+ *
+ * Thread safety: parsing and compiling are reentrant (no globals). A compiled
+ * table and its views are immutable once returned and may be read by any number
+ * of threads without synchronisation. dm_table_view_build() allocates; callers
+ * cache its result (the runtime does, per table and context).
+ */
+#ifndef DM_POLICY_H
+#define DM_POLICY_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "policy/diag.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define DM_NAME_MAX 64          /* arena and rule names, incl. NUL */
+#define DM_ARENAS_MAX 64        /* arenas in one policy */
+#define DM_RULES_MAX 1024       /* rules in one policy */
+#define DM_GLOBS_MAX 16         /* thread globs / tags in one rule */
+#define DM_NODES_MAX 64         /* NUMA nodes a policy can name (bitmask) */
+#define DM_POLICY_FILE_MAX (1u << 20) /* policy files larger than 1 MiB are refused */
+
+/* dtype codes: what the Python layer reports for the array being built. The
+ * policy knows these only as names; the mapping from NumPy type numbers lives in
+ * pyext/. DM_DT_UNKNOWN is a normal outcome: a rule with a dtype match never
+ * matches an allocation whose dtype is unknown. */
+#define DM_DTYPE_LIST(X)                                                       \
+    X(UNKNOWN, "unknown", 0)                                                   \
+    X(BOOL, "bool", 1)                                                         \
+    X(INT8, "int8", 2)                                                         \
+    X(INT16, "int16", 3)                                                       \
+    X(INT32, "int32", 4)                                                       \
+    X(INT64, "int64", 5)                                                       \
+    X(UINT8, "uint8", 6)                                                       \
+    X(UINT16, "uint16", 7)                                                     \
+    X(UINT32, "uint32", 8)                                                     \
+    X(UINT64, "uint64", 9)                                                     \
+    X(FLOAT16, "float16", 10)                                                  \
+    X(FLOAT32, "float32", 11)                                                  \
+    X(FLOAT64, "float64", 12)                                                  \
+    X(LONGDOUBLE, "longdouble", 13)                                            \
+    X(COMPLEX64, "complex64", 14)                                              \
+    X(COMPLEX128, "complex128", 15)                                            \
+    X(CLONGDOUBLE, "clongdouble", 16)                                          \
+    X(OBJECT, "object", 17)                                                    \
+    X(BYTES, "bytes", 18)                                                      \
+    X(STR, "str", 19)                                                          \
+    X(VOID, "void", 20)                                                        \
+    X(DATETIME, "datetime64", 21)                                              \
+    X(TIMEDELTA, "timedelta64", 22)                                            \
+    X(OTHER, "other", 23)
+
+typedef enum {
+#define DM_DT_ENUM(sym, name, num) DM_DT_##sym = num,
+    DM_DTYPE_LIST(DM_DT_ENUM)
+#undef DM_DT_ENUM
+    DM_DT_COUNT
+} dm_dtype_t;
+
+#define DM_DT_SLOTS 32 /* power of two >= DM_DT_COUNT: the view's row width */
+
+typedef uint32_t dm_dtype_mask_t; /* bit (1u << dm_dtype_t) */
+
+/* Returns "float32" etc., or NULL for an out-of-range code. */
+const char *dm_dtype_name(int dt);
+
+typedef enum {
+    DM_THP_SYSTEM = 0, /* leave to the kernel's setting (default) */
+    DM_THP_ON,         /* madvise(MADV_HUGEPAGE) on every extent */
+    DM_THP_OFF,        /* madvise(MADV_NOHUGEPAGE) on every extent */
+} dm_thp_t;
+
+typedef enum {
+    DM_NUMA_NONE = 0,   /* no placement: the kernel's default (first touch) */
+    DM_NUMA_LOCAL,      /* MPOL_LOCAL: the node of the CPU that first touches */
+    DM_NUMA_BIND,       /* MPOL_BIND to `nodes` */
+    DM_NUMA_INTERLEAVE, /* MPOL_INTERLEAVE over `nodes` (all = every node) */
+    DM_NUMA_PREFERRED,  /* MPOL_PREFERRED: first node of `nodes` */
+} dm_numa_mode_t;
+
+typedef struct dm_arena_spec {
+    char name[DM_NAME_MAX];
+    size_t alignment;       /* power of two, >= 16 */
+    dm_thp_t hugepages;
+    dm_numa_mode_t numa;
+    uint64_t numa_nodes;    /* bit n = node n; for BIND/INTERLEAVE/PREFERRED */
+    bool numa_all;          /* interleave: all (resolved by the runtime) */
+    bool per_node;          /* one jemalloc arena per NUMA node */
+    int64_t dirty_decay_ms; /* -1 = never purge */
+    int64_t muzzy_decay_ms; /* -1 = never purge */
+    bool zero_reused;       /* reserved for the runtime issue; false today */
+    int line, col;          /* where it was declared (1-based) */
+} dm_arena_spec_t;
+
+typedef struct dm_rule_spec {
+    char name[DM_NAME_MAX];
+    size_t size_min;        /* inclusive; 0 when absent */
+    size_t size_max;        /* inclusive; SIZE_MAX when absent */
+    dm_dtype_mask_t dtypes; /* 0 = any dtype (known or not) */
+    int nthreads;           /* thread-name globs; 0 = any thread */
+    char threads[DM_GLOBS_MAX][DM_NAME_MAX];
+    int ntags;              /* tags, all must be set; 0 = any context */
+    char tags[DM_GLOBS_MAX][DM_NAME_MAX];
+    int arena;              /* index into dm_policy_t.arenas */
+    int line, col;
+} dm_rule_spec_t;
+
+typedef struct dm_stats_spec {
+    char http[128];         /* "host:port" or "" (off); port 0 = any free port */
+    char unix_socket[256];  /* path or "" */
+    char textfile[256];     /* node_exporter textfile path or "" */
+    int64_t interval_ms;    /* textfile refresh */
+} dm_stats_spec_t;
+
+typedef struct dm_reload_spec {
+    bool watch;             /* inotify on the policy's directory */
+    int64_t debounce_ms;
+    bool signal;            /* SIGHUP reloads (installed through Python) */
+} dm_reload_spec_t;
+
+typedef struct dm_policy {
+    int version;
+    int narenas;
+    dm_arena_spec_t arenas[DM_ARENAS_MAX];
+    int nrules;
+    dm_rule_spec_t *rules;  /* nrules entries, owned */
+    int default_arena;      /* index into arenas */
+    int fallback_arena;     /* index, or -1: tried when an arena fails */
+    dm_stats_spec_t stats;
+    dm_reload_spec_t reload;
+    uint64_t hash;          /* FNV-1a 64 of the file's bytes */
+    char path[256];
+} dm_policy_t;
+
+/* Topology the validator checks NUMA node numbers against. The runtime passes
+ * the machine's; tests pass anything. NULL means "do not check nodes". */
+typedef struct dm_topology {
+    uint64_t nodes; /* bit n set = node n exists */
+} dm_topology_t;
+
+/* Parses and validates. On success returns 0 and *out (free with
+ * dm_policy_free). On failure returns a negative dm error code, *out = NULL, and
+ * `diags` holds every error found (and warnings either way). `fname` is used in
+ * messages only. */
+int dm_policy_parse(const char *buf, size_t len, const char *fname,
+                    const dm_topology_t *topo, dm_policy_t **out,
+                    dm_diags_t *diags);
+
+/* Reads a file (refusing more than DM_POLICY_FILE_MAX bytes) and parses it. */
+int dm_policy_load(const char *path, const dm_topology_t *topo,
+                   dm_policy_t **out, dm_diags_t *diags);
+
+void dm_policy_free(dm_policy_t *p);
+
+/* ---- compiled dispatch ------------------------------------------------ */
+
+/* A context: what is constant for a stretch of code on one thread. */
+typedef struct dm_context {
+    const char *thread;      /* thread name, "" if unknown */
+    const char *const *tags; /* tags set with datamem.tag(), any order */
+    int ntags;
+} dm_context_t;
+
+/* A view is the table specialised to one context: rules whose thread/tag parts
+ * do not match are gone, leaving a lookup on (size, dtype) only.
+ *   i = number of bounds <= size - 1 ... see dm_view_lookup
+ * Layout: `nbounds` sorted interval starts (bounds[0] == 0); row i covers
+ * [bounds[i], bounds[i+1]) and holds DM_DT_SLOTS rule slots (or 1 when the
+ * policy has no dtype rule: dt_mask == 0). A slot is a rule index; nrules
+ * means "the default arena". */
+typedef struct dm_view {
+    uint32_t nbounds;
+    uint32_t dt_mask;        /* DM_DT_SLOTS - 1, or 0 when no rule uses dtype */
+    uint32_t row_width;      /* DM_DT_SLOTS or 1 */
+    uint32_t ctx_mask_words; /* internal */
+    const size_t *bounds;
+    const uint16_t *slots;   /* nbounds * row_width */
+} dm_view_t;
+
+typedef struct dm_table dm_table_t;
+
+/* Compiles a validated policy. The table copies what it needs: `p` may be freed
+ * afterwards. Returns 0 or a negative code (out of memory). */
+int dm_table_compile(const dm_policy_t *p, dm_table_t **out);
+void dm_table_free(dm_table_t *t);
+
+int dm_table_nrules(const dm_table_t *t);
+bool dm_table_uses_dtype(const dm_table_t *t);
+bool dm_table_uses_context(const dm_table_t *t);
+/* Rule index -> arena index (rule == nrules gives the default arena). */
+int dm_table_rule_arena(const dm_table_t *t, int rule);
+
+/* Bitmask key of the context-dependent rules that match `ctx`; views with the
+ * same key are identical. `key` has dm_table_ctx_key_words(t) words. */
+int dm_table_ctx_key_words(const dm_table_t *t);
+void dm_table_ctx_key(const dm_table_t *t, const dm_context_t *ctx,
+                      uint64_t *key);
+
+/* Builds the view for a context key (malloc'ed; free with dm_view_free). */
+dm_view_t *dm_table_view_build(const dm_table_t *t, const uint64_t *key);
+void dm_view_free(dm_view_t *v);
+
+/* The fast path: which rule serves (size, dtype) in this view. O(log bounds),
+ * no allocation, no locks. */
+static inline int dm_view_lookup(const dm_view_t *v, size_t size, int dt) {
+    const size_t *b = v->bounds;
+    uint32_t n = v->nbounds, lo = 0;
+    while (n > 1) { /* branch-light: find the last bound <= size */
+        uint32_t half = n / 2;
+        lo = (b[lo + half] <= size) ? lo + half : lo;
+        n -= half;
+    }
+    return v->slots[lo * v->row_width + ((uint32_t)dt & v->dt_mask)];
+}
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DM_POLICY_H */

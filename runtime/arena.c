@@ -1,0 +1,384 @@
+/*
+ * arena.c: policy arenas, the jemalloc arenas behind them, and their extent hooks.
+ *
+ * Each jemalloc arena we create gets extent hooks that hand out memory from
+ * address-space regions reserved for that arena alone (a bump pointer over
+ * PROT_NONE reservations, committed on demand). Three things follow:
+ *   - placement: NUMA policy (mbind) and hugepage advice (madvise) are applied to
+ *     whole extents as they are created, so they never split a mapping per array;
+ *   - ownership: every 1 GiB segment of address space maps to one arena in
+ *     dm__seg_owner, so free() learns the owning arena with one load and can use
+ *     that arena's explicit thread cache (jemalloc's thread caches ignore arenas:
+ *     a shared cache would hand one arena's memory out as another's);
+ *   - zeroing: with non-default hooks jemalloc zeroes reused memory for calloc
+ *     with memset instead of a purge and refault (18-45x faster np.zeros+use,
+ *     docs/performance.md).
+ * Extents are never unmapped (the dalloc hook opts out, jemalloc retains them);
+ * dirty pages go back to the kernel through the purge hooks as decay says.
+ *
+ * Arenas live for the process: arrays outlive every policy that named them.
+ *
+ * Thread safety: arena creation and settings changes run under dm__mu. Hooks
+ * run on any thread, inside jemalloc; they take only their arena's bump mutex
+ * (a leaf lock) and read settings with relaxed atomics.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "runtime/internal.h"
+#include "runtime/os.h"
+
+_Atomic uint16_t dm__seg_owner[1u << (DM_VA_BITS - DM_SEG_SHIFT)];
+je_arena_t *dm__je[DM_JE_MAX];
+
+static dm_arena_t *arenas[DM_RT_ARENAS_MAX];
+static int narenas;
+static int nje;
+static _Atomic int64_t fault_extent_allocs; /* tests: fail the next n hooks */
+
+void dm_fault_extent_alloc(int64_t n) {
+    atomic_store_explicit(&fault_extent_allocs, n, memory_order_relaxed);
+}
+
+static bool fault_fire(void) {
+    int64_t n = atomic_load_explicit(&fault_extent_allocs, memory_order_relaxed);
+    while (n != 0) {
+        int64_t next = n < 0 ? n : n - 1;
+        if (atomic_compare_exchange_weak(&fault_extent_allocs, &n, next))
+            return true;
+    }
+    return false;
+}
+
+/* ---- extent hooks ------------------------------------------------------ */
+
+static size_t align_up(size_t x, size_t a) { return (x + a - 1) & ~(a - 1); }
+
+/* Reserves a fresh region of at least `need` bytes and marks its segments. */
+static bool region_grow(je_arena_t *ja, size_t need) {
+    size_t len = align_up(need > DM_SEG_SIZE ? need : DM_SEG_SIZE, DM_SEG_SIZE);
+    char *base = dm__os_reserve(len, DM_SEG_SIZE);
+    if (!base)
+        return false;
+    uintptr_t first = (uintptr_t)base >> DM_SEG_SHIFT;
+    uintptr_t last = ((uintptr_t)base + len - 1) >> DM_SEG_SHIFT;
+    if (last >= (1u << (DM_VA_BITS - DM_SEG_SHIFT)))
+        return false; /* outside the map: leave it reserved but unused */
+    for (uintptr_t s = first; s <= last; s++)
+        atomic_store_explicit(&dm__seg_owner[s], (uint16_t)(ja->slot + 1),
+                              memory_order_release);
+    ja->cur = base; /* the rest of the old region is abandoned (address space only) */
+    ja->end = base + len;
+    ja->reserved += len;
+    return true;
+}
+
+static void place(je_arena_t *ja, void *p, size_t size) {
+    dm_arena_t *a = ja->owner;
+    int thp = atomic_load_explicit(&a->thp, memory_order_relaxed);
+    int numa = atomic_load_explicit(&a->numa, memory_order_relaxed);
+    uint64_t nodes = atomic_load_explicit(&a->numa_nodes, memory_order_relaxed);
+    if (ja->node >= 0) { /* per_node: this arena serves one node */
+        numa = DM_NUMA_BIND;
+        nodes = UINT64_C(1) << ja->node;
+    }
+    if (dm__os_thp(p, size, thp) != 0)
+        DM_CTR_ADD(a->placement_errors, 1);
+    if (dm__os_numa(p, size, numa, nodes) != 0)
+        DM_CTR_ADD(a->placement_errors, 1);
+}
+
+static void *hook_alloc(extent_hooks_t *h, void *new_addr, size_t size,
+                        size_t alignment, bool *zero, bool *commit,
+                        unsigned arena_ind) {
+    je_arena_t *ja = (je_arena_t *)h;
+    if (DM_UNLIKELY(fault_fire()))
+        return NULL;
+    if (alignment < dm__os_page_size())
+        alignment = dm__os_page_size();
+    /* Hugepage-backed arenas align big extents to 2 MiB so THP can back them. */
+    if (atomic_load_explicit(&ja->owner->thp, memory_order_relaxed) == DM_THP_ON &&
+        size >= ((size_t)2 << 20) && alignment < ((size_t)2 << 20))
+        alignment = (size_t)2 << 20;
+
+    pthread_mutex_lock(&ja->mu);
+    char *p = NULL;
+    if (new_addr) { /* in-place growth: only right after our last extent */
+        if ((char *)new_addr == ja->cur && (size_t)(ja->end - ja->cur) >= size)
+            p = new_addr;
+    } else {
+        char *at = ja->cur ? (char *)align_up((size_t)ja->cur, alignment) : NULL;
+        if (!at || at > ja->end || (size_t)(ja->end - at) < size) {
+            if (region_grow(ja, size + alignment))
+                at = (char *)align_up((size_t)ja->cur, alignment);
+            else
+                at = NULL;
+        }
+        p = at;
+    }
+    if (p) {
+        if (dm__os_commit(p, size) != 0)
+            p = NULL;
+        else
+            ja->cur = p + size;
+    }
+    pthread_mutex_unlock(&ja->mu);
+    if (!p)
+        return NULL;
+    place(ja, p, size);
+    *zero = true; /* never handed out before: fresh anonymous pages */
+    *commit = true;
+    return p;
+}
+
+/* Opt out: jemalloc keeps the extent as retained address space and reuses it. */
+static bool hook_dalloc(extent_hooks_t *h, void *addr, size_t size,
+                        bool committed, unsigned arena_ind) {
+    return true;
+}
+
+static void hook_destroy(extent_hooks_t *h, void *addr, size_t size,
+                         bool committed, unsigned arena_ind) {
+    /* Arenas are never destroyed; if jemalloc asks, keep the address space. */
+}
+
+static bool hook_commit(extent_hooks_t *h, void *addr, size_t size,
+                        size_t offset, size_t length, unsigned arena_ind) {
+    return false; /* always committed */
+}
+
+static bool hook_decommit(extent_hooks_t *h, void *addr, size_t size,
+                          size_t offset, size_t length, unsigned arena_ind) {
+    return true; /* opt out: jemalloc purges instead */
+}
+
+static bool hook_purge_lazy(extent_hooks_t *h, void *addr, size_t size,
+                            size_t offset, size_t length, unsigned arena_ind) {
+    return dm__os_purge((char *)addr + offset, length, false) != 0;
+}
+
+static bool hook_purge_forced(extent_hooks_t *h, void *addr, size_t size,
+                              size_t offset, size_t length, unsigned arena_ind) {
+    return dm__os_purge((char *)addr + offset, length, true) != 0;
+}
+
+static bool hook_split(extent_hooks_t *h, void *addr, size_t size,
+                       size_t size_a, size_t size_b, bool committed,
+                       unsigned arena_ind) {
+    return false; /* one mapping: any split is fine */
+}
+
+static bool hook_merge(extent_hooks_t *h, void *addr_a, size_t size_a,
+                       void *addr_b, size_t size_b, bool committed,
+                       unsigned arena_ind) {
+    /* Only extents of one arena can meet, all inside our reservations. */
+    return false;
+}
+
+static const extent_hooks_t hooks_template = {
+    hook_alloc, hook_dalloc, hook_destroy, hook_commit, hook_decommit,
+    hook_purge_lazy, hook_purge_forced, hook_split, hook_merge,
+};
+
+/* ---- jemalloc arenas ---------------------------------------------------- */
+
+static int mallctl_arena_ssize(unsigned idx, const char *leaf, ssize_t v) {
+    char name[96];
+    snprintf(name, sizeof(name), "arena.%u.%s", idx, leaf);
+    return dmje_mallctl(name, NULL, NULL, &v, sizeof(v));
+}
+
+static int je_settings(je_arena_t *ja, const dm_arena_spec_t *spec) {
+    char name[96];
+    /* Eager purge re-faults every page of 8-64 MiB temporaries (2.4-3.1x slower
+     * than NumPy's default, docs/performance.md): never treat a size as
+     * "oversize" in our arenas. */
+    size_t never = (size_t)1 << 62;
+    snprintf(name, sizeof(name), "arena.%u.oversize_threshold", ja->index);
+    int rc = dmje_mallctl(name, NULL, NULL, &never, sizeof(never));
+    if (rc == 0)
+        rc = mallctl_arena_ssize(ja->index, "dirty_decay_ms", (ssize_t)spec->dirty_decay_ms);
+    if (rc == 0)
+        rc = mallctl_arena_ssize(ja->index, "muzzy_decay_ms", (ssize_t)spec->muzzy_decay_ms);
+    return rc == 0 ? 0 : DM_EARENA;
+}
+
+static je_arena_t *je_create(dm_arena_t *owner, int node, const dm_arena_spec_t *spec) {
+    if (nje >= DM_JE_MAX)
+        return NULL;
+    je_arena_t *ja = dmje_mallocx(sizeof(*ja), MALLOCX_ZERO | MALLOCX_TCACHE_NONE);
+    if (!ja)
+        return NULL;
+    ja->hooks = hooks_template;
+    ja->node = node;
+    ja->owner = owner;
+    ja->slot = (uint16_t)nje;
+    pthread_mutex_init(&ja->mu, NULL);
+    /* Publish before jemalloc can call the hooks (arenas.create may allocate). */
+    dm__je[nje] = ja;
+    extent_hooks_t *hp = &ja->hooks;
+    size_t sz = sizeof(ja->index);
+    if (dmje_mallctl("arenas.create", &ja->index, &sz, &hp, sizeof(hp)) != 0) {
+        dm__je[nje] = NULL;
+        dmje_dallocx(ja, MALLOCX_TCACHE_NONE);
+        return NULL;
+    }
+    nje++;
+    if (je_settings(ja, spec) != 0)
+        dm__log("datamem: arena '%s': cannot apply decay settings", owner->name);
+    return ja;
+}
+
+int dm__arena_init(void) { return 0; }
+
+static void store_settings(dm_arena_t *a, const dm_arena_spec_t *spec) {
+    atomic_store_explicit(&a->thp, spec->hugepages, memory_order_relaxed);
+    atomic_store_explicit(&a->numa, spec->numa, memory_order_relaxed);
+    uint64_t nodes = spec->numa_all ? dm__os_numa_nodes() : spec->numa_nodes;
+    atomic_store_explicit(&a->numa_nodes, nodes, memory_order_relaxed);
+    atomic_store_explicit(&a->alignment, spec->alignment, memory_order_relaxed);
+    atomic_store_explicit(&a->per_node, spec->per_node, memory_order_relaxed);
+    atomic_store_explicit(&a->in_policy, true, memory_order_relaxed);
+}
+
+static je_arena_t *je_get(je_arena_t *_Atomic *p) {
+    return atomic_load_explicit(p, memory_order_acquire);
+}
+
+/* Called with dm__mu held: creates the jemalloc arenas `spec` needs. Nothing
+ * visible changes for the policy in force: the new arenas serve no slot yet. */
+int dm__arena_ensure(dm_arena_t *a, const dm_arena_spec_t *spec) {
+    if (!spec->per_node) {
+        if (!je_get(&a->single)) {
+            je_arena_t *ja = je_create(a, -1, spec);
+            if (!ja)
+                return DM_EARENA;
+            atomic_store_explicit(&a->single, ja, memory_order_release);
+        }
+        return 0;
+    }
+    uint64_t nodes = dm__os_numa_nodes();
+    for (int n = 0; n < DM_NODES_MAX; n++) {
+        if (!(nodes & (UINT64_C(1) << n)) || je_get(&a->by_node[n]))
+            continue;
+        je_arena_t *ja = je_create(a, n, spec);
+        if (!ja)
+            return DM_EARENA;
+        atomic_store_explicit(&a->by_node[n], ja, memory_order_release);
+    }
+    return 0;
+}
+
+/* Called with dm__mu held: new settings for new extents and decay. */
+void dm__arena_apply(dm_arena_t *a, const dm_arena_spec_t *spec) {
+    store_settings(a, spec);
+    je_arena_t *ja = je_get(&a->single);
+    if (ja && je_settings(ja, spec) != 0)
+        dm__log("datamem: arena '%s': cannot apply decay settings", a->name);
+    for (int n = 0; n < DM_NODES_MAX; n++)
+        if ((ja = je_get(&a->by_node[n])) && je_settings(ja, spec) != 0)
+            dm__log("datamem: arena '%s': cannot apply decay settings", a->name);
+}
+
+/* Called with dm__mu held: finds the arena by name, creating it if new. */
+dm_arena_t *dm__arena_get(const char *name, const dm_arena_spec_t *spec) {
+    for (int i = 0; i < narenas; i++)
+        if (strcmp(arenas[i]->name, name) == 0)
+            return arenas[i];
+    if (narenas >= DM_RT_ARENAS_MAX)
+        return NULL;
+    dm_arena_t *a = dmje_mallocx(sizeof(*a), MALLOCX_ZERO | MALLOCX_TCACHE_NONE);
+    if (!a)
+        return NULL;
+    snprintf(a->name, sizeof(a->name), "%s", name);
+    a->id = narenas;
+    store_settings(a, spec); /* hooks of arenas created next read these */
+    atomic_store_explicit(&a->in_policy, false, memory_order_relaxed);
+    arenas[narenas++] = a;
+    return a;
+}
+
+void dm__arena_mark_all_unused(void) {
+    for (int i = 0; i < narenas; i++)
+        atomic_store_explicit(&arenas[i]->in_policy, false, memory_order_relaxed);
+}
+
+je_arena_t *dm__arena_je_for_node(dm_arena_t *a, int node) {
+    je_arena_t *ja;
+    if (node >= 0 && node < DM_NODES_MAX && (ja = je_get(&a->by_node[node])))
+        return ja;
+    if ((ja = je_get(&a->single)))
+        return ja;
+    for (int n = 0; n < DM_NODES_MAX; n++)
+        if ((ja = je_get(&a->by_node[n])))
+            return ja;
+    return NULL;
+}
+
+int dm__arena_count(void) { return narenas; }
+dm_arena_t *dm__arena_at(int id) { return id < narenas ? arenas[id] : NULL; }
+
+/* ---- explicit thread caches -------------------------------------------- */
+
+unsigned dm__tcache_create(void) {
+    unsigned tc;
+    size_t sz = sizeof(tc);
+    if (dmje_mallctl("tcache.create", &tc, &sz, NULL, 0) != 0)
+        return 0;
+    return tc + 1;
+}
+
+void dm__tcache_destroy(unsigned tc) {
+    unsigned idx = tc - 1;
+    dmje_mallctl("tcache.destroy", NULL, NULL, &idx, sizeof(idx));
+}
+
+/* ---- jemalloc's stats --------------------------------------------------- */
+
+static uint64_t stat_zu(unsigned idx, const char *leaf) {
+    char name[128];
+    snprintf(name, sizeof(name), "stats.arenas.%u.%s", idx, leaf);
+    size_t v = 0, sz = sizeof(v);
+    if (dmje_mallctl(name, &v, &sz, NULL, 0) != 0)
+        return 0;
+    return v;
+}
+
+static uint64_t stat_u64(unsigned idx, const char *leaf) {
+    char name[128];
+    snprintf(name, sizeof(name), "stats.arenas.%u.%s", idx, leaf);
+    uint64_t v = 0;
+    size_t sz = sizeof(v);
+    if (dmje_mallctl(name, &v, &sz, NULL, 0) != 0)
+        return 0;
+    return v;
+}
+
+static void je_stats_add(je_arena_t *ja, dm_arena_stats_t *o) {
+    unsigned i = ja->index;
+    size_t page = dm__os_page_size();
+    o->allocated += stat_zu(i, "small.allocated") + stat_zu(i, "large.allocated");
+    o->active += stat_zu(i, "pactive") * page;
+    o->dirty += stat_zu(i, "pdirty") * page;
+    o->muzzy += stat_zu(i, "pmuzzy") * page;
+    o->resident += stat_zu(i, "resident");
+    o->mapped += stat_zu(i, "mapped");
+    o->retained += stat_zu(i, "retained");
+    o->je_nmalloc += stat_u64(i, "small.nmalloc") + stat_u64(i, "large.nmalloc");
+    o->je_ndalloc += stat_u64(i, "small.ndalloc") + stat_u64(i, "large.ndalloc");
+    pthread_mutex_lock(&ja->mu);
+    o->reserved += ja->reserved;
+    pthread_mutex_unlock(&ja->mu);
+    o->njemalloc++;
+}
+
+/* Called with dm__mu held, after an "epoch" refresh. */
+void dm__arena_je_stats(dm_arena_t *a, dm_arena_stats_t *out) {
+    je_arena_t *ja = je_get(&a->single);
+    if (ja)
+        je_stats_add(ja, out);
+    for (int n = 0; n < DM_NODES_MAX; n++)
+        if ((ja = je_get(&a->by_node[n])))
+            je_stats_add(ja, out);
+}

@@ -1,0 +1,136 @@
+/*
+ * datamem.h: the datamem runtime's C API (no Python here).
+ *
+ * The runtime owns jemalloc arenas (by name, for the life of the process), the
+ * published dispatch table, the allocation fast path and the counters behind
+ * stats. The Python extension is a thin layer over this header; C programs can
+ * use it directly.
+ *
+ * Thread safety: every function may be called from any thread, with or without
+ * the GIL. dm_alloc/dm_calloc/dm_realloc/dm_free take no lock, never log and
+ * never allocate outside jemalloc once the calling thread is bound to the
+ * current table; binding (first call on a thread, after a reload, on a new
+ * context) takes the runtime mutex once.
+ */
+#ifndef DATAMEM_H
+#define DATAMEM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "policy/diag.h"
+#include "policy/policy.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define DM_API __attribute__((visibility("default")))
+
+#define DM_VERSION_STRING "0.1.0"
+
+/* A context: an interned, immutable set of tags (datamem.tag()). The Python
+ * layer stores one per NEP 49 handler, so NumPy's ContextVar carries it across
+ * await and into asyncio tasks; dm_ctx_root() has no tags. */
+typedef struct dm_ctx dm_ctx_t;
+
+DM_API int dm_runtime_init(void);
+
+/* Parses, validates, compiles and publishes a policy file. On error nothing
+ * changes (the previous policy stays in force) and `diags` says why. */
+DM_API int dm_runtime_load(const char *path, dm_diags_t *diags);
+
+/* Publishes an already parsed policy (the runtime takes ownership of `p`). */
+DM_API int dm_runtime_install(dm_policy_t *p, dm_diags_t *diags);
+
+/* True once a policy is in force. */
+DM_API bool dm_runtime_active(void);
+
+/* A copy of the policy in force (NULL if none); free with dm_policy_free. */
+DM_API dm_policy_t *dm_runtime_policy_copy(void);
+
+/* The machine's NUMA topology, as the validator sees it. */
+DM_API void dm_runtime_topology(dm_topology_t *out);
+
+DM_API const dm_ctx_t *dm_ctx_root(void);
+/* Returns the context with `base`'s tags plus `tag` (interned; lives forever).
+ * NULL if too many distinct contexts exist (DM_CTX_MAX). */
+DM_API const dm_ctx_t *dm_ctx_with_tag(const dm_ctx_t *base, const char *tag);
+DM_API int dm_ctx_tags(const dm_ctx_t *c, const char **tags, int cap);
+
+/* The calling thread's name for thread rules (set when a thread starts). */
+DM_API void dm_thread_set_name(const char *name);
+
+/* The fast path. `dt` is a dm_dtype_t (DM_DT_UNKNOWN when not known). */
+DM_API void *dm_alloc(const dm_ctx_t *c, size_t size, int dt);
+DM_API void *dm_calloc(const dm_ctx_t *c, size_t size, int dt);
+DM_API void *dm_realloc(const dm_ctx_t *c, void *p, size_t size);
+DM_API void dm_free(void *p);
+
+/* Whether the current table has any dtype rule (the Python layer skips dtype
+ * discovery when not). One acquire-load. */
+DM_API bool dm_runtime_wants_dtype(void);
+
+/* Which arena owns `p` (name), or NULL if datamem does not own it. */
+DM_API const char *dm_owner_arena(const void *p);
+
+/* ---- stats -------------------------------------------------------------- */
+
+#define DM_STATS_ARENAS_MAX 256
+
+typedef struct dm_arena_stats {
+    char name[DM_NAME_MAX];
+    bool in_policy;           /* named by the policy in force */
+    size_t alignment;
+    int hugepages;            /* dm_thp_t */
+    int numa;                 /* dm_numa_mode_t */
+    uint64_t numa_nodes;
+    bool per_node;
+    int njemalloc;            /* jemalloc arenas behind it */
+    /* datamem's own counters */
+    uint64_t nalloc, nfree, nrealloc, nfail, nfallback, ndtype_known;
+    uint64_t bytes_requested; /* sum of sizes asked for */
+    uint64_t nplacement_errors; /* mbind/madvise failures */
+    /* from jemalloc (refreshed through "epoch") */
+    uint64_t allocated, active, resident, mapped, retained, dirty, muzzy;
+    uint64_t je_nmalloc, je_ndalloc;
+    uint64_t reserved;        /* address space reserved for the arena */
+} dm_arena_stats_t;
+
+typedef struct dm_rule_stats {
+    char name[DM_NAME_MAX];
+    char arena[DM_NAME_MAX];
+    uint64_t nalloc, bytes_requested;
+} dm_rule_stats_t;
+
+typedef struct dm_stats {
+    int narenas;
+    dm_arena_stats_t arenas[DM_STATS_ARENAS_MAX];
+    int nrules;               /* rules of the policy in force, plus "default" */
+    dm_rule_stats_t *rules;   /* malloc'ed by dm_stats_snapshot */
+    uint64_t policy_hash;
+    char policy_path[256];
+    uint64_t reloads, reload_failures;
+    double last_reload_time;  /* unix seconds of the last successful load */
+    uint64_t foreign_frees;   /* dm_free of a pointer datamem does not own */
+    int nthreads;             /* threads that have allocated through datamem */
+    int ncontexts;
+} dm_stats_t;
+
+/* Fills `out` (caller frees out->rules with dm_stats_release). */
+DM_API int dm_stats_snapshot(dm_stats_t *out);
+DM_API void dm_stats_release(dm_stats_t *s);
+
+/* Records a failed reload attempt (counted in stats). */
+DM_API void dm_runtime_note_reload_failure(void);
+
+/* ---- testing hooks (fault injection) ------------------------------------ */
+
+/* The next `n` extent allocations fail (simulated out-of-memory); -1 = all. */
+DM_API void dm_fault_extent_alloc(int64_t n);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DATAMEM_H */

@@ -1,0 +1,155 @@
+/*
+ * internal.h: what runtime/*.c share and nobody else sees.
+ *
+ * Objects and lifetimes:
+ *   dm_arena_t  a policy arena, found by name; lives for the process (arrays
+ *               outlive policies). Behind it one jemalloc arena, or one per NUMA
+ *               node with per_node.
+ *   je_arena_t  one jemalloc arena with our extent hooks; `slot` is its small
+ *               integer id, also stored in the segment map so that free() finds
+ *               the owner from the address with one load.
+ *   rt_table_t  a published dispatch table (compiled policy + slots), reference
+ *               counted: the global pointer holds one reference, each thread
+ *               bound to it holds one. Freed when the last goes.
+ *   dm_tls_t    per-thread state: the bound table, view cache, explicit
+ *               jemalloc thread caches (one per je arena) and counters.
+ */
+#ifndef DM_RUNTIME_INTERNAL_H
+#define DM_RUNTIME_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "jemalloc/jemalloc.h"
+#include "policy/policy.h"
+#include "runtime/datamem.h"
+
+#define DM_LIKELY(x) __builtin_expect(!!(x), 1)
+#define DM_UNLIKELY(x) __builtin_expect(!!(x), 0)
+#define DM_CACHELINE 64
+
+#define DM_RT_ARENAS_MAX DM_STATS_ARENAS_MAX /* policy arenas ever seen */
+#define DM_JE_MAX 1024                       /* jemalloc arenas we create */
+#define DM_SEG_SHIFT 30                      /* 1 GiB address-space segments */
+#define DM_SEG_SIZE ((size_t)1 << DM_SEG_SHIFT)
+#define DM_VA_BITS 47
+#define DM_CTX_MAX 4096
+
+/* Counters one thread writes and any thread reads: relaxed atomics compile to
+ * plain adds on x86-64 (no lock prefix), and keep TSan honest. */
+typedef _Atomic uint64_t dm_ctr_t;
+#define DM_CTR_ADD(c, n)                                                       \
+    atomic_store_explicit(&(c), atomic_load_explicit(&(c), memory_order_relaxed) + (n), \
+                          memory_order_relaxed)
+#define DM_CTR_GET(c) atomic_load_explicit(&(c), memory_order_relaxed)
+
+typedef struct dm_arena_ctrs {
+    dm_ctr_t nalloc, nfree, nrealloc, nfail, nfallback, ndtype_known, bytes;
+} dm_arena_ctrs_t;
+
+typedef struct je_arena {
+    extent_hooks_t hooks;    /* first: jemalloc hands &hooks back to us */
+    unsigned index;          /* jemalloc's arena index */
+    uint16_t slot;           /* our id; segment map holds slot + 1 */
+    int node;                /* per_node arenas: their node; else -1 */
+    struct dm_arena *owner;
+    pthread_mutex_t mu;      /* guards the bump region below */
+    char *cur, *end;         /* committed-on-demand bump region */
+    size_t reserved;         /* bytes of address space reserved */
+} je_arena_t;
+
+typedef struct dm_arena {
+    char name[DM_NAME_MAX];
+    int id;
+    /* Placement for new extents; hooks read these, reload rewrites them. */
+    _Atomic int thp, numa;
+    _Atomic uint64_t numa_nodes;
+    _Atomic size_t alignment;
+    _Atomic bool per_node, in_policy;
+    /* Written under dm__mu, read by the per_node fast path without it. */
+    je_arena_t *_Atomic single;              /* the arena when not per_node */
+    je_arena_t *_Atomic by_node[DM_NODES_MAX];
+    dm_ctr_t placement_errors;
+    dm_arena_ctrs_t dead;            /* counters of threads that exited */
+} dm_arena_t;
+
+/* One per rule, plus one for the default, in a published table. */
+typedef struct rt_slot {
+    int flags;          /* MALLOCX_ARENA | MALLOCX_ALIGN (when > 64) */
+    size_t round;       /* size rounding mask for alignment <= 64 */
+    dm_arena_t *arena;
+    je_arena_t *je;     /* NULL when per_node: chosen per call */
+    uint16_t arena_id;
+} rt_slot_t;
+
+typedef struct rt_view_entry {
+    struct rt_view_entry *next;
+    dm_view_t *view;
+    uint64_t key[];     /* dm_table_ctx_key_words words */
+} rt_view_entry_t;
+
+typedef struct rt_table {
+    dm_table_t *table;
+    dm_policy_t *policy;
+    rt_slot_t *slots;            /* nrules + 1 */
+    int nslots;
+    bool uses_dtype;
+    int fallback;                /* slot index of the fallback arena, or -1 */
+    rt_slot_t fallback_slot;
+    _Atomic int refs;
+    rt_view_entry_t *views;      /* guarded by the runtime mutex */
+    dm_ctr_t *rule_nalloc, *rule_bytes; /* folded from threads that moved on */
+} rt_table_t;
+
+typedef struct dm_tls {
+    /* hot: the bound (table, context) and its view */
+    rt_table_t *table;
+    const dm_ctx_t *ctx;
+    const dm_view_t *view;
+    dm_ctr_t *rule_nalloc, *rule_bytes; /* table->nslots each */
+    /* explicit jemalloc thread caches, per je arena slot: index + 1, 0 = none */
+    unsigned tcache[DM_JE_MAX];
+    dm_arena_ctrs_t ctrs[DM_RT_ARENAS_MAX];
+    char thread_name[DM_NAME_MAX];
+    bool registered, exiting;
+    struct dm_tls *next, *prev;  /* registry, under the runtime mutex */
+} dm_tls_t;
+
+struct dm_ctx {
+    struct dm_ctx *next;
+    int ntags;
+    char **tags;                 /* sorted, unique */
+};
+
+/* arena.c */
+int dm__arena_init(void);
+dm_arena_t *dm__arena_get(const char *name, const dm_arena_spec_t *spec);
+int dm__arena_ensure(dm_arena_t *a, const dm_arena_spec_t *spec);
+void dm__arena_apply(dm_arena_t *a, const dm_arena_spec_t *spec);
+void dm__arena_mark_all_unused(void);
+je_arena_t *dm__arena_je_for_node(dm_arena_t *a, int node);
+int dm__arena_count(void);
+dm_arena_t *dm__arena_at(int id);
+void dm__arena_je_stats(dm_arena_t *a, dm_arena_stats_t *out);
+unsigned dm__tcache_create(void);
+void dm__tcache_destroy(unsigned tc);
+
+extern je_arena_t *dm__je[DM_JE_MAX];
+extern _Atomic uint16_t dm__seg_owner[1u << (DM_VA_BITS - DM_SEG_SHIFT)];
+
+static inline je_arena_t *dm__owner_of(const void *p) {
+    uintptr_t seg = (uintptr_t)p >> DM_SEG_SHIFT;
+    if (DM_UNLIKELY(seg >= (1u << (DM_VA_BITS - DM_SEG_SHIFT))))
+        return NULL;
+    uint16_t s = atomic_load_explicit(&dm__seg_owner[seg], memory_order_relaxed);
+    return s ? dm__je[s - 1] : NULL;
+}
+
+/* runtime.c */
+extern pthread_mutex_t dm__mu;
+
+void dm__log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+#endif /* DM_RUNTIME_INTERNAL_H */

@@ -1,0 +1,109 @@
+/*
+ * os.c: mmap/mprotect/madvise/mbind and NUMA topology, nothing else.
+ *
+ * NUMA placement uses the raw mbind(2) wrapper from libnuma's numaif.h rather than
+ * libnuma's higher-level calls, which allocate and may print to stderr.
+ */
+#include "runtime/os.h"
+
+#include <errno.h>
+#include <numa.h>
+#include <numaif.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "policy/policy.h"
+
+#ifndef MPOL_LOCAL
+#define MPOL_LOCAL 4
+#endif
+
+static _Atomic uint64_t fake_nodes; /* tests only */
+
+void *dm__os_reserve(size_t size, size_t align) {
+    size_t len = size + align;
+    if (len < size)
+        return NULL;
+    char *raw = mmap(NULL, len, PROT_NONE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (raw == MAP_FAILED)
+        return NULL;
+    uintptr_t start = ((uintptr_t)raw + align - 1) & ~(uintptr_t)(align - 1);
+    size_t head = start - (uintptr_t)raw;
+    size_t tail = len - head - size;
+    if (head)
+        munmap(raw, head);
+    if (tail)
+        munmap((char *)start + size, tail);
+    return (void *)start;
+}
+
+int dm__os_commit(void *p, size_t n) {
+    return mprotect(p, n, PROT_READ | PROT_WRITE) == 0 ? 0 : -errno;
+}
+
+int dm__os_thp(void *p, size_t n, int mode) {
+    int advice;
+    switch (mode) {
+    case DM_THP_ON: advice = MADV_HUGEPAGE; break;
+    case DM_THP_OFF: advice = MADV_NOHUGEPAGE; break;
+    default: return 0;
+    }
+    return madvise(p, n, advice) == 0 ? 0 : -errno;
+}
+
+int dm__os_numa(void *p, size_t n, int mode, uint64_t nodes) {
+    unsigned long mask[1] = {(unsigned long)nodes};
+    int mpol;
+    switch (mode) {
+    case DM_NUMA_NONE: return 0;
+    case DM_NUMA_LOCAL: mpol = MPOL_LOCAL; mask[0] = 0; break;
+    case DM_NUMA_BIND: mpol = MPOL_BIND; break;
+    case DM_NUMA_INTERLEAVE: mpol = MPOL_INTERLEAVE; break;
+    case DM_NUMA_PREFERRED: mpol = MPOL_PREFERRED; mask[0] = nodes & -nodes; break;
+    default: return -EINVAL;
+    }
+    long rc = mbind(p, n, mpol, mask[0] ? mask : NULL, mask[0] ? 64 : 0, 0);
+    return rc == 0 ? 0 : -errno;
+}
+
+int dm__os_purge(void *p, size_t n, bool forced) {
+    return madvise(p, n, forced ? MADV_DONTNEED : MADV_FREE) == 0 ? 0 : -errno;
+}
+
+uint64_t dm__os_numa_nodes(void) {
+    uint64_t fake = atomic_load_explicit(&fake_nodes, memory_order_relaxed);
+    if (fake)
+        return fake;
+    if (numa_available() < 0)
+        return 1;
+    uint64_t nodes = 0;
+    int max = numa_max_node();
+    for (int i = 0; i <= max && i < 64; i++)
+        if (numa_bitmask_isbitset(numa_all_nodes_ptr, (unsigned)i))
+            nodes |= UINT64_C(1) << i;
+    return nodes ? nodes : 1;
+}
+
+int dm__os_current_node(void) {
+    unsigned cpu, node;
+    if (getcpu(&cpu, &node) != 0)
+        return 0;
+    return (int)node;
+}
+
+void dm__os_set_topology(uint64_t nodes) {
+    atomic_store_explicit(&fake_nodes, nodes, memory_order_relaxed);
+}
+
+size_t dm__os_page_size(void) {
+    static _Atomic size_t page;
+    size_t p = atomic_load_explicit(&page, memory_order_relaxed);
+    if (!p) {
+        p = (size_t)sysconf(_SC_PAGESIZE);
+        atomic_store_explicit(&page, p, memory_order_relaxed);
+    }
+    return p;
+}

@@ -1,0 +1,38 @@
+/*
+ * os.h: every system call the runtime makes, behind one small interface (the way
+ * mimalloc keeps src/prim/ behind prim.h), so arena and dispatch code read as
+ * policy, not syscalls.
+ *
+ * Thread safety: all functions are reentrant. Topology can be replaced for tests
+ * (dm__os_set_topology) before dm_runtime_init.
+ */
+#ifndef DM_RUNTIME_OS_H
+#define DM_RUNTIME_OS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Reserves `size` bytes of address space aligned to `align` (PROT_NONE, nothing
+ * committed). Returns NULL on failure. */
+void *dm__os_reserve(size_t size, size_t align);
+/* Makes [p, p+n) readable and writable (commits it). 0 or -errno. */
+int dm__os_commit(void *p, size_t n);
+/* Hugepage advice: mode is a dm_thp_t. 0 or -errno. */
+int dm__os_thp(void *p, size_t n, int mode);
+/* NUMA policy for a range: mode is a dm_numa_mode_t, nodes a bitmask. */
+int dm__os_numa(void *p, size_t n, int mode, uint64_t nodes);
+/* Returns pages to the kernel: lazily (MADV_FREE) or at once (MADV_DONTNEED). */
+int dm__os_purge(void *p, size_t n, bool forced);
+
+/* Bitmask of the machine's NUMA nodes (bit 0 at least). */
+uint64_t dm__os_numa_nodes(void);
+/* The NUMA node of the CPU the caller runs on (0 when unknown). */
+int dm__os_current_node(void);
+
+/* Tests: pretend the machine has these nodes (0 = use the real topology). */
+void dm__os_set_topology(uint64_t nodes);
+
+size_t dm__os_page_size(void);
+
+#endif /* DM_RUNTIME_OS_H */

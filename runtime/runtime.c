@@ -1,0 +1,667 @@
+/*
+ * runtime.c: publishing policies and the allocation fast path.
+ *
+ * Publication: dm_runtime_install compiles the next table aside, makes sure its
+ * arenas exist, and publishes it with one release-store to g_table. The fast
+ * path reads g_table with one acquire-load and compares it with the table the
+ * calling thread is bound to; only when they differ (first use, reload, new
+ * context) does it take dm__mu to bind. A table is reference counted: the global
+ * pointer holds one reference and every thread bound to it another, so a
+ * retired table is freed as soon as the last thread moves on or exits, and the
+ * fast path never touches a table it does not hold. Threads that never allocate
+ * again keep at most one old table each; reloads never accumulate tables.
+ *
+ * Fast path: acquire-load, pointer compare, a view lookup (binary search over
+ * size bounds), a slot read, one jemalloc call with the thread's explicit cache
+ * for that arena, and relaxed per-thread counter adds. No locks, no logging, no
+ * allocation outside jemalloc, no Python.
+ *
+ * Free never consults the policy: the address's segment names the arena.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "runtime/internal.h"
+#include "runtime/os.h"
+
+/* jemalloc options, read once at its initialisation. tcache_max: cache sizes up
+ * to 1 MiB per thread and arena (the default 32 KiB sends 256 KiB create/destroy
+ * down jemalloc's locked large path, +190 ns; performance-baseline). */
+DM_API const char *dmje_malloc_conf = "tcache_max:1048576";
+
+pthread_mutex_t dm__mu = PTHREAD_MUTEX_INITIALIZER;
+
+static _Atomic(rt_table_t *) g_table;
+static pthread_once_t init_once = PTHREAD_ONCE_INIT;
+static pthread_key_t tls_key;
+static __thread dm_tls_t tls;
+
+static dm_tls_t *registry;           /* live threads, under dm__mu */
+static int nthreads;
+static _Atomic uint64_t foreign_frees;
+static uint64_t reloads, reload_failures; /* under dm__mu */
+static double last_reload_time;
+
+static struct dm_ctx root_ctx;
+static struct dm_ctx *contexts = &root_ctx; /* interned, never freed */
+static int ncontexts = 1;
+
+/* ---- logging (never on the fast path) ---------------------------------- */
+
+void dm__log(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+}
+
+/* ---- threads ------------------------------------------------------------ */
+
+static void table_release(rt_table_t *t);
+
+static void fold_rules(dm_tls_t *t) {
+    rt_table_t *tab = t->table;
+    if (!tab || !t->rule_nalloc)
+        return;
+    for (int i = 0; i < tab->nslots; i++) {
+        atomic_fetch_add_explicit(&tab->rule_nalloc[i], DM_CTR_GET(t->rule_nalloc[i]),
+                                  memory_order_relaxed);
+        atomic_fetch_add_explicit(&tab->rule_bytes[i], DM_CTR_GET(t->rule_bytes[i]),
+                                  memory_order_relaxed);
+    }
+    free(t->rule_nalloc);
+    t->rule_nalloc = t->rule_bytes = NULL;
+}
+
+static void ctrs_add(dm_arena_ctrs_t *dst, const dm_arena_ctrs_t *src) {
+    DM_CTR_ADD(dst->nalloc, DM_CTR_GET(src->nalloc));
+    DM_CTR_ADD(dst->nfree, DM_CTR_GET(src->nfree));
+    DM_CTR_ADD(dst->nrealloc, DM_CTR_GET(src->nrealloc));
+    DM_CTR_ADD(dst->nfail, DM_CTR_GET(src->nfail));
+    DM_CTR_ADD(dst->nfallback, DM_CTR_GET(src->nfallback));
+    DM_CTR_ADD(dst->ndtype_known, DM_CTR_GET(src->ndtype_known));
+    DM_CTR_ADD(dst->bytes, DM_CTR_GET(src->bytes));
+}
+
+/* pthread key destructor: the thread is exiting. */
+static void tls_exit(void *arg) {
+    dm_tls_t *t = arg;
+    t->exiting = true; /* frees after this point bypass the (gone) caches */
+    pthread_mutex_lock(&dm__mu);
+    for (int i = 0; i < dm__arena_count(); i++)
+        ctrs_add(&dm__arena_at(i)->dead, &t->ctrs[i]);
+    fold_rules(t);
+    if (t->prev)
+        t->prev->next = t->next;
+    else
+        registry = t->next;
+    if (t->next)
+        t->next->prev = t->prev;
+    nthreads--;
+    rt_table_t *tab = t->table;
+    t->table = NULL;
+    t->registered = false;
+    pthread_mutex_unlock(&dm__mu);
+    for (int i = 0; i < DM_JE_MAX; i++) {
+        unsigned f = t->tcache[i];
+        if (f && f != (unsigned)MALLOCX_TCACHE_NONE)
+            dm__tcache_destroy((f >> 8) - 1);
+        t->tcache[i] = (unsigned)MALLOCX_TCACHE_NONE;
+    }
+    if (tab)
+        table_release(tab);
+}
+
+/* Called with dm__mu held. */
+static void tls_register(dm_tls_t *t) {
+    if (t->registered || t->exiting)
+        return;
+    t->registered = true;
+    t->next = registry;
+    t->prev = NULL;
+    if (registry)
+        registry->prev = t;
+    registry = t;
+    nthreads++;
+    pthread_setspecific(tls_key, t);
+}
+
+/* The flags that select the calling thread's explicit cache for `ja`. */
+static __attribute__((noinline)) unsigned tcache_slow(dm_tls_t *t, je_arena_t *ja) {
+    if (t->exiting)
+        return (unsigned)MALLOCX_TCACHE_NONE;
+    pthread_mutex_lock(&dm__mu);
+    tls_register(t);
+    pthread_mutex_unlock(&dm__mu);
+    unsigned tc = dm__tcache_create();
+    /* Out of explicit caches (jemalloc has 4096): correct but uncached. */
+    t->tcache[ja->slot] = tc ? (unsigned)MALLOCX_TCACHE(tc - 1)
+                             : (unsigned)MALLOCX_TCACHE_NONE;
+    return t->tcache[ja->slot];
+}
+
+static inline unsigned tcache_flags(dm_tls_t *t, je_arena_t *ja) {
+    unsigned f = t->tcache[ja->slot];
+    return DM_LIKELY(f != 0) ? f : tcache_slow(t, ja);
+}
+
+/* ---- contexts ----------------------------------------------------------- */
+
+const dm_ctx_t *dm_ctx_root(void) { return &root_ctx; }
+
+static int cmp_str(const void *a, const void *b) {
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+const dm_ctx_t *dm_ctx_with_tag(const dm_ctx_t *base, const char *tag) {
+    if (!base)
+        base = &root_ctx;
+    for (int i = 0; i < base->ntags; i++)
+        if (strcmp(base->tags[i], tag) == 0)
+            return base;
+    if (base->ntags >= DM_GLOBS_MAX * 4 || strlen(tag) >= DM_NAME_MAX)
+        return NULL;
+    const char *want[DM_GLOBS_MAX * 4 + 1];
+    int n = 0;
+    for (int i = 0; i < base->ntags; i++)
+        want[n++] = base->tags[i];
+    want[n++] = tag;
+    qsort(want, (size_t)n, sizeof(want[0]), cmp_str);
+
+    pthread_mutex_lock(&dm__mu);
+    struct dm_ctx *c;
+    for (c = contexts; c; c = c->next) {
+        if (c->ntags != n)
+            continue;
+        int i = 0;
+        while (i < n && strcmp(c->tags[i], want[i]) == 0)
+            i++;
+        if (i == n)
+            break;
+    }
+    if (!c && ncontexts < DM_CTX_MAX && (c = calloc(1, sizeof(*c)))) {
+        c->tags = calloc((size_t)n, sizeof(char *));
+        for (int i = 0; c->tags && i < n; i++)
+            c->tags[i] = strdup(want[i]);
+        c->ntags = n;
+        c->next = contexts;
+        contexts = c;
+        ncontexts++;
+    }
+    pthread_mutex_unlock(&dm__mu);
+    return c;
+}
+
+int dm_ctx_tags(const dm_ctx_t *c, const char **tags, int cap) {
+    for (int i = 0; i < c->ntags && i < cap; i++)
+        tags[i] = c->tags[i];
+    return c->ntags;
+}
+
+void dm_thread_set_name(const char *name) {
+    dm_tls_t *t = &tls;
+    snprintf(t->thread_name, sizeof(t->thread_name), "%s", name ? name : "");
+    t->ctx = NULL; /* rebind: thread rules may now match differently */
+}
+
+/* ---- tables -------------------------------------------------------------- */
+
+static void table_destroy(rt_table_t *t) {
+    for (rt_view_entry_t *e = t->views, *next; e; e = next) {
+        next = e->next;
+        dm_view_free(e->view);
+        free(e);
+    }
+    dm_table_free(t->table);
+    dm_policy_free(t->policy);
+    free(t->slots);
+    free(t->rule_nalloc);
+    free(t);
+}
+
+static void table_release(rt_table_t *t) {
+    if (atomic_fetch_sub_explicit(&t->refs, 1, memory_order_acq_rel) == 1)
+        table_destroy(t);
+}
+
+static void slot_init(rt_slot_t *s, dm_arena_t *a, const dm_arena_spec_t *spec) {
+    s->arena = a;
+    s->arena_id = (uint16_t)a->id;
+    s->je = spec->per_node ? NULL : atomic_load_explicit(&a->single, memory_order_relaxed);
+    /* Alignment <= 64: round the size up instead of MALLOCX_ALIGN, which sends
+     * requests above ~14 KiB past the thread cache (340-375 ns instead of ~100 ns
+     * for 16 KiB; performance-baseline). jemalloc's size classes that are
+     * multiples of 64 are 64-aligned, and large extents are page + k*64
+     * (runtime_test checks every size up to 1 MiB). */
+    if (spec->alignment <= 64) {
+        s->round = spec->alignment - 1;
+        s->flags = 0;
+    } else {
+        s->round = 0;
+        s->flags = MALLOCX_ALIGN(spec->alignment);
+    }
+}
+
+/* Called with dm__mu held: the view of `tab` for the thread's context. */
+static const dm_view_t *view_for(rt_table_t *tab, const dm_ctx_t *c, const char *thread) {
+    int words = dm_table_ctx_key_words(tab->table);
+    uint64_t stack_key[16];
+    uint64_t *key = words <= 16 ? stack_key : calloc((size_t)words, sizeof(uint64_t));
+    if (!key)
+        return NULL;
+    dm_context_t ctx = {thread, (const char *const *)c->tags, c->ntags};
+    dm_table_ctx_key(tab->table, &ctx, key);
+    const dm_view_t *v = NULL;
+    for (rt_view_entry_t *e = tab->views; e && !v; e = e->next)
+        if (memcmp(e->key, key, (size_t)words * sizeof(uint64_t)) == 0)
+            v = e->view;
+    if (!v) {
+        rt_view_entry_t *e = calloc(1, sizeof(*e) + (size_t)words * sizeof(uint64_t));
+        dm_view_t *nv = e ? dm_table_view_build(tab->table, key) : NULL;
+        if (nv) {
+            memcpy(e->key, key, (size_t)words * sizeof(uint64_t));
+            e->view = nv;
+            e->next = tab->views;
+            tab->views = e;
+            v = nv;
+        } else {
+            free(e);
+        }
+    }
+    if (key != stack_key)
+        free(key);
+    return v;
+}
+
+/* Binds the calling thread to the current table and context. */
+static __attribute__((noinline)) bool bind(dm_tls_t *t, const dm_ctx_t *c) {
+    if (!c)
+        c = &root_ctx;
+    rt_table_t *old = NULL;
+    bool ok = false;
+    pthread_mutex_lock(&dm__mu);
+    tls_register(t);
+    rt_table_t *tab = atomic_load_explicit(&g_table, memory_order_relaxed);
+    if (!tab)
+        goto out;
+    if (t->table != tab) {
+        dm_ctr_t *ctr = calloc(2 * (size_t)tab->nslots, sizeof(dm_ctr_t));
+        if (!ctr)
+            goto out;
+        fold_rules(t);
+        old = t->table;
+        atomic_fetch_add_explicit(&tab->refs, 1, memory_order_relaxed);
+        t->table = tab;
+        t->rule_nalloc = ctr;
+        t->rule_bytes = ctr + tab->nslots;
+    }
+    const dm_view_t *v = view_for(tab, c, t->thread_name);
+    if (v) {
+        t->view = v;
+        t->ctx = c;
+        ok = true;
+    } else {
+        t->ctx = NULL;
+    }
+out:
+    pthread_mutex_unlock(&dm__mu);
+    if (old)
+        table_release(old);
+    return ok;
+}
+
+/* ---- the fast path -------------------------------------------------------- */
+
+static inline je_arena_t *slot_je(const rt_slot_t *s) {
+    return DM_LIKELY(s->je != NULL) ? s->je
+                                    : dm__arena_je_for_node(s->arena, dm__os_current_node());
+}
+
+static void *slot_alloc(dm_tls_t *t, const rt_slot_t *s, size_t size, int zero) {
+    size_t n = size ? size : 1; /* mallocx(0) is undefined */
+    n = (n + s->round) & ~s->round;
+    if (DM_UNLIKELY(n < size))
+        return NULL;
+    je_arena_t *ja = slot_je(s);
+    if (DM_UNLIKELY(!ja))
+        return NULL;
+    return dmje_mallocx(n, (int)((unsigned)s->flags | (unsigned)zero |
+                                 (unsigned)MALLOCX_ARENA(ja->index) | tcache_flags(t, ja)));
+}
+
+static __attribute__((noinline)) void *alloc_failed(dm_tls_t *t, rt_table_t *tab,
+                                                    const rt_slot_t *s, size_t size,
+                                                    int zero) {
+    DM_CTR_ADD(t->ctrs[s->arena_id].nfail, 1);
+    if (tab->fallback < 0 || tab->fallback_slot.arena == s->arena)
+        return NULL;
+    const rt_slot_t *f = &tab->fallback_slot;
+    void *p = slot_alloc(t, f, size, zero);
+    if (p)
+        DM_CTR_ADD(t->ctrs[f->arena_id].nfallback, 1);
+    else
+        DM_CTR_ADD(t->ctrs[f->arena_id].nfail, 1);
+    return p;
+}
+
+/* Returns the slot for (size, dt) in the caller's context, binding if needed. */
+static inline const rt_slot_t *route(dm_tls_t *t, const dm_ctx_t *c, size_t size,
+                                     int dt, int *rule) {
+    rt_table_t *tab = atomic_load_explicit(&g_table, memory_order_acquire);
+    if (DM_UNLIKELY(t->table != tab || t->ctx != c) && !bind(t, c))
+        return NULL;
+    int r = dm_view_lookup(t->view, size, dt);
+    *rule = r;
+    return &t->table->slots[r];
+}
+
+static inline void *alloc_impl(const dm_ctx_t *c, size_t size, int dt, int zero) {
+    dm_tls_t *t = &tls;
+    int r;
+    const rt_slot_t *s = route(t, c, size, dt, &r);
+    if (DM_UNLIKELY(!s))
+        return NULL;
+    void *p = slot_alloc(t, s, size, zero);
+    if (DM_UNLIKELY(!p))
+        return alloc_failed(t, t->table, s, size, zero);
+    dm_arena_ctrs_t *ac = &t->ctrs[s->arena_id];
+    DM_CTR_ADD(ac->nalloc, 1);
+    DM_CTR_ADD(ac->bytes, size);
+    DM_CTR_ADD(ac->ndtype_known, dt != DM_DT_UNKNOWN);
+    DM_CTR_ADD(t->rule_nalloc[r], 1);
+    DM_CTR_ADD(t->rule_bytes[r], size);
+    return p;
+}
+
+void *dm_alloc(const dm_ctx_t *c, size_t size, int dt) { return alloc_impl(c, size, dt, 0); }
+
+void *dm_calloc(const dm_ctx_t *c, size_t size, int dt) {
+    return alloc_impl(c, size, dt, MALLOCX_ZERO);
+}
+
+void dm_free(void *p) {
+    if (!p)
+        return;
+    je_arena_t *ja = dm__owner_of(p);
+    if (DM_UNLIKELY(!ja)) { /* not ours: never hand it to jemalloc */
+        atomic_fetch_add_explicit(&foreign_frees, 1, memory_order_relaxed);
+        return;
+    }
+    dm_tls_t *t = &tls;
+    DM_CTR_ADD(t->ctrs[ja->owner->id].nfree, 1);
+    dmje_dallocx(p, (int)tcache_flags(t, ja));
+}
+
+/* realloc: the block follows the rules for its new size (a growing array can
+ * move to the arena its new size selects). Same arena: rallocx, which may
+ * resize in place. Another arena: allocate there, copy, free here; never
+ * rallocx across arenas, which would free the old block into the new arena's
+ * thread cache. NumPy calls this with or without the GIL. */
+void *dm_realloc(const dm_ctx_t *c, void *p, size_t size) {
+    if (!p)
+        return dm_alloc(c, size, DM_DT_UNKNOWN);
+    je_arena_t *old = dm__owner_of(p);
+    if (DM_UNLIKELY(!old))
+        return NULL;
+    dm_tls_t *t = &tls;
+    int r;
+    const rt_slot_t *s = route(t, c, size, DM_DT_UNKNOWN, &r);
+    if (DM_UNLIKELY(!s))
+        return NULL;
+    je_arena_t *ja = slot_je(s);
+    void *q = NULL;
+    if (ja == old) {
+        size_t n = size ? size : 1;
+        n = (n + s->round) & ~s->round;
+        if (n >= size)
+            q = dmje_rallocx(p, n, (int)((unsigned)s->flags |
+                                         (unsigned)MALLOCX_ARENA(ja->index) |
+                                         tcache_flags(t, ja)));
+    } else {
+        q = slot_alloc(t, s, size, 0);
+        if (q) {
+            size_t have = dmje_sallocx(p, 0);
+            memcpy(q, p, have < size ? have : size);
+            DM_CTR_ADD(t->ctrs[old->owner->id].nfree, 1);
+            DM_CTR_ADD(t->ctrs[s->arena_id].nalloc, 1);
+            dmje_dallocx(p, (int)tcache_flags(t, old));
+        }
+    }
+    if (DM_UNLIKELY(!q)) {
+        DM_CTR_ADD(t->ctrs[s->arena_id].nfail, 1);
+        return NULL; /* the old block stays valid, as realloc promises */
+    }
+    DM_CTR_ADD(t->ctrs[s->arena_id].nrealloc, 1);
+    DM_CTR_ADD(t->ctrs[s->arena_id].bytes, size);
+    DM_CTR_ADD(t->rule_nalloc[r], 1);
+    DM_CTR_ADD(t->rule_bytes[r], size);
+    return q;
+}
+
+bool dm_runtime_wants_dtype(void) {
+    rt_table_t *tab = atomic_load_explicit(&g_table, memory_order_acquire);
+    return tab && tab->uses_dtype;
+}
+
+const char *dm_owner_arena(const void *p) {
+    je_arena_t *ja = p ? dm__owner_of(p) : NULL;
+    return ja ? ja->owner->name : NULL;
+}
+
+/* ---- init, fork ------------------------------------------------------------ */
+
+static void atfork_prepare(void) { pthread_mutex_lock(&dm__mu); }
+static void atfork_parent(void) { pthread_mutex_unlock(&dm__mu); }
+static void atfork_child(void) { pthread_mutex_unlock(&dm__mu); }
+
+static void init_once_fn(void) {
+    pthread_key_create(&tls_key, tls_exit);
+    pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
+    dm__arena_init();
+}
+
+int dm_runtime_init(void) {
+    pthread_once(&init_once, init_once_fn);
+    return 0;
+}
+
+void dm_runtime_topology(dm_topology_t *out) { out->nodes = dm__os_numa_nodes(); }
+
+bool dm_runtime_active(void) {
+    return atomic_load_explicit(&g_table, memory_order_acquire) != NULL;
+}
+
+/* ---- install ----------------------------------------------------------------- */
+
+static int install_fail(dm_diags_t *d, int rc, const char *what) {
+    if (d && d->n < DM_DIAG_MAX) {
+        dm_diag_t *e = &d->items[d->n++];
+        memset(e, 0, sizeof(*e));
+        e->severity = DM_SEV_ERROR;
+        snprintf(e->msg, sizeof(e->msg), "%s: %s", what, dm_strerror(rc));
+        d->nerrors++;
+    }
+    return rc;
+}
+
+/* Called with dm__mu held. Creates every jemalloc arena the policy needs before
+ * anything visible changes, so a failure leaves the running policy untouched
+ * (at worst an unused arena exists, as after any reload that drops one). */
+static int ensure_arenas(const dm_policy_t *p, dm_arena_t **out) {
+    for (int i = 0; i < p->narenas; i++) {
+        dm_arena_t *a = dm__arena_get(p->arenas[i].name, &p->arenas[i]);
+        if (!a)
+            return DM_EARENA;
+        int rc = dm__arena_ensure(a, &p->arenas[i]);
+        if (rc)
+            return rc;
+        out[i] = a;
+    }
+    return 0;
+}
+
+int dm_runtime_install(dm_policy_t *p, dm_diags_t *d) {
+    dm_runtime_init();
+    dm_table_t *tt = NULL;
+    int rc = dm_table_compile(p, &tt);
+    if (rc) {
+        dm_policy_free(p);
+        return install_fail(d, rc, "cannot compile the policy");
+    }
+    rt_table_t *tab = calloc(1, sizeof(*tab));
+    int nslots = dm_table_nrules(tt) + 1;
+    rt_slot_t *slots = calloc((size_t)nslots, sizeof(rt_slot_t));
+    dm_ctr_t *rc_ctr = calloc(2 * (size_t)nslots, sizeof(dm_ctr_t));
+    if (!tab || !slots || !rc_ctr) {
+        free(tab), free(slots), free(rc_ctr);
+        dm_table_free(tt);
+        dm_policy_free(p);
+        return install_fail(d, DM_ENOMEM, "cannot install the policy");
+    }
+    tab->table = tt;
+    tab->policy = p;
+    tab->slots = slots;
+    tab->nslots = nslots;
+    tab->uses_dtype = dm_table_uses_dtype(tt);
+    tab->rule_nalloc = rc_ctr;
+    tab->rule_bytes = rc_ctr + nslots;
+    atomic_store_explicit(&tab->refs, 1, memory_order_relaxed);
+
+    dm_arena_t *byspec[DM_ARENAS_MAX];
+    pthread_mutex_lock(&dm__mu);
+    rc = ensure_arenas(p, byspec);
+    if (rc) {
+        pthread_mutex_unlock(&dm__mu);
+        table_destroy(tab);
+        return install_fail(d, rc, "cannot create arenas");
+    }
+    dm__arena_mark_all_unused();
+    for (int i = 0; i < p->narenas; i++)
+        dm__arena_apply(byspec[i], &p->arenas[i]);
+    for (int r = 0; r < nslots; r++) {
+        int ai = dm_table_rule_arena(tt, r);
+        slot_init(&slots[r], byspec[ai], &p->arenas[ai]);
+    }
+    tab->fallback = p->fallback_arena;
+    if (p->fallback_arena >= 0)
+        slot_init(&tab->fallback_slot, byspec[p->fallback_arena], &p->arenas[p->fallback_arena]);
+    rt_table_t *old = atomic_load_explicit(&g_table, memory_order_relaxed);
+    atomic_store_explicit(&g_table, tab, memory_order_release);
+    reloads++;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    last_reload_time = (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+    pthread_mutex_unlock(&dm__mu);
+    if (old)
+        table_release(old);
+    return 0;
+}
+
+int dm_runtime_load(const char *path, dm_diags_t *d) {
+    dm_runtime_init();
+    dm_topology_t topo;
+    dm_runtime_topology(&topo);
+    dm_policy_t *p = NULL;
+    int rc = dm_policy_load(path, &topo, &p, d);
+    if (rc == 0)
+        rc = dm_runtime_install(p, d);
+    if (rc)
+        dm_runtime_note_reload_failure();
+    return rc;
+}
+
+void dm_runtime_note_reload_failure(void) {
+    pthread_mutex_lock(&dm__mu);
+    reload_failures++;
+    pthread_mutex_unlock(&dm__mu);
+}
+
+dm_policy_t *dm_runtime_policy_copy(void) {
+    dm_policy_t *copy = NULL;
+    pthread_mutex_lock(&dm__mu);
+    rt_table_t *tab = atomic_load_explicit(&g_table, memory_order_relaxed);
+    if (tab && (copy = malloc(sizeof(*copy)))) {
+        *copy = *tab->policy;
+        copy->rules = malloc(sizeof(dm_rule_spec_t) * (size_t)(copy->nrules ? copy->nrules : 1));
+        if (copy->rules)
+            memcpy(copy->rules, tab->policy->rules, sizeof(dm_rule_spec_t) * (size_t)copy->nrules);
+        else
+            free(copy), copy = NULL;
+    }
+    pthread_mutex_unlock(&dm__mu);
+    return copy;
+}
+
+/* ---- stats --------------------------------------------------------------------- */
+
+int dm_stats_snapshot(dm_stats_t *out) {
+    memset(out, 0, sizeof(*out));
+    uint64_t epoch = 1;
+    size_t esz = sizeof(epoch);
+    pthread_mutex_lock(&dm__mu);
+    dmje_mallctl("epoch", &epoch, &esz, &epoch, esz);
+    out->narenas = dm__arena_count();
+    for (int i = 0; i < out->narenas; i++) {
+        dm_arena_t *a = dm__arena_at(i);
+        dm_arena_stats_t *o = &out->arenas[i];
+        snprintf(o->name, sizeof(o->name), "%s", a->name);
+        o->in_policy = atomic_load_explicit(&a->in_policy, memory_order_relaxed);
+        o->alignment = atomic_load_explicit(&a->alignment, memory_order_relaxed);
+        o->hugepages = atomic_load_explicit(&a->thp, memory_order_relaxed);
+        o->numa = atomic_load_explicit(&a->numa, memory_order_relaxed);
+        o->numa_nodes = atomic_load_explicit(&a->numa_nodes, memory_order_relaxed);
+        o->per_node = atomic_load_explicit(&a->per_node, memory_order_relaxed);
+        o->nplacement_errors = DM_CTR_GET(a->placement_errors);
+        dm_arena_ctrs_t sum;
+        memset(&sum, 0, sizeof(sum));
+        ctrs_add(&sum, &a->dead);
+        for (dm_tls_t *t = registry; t; t = t->next)
+            ctrs_add(&sum, &t->ctrs[i]);
+        o->nalloc = DM_CTR_GET(sum.nalloc);
+        o->nfree = DM_CTR_GET(sum.nfree);
+        o->nrealloc = DM_CTR_GET(sum.nrealloc);
+        o->nfail = DM_CTR_GET(sum.nfail);
+        o->nfallback = DM_CTR_GET(sum.nfallback);
+        o->ndtype_known = DM_CTR_GET(sum.ndtype_known);
+        o->bytes_requested = DM_CTR_GET(sum.bytes);
+        dm__arena_je_stats(a, o);
+    }
+    rt_table_t *tab = atomic_load_explicit(&g_table, memory_order_relaxed);
+    if (tab) {
+        out->nrules = tab->nslots;
+        out->rules = calloc((size_t)tab->nslots, sizeof(dm_rule_stats_t));
+        for (int r = 0; out->rules && r < tab->nslots; r++) {
+            dm_rule_stats_t *rs = &out->rules[r];
+            const dm_policy_t *p = tab->policy;
+            snprintf(rs->name, sizeof(rs->name), "%s", r < p->nrules ? p->rules[r].name : "default");
+            snprintf(rs->arena, sizeof(rs->arena), "%s", tab->slots[r].arena->name);
+            rs->nalloc = DM_CTR_GET(tab->rule_nalloc[r]);
+            rs->bytes_requested = DM_CTR_GET(tab->rule_bytes[r]);
+            for (dm_tls_t *t = registry; t; t = t->next) {
+                if (t->table != tab)
+                    continue;
+                rs->nalloc += DM_CTR_GET(t->rule_nalloc[r]);
+                rs->bytes_requested += DM_CTR_GET(t->rule_bytes[r]);
+            }
+        }
+        out->policy_hash = tab->policy->hash;
+        snprintf(out->policy_path, sizeof(out->policy_path), "%s", tab->policy->path);
+    }
+    out->reloads = reloads;
+    out->reload_failures = reload_failures;
+    out->last_reload_time = last_reload_time;
+    out->nthreads = nthreads;
+    out->ncontexts = ncontexts;
+    pthread_mutex_unlock(&dm__mu);
+    out->foreign_frees = atomic_load_explicit(&foreign_frees, memory_order_relaxed);
+    return 0;
+}
+
+void dm_stats_release(dm_stats_t *s) {
+    free(s->rules);
+    s->rules = NULL;
+}

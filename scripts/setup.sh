@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# One-shot, idempotent set-up for a fresh Debian bookworm machine: system packages
+# (apt), Python test tools (pip). Safe to run again; does nothing that is already done.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+APT_PKGS=(bazel-bootstrap libyaml-dev libnuma-dev libmicrohttpd-dev dpkg-dev
+          clang libclang-rt-14-dev valgrind numactl build-essential autoconf)
+
+need_apt=()
+for p in "${APT_PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need_apt+=("$p")
+done
+
+# jemalloc's source comes from Debian's source archive: add deb-src for the same suites.
+src_list=/etc/apt/sources.list.d/datamem-src.sources
+if [ ! -f "$src_list" ]; then
+  sed -e 's/^Types: deb$/Types: deb-src/' /etc/apt/sources.list.d/debian.sources > "$src_list"
+  need_update=1
+fi
+
+SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
+if [ "${#need_apt[@]}" -gt 0 ] || [ -n "${need_update:-}" ]; then
+  $SUDO apt-get update -qq
+fi
+if [ "${#need_apt[@]}" -gt 0 ]; then
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need_apt[@]}"
+fi
+
+python3 -m pip install -q --disable-pip-version-check -r requirements-dev.txt
