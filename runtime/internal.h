@@ -1,5 +1,5 @@
 /*
- * internal.h: what runtime/*.c share and nobody else sees.
+ * internal.h: what the runtime's .c files share and nobody else sees.
  *
  * Objects and lifetimes:
  *   dm_arena_t  a policy arena, found by name; lives for the process (arrays

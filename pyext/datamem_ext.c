@@ -1,0 +1,484 @@
+/*
+ * datamem_ext.c: the CPython extension `datamem._ext`, and the only file that
+ * includes Python.h or NumPy headers (NumPy keeps its handler plumbing in one
+ * file, alloc.c; so do we).
+ *
+ * It owns three things:
+ *   - NEP 49 handlers: one PyDataMem_Handler per datamem context (tag set); the
+ *     handler's ctx is the dm_ctx_t, so NumPy's own ContextVar carries the tag set
+ *     across await and into asyncio tasks at no cost on the allocation path.
+ *     Handlers and their capsules live for the process: every array keeps the
+ *     capsule it was allocated with and frees through it, possibly at shutdown.
+ *   - dtype discovery, only while the policy in force has a dtype rule: a wrapper
+ *     around PyArray_Type.tp_alloc remembers (per thread) the array object being
+ *     built; malloc checks it really is that array (no data yet, byte count
+ *     matches its shape and dtype) before trusting it, and a tp_dealloc wrapper
+ *     forgets it, so a remembered pointer can never be read after it is freed.
+ *   - thin wrappers over runtime/datamem.h for Python (load, stats, explain...).
+ *
+ * The handler functions run with or without the GIL (NumPy calls realloc
+ * without it) and never call into Python.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#define NPY_NO_DEPRECATED_API NPY_1_22_API_VERSION
+#define NPY_TARGET_VERSION NPY_1_22_API_VERSION
+#include <numpy/arrayobject.h>
+
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "policy/policy.h"
+#include "runtime/datamem.h"
+
+#define HANDLER_NAME "datamem"
+
+/* ---- dtype discovery ------------------------------------------------------ */
+
+static __thread PyObject *building; /* array whose data is about to be allocated */
+static allocfunc orig_tp_alloc;
+static destructor orig_tp_dealloc;
+static int dtype_hooks_on;
+
+static PyObject *alloc_wrapper(PyTypeObject *type, Py_ssize_t nitems) {
+    PyObject *obj = orig_tp_alloc(type, nitems);
+    building = obj;
+    return obj;
+}
+
+static void dealloc_wrapper(PyObject *self) {
+    if (building == self)
+        building = NULL;
+    orig_tp_dealloc(self);
+}
+
+static int dtype_of_descr(PyArray_Descr *d) {
+    npy_intp es = PyDataType_ELSIZE(d);
+    switch (d->kind) {
+    case 'b': return DM_DT_BOOL;
+    case 'i':
+        return es == 1 ? DM_DT_INT8 : es == 2 ? DM_DT_INT16 : es == 4 ? DM_DT_INT32
+             : es == 8 ? DM_DT_INT64 : DM_DT_OTHER;
+    case 'u':
+        return es == 1 ? DM_DT_UINT8 : es == 2 ? DM_DT_UINT16 : es == 4 ? DM_DT_UINT32
+             : es == 8 ? DM_DT_UINT64 : DM_DT_OTHER;
+    case 'f':
+        return es == 2 ? DM_DT_FLOAT16 : es == 4 ? DM_DT_FLOAT32 : es == 8 ? DM_DT_FLOAT64
+             : DM_DT_LONGDOUBLE;
+    case 'c':
+        return es == 8 ? DM_DT_COMPLEX64 : es == 16 ? DM_DT_COMPLEX128 : DM_DT_CLONGDOUBLE;
+    case 'O': return DM_DT_OBJECT;
+    case 'S': return DM_DT_BYTES;
+    case 'U': return DM_DT_STR;
+    case 'V': return DM_DT_VOID;
+    case 'M': return DM_DT_DATETIME;
+    case 'm': return DM_DT_TIMEDELTA;
+    default: return DM_DT_OTHER;
+    }
+}
+
+/* The dtype of the array being built, if `size` is its data allocation. */
+static int probe_dtype(size_t size) {
+    PyObject *obj = building;
+    building = NULL; /* one use only */
+    if (!obj)
+        return DM_DT_UNKNOWN;
+    PyArrayObject_fields *fa = (PyArrayObject_fields *)obj;
+    if (fa->data != NULL || fa->descr == NULL || fa->nd < 0 || fa->nd > NPY_MAXDIMS)
+        return DM_DT_UNKNOWN;
+    npy_intp es = PyDataType_ELSIZE(fa->descr);
+    size_t n = es > 0 ? (size_t)es : 1;
+    for (int i = 0; i < fa->nd; i++) {
+        npy_intp dim = fa->dimensions[i];
+        if (dim < 0 || (dim && n > SIZE_MAX / (size_t)dim))
+            return DM_DT_UNKNOWN;
+        n *= (size_t)dim;
+    }
+    if ((n ? n : 1) != size)
+        return DM_DT_UNKNOWN;
+    return dtype_of_descr(fa->descr);
+}
+
+/* Called with the GIL when a policy with dtype rules is installed. */
+static void dtype_hooks_enable(void) {
+    if (dtype_hooks_on)
+        return;
+    orig_tp_alloc = PyArray_Type.tp_alloc;
+    orig_tp_dealloc = PyArray_Type.tp_dealloc;
+    PyArray_Type.tp_dealloc = dealloc_wrapper; /* first: never leave a dangling `building` */
+    PyArray_Type.tp_alloc = alloc_wrapper;
+    dtype_hooks_on = 1;
+}
+
+/* ---- NEP 49 handler functions ------------------------------------------------ */
+
+static void *h_malloc(void *ctx, size_t size) {
+    int dt = DM_DT_UNKNOWN;
+    if (dtype_hooks_on && dm_runtime_wants_dtype())
+        dt = probe_dtype(size);
+    return dm_alloc(ctx, size, dt);
+}
+
+static void *h_calloc(void *ctx, size_t nelem, size_t elsize) {
+    if (elsize && nelem > SIZE_MAX / elsize)
+        return NULL;
+    size_t size = nelem * elsize;
+    int dt = DM_DT_UNKNOWN;
+    if (dtype_hooks_on && dm_runtime_wants_dtype())
+        dt = probe_dtype(size);
+    return dm_calloc(ctx, size, dt);
+}
+
+static void *h_realloc(void *ctx, void *ptr, size_t size) {
+    return dm_realloc(ctx, ptr, size);
+}
+
+/* NumPy's size here is a guess (NEP 49); dm_free never uses it. */
+static void h_free(void *ctx, void *ptr, size_t size) { dm_free(ptr); }
+
+/* One handler + capsule per context, kept forever (arrays hold the capsule). */
+typedef struct handler_entry {
+    struct handler_entry *next;
+    const dm_ctx_t *ctx;
+    PyDataMem_Handler handler;
+    PyObject *capsule;
+} handler_entry_t;
+
+static handler_entry_t *handlers; /* guarded by the GIL */
+
+static PyObject *capsule_for(const dm_ctx_t *ctx) {
+    for (handler_entry_t *e = handlers; e; e = e->next)
+        if (e->ctx == ctx)
+            return Py_NewRef(e->capsule);
+    handler_entry_t *e = PyMem_RawCalloc(1, sizeof(*e));
+    if (!e)
+        return PyErr_NoMemory();
+    snprintf(e->handler.name, sizeof(e->handler.name), "%s", HANDLER_NAME);
+    e->handler.version = 1;
+    e->handler.allocator.ctx = (void *)ctx;
+    e->handler.allocator.malloc = h_malloc;
+    e->handler.allocator.calloc = h_calloc;
+    e->handler.allocator.realloc = h_realloc;
+    e->handler.allocator.free = h_free;
+    e->ctx = ctx;
+    e->capsule = PyCapsule_New(&e->handler, "mem_handler", NULL);
+    if (!e->capsule) {
+        PyMem_RawFree(e);
+        return NULL;
+    }
+    e->next = handlers;
+    handlers = e;
+    return Py_NewRef(e->capsule);
+}
+
+/* ---- Python API ---------------------------------------------------------------- */
+
+static PyObject *PolicyError;
+
+static PyObject *raise_diags(const dm_diags_t *d, int rc) {
+    char buf[16384];
+    if (d->n == 0)
+        snprintf(buf, sizeof(buf), "%s: %s", d->file, dm_strerror(rc));
+    else
+        dm_diags_format_all(d, buf, sizeof(buf));
+    PyErr_SetString(PolicyError, buf);
+    return NULL;
+}
+
+static PyObject *py_load(PyObject *self, PyObject *args) {
+    const char *path;
+    if (!PyArg_ParseTuple(args, "s", &path))
+        return NULL;
+    dm_diags_t *d = PyMem_RawMalloc(sizeof(*d));
+    if (!d)
+        return PyErr_NoMemory();
+    dm_diags_init(d, path);
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = dm_runtime_load(path, d);
+    Py_END_ALLOW_THREADS
+    PyObject *res = NULL;
+    if (rc)
+        raise_diags(d, rc);
+    else {
+        if (dm_runtime_wants_dtype())
+            dtype_hooks_enable();
+        char buf[8192] = "";
+        if (d->nwarnings)
+            dm_diags_format_all(d, buf, sizeof(buf));
+        res = PyUnicode_FromString(buf); /* warnings, "" if none */
+    }
+    PyMem_RawFree(d);
+    return res;
+}
+
+static const dm_ctx_t *ctx_from_tags(PyObject *tags) {
+    const dm_ctx_t *c = dm_ctx_root();
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(tags);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const char *t = PyUnicode_AsUTF8(PySequence_Fast_GET_ITEM(tags, i));
+        if (!t)
+            return NULL;
+        if (!(c = dm_ctx_with_tag(c, t))) {
+            PyErr_Format(PyExc_ValueError, "tag '%s': too many tags or contexts", t);
+            return NULL;
+        }
+    }
+    return c;
+}
+
+/* handler(tags=()) -> the NEP 49 capsule for that tag set */
+static PyObject *py_handler(PyObject *self, PyObject *args) {
+    PyObject *tags = NULL;
+    if (!PyArg_ParseTuple(args, "|O", &tags))
+        return NULL;
+    if (!tags)
+        return capsule_for(dm_ctx_root());
+    PyObject *seq = PySequence_Fast(tags, "tags must be a sequence of str");
+    if (!seq)
+        return NULL;
+    const dm_ctx_t *c = ctx_from_tags(seq);
+    Py_DECREF(seq);
+    return c ? capsule_for(c) : NULL;
+}
+
+/* handler_tags(capsule) -> tuple of tags, or None if not a datamem handler */
+static PyObject *py_handler_tags(PyObject *self, PyObject *cap) {
+    if (!PyCapsule_IsValid(cap, "mem_handler"))
+        Py_RETURN_NONE;
+    PyDataMem_Handler *h = PyCapsule_GetPointer(cap, "mem_handler");
+    if (!h || h->allocator.malloc != h_malloc)
+        Py_RETURN_NONE;
+    const char *tags[256];
+    int n = dm_ctx_tags(h->allocator.ctx, tags, 256);
+    PyObject *t = PyTuple_New(n);
+    for (int i = 0; t && i < n; i++)
+        PyTuple_SET_ITEM(t, i, PyUnicode_FromString(tags[i]));
+    return t;
+}
+
+static PyObject *py_set_handler(PyObject *self, PyObject *cap) {
+    return PyDataMem_SetHandler(cap == Py_None ? NULL : cap);
+}
+
+static PyObject *py_get_handler(PyObject *self, PyObject *unused) {
+    return PyDataMem_GetHandler();
+}
+
+static PyObject *py_set_thread_name(PyObject *self, PyObject *name) {
+    const char *s = PyUnicode_AsUTF8(name);
+    if (!s)
+        return NULL;
+    dm_thread_set_name(s);
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_active(PyObject *self, PyObject *unused) {
+    return PyBool_FromLong(dm_runtime_active());
+}
+
+static PyObject *py_owner_arena(PyObject *self, PyObject *arr) {
+    if (!PyArray_Check(arr)) {
+        PyErr_SetString(PyExc_TypeError, "expected a numpy.ndarray");
+        return NULL;
+    }
+    PyArrayObject *a = (PyArrayObject *)arr;
+    while (PyArray_BASE(a) && PyArray_Check(PyArray_BASE(a)) &&
+           !PyArray_CHKFLAGS(a, NPY_ARRAY_OWNDATA))
+        a = (PyArrayObject *)PyArray_BASE(a);
+    const char *name = dm_owner_arena(PyArray_DATA(a));
+    if (!name)
+        Py_RETURN_NONE;
+    return PyUnicode_FromString(name);
+}
+
+static PyObject *py_fault_extent_alloc(PyObject *self, PyObject *arg) {
+    long long n = PyLong_AsLongLong(arg);
+    if (n == -1 && PyErr_Occurred())
+        return NULL;
+    dm_fault_extent_alloc(n);
+    Py_RETURN_NONE;
+}
+
+static const char *thp_name(int m) {
+    return m == DM_THP_ON ? "on" : m == DM_THP_OFF ? "off" : "system";
+}
+
+static const char *numa_name(int m) {
+    static const char *const names[] = {"none", "local", "bind", "interleave", "preferred"};
+    return m >= 0 && m < 5 ? names[m] : "?";
+}
+
+#define SET_U64(d, k, v)                                                       \
+    do {                                                                       \
+        PyObject *_o = PyLong_FromUnsignedLongLong((unsigned long long)(v));   \
+        if (!_o || PyDict_SetItemString(d, k, _o) < 0) {                       \
+            Py_XDECREF(_o);                                                    \
+            goto fail;                                                         \
+        }                                                                      \
+        Py_DECREF(_o);                                                         \
+    } while (0)
+
+#define SET_OBJ(d, k, expr)                                                    \
+    do {                                                                       \
+        PyObject *_o = (expr);                                                 \
+        if (!_o || PyDict_SetItemString(d, k, _o) < 0) {                       \
+            Py_XDECREF(_o);                                                    \
+            goto fail;                                                         \
+        }                                                                      \
+        Py_DECREF(_o);                                                         \
+    } while (0)
+
+static PyObject *nodes_list(uint64_t nodes) {
+    PyObject *l = PyList_New(0);
+    for (int i = 0; l && i < 64; i++) {
+        if (!(nodes & (UINT64_C(1) << i)))
+            continue;
+        PyObject *n = PyLong_FromLong(i);
+        if (!n || PyList_Append(l, n) < 0) {
+            Py_XDECREF(n);
+            Py_CLEAR(l);
+            break;
+        }
+        Py_DECREF(n);
+    }
+    return l;
+}
+
+static PyObject *arena_dict(const dm_arena_stats_t *a) {
+    PyObject *d = PyDict_New();
+    if (!d)
+        return NULL;
+    SET_OBJ(d, "in_policy", PyBool_FromLong(a->in_policy));
+    SET_U64(d, "alignment", a->alignment);
+    SET_OBJ(d, "hugepages", PyUnicode_FromString(thp_name(a->hugepages)));
+    SET_OBJ(d, "numa", PyUnicode_FromString(numa_name(a->numa)));
+    SET_OBJ(d, "numa_nodes", nodes_list(a->numa_nodes));
+    SET_OBJ(d, "per_node", PyBool_FromLong(a->per_node));
+    SET_U64(d, "jemalloc_arenas", a->njemalloc);
+    SET_U64(d, "allocations", a->nalloc);
+    SET_U64(d, "frees", a->nfree);
+    SET_U64(d, "reallocs", a->nrealloc);
+    SET_U64(d, "failures", a->nfail);
+    SET_U64(d, "fallbacks", a->nfallback);
+    SET_U64(d, "dtype_known", a->ndtype_known);
+    SET_U64(d, "bytes_requested", a->bytes_requested);
+    SET_U64(d, "placement_errors", a->nplacement_errors);
+    SET_U64(d, "allocated_bytes", a->allocated);
+    SET_U64(d, "active_bytes", a->active);
+    SET_U64(d, "resident_bytes", a->resident);
+    SET_U64(d, "mapped_bytes", a->mapped);
+    SET_U64(d, "retained_bytes", a->retained);
+    SET_U64(d, "dirty_bytes", a->dirty);
+    SET_U64(d, "muzzy_bytes", a->muzzy);
+    SET_U64(d, "jemalloc_allocations", a->je_nmalloc);
+    SET_U64(d, "jemalloc_frees", a->je_ndalloc);
+    SET_U64(d, "reserved_bytes", a->reserved);
+    return d;
+fail:
+    Py_DECREF(d);
+    return NULL;
+}
+
+static PyObject *py_stats(PyObject *self, PyObject *unused) {
+    dm_stats_t *s = PyMem_RawMalloc(sizeof(*s));
+    if (!s)
+        return PyErr_NoMemory();
+    Py_BEGIN_ALLOW_THREADS
+    dm_stats_snapshot(s);
+    Py_END_ALLOW_THREADS
+    PyObject *arenas = NULL, *rules = NULL, *d = PyDict_New();
+    if (!d)
+        goto fail;
+    if (!(arenas = PyDict_New()) || !(rules = PyDict_New()))
+        goto fail;
+    for (int i = 0; i < s->narenas; i++) {
+        PyObject *a = arena_dict(&s->arenas[i]);
+        if (!a || PyDict_SetItemString(arenas, s->arenas[i].name, a) < 0) {
+            Py_XDECREF(a);
+            goto fail;
+        }
+        Py_DECREF(a);
+    }
+    for (int i = 0; i < s->nrules && s->rules; i++) {
+        PyObject *r = PyDict_New();
+        if (!r)
+            goto fail;
+        if (PyDict_SetItemString(rules, s->rules[i].name, r) < 0) {
+            Py_DECREF(r);
+            goto fail;
+        }
+        Py_DECREF(r);
+        SET_OBJ(r, "arena", PyUnicode_FromString(s->rules[i].arena));
+        SET_U64(r, "allocations", s->rules[i].nalloc);
+        SET_U64(r, "bytes_requested", s->rules[i].bytes_requested);
+    }
+    SET_OBJ(d, "arenas", Py_NewRef(arenas));
+    SET_OBJ(d, "rules", Py_NewRef(rules));
+    SET_OBJ(d, "policy_path", PyUnicode_FromString(s->policy_path));
+    char hash[17];
+    snprintf(hash, sizeof(hash), "%016llx", (unsigned long long)s->policy_hash);
+    SET_OBJ(d, "policy_hash", PyUnicode_FromString(hash));
+    SET_U64(d, "reloads", s->reloads);
+    SET_U64(d, "reload_failures", s->reload_failures);
+    SET_OBJ(d, "last_reload_time", PyFloat_FromDouble(s->last_reload_time));
+    SET_U64(d, "foreign_frees", s->foreign_frees);
+    SET_U64(d, "threads", (uint64_t)s->nthreads);
+    SET_U64(d, "contexts", (uint64_t)s->ncontexts);
+    SET_OBJ(d, "version", PyUnicode_FromString(DM_VERSION_STRING));
+    Py_DECREF(arenas);
+    Py_DECREF(rules);
+    dm_stats_release(s);
+    PyMem_RawFree(s);
+    return d;
+fail:
+    Py_XDECREF(arenas);
+    Py_XDECREF(rules);
+    Py_XDECREF(d);
+    dm_stats_release(s);
+    PyMem_RawFree(s);
+    return NULL;
+}
+
+static PyMethodDef methods[] = {
+    {"load", py_load, METH_VARARGS, "load(path) -> warnings: parse, compile and publish a policy"},
+    {"handler", py_handler, METH_VARARGS, "handler(tags=()) -> NEP 49 capsule for a tag set"},
+    {"handler_tags", py_handler_tags, METH_O, "handler_tags(capsule) -> tags, or None if not datamem's"},
+    {"set_handler", py_set_handler, METH_O, "set_handler(capsule) -> previous handler (this context)"},
+    {"get_handler", py_get_handler, METH_NOARGS, "get_handler() -> the current context's handler"},
+    {"set_thread_name", py_set_thread_name, METH_O, "set_thread_name(name): for thread rules"},
+    {"active", py_active, METH_NOARGS, "active() -> True once a policy is in force"},
+    {"owner_arena", py_owner_arena, METH_O, "owner_arena(arr) -> name of the arena holding arr's data"},
+    {"stats", py_stats, METH_NOARGS, "stats() -> dict of per-arena and per-rule numbers"},
+    {"fault_extent_alloc", py_fault_extent_alloc, METH_O, "testing: fail the next n extent allocations"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "datamem._ext", "datamem's C core", -1, methods,
+    NULL, NULL, NULL, NULL,
+};
+
+__attribute__((visibility("default"))) PyMODINIT_FUNC PyInit__ext(void);
+
+PyMODINIT_FUNC PyInit__ext(void) {
+    import_array();
+    if (dm_runtime_init() != 0) {
+        PyErr_SetString(PyExc_RuntimeError, "datamem: runtime initialisation failed");
+        return NULL;
+    }
+    PyObject *m = PyModule_Create(&module);
+    if (!m)
+        return NULL;
+    PolicyError = PyErr_NewExceptionWithDoc(
+        "datamem.PolicyError", "A policy file could not be loaded.", PyExc_ValueError, NULL);
+    if (!PolicyError || PyModule_AddObject(m, "PolicyError", Py_NewRef(PolicyError)) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    PyModule_AddStringConstant(m, "HANDLER_NAME", HANDLER_NAME);
+    PyModule_AddStringConstant(m, "VERSION", DM_VERSION_STRING);
+    return m;
+}

@@ -1,0 +1,151 @@
+"""datamem: a declarative memory policy for NumPy arrays.
+
+One NEP 49 handler routes every array-data allocation to a named jemalloc arena
+chosen by a YAML policy (size, dtype, thread name, tags). Usually activated with
+no code change::
+
+    DATAMEM_CONFIG=policy.yaml python job.py
+
+or explicitly::
+
+    import datamem
+    datamem.install("policy.yaml")
+    with datamem.tag("ingest"):
+        ...
+"""
+import contextlib
+import os
+import sys
+import threading
+
+from . import _ext
+from ._ext import PolicyError
+
+__all__ = ["install", "uninstall", "reload", "tag", "stats", "current_policy",
+           "arena_of", "PolicyError", "HANDLER_NAME", "__version__"]
+
+HANDLER_NAME = _ext.HANDLER_NAME
+__version__ = _ext.VERSION
+
+_state = {"path": None, "threads_patched": False, "orig_bootstrap": None}
+_lock = threading.Lock()
+
+
+def _warn(text):
+    if text:
+        sys.stderr.write(text if text.endswith("\n") else text + "\n")
+
+
+def install(policy):
+    """Loads `policy` (a path) and makes datamem NumPy's allocator for the current
+    context and for every thread started from now on. Raises PolicyError with
+    file:line:column diagnostics if the policy is bad (nothing changes then)."""
+    path = os.fspath(policy)
+    with _lock:
+        _warn(_ext.load(path))
+        _state["path"] = os.path.abspath(path)
+        _ext.set_thread_name(threading.current_thread().name)
+        _ext.set_handler(_ext.handler())
+        _patch_threads()
+
+
+def reload(policy=None):
+    """Re-reads the policy (or loads a new path). New arrays follow the new rules;
+    live arrays are not moved. On error the last good policy stays in force and
+    PolicyError is raised."""
+    path = os.fspath(policy) if policy is not None else _state["path"]
+    if path is None:
+        raise RuntimeError("datamem is not installed")
+    with _lock:
+        _warn(_ext.load(path))
+        _state["path"] = os.path.abspath(path)
+
+
+def uninstall():
+    """Restores NumPy's default allocator for the current context and for threads
+    started from now on. Arrays allocated by datamem stay valid and are freed
+    through datamem as before."""
+    with _lock:
+        _ext.set_handler(None)
+        _unpatch_threads()
+
+
+def current_policy():
+    """The path of the policy in force, or None."""
+    return _state["path"] if _ext.active() else None
+
+
+def stats():
+    """Per-arena and per-rule numbers as a plain dict."""
+    return _ext.stats()
+
+
+def arena_of(array):
+    """Name of the datamem arena holding `array`'s data (None if not datamem's)."""
+    return _ext.owner_arena(array)
+
+
+@contextlib.contextmanager
+def tag(*names):
+    """Tags the allocations made inside the block (and inside tasks it creates:
+    the tag rides on NumPy's handler ContextVar, so it follows await and
+    asyncio tasks and stays isolated between tasks). Nested tags accumulate."""
+    for n in names:
+        if not isinstance(n, str) or not n:
+            raise TypeError("tag names must be non-empty strings")
+    if not _ext.active():
+        yield
+        return
+    current = _ext.get_handler()
+    base = _ext.handler_tags(current)
+    if base is None:  # this context is not served by datamem: leave it alone
+        yield
+        return
+    prev = _ext.set_handler(_ext.handler(tuple(base) + names))
+    try:
+        yield
+    finally:
+        _ext.set_handler(prev)
+
+
+# ---- threads -------------------------------------------------------------------
+# NumPy's handler lives in a ContextVar, and threads started with `threading` do
+# not inherit the starting thread's context on CPython <= 3.13 (on 3.14 only with
+# sys.flags.thread_inherit_context). Each new thread therefore sets datamem's
+# handler itself, before run(), inside the context run() will use.
+
+def _thread_setup(thread):
+    _ext.set_thread_name(thread.name)
+    ctx = getattr(thread, "_context", None)
+    if ctx is not None:  # 3.14+: run() executes inside thread._context
+        ctx.run(_set_if_not_datamem)
+    else:
+        _ext.set_handler(_ext.handler())
+
+
+def _set_if_not_datamem():
+    if _ext.handler_tags(_ext.get_handler()) is None:
+        _ext.set_handler(_ext.handler())
+
+
+def _patch_threads():
+    if _state["threads_patched"]:
+        return
+    orig = threading.Thread._bootstrap_inner
+
+    def _bootstrap_inner(self):
+        try:
+            _thread_setup(self)
+        except Exception as e:  # never stop a thread from starting
+            _warn("datamem: thread %r not covered: %s" % (self.name, e))
+        return orig(self)
+
+    _state["orig_bootstrap"] = orig
+    threading.Thread._bootstrap_inner = _bootstrap_inner
+    _state["threads_patched"] = True
+
+
+def _unpatch_threads():
+    if _state["threads_patched"]:
+        threading.Thread._bootstrap_inner = _state["orig_bootstrap"]
+        _state["threads_patched"] = False

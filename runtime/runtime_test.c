@@ -1,0 +1,285 @@
+/*
+ * runtime_test.c: the runtime against real jemalloc arenas, through the public
+ * API, with policies written to temporary files.
+ */
+#include <numaif.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "runtime/datamem.h"
+
+static int failures;
+
+#define CHECK(cond, ...)                                                       \
+    do {                                                                       \
+        if (!(cond)) {                                                         \
+            fprintf(stderr, "%s:%d: CHECK(%s) failed: ", __FILE__, __LINE__, #cond); \
+            fprintf(stderr, __VA_ARGS__);                                      \
+            fputc('\n', stderr);                                               \
+            failures++;                                                        \
+        }                                                                      \
+    } while (0)
+
+#define CHECK_STR(a, b)                                                        \
+    CHECK((a) && (b) && strcmp((a), (b)) == 0, "'%s' != '%s'", (a) ? (a) : "(null)", \
+          (b) ? (b) : "(null)")
+
+static const char *write_policy(const char *text) {
+    static char path[64];
+    snprintf(path, sizeof(path), "/tmp/dm_runtime_test_%d.yaml", (int)getpid());
+    FILE *f = fopen(path, "w");
+    fputs(text, f);
+    fclose(f);
+    return path;
+}
+
+static void load_ok(const char *text) {
+    static dm_diags_t d;
+    const char *path = write_policy(text);
+    dm_diags_init(&d, path);
+    int rc = dm_runtime_load(path, &d);
+    if (rc) {
+        char buf[8192];
+        dm_diags_format_all(&d, buf, sizeof(buf));
+        fprintf(stderr, "load failed: %s\n%s\n", dm_strerror(rc), buf);
+        exit(1);
+    }
+}
+
+static const char *POLICY =
+    "version: 1\n"
+    "default: general\n"
+    "arenas:\n"
+    "  general: {alignment: 64}\n"
+    "  small: {alignment: 16}\n"
+    "  big: {alignment: 4096, hugepages: on, numa: local}\n"
+    "  tagged: {alignment: 64}\n"
+    "  threads: {alignment: 64}\n"
+    "rules:\n"
+    "  - {name: huge, match: {size: {min: 4MiB}}, arena: big}\n"
+    "  - {name: t, match: {tag: ingest}, arena: tagged}\n"
+    "  - {name: w, match: {thread: 'worker-*'}, arena: threads}\n"
+    "  - {name: tiny, match: {size: {max: 4KiB}}, arena: small}\n";
+
+static void test_routing(void) {
+    const dm_ctx_t *root = dm_ctx_root();
+    void *a = dm_alloc(root, 100, DM_DT_UNKNOWN);
+    void *b = dm_alloc(root, 64 * 1024, DM_DT_UNKNOWN);
+    void *c = dm_alloc(root, 8u << 20, DM_DT_UNKNOWN);
+    CHECK_STR(dm_owner_arena(a), "small");
+    CHECK_STR(dm_owner_arena(b), "general");
+    CHECK_STR(dm_owner_arena(c), "big");
+    const dm_ctx_t *ing = dm_ctx_with_tag(root, "ingest");
+    CHECK(ing && ing != root, "tag context");
+    CHECK(dm_ctx_with_tag(root, "ingest") == ing, "contexts are interned");
+    void *d = dm_alloc(ing, 100, DM_DT_UNKNOWN);
+    CHECK_STR(dm_owner_arena(d), "tagged");
+    dm_free(a), dm_free(b), dm_free(c), dm_free(d);
+    dm_free(NULL); /* NumPy does this */
+}
+
+static void *worker(void *arg) {
+    dm_thread_set_name((const char *)arg);
+    void *p = dm_alloc(dm_ctx_root(), 1000, DM_DT_UNKNOWN);
+    const char *name = dm_owner_arena(p);
+    dm_free(p);
+    return (void *)name;
+}
+
+static void test_thread_names(void) {
+    pthread_t t1, t2;
+    void *r1, *r2;
+    pthread_create(&t1, NULL, worker, "worker-3");
+    pthread_create(&t2, NULL, worker, "loader");
+    pthread_join(t1, &r1);
+    pthread_join(t2, &r2);
+    CHECK_STR((const char *)r1, "threads");
+    CHECK_STR((const char *)r2, "small");
+}
+
+static void test_alignment(void) {
+    const dm_ctx_t *root = dm_ctx_root();
+    /* general: 64-byte alignment through size rounding, every size to 1 MiB */
+    for (size_t n = 4097; n <= (1u << 20); n += (n < 70000 ? 61 : 4093)) {
+        void *p = dm_alloc(root, n, DM_DT_UNKNOWN);
+        CHECK(p && ((uintptr_t)p % 64) == 0, "size %zu -> %p not 64-aligned", n, p);
+        dm_free(p);
+    }
+    for (size_t n = 1; n <= 4096; n++) {
+        void *p = dm_alloc(root, n, DM_DT_UNKNOWN);
+        CHECK(p && ((uintptr_t)p % 16) == 0, "size %zu -> %p not 16-aligned", n, p);
+        dm_free(p);
+    }
+    void *p = dm_alloc(root, 5u << 20, DM_DT_UNKNOWN);
+    CHECK(((uintptr_t)p % 4096) == 0, "big arena page alignment: %p", p);
+    dm_free(p);
+    void *z = dm_alloc(root, 0, DM_DT_UNKNOWN); /* never mallocx(0) */
+    CHECK(z != NULL, "size 0");
+    dm_free(z);
+}
+
+static void test_calloc_zeroes_reused(void) {
+    const dm_ctx_t *root = dm_ctx_root();
+    for (size_t n = 64; n <= (16u << 20); n *= 4) {
+        unsigned char *p = dm_alloc(root, n, DM_DT_UNKNOWN);
+        memset(p, 0xAB, n);
+        dm_free(p);
+        unsigned char *q = dm_calloc(root, n, DM_DT_UNKNOWN);
+        size_t bad = 0;
+        for (size_t i = 0; i < n; i++)
+            bad += q[i] != 0;
+        CHECK(bad == 0, "calloc(%zu): %zu non-zero bytes", n, bad);
+        dm_free(q);
+    }
+}
+
+static void test_realloc(void) {
+    const dm_ctx_t *root = dm_ctx_root();
+    unsigned char *p = dm_alloc(root, 1000, DM_DT_UNKNOWN);
+    for (int i = 0; i < 1000; i++)
+        p[i] = (unsigned char)i;
+    p = dm_realloc(root, p, 3000); /* small -> small */
+    CHECK_STR(dm_owner_arena(p), "small");
+    p = dm_realloc(root, p, 6u << 20); /* moves to "big" */
+    CHECK_STR(dm_owner_arena(p), "big");
+    int bad = 0;
+    for (int i = 0; i < 1000; i++)
+        bad += p[i] != (unsigned char)i;
+    CHECK(bad == 0, "realloc lost %d bytes", bad);
+    p = dm_realloc(root, p, 10); /* and back */
+    CHECK_STR(dm_owner_arena(p), "small");
+    CHECK(p[9] == 9, "shrink keeps the prefix");
+    dm_free(p);
+    void *q = dm_realloc(root, NULL, 50); /* realloc(NULL) = malloc */
+    CHECK(q && dm_owner_arena(q), "realloc(NULL)");
+    dm_free(q);
+}
+
+/* jemalloc's thread caches ignore arenas: a block freed from arena A must never
+ * come back from arena B. */
+static void test_no_cross_arena_reuse(void) {
+    const dm_ctx_t *root = dm_ctx_root();
+    const dm_ctx_t *ing = dm_ctx_with_tag(root, "ingest");
+    for (int round = 0; round < 1000; round++) {
+        void *a = dm_alloc(ing, 4000 + (size_t)round % 64, DM_DT_UNKNOWN); /* tagged */
+        dm_free(a);
+        void *b = dm_alloc(root, 4000 + (size_t)round % 64, DM_DT_UNKNOWN); /* small */
+        CHECK_STR(dm_owner_arena(b), "small");
+        dm_free(b);
+        if (failures)
+            break;
+    }
+}
+
+static void test_foreign_free(void) {
+    dm_stats_t *s = malloc(sizeof(*s));
+    dm_stats_snapshot(s);
+    uint64_t before = s->foreign_frees;
+    dm_stats_release(s);
+    void *g = malloc(100);
+    dm_free(g); /* not ours: counted, never handed to jemalloc */
+    free(g);
+    dm_stats_snapshot(s);
+    CHECK(s->foreign_frees == before + 1, "foreign free counted");
+    dm_stats_release(s);
+    free(s);
+}
+
+static void test_numa_policy(void) {
+    void *p = dm_alloc(dm_ctx_root(), 8u << 20, DM_DT_UNKNOWN);
+    int mode = -1;
+    long rc = get_mempolicy(&mode, NULL, 0, p, MPOL_F_ADDR);
+    CHECK(rc == 0 && mode == 4 /* MPOL_LOCAL */, "big arena: mempolicy %d (rc %ld)", mode, rc);
+    void *q = dm_alloc(dm_ctx_root(), 100000, DM_DT_UNKNOWN);
+    rc = get_mempolicy(&mode, NULL, 0, q, MPOL_F_ADDR);
+    CHECK(rc == 0 && mode == MPOL_DEFAULT, "general arena: mempolicy %d", mode);
+    dm_free(p);
+    dm_free(q);
+}
+
+static void test_fault_injection(void) {
+    /* 300 MiB needs a new extent: with extent allocation failing, NULL. */
+    dm_fault_extent_alloc(-1);
+    void *p = dm_alloc(dm_ctx_root(), 300u << 20, DM_DT_UNKNOWN);
+    dm_fault_extent_alloc(0);
+    CHECK(p == NULL, "allocation under injected OOM must fail");
+    dm_stats_t *s = malloc(sizeof(*s));
+    dm_stats_snapshot(s);
+    uint64_t fails = 0;
+    for (int i = 0; i < s->narenas; i++)
+        if (strcmp(s->arenas[i].name, "big") == 0)
+            fails = s->arenas[i].nfail;
+    CHECK(fails >= 1, "failure counted (%llu)", (unsigned long long)fails);
+    dm_stats_release(s);
+    free(s);
+    p = dm_alloc(dm_ctx_root(), 300u << 20, DM_DT_UNKNOWN);
+    CHECK(p != NULL, "recovers after the fault");
+    dm_free(p);
+}
+
+static void test_stats(void) {
+    dm_stats_t *s = malloc(sizeof(*s));
+    void *keep = dm_alloc(dm_ctx_root(), 100000, DM_DT_UNKNOWN);
+    dm_stats_snapshot(s);
+    const dm_arena_stats_t *g = NULL;
+    for (int i = 0; i < s->narenas; i++)
+        if (strcmp(s->arenas[i].name, "general") == 0)
+            g = &s->arenas[i];
+    CHECK(g != NULL, "general arena in stats");
+    if (g) {
+        CHECK(g->nalloc >= 1 && g->nalloc >= g->nfree + 1, "nalloc %llu nfree %llu",
+              (unsigned long long)g->nalloc, (unsigned long long)g->nfree);
+        CHECK(g->allocated >= 100000, "jemalloc allocated %llu", (unsigned long long)g->allocated);
+        CHECK(g->alignment == 64 && g->in_policy, "settings");
+    }
+    CHECK(s->nrules == 5, "4 rules + default, got %d", s->nrules);
+    dm_stats_release(s);
+    free(s);
+    dm_free(keep);
+}
+
+static void test_reload_keeps_live_blocks(void) {
+    void *live = dm_alloc(dm_ctx_root(), 100, DM_DT_UNKNOWN);
+    CHECK_STR(dm_owner_arena(live), "small");
+    load_ok("version: 1\ndefault: other\narenas:\n  other: {alignment: 32}\n");
+    void *n = dm_alloc(dm_ctx_root(), 100, DM_DT_UNKNOWN);
+    CHECK_STR(dm_owner_arena(n), "other");
+    CHECK_STR(dm_owner_arena(live), "small"); /* never moved */
+    dm_free(live);
+    dm_free(n);
+    /* a broken policy changes nothing */
+    static dm_diags_t d;
+    const char *path = write_policy("version: 1\ndefault: nowhere\narenas:\n  a: {}\n");
+    dm_diags_init(&d, path);
+    CHECK(dm_runtime_load(path, &d) != 0 && d.nerrors > 0, "bad policy refused");
+    void *m = dm_alloc(dm_ctx_root(), 100, DM_DT_UNKNOWN);
+    CHECK_STR(dm_owner_arena(m), "other");
+    dm_free(m);
+}
+
+int main(void) {
+    dm_runtime_init();
+    load_ok(POLICY);
+    test_routing();
+    test_thread_names();
+    test_alignment();
+    test_calloc_zeroes_reused();
+    test_realloc();
+    test_no_cross_arena_reuse();
+    test_foreign_free();
+    test_numa_policy();
+    test_fault_injection();
+    test_stats();
+    test_reload_keeps_live_blocks();
+    unlink(write_policy(""));
+    if (failures) {
+        fprintf(stderr, "runtime_test: %d check(s) failed\n", failures);
+        return 1;
+    }
+    printf("runtime_test: all checks passed\n");
+    return 0;
+}

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# README command 2: set up, build, install, and run every test:
+#   C unit tests (Bazel), the same under ASan+UBSan and TSan, the policy fuzzer
+#   for a bounded time, the Python tests, and the Python tests again under
+#   NumPy 1.26 in a second virtual environment (same wheel).
+# Exits non-zero on the first failing stage.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+stage() { printf '\n=== %s ===\n' "$*"; }
+
+stage "set-up"
+bash scripts/setup.sh
+stage "build and install the wheel"
+bash scripts/build.sh
+
+stage "C unit tests"
+bazel test //...
+
+stage "C unit tests under ASan+UBSan"
+bazel test --config=asan //policy/... //runtime/...
+
+stage "runtime and stress tests under TSan"
+bazel test --config=tsan //runtime:runtime_test //runtime:stress_test
+
+if [ -x policy/fuzz.sh ]; then
+  stage "policy fuzzer (libFuzzer, bounded)"
+  policy/fuzz.sh "${DATAMEM_FUZZ_SECONDS:-30}"
+fi
+
+stage "Python tests (NumPy $(python3 -c 'import numpy; print(numpy.__version__)'))"
+python3 -m pytest -q tests/python
+
+stage "Python tests under NumPy 1.26 (same wheel)"
+venv=.venv-numpy126
+if [ ! -x "$venv/bin/python" ]; then
+  python3 -m venv "$venv"
+fi
+"$venv/bin/python" -m pip install -q --disable-pip-version-check "numpy>=1.26,<1.27" pytest
+"$venv/bin/python" -m pip install -q --disable-pip-version-check --force-reinstall --no-deps dist/datamem-*.whl
+"$venv/bin/python" -m pytest -q tests/python

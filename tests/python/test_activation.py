@@ -1,0 +1,93 @@
+"""DATAMEM_CONFIG activation through the .pth start-up hook."""
+import json
+import os
+import subprocess
+import sys
+
+from conftest import ROOT, run_py
+
+PROBE = r"""
+import asyncio, json, threading
+from concurrent.futures import ThreadPoolExecutor
+import numpy as np
+try:
+    from numpy._core.multiarray import get_handler_name
+except ImportError:
+    from numpy.core.multiarray import get_handler_name
+import datamem
+out = {}
+out["main"] = get_handler_name(np.ones(10))
+out["main_arena_small"] = datamem.arena_of(np.ones(10))
+out["main_arena_big"] = datamem.arena_of(np.ones(1 << 20))
+def in_thread(key):
+    a = np.ones(1000)
+    out[key] = [get_handler_name(a), datamem.arena_of(a)]
+t = threading.Thread(target=in_thread, args=("thread",), name="worker-7"); t.start(); t.join()
+t = threading.Thread(target=in_thread, args=("thread_plain",), name="other"); t.start(); t.join()
+with ThreadPoolExecutor(2) as ex: ex.submit(in_thread, "pool").result()
+async def task():
+    with datamem.tag("ingest"):
+        await asyncio.sleep(0)
+        a = np.ones(1000)
+        out["task_tagged"] = [get_handler_name(a), datamem.arena_of(a)]
+    a = np.ones(1000)
+    out["task"] = [get_handler_name(a), datamem.arena_of(a)]
+    loop = asyncio.get_running_loop()
+    await loop.run_in_executor(None, in_thread, "executor")
+    await asyncio.to_thread(in_thread, "to_thread")
+asyncio.run(task())
+print(json.dumps(out))
+"""
+
+
+def test_handler_covers_every_context(demo_policy):
+    r = run_py(PROBE, config=demo_policy)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["main"] == "datamem"
+    assert out["main_arena_small"] == "small"
+    assert out["main_arena_big"] == "big"
+    assert out["thread"] == ["datamem", "workers"]        # thread rule on the name
+    assert out["thread_plain"] == ["datamem", "general"]
+    assert out["pool"][0] == "datamem"                    # ThreadPoolExecutor
+    assert out["executor"][0] == "datamem"                # run_in_executor
+    assert out["to_thread"][0] == "datamem"
+    assert out["task_tagged"] == ["datamem", "ingest"]    # tag across await
+    assert out["task"] == ["datamem", "general"]          # tag ends with the block
+
+
+def test_without_config_nothing_happens():
+    r = run_py("import sys, numpy as np\n"
+               "from numpy._core.multiarray import get_handler_name\n"
+               "print(get_handler_name(np.ones(3)), 'datamem' in sys.modules)")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["default_allocator", "False"]
+
+
+def test_hook_imports_nothing_heavy_without_config():
+    r = run_py("import sys; print('numpy' in sys.modules, 'datamem' in sys.modules)")
+    assert r.stdout.split() == ["False", "False"]
+
+
+def test_bad_policy_stops_before_job_code(write_policy):
+    bad = write_policy("version: 1\ndefault: general\narenas:\n  general:\n    alignmnt: 64\n")
+    r = run_py("print('JOB RAN')", config=bad)
+    assert r.returncode == 2
+    assert "JOB RAN" not in r.stdout
+    assert bad + ":5:5: error" in r.stderr, r.stderr
+    assert "alignment" in r.stderr  # the suggestion
+
+
+def test_missing_policy_stops(tmp_path):
+    missing = str(tmp_path / "nope.yaml")
+    r = run_py("print('JOB RAN')", config=missing)
+    assert r.returncode == 2
+    assert "JOB RAN" not in r.stdout
+    assert "nope.yaml" in r.stderr
+
+
+def test_pth_hook_is_installed():
+    import site
+    import datamem
+    site_dir = os.path.dirname(os.path.dirname(datamem.__file__))
+    assert os.path.exists(os.path.join(site_dir, "datamem.pth"))
