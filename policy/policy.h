@@ -74,6 +74,24 @@ typedef uint32_t dm_dtype_mask_t; /* bit (1u << dm_dtype_t) */
 
 /* Returns "float32" etc., or NULL for an out-of-range code. */
 const char *dm_dtype_name(int dt);
+/* The inverse: dtype code of "float32" etc., or -1. */
+int dm_dtype_from_name(const char *name);
+
+/* ---- value syntax (the parser's, exposed for tools and fuzzing) --------- */
+
+/* Bytes: "4096", or a whole number and a unit, "64KiB", "8 MiB", "1GB" (units
+ * B, KiB, MiB, GiB, TiB, KB, MB, GB, TB; case matters). Returns 0,
+ * DM_EINVALID (syntax, unknown unit) or DM_ERANGE (does not fit a size_t). */
+int dm_parse_size(const char *s, size_t *out);
+
+/* Milliseconds: "250", "250ms", "10s", "1.5s" (whole milliseconds only),
+ * "never" or "-1" (-> -1). Returns 0, DM_EINVALID or DM_ERANGE. */
+int dm_parse_duration_ms(const char *s, int64_t *out);
+
+/* Whether `glob` is a well-formed fnmatch(3) pattern: not empty, every `[`
+ * closed, no trailing backslash. On false, *off (if given) is the offending
+ * byte and *why (if given) a static reason. */
+bool dm_glob_valid(const char *glob, size_t *off, const char **why);
 
 typedef enum {
     DM_THP_SYSTEM = 0, /* leave to the kernel's setting (default) */
@@ -207,9 +225,28 @@ int dm_table_ctx_key_words(const dm_table_t *t);
 void dm_table_ctx_key(const dm_table_t *t, const dm_context_t *ctx,
                       uint64_t *key);
 
-/* Builds the view for a context key (malloc'ed; free with dm_view_free). */
+/* Builds the view for a context key (malloc'ed; free with dm_view_free).
+ * key == NULL means no context rule matches. Returns NULL when out of memory. */
 dm_view_t *dm_table_view_build(const dm_table_t *t, const uint64_t *key);
 void dm_view_free(dm_view_t *v);
+
+/* Names for tools and messages: rule == nrules and out-of-range give NULL. */
+const char *dm_table_rule_name(const dm_table_t *t, int rule);
+int dm_table_narenas(const dm_table_t *t);
+const char *dm_table_arena_name(const dm_table_t *t, int arena);
+/* The policy the table was compiled from (the table's own copy). */
+const dm_policy_t *dm_table_policy(const dm_table_t *t);
+
+/* Why an allocation goes where it goes: one line per earlier rule saying why
+ * it did not match, then "-> rule 'x' -> arena 'y'" or "-> default arena 'y'".
+ * ctx may be NULL (no thread name, no tags). Returns the rule index (nrules
+ * for the default); buf gets as much as fits (NUL-terminated if cap > 0). */
+int dm_table_explain(const dm_table_t *t, const dm_context_t *ctx, size_t size,
+                     int dtype, char *buf, size_t cap);
+
+/* Prints arenas, rules and the intervals of the no-context view. Returns the
+ * length of the whole text (snprintf semantics). */
+int dm_table_dump(const dm_table_t *t, char *buf, size_t cap);
 
 /* The fast path: which rule serves (size, dtype) in this view. O(log bounds),
  * no allocation, no locks. */

@@ -1,0 +1,144 @@
+/*
+ * diag.c: error codes and compiler-style diagnostics.
+ *
+ * A dm_diags_t is caller-owned and fixed-size: adding an entry copies into it and
+ * never allocates, so any path (including out-of-memory ones) may report. Entries
+ * past DM_DIAG_MAX are only counted. Not thread-safe per dm_diags_t (one parse
+ * owns one), reentrant otherwise.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "policy/internal.h"
+
+const char *dm_strerror(int code) {
+    switch (code) {
+#define DM_E_CASE(name, val, msg)                                              \
+    case (val):                                                                \
+        return msg;
+        DM_ERRNO_MAP(DM_E_CASE)
+#undef DM_E_CASE
+    default:
+        return "unknown error";
+    }
+}
+
+void dm_diags_init(dm_diags_t *d, const char *file) {
+    memset(d, 0, sizeof *d);
+    snprintf(d->file, sizeof d->file, "%s", file ? file : "");
+}
+
+void dm__diag_vadd(dm__dsrc_t *s, dm_severity_t sev, int line, int col,
+                   const char *path, const char *fmt, va_list ap) {
+    dm_diags_t *d = s->d;
+    if (sev == DM_SEV_ERROR)
+        d->nerrors++;
+    else if (sev == DM_SEV_WARNING)
+        d->nwarnings++;
+    if (d->n >= DM_DIAG_MAX)
+        return;
+    dm_diag_t *e = &d->items[d->n++];
+    e->severity = sev;
+    e->line = line > 0 ? line : 0;
+    e->col = line > 0 && col > 0 ? col : 0;
+    snprintf(e->path, sizeof e->path, "%s", path ? path : "");
+    vsnprintf(e->msg, sizeof e->msg, fmt, ap);
+    dm__source_line(s->buf, s->len, e->line, e->source, sizeof e->source);
+}
+
+void dm__diag_add(dm__dsrc_t *s, dm_severity_t sev, int line, int col,
+                  const char *path, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    dm__diag_vadd(s, sev, line, col, path, fmt, ap);
+    va_end(ap);
+}
+
+/* Position of the group (an entry and the notes after it) that i starts. */
+static long group_key(const dm_diags_t *d, int i) {
+    return (long)d->items[i].line * 100000L + d->items[i].col;
+}
+
+void dm__diags_sort(dm_diags_t *d) {
+    int start[DM_DIAG_MAX], ng = 0;
+    static const dm_diag_t zero;
+    dm_diag_t tmp[DM_DIAG_MAX];
+    for (int i = 0; i < d->n; i++)
+        if (i == 0 || d->items[i].severity != DM_SEV_NOTE)
+            start[ng++] = i;
+    /* insertion sort of group starts: stable, n <= DM_DIAG_MAX */
+    for (int a = 1; a < ng; a++) {
+        int v = start[a], b = a;
+        for (; b > 0 && group_key(d, start[b - 1]) > group_key(d, v); b--)
+            start[b] = start[b - 1];
+        start[b] = v;
+    }
+    int o = 0;
+    for (int g = 0; g < ng; g++) {
+        int i = start[g];
+        do
+            tmp[o++] = d->items[i++];
+        while (i < d->n && d->items[i].severity == DM_SEV_NOTE);
+    }
+    for (int i = 0; i < o; i++)
+        d->items[i] = tmp[i];
+    for (int i = o; i < d->n; i++)
+        d->items[i] = zero;
+}
+
+static const char *const sev_name[] = {"error", "warning", "note"};
+
+/* The line under the source: blanks (tabs where the source has them) up to
+ * the column, then a caret. */
+static void put_caret(dm__sbuf_t *b, const dm_diag_t *e) {
+    const unsigned char *s = (const unsigned char *)e->source;
+    int c = 1;
+    for (; c < e->col && *s; c++) {
+        dm__sb_putc(b, *s == '\t' ? '\t' : ' ', 1);
+        s++;
+        while ((*s & 0xC0) == 0x80) /* rest of a UTF-8 character */
+            s++;
+    }
+    if (e->col - c > 0)
+        dm__sb_putc(b, ' ', (size_t)(e->col - c < 200 ? e->col - c : 200));
+    dm__sb_printf(b, "^\n");
+}
+
+static void format_one(dm__sbuf_t *b, const dm_diags_t *d, int i) {
+    const dm_diag_t *e = &d->items[i];
+    const char *file = d->file[0] ? d->file : "<policy>";
+    if (e->line > 0)
+        dm__sb_printf(b, "%s:%d:%d: ", file, e->line, e->col);
+    else
+        dm__sb_printf(b, "%s: ", file);
+    dm__sb_printf(b, "%s: %s%s%s\n", sev_name[e->severity % 3], e->path,
+                  e->path[0] ? ": " : "", e->msg);
+    if (e->line > 0 && e->source[0]) {
+        dm__sb_printf(b, "%s\n", e->source);
+        put_caret(b, e);
+    }
+}
+
+int dm_diag_format(const dm_diags_t *d, int i, char *buf, size_t cap) {
+    dm__sbuf_t b;
+    dm__sb_init(&b, buf, cap);
+    if (i >= 0 && i < d->n)
+        format_one(&b, d, i);
+    return dm__sb_done(&b);
+}
+
+int dm_diags_format_all(const dm_diags_t *d, char *buf, size_t cap) {
+    dm__sbuf_t b;
+    int kept = 0;
+    dm__sb_init(&b, buf, cap);
+    for (int i = 0; i < d->n; i++) {
+        format_one(&b, d, i);
+        kept += d->items[i].severity != DM_SEV_NOTE;
+    }
+    int more = d->nerrors + d->nwarnings - kept;
+    if (more > 0)
+        dm__sb_printf(&b, "... and %d more (%d error%s and %d warning%s in all)\n",
+                      more, d->nerrors, d->nerrors == 1 ? "" : "s",
+                      d->nwarnings, d->nwarnings == 1 ? "" : "s");
+    return dm__sb_done(&b);
+}

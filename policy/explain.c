@@ -1,0 +1,171 @@
+/*
+ * explain.c: human-readable answers for tools: why an allocation lands where it
+ * does (dm_table_explain), and what a compiled table contains (dm_table_dump).
+ *
+ * Both evaluate rules one by one, the slow and obvious way, which makes them a
+ * cross-check of the view tables as well as an explanation. Read-only on the
+ * table; safe from any thread.
+ */
+#include <string.h>
+
+#include "policy/internal.h"
+
+static const char *const thp_names[] = {"system", "on", "off"};
+static const char *const numa_names[] = {"none", "local", "bind", "interleave",
+                                         "preferred"};
+
+/* "float32, int8" for a dtype mask. */
+static void put_dtypes(dm__sbuf_t *b, dm_dtype_mask_t m) {
+    const char *sep = "";
+    for (int dt = 0; dt < 32; dt++) {
+        if (!(m >> dt & 1))
+            continue;
+        const char *name = dm_dtype_name(dt);
+        if (name)
+            dm__sb_printf(b, "%s%s", sep, name);
+        else
+            dm__sb_printf(b, "%s#%d", sep, dt);
+        sep = ", ";
+    }
+}
+
+static void put_list(dm__sbuf_t *b, const char (*v)[DM_NAME_MAX], int n) {
+    for (int i = 0; i < n; i++)
+        dm__sb_printf(b, "%s'%s'", i ? ", " : "", v[i]);
+}
+
+/* Appends "; "-separated reasons why r does not match; returns how many. */
+static int why_not(dm__sbuf_t *b, const dm_rule_spec_t *r,
+                   const dm_context_t *ctx, size_t size, int dt) {
+    int n = 0;
+    const char *thread = (ctx && ctx->thread) ? ctx->thread : "";
+#define REASON(...) (dm__sb_printf(b, "%s", n++ ? "; " : ""), dm__sb_printf(b, __VA_ARGS__))
+    if (size < r->size_min)
+        REASON("size %zu is below min %zu", size, r->size_min);
+    if (size > r->size_max)
+        REASON("size %zu is above max %zu", size, r->size_max);
+    if (r->dtypes && (dt <= DM_DT_UNKNOWN || dt >= 32 || !(r->dtypes >> dt & 1))) {
+        const char *name = dm_dtype_name(dt);
+        REASON("dtype %s not in [", name ? name : "(invalid)");
+        put_dtypes(b, r->dtypes);
+        dm__sb_printf(b, "]");
+    }
+    if (!dm__rule_thread_match(r, thread)) {
+        REASON("thread '%s' does not match ", thread);
+        put_list(b, r->threads, r->nthreads);
+    }
+    for (int i = 0; i < r->ntags; i++)
+        if (!dm__ctx_has_tag(ctx, r->tags[i]))
+            REASON("tag '%s' not set", r->tags[i]);
+#undef REASON
+    return n;
+}
+
+int dm_table_explain(const dm_table_t *t, const dm_context_t *ctx, size_t size,
+                     int dtype, char *buf, size_t cap) {
+    const dm_policy_t *p = dm_table_policy(t);
+    dm__sbuf_t b;
+    dm__sb_init(&b, buf, cap);
+    for (int i = 0; i < p->nrules; i++) {
+        const dm_rule_spec_t *r = &p->rules[i];
+        size_t mark = b.len;
+        dm__sb_printf(&b, "rule '%s': ", r->name);
+        if (why_not(&b, r, ctx, size, dtype) == 0) {
+            b.len = mark; /* matched: drop the prefix */
+            dm__sb_printf(&b, "-> rule '%s' -> arena '%s'\n", r->name,
+                          p->arenas[r->arena].name);
+            dm__sb_done(&b);
+            return i;
+        }
+        dm__sb_printf(&b, "\n");
+    }
+    dm__sb_printf(&b, "-> default arena '%s'\n", p->arenas[p->default_arena].name);
+    dm__sb_done(&b);
+    return p->nrules;
+}
+
+/* ---- dump ---------------------------------------------------------------- */
+
+static void dump_arena(dm__sbuf_t *b, const dm_arena_spec_t *a, int i) {
+    dm__sb_printf(b, "  %d %s: alignment %zu, hugepages %s, numa %s", i, a->name,
+                  a->alignment, thp_names[a->hugepages % 3], numa_names[a->numa % 5]);
+    if (a->numa_all)
+        dm__sb_printf(b, " all");
+    else if (a->numa >= DM_NUMA_BIND)
+        dm__sb_printf(b, " 0x%llx", (unsigned long long)a->numa_nodes);
+    dm__sb_printf(b, ", per_node %s, decay dirty %lldms muzzy %lldms\n",
+                  a->per_node ? "true" : "false", (long long)a->dirty_decay_ms,
+                  (long long)a->muzzy_decay_ms);
+}
+
+static void dump_rule(dm__sbuf_t *b, const dm_table_t *t, int i) {
+    const dm_rule_spec_t *r = &dm_table_policy(t)->rules[i];
+    dm__sb_printf(b, "  %d %s: size [%zu, %zu]", i, r->name, r->size_min,
+                  r->size_max);
+    if (r->dtypes) {
+        dm__sb_printf(b, ", dtype [");
+        put_dtypes(b, r->dtypes);
+        dm__sb_printf(b, "]");
+    }
+    if (r->nthreads) {
+        dm__sb_printf(b, ", thread [");
+        put_list(b, r->threads, r->nthreads);
+        dm__sb_printf(b, "]");
+    }
+    if (r->ntags) {
+        dm__sb_printf(b, ", tag [");
+        put_list(b, r->tags, r->ntags);
+        dm__sb_printf(b, "]");
+    }
+    dm__sb_printf(b, " -> arena %s\n", dm_table_arena_name(t, r->arena));
+}
+
+static const char *slot_name(const dm_table_t *t, int rule) {
+    const char *n = dm_table_rule_name(t, rule);
+    return n ? n : "(default)";
+}
+
+/* One interval: its rule, or per dtype where the slots differ. */
+static void dump_row(dm__sbuf_t *b, const dm_table_t *t, const dm_view_t *v,
+                     uint32_t i) {
+    const uint16_t *row = v->slots + (size_t)i * v->row_width;
+    size_t end = i + 1 < v->nbounds ? v->bounds[i + 1] - 1 : SIZE_MAX;
+    dm__sb_printf(b, "  [%zu, %zu]:", v->bounds[i], end);
+    if (v->row_width == 1) {
+        dm__sb_printf(b, " %s\n", slot_name(t, row[0]));
+        return;
+    }
+    dm__sb_printf(b, " %s", slot_name(t, row[0])); /* unknown and the rest */
+    for (int dt = 1; dt < DM_DT_COUNT; dt++)
+        if (row[dt] != row[0])
+            dm__sb_printf(b, ", %s: %s", dm_dtype_name(dt), slot_name(t, row[dt]));
+    dm__sb_printf(b, "\n");
+}
+
+int dm_table_dump(const dm_table_t *t, char *buf, size_t cap) {
+    const dm_policy_t *p = dm_table_policy(t);
+    dm__sbuf_t b;
+    dm__sb_init(&b, buf, cap);
+    dm__sb_printf(&b, "policy %s (hash %016llx): %d arenas, %d rules, "
+                  "%d context words, dtype %s\n", p->path[0] ? p->path : "-",
+                  (unsigned long long)p->hash, p->narenas, p->nrules,
+                  dm_table_ctx_key_words(t), dm_table_uses_dtype(t) ? "yes" : "no");
+    dm__sb_printf(&b, "arenas (default %s, fallback %s):\n",
+                  p->arenas[p->default_arena].name,
+                  p->fallback_arena >= 0 ? p->arenas[p->fallback_arena].name : "-");
+    for (int i = 0; i < p->narenas; i++)
+        dump_arena(&b, &p->arenas[i], i);
+    dm__sb_printf(&b, "rules:\n");
+    for (int i = 0; i < p->nrules; i++)
+        dump_rule(&b, t, i);
+    dm_view_t *v = dm_table_view_build(t, NULL);
+    if (!v) {
+        dm__sb_printf(&b, "view: out of memory\n");
+        return dm__sb_done(&b);
+    }
+    dm__sb_printf(&b, "view without context: %u intervals\n", v->nbounds);
+    for (uint32_t i = 0; i < v->nbounds; i++)
+        dump_row(&b, t, v, i);
+    dm_view_free(v);
+    return dm__sb_done(&b);
+}

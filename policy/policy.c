@@ -1,0 +1,131 @@
+/*
+ * policy.c: the entry points: bytes or a file in, a validated dm_policy_t out.
+ *
+ * Order of the checks: size, UTF-8 and YAML (yaml_tree.c), then the schema walk
+ * (parse.c), then whole-policy checks (validate.c). A failure before the walk
+ * stops there (the tree is not trustworthy); after it, every error is reported.
+ * Reentrant: no globals; the result is owned by the caller.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "policy/internal.h"
+
+static uint64_t fnv1a64(const char *buf, size_t len) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < len; i++)
+        h = (h ^ (unsigned char)buf[i]) * 0x100000001b3ull;
+    return h;
+}
+
+/* Walks and validates a loaded tree into p; returns 0 or a negative code. */
+static int build(dm__dsrc_t *ds, const dm__ytree_t *yt, const dm_topology_t *topo,
+                 dm_policy_t *p) {
+    dm__pctx_t c;
+    memset(&c, 0, sizeof c);
+    c.ds = ds, c.yt = yt, c.topo = topo, c.p = p;
+    dm__policy_walk(&c, yt->root);
+    dm__policy_validate(&c);
+    free(c.refs);
+    if (c.nomem) {
+        dm__diag_add(ds, DM_SEV_ERROR, 0, 0, "", "out of memory");
+        return DM_ENOMEM;
+    }
+    return ds->d->nerrors ? DM_EINVALID : 0;
+}
+
+int dm_policy_parse(const char *buf, size_t len, const char *fname,
+                    const dm_topology_t *topo, dm_policy_t **out,
+                    dm_diags_t *diags) {
+    dm_diags_t local;
+    dm__ytree_t yt;
+    int rc;
+    if (!diags)
+        diags = &local;
+    dm_diags_init(diags, fname);
+    dm__dsrc_t ds = {diags, buf, buf ? len : 0};
+    *out = NULL;
+    if (len > DM_POLICY_FILE_MAX) {
+        dm__diag_add(&ds, DM_SEV_ERROR, 0, 0, "", "the file is larger than %u "
+                     "bytes, the most a policy may have", DM_POLICY_FILE_MAX);
+        return DM_ETOOBIG;
+    }
+    dm_policy_t *p = calloc(1, sizeof *p);
+    if (!p)
+        return DM_ENOMEM;
+    rc = dm__ytree_load(&yt, &ds);
+    if (rc == 0)
+        rc = build(&ds, &yt, topo, p);
+    dm__ytree_free(&yt);
+    dm__diags_sort(diags);
+    if (rc) {
+        dm_policy_free(p);
+        return rc;
+    }
+    p->hash = fnv1a64(ds.buf, ds.len);
+    snprintf(p->path, sizeof p->path, "%s", fname ? fname : "");
+    *out = p;
+    return 0;
+}
+
+/* Reads at most DM_POLICY_FILE_MAX + 1 bytes; *len tells whether there was
+ * more. Works on pipes and /proc files as well as regular files. */
+static int read_all(int fd, char **buf, size_t *len) {
+    size_t cap = DM_POLICY_FILE_MAX + 1, n = 0;
+    char *b = malloc(cap);
+    if (!b)
+        return DM_ENOMEM;
+    while (n < cap) {
+        ssize_t r = read(fd, b + n, cap - n);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0) {
+            free(b);
+            return DM_EIO;
+        }
+        if (r == 0)
+            break;
+        n += (size_t)r;
+    }
+    *buf = b, *len = n;
+    return 0;
+}
+
+int dm_policy_load(const char *path, const dm_topology_t *topo,
+                   dm_policy_t **out, dm_diags_t *diags) {
+    dm_diags_t local;
+    char *buf = NULL;
+    size_t len = 0;
+    int rc = DM_EIO, fd = open(path, O_RDONLY | O_CLOEXEC);
+    *out = NULL;
+    if (!diags)
+        diags = &local;
+    if (fd >= 0) {
+        rc = read_all(fd, &buf, &len);
+        int err = errno;
+        close(fd);
+        errno = err;
+    }
+    if (rc) {
+        dm__dsrc_t ds = {diags, NULL, 0};
+        dm_diags_init(diags, path);
+        dm__diag_add(&ds, DM_SEV_ERROR, 0, 0, "", "cannot read the policy: %s",
+                     rc == DM_ENOMEM ? "out of memory" : strerror(errno));
+        return rc;
+    }
+    rc = dm_policy_parse(buf, len, path, topo, out, diags);
+    free(buf);
+    return rc;
+}
+
+void dm_policy_free(dm_policy_t *p) {
+    if (!p)
+        return;
+    free(p->rules);
+    free(p);
+}

@@ -1,0 +1,238 @@
+/*
+ * units.c: the syntax of single values: sizes, durations, globs, booleans,
+ * names and dtypes.
+ *
+ * Every input is untrusted (these are fuzzed directly): no allocation, overflow
+ * checked, NUL-terminated strings only. Pure functions, safe from any thread.
+ */
+#include <string.h>
+
+#include "policy/internal.h"
+#include "policy/schema.h"
+
+/* Reads decimal digits at *s into *v; returns digits read, -1 on overflow. */
+static int read_digits(const char **s, uint64_t *v) {
+    int n = 0;
+    *v = 0;
+    for (; **s >= '0' && **s <= '9'; (*s)++, n++) {
+        unsigned d = (unsigned)(**s - '0');
+        if (*v > (UINT64_MAX - d) / 10)
+            return -1;
+        *v = *v * 10 + d;
+    }
+    return n;
+}
+
+static const char *skip_spaces(const char *s) {
+    while (*s == ' ')
+        s++;
+    return s;
+}
+
+int dm_parse_size(const char *s, size_t *out) {
+    static const struct {
+        const char *suffix;
+        uint64_t mult;
+    } units[] = {
+#define DM_UNIT_ROW(suffix, mult) {suffix, mult},
+        DM_SIZE_UNITS(DM_UNIT_ROW)
+#undef DM_UNIT_ROW
+    };
+    uint64_t v;
+    int n = read_digits(&s, &v);
+    if (n == 0)
+        return DM_EINVALID;
+    if (n < 0)
+        return DM_ERANGE;
+    const char *u = skip_spaces(s);
+    if (*u == '\0' && u == s) {
+        *out = (size_t)v;
+        return v > SIZE_MAX ? DM_ERANGE : 0;
+    }
+    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
+        if (strcmp(u, units[i].suffix) != 0)
+            continue;
+        if (v > SIZE_MAX / units[i].mult)
+            return DM_ERANGE;
+        *out = (size_t)(v * units[i].mult);
+        return 0;
+    }
+    return DM_EINVALID;
+}
+
+/* Fraction digits after '.' as thousandths; -1 unless they are whole ones. */
+static int64_t read_millis_fraction(const char **s) {
+    int64_t ms = 0;
+    int k = 0;
+    for (; **s >= '0' && **s <= '9'; (*s)++, k++) {
+        if (k < 3)
+            ms = ms * 10 + (**s - '0');
+        else if (**s != '0')
+            return -1;
+    }
+    if (k == 0)
+        return -1;
+    for (; k < 3; k++)
+        ms *= 10;
+    return ms;
+}
+
+int dm_parse_duration_ms(const char *s, int64_t *out) {
+    static const struct {
+        const char *suffix;
+        int64_t mult;
+    } units[] = {
+#define DM_UNIT_ROW(suffix, mult) {suffix, mult},
+        DM_DURATION_UNITS(DM_UNIT_ROW)
+#undef DM_UNIT_ROW
+    };
+    uint64_t v;
+    int64_t frac = 0;
+    if (strcmp(s, "never") == 0 || strcmp(s, "-1") == 0) {
+        *out = -1;
+        return 0;
+    }
+    int n = read_digits(&s, &v);
+    if (n == 0)
+        return DM_EINVALID;
+    if (n < 0 || v > INT64_MAX)
+        return DM_ERANGE;
+    bool dot = *s == '.';
+    if (dot) {
+        s++;
+        if ((frac = read_millis_fraction(&s)) < 0)
+            return DM_EINVALID;
+    }
+    const char *u = skip_spaces(s);
+    if (*u == '\0' && u == s) {
+        *out = (int64_t)v;
+        return dot ? DM_EINVALID : 0; /* "1.5": a fraction needs a unit */
+    }
+    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
+        if (strcmp(u, units[i].suffix) != 0)
+            continue;
+        if (units[i].mult == 1 && dot)
+            return DM_EINVALID; /* "1.5ms": not whole milliseconds */
+        if ((int64_t)v > (INT64_MAX - frac) / units[i].mult)
+            return DM_ERANGE;
+        *out = (int64_t)v * units[i].mult + (units[i].mult == 1 ? 0 : frac);
+        return 0;
+    }
+    return DM_EINVALID;
+}
+
+bool dm_glob_valid(const char *g, size_t *off, const char **why) {
+    const char *reason = NULL;
+    size_t i = 0, at = 0;
+    if (!g || !*g)
+        reason = "a glob cannot be empty";
+    for (; !reason && g[i]; i++) {
+        if (g[i] == '\\') {
+            if (!g[i + 1])
+                at = i, reason = "trailing backslash";
+            else
+                i++;
+        } else if (g[i] == '[') {
+            size_t j = i + 1;
+            if (g[j] == '!' || g[j] == '^')
+                j++;
+            if (g[j] == ']')
+                j++; /* a leading ] is a member */
+            while (g[j] && g[j] != ']')
+                j++;
+            if (!g[j])
+                at = i, reason = "unbalanced '[': no closing ']'";
+            else
+                i = j;
+        }
+    }
+    if (reason) {
+        if (off)
+            *off = at;
+        if (why)
+            *why = reason;
+    }
+    return reason == NULL;
+}
+
+/* ---- names, booleans, nulls ------------------------------------------- */
+
+bool dm__name_valid(const char *s) {
+    size_t n = 0;
+    for (; s[n]; n++) {
+        char c = s[n];
+        bool alpha = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
+        bool more = (c >= '0' && c <= '9') || c == '-';
+        if (!alpha && (n == 0 || !more))
+            return false;
+    }
+    return n >= 1 && n < DM_NAME_MAX;
+}
+
+/* Whether s is w, w Capitalised or W in upper case. */
+static bool word_any_case(const char *s, const char *w) {
+    size_t n = strlen(w);
+    if (strlen(s) != n)
+        return false;
+    bool same = true, cap = true, upper = true;
+    for (size_t i = 0; i < n; i++) {
+        char up = (char)(w[i] - 'a' + 'A');
+        same &= s[i] == w[i];
+        cap &= s[i] == (i == 0 ? up : w[i]);
+        upper &= s[i] == up;
+    }
+    return same || cap || upper;
+}
+
+int dm__bool_parse(const char *s, bool *out) {
+    static const char *const words[] = {"true", "yes", "on",
+                                        "false", "no", "off"};
+    for (int i = 0; i < 6; i++) {
+        if (word_any_case(s, words[i])) {
+            *out = i < 3;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+bool dm__yaml_null(const char *s) {
+    return s[0] == '\0' || strcmp(s, "~") == 0 || word_any_case(s, "null");
+}
+
+/* ---- dtypes ----------------------------------------------------------- */
+
+static const char *const dtype_names[DM_DT_COUNT] = {
+#define DM_DT_NAME(sym, name, num) [num] = name,
+    DM_DTYPE_LIST(DM_DT_NAME)
+#undef DM_DT_NAME
+};
+
+const char *dm_dtype_name(int dt) {
+    return (dt >= 0 && dt < DM_DT_COUNT) ? dtype_names[dt] : NULL;
+}
+
+int dm_dtype_from_name(const char *name) {
+    for (int i = 0; i < DM_DT_COUNT; i++)
+        if (strcmp(name, dtype_names[i]) == 0)
+            return i;
+    return -1;
+}
+
+dm_dtype_mask_t dm__dtype_mask(const char *name) {
+    static const struct {
+        const char *name;
+        dm_dtype_mask_t mask;
+    } kinds[] = {
+#define DM_KIND_ROW(name, mask, doc) {name, mask},
+        DM_DTYPE_KINDS(DM_KIND_ROW)
+#undef DM_KIND_ROW
+    };
+    int dt = dm_dtype_from_name(name);
+    if (dt > DM_DT_UNKNOWN)
+        return 1u << dt;
+    for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++)
+        if (strcmp(name, kinds[i].name) == 0)
+            return kinds[i].mask;
+    return 0;
+}
