@@ -442,7 +442,110 @@ fail:
     return NULL;
 }
 
+/* check(path) -> (ok, diagnostics text, summary) without installing anything */
+static PyObject *py_check(PyObject *self, PyObject *args) {
+    const char *path;
+    if (!PyArg_ParseTuple(args, "s", &path))
+        return NULL;
+    dm_diags_t *d = PyMem_RawMalloc(sizeof(*d));
+    char *buf = PyMem_RawMalloc(16384);
+    if (!d || !buf) {
+        PyMem_RawFree(d), PyMem_RawFree(buf);
+        return PyErr_NoMemory();
+    }
+    dm_diags_init(d, path);
+    dm_topology_t topo;
+    dm_runtime_topology(&topo);
+    dm_policy_t *p = NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = dm_policy_load(path, &topo, &p, d);
+    Py_END_ALLOW_THREADS
+    buf[0] = 0;
+    if (d->n)
+        dm_diags_format_all(d, buf, 16384);
+    else if (rc)
+        snprintf(buf, 16384, "%s: error: %s\n", path, dm_strerror(rc));
+    char summary[256] = "";
+    if (p)
+        snprintf(summary, sizeof(summary), "%d arenas, %d rules, default '%s'",
+                 p->narenas, p->nrules, p->arenas[p->default_arena].name);
+    PyObject *res = Py_BuildValue("(Oss)", rc == 0 ? Py_True : Py_False, buf, summary);
+    dm_policy_free(p);
+    PyMem_RawFree(d);
+    PyMem_RawFree(buf);
+    return res;
+}
+
+/* explain(path, size, dtype_name, thread, tags, table) -> text */
+static PyObject *py_explain(PyObject *self, PyObject *args) {
+    const char *path, *dtype, *thread;
+    unsigned long long size;
+    PyObject *tags;
+    int table;
+    if (!PyArg_ParseTuple(args, "sKssOp", &path, &size, &dtype, &thread, &tags, &table))
+        return NULL;
+    int dt = -1;
+    for (int i = 0; i < DM_DT_COUNT; i++)
+        if (strcmp(dm_dtype_name(i), dtype) == 0)
+            dt = i;
+    if (dt < 0) {
+        PyErr_Format(PyExc_ValueError, "unknown dtype '%s'", dtype);
+        return NULL;
+    }
+    PyObject *seq = PySequence_Fast(tags, "tags must be a sequence of str");
+    if (!seq)
+        return NULL;
+    Py_ssize_t ntags = PySequence_Fast_GET_SIZE(seq);
+    const char *tagv[64];
+    if (ntags > 64)
+        ntags = 64;
+    for (Py_ssize_t i = 0; i < ntags; i++)
+        if (!(tagv[i] = PyUnicode_AsUTF8(PySequence_Fast_GET_ITEM(seq, i)))) {
+            Py_DECREF(seq);
+            return NULL;
+        }
+    dm_diags_t *d = PyMem_RawMalloc(sizeof(*d));
+    size_t cap = 1 << 16;
+    char *buf = PyMem_RawMalloc(cap);
+    PyObject *res = NULL;
+    dm_policy_t *p = NULL;
+    dm_table_t *t = NULL;
+    if (!d || !buf) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    dm_diags_init(d, path);
+    dm_topology_t topo;
+    dm_runtime_topology(&topo);
+    int rc = dm_policy_load(path, &topo, &p, d);
+    if (rc) {
+        raise_diags(d, rc);
+        goto done;
+    }
+    if (dm_table_compile(p, &t) != 0) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (table)
+        dm_table_dump(t, buf, cap);
+    else {
+        dm_context_t ctx = {thread, tagv, (int)ntags};
+        dm_table_explain(t, &ctx, (size_t)size, dt, buf, cap);
+    }
+    res = PyUnicode_FromString(buf);
+done:
+    Py_DECREF(seq);
+    dm_table_free(t);
+    dm_policy_free(p);
+    PyMem_RawFree(d);
+    PyMem_RawFree(buf);
+    return res;
+}
+
 static PyMethodDef methods[] = {
+    {"check", py_check, METH_VARARGS, "check(path) -> (ok, diagnostics, summary)"},
+    {"explain", py_explain, METH_VARARGS, "explain(path, size, dtype, thread, tags, table) -> text"},
     {"load", py_load, METH_VARARGS, "load(path) -> warnings: parse, compile and publish a policy"},
     {"handler", py_handler, METH_VARARGS, "handler(tags=()) -> NEP 49 capsule for a tag set"},
     {"handler_tags", py_handler_tags, METH_O, "handler_tags(capsule) -> tags, or None if not datamem's"},

@@ -27,6 +27,22 @@
 #include "runtime/internal.h"
 #include "runtime/os.h"
 
+/* jemalloc is not instrumented, so ThreadSanitizer cannot see that a block freed
+ * on one thread and handed out again on another was passed through jemalloc's
+ * locks. In TSan builds free releases and alloc acquires one sync object, which
+ * models that hand-off (coarsely: it orders every free before every later
+ * allocation). Compiled out otherwise. */
+#if defined(__SANITIZE_THREAD__)
+void __tsan_acquire(void *addr);
+void __tsan_release(void *addr);
+static char tsan_sync;
+#define TSAN_ACQUIRE() __tsan_acquire(&tsan_sync)
+#define TSAN_RELEASE() __tsan_release(&tsan_sync)
+#else
+#define TSAN_ACQUIRE() ((void)0)
+#define TSAN_RELEASE() ((void)0)
+#endif
+
 /* jemalloc options, read once at its initialisation. tcache_max: cache sizes up
  * to 1 MiB per thread and arena (the default 32 KiB sends 256 KiB create/destroy
  * down jemalloc's locked large path, +190 ns; performance-baseline). */
@@ -329,6 +345,7 @@ static void *slot_alloc(dm_tls_t *t, const rt_slot_t *s, size_t size, int zero) 
     je_arena_t *ja = slot_je(s);
     if (DM_UNLIKELY(!ja))
         return NULL;
+    TSAN_ACQUIRE();
     return dmje_mallocx(n, (int)((unsigned)s->flags | (unsigned)zero |
                                  (unsigned)MALLOCX_ARENA(ja->index) | tcache_flags(t, ja)));
 }
@@ -393,6 +410,7 @@ void dm_free(void *p) {
     }
     dm_tls_t *t = &tls;
     DM_CTR_ADD(t->ctrs[ja->owner->id].nfree, 1);
+    TSAN_RELEASE();
     dmje_dallocx(p, (int)tcache_flags(t, ja));
 }
 
@@ -414,6 +432,8 @@ void *dm_realloc(const dm_ctx_t *c, void *p, size_t size) {
         return NULL;
     je_arena_t *ja = slot_je(s);
     void *q = NULL;
+    TSAN_RELEASE();
+    TSAN_ACQUIRE();
     if (ja == old) {
         size_t n = size ? size : 1;
         n = (n + s->round) & ~s->round;

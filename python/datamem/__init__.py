@@ -22,7 +22,7 @@ from . import _ext
 from ._ext import PolicyError
 
 __all__ = ["install", "uninstall", "reload", "tag", "stats", "current_policy",
-           "arena_of", "PolicyError", "HANDLER_NAME", "__version__"]
+           "arena_of", "check", "explain", "PolicyError", "HANDLER_NAME", "__version__"]
 
 HANDLER_NAME = _ext.HANDLER_NAME
 __version__ = _ext.VERSION
@@ -73,6 +73,18 @@ def uninstall():
 def current_policy():
     """The path of the policy in force, or None."""
     return _state["path"] if _ext.active() else None
+
+
+def check(policy):
+    """Validates a policy file without installing it: (ok, diagnostics, summary)."""
+    from .__main__ import check as _check
+    return _check(os.fspath(policy))
+
+
+def explain(policy, size, dtype="unknown", thread="MainThread", tags=(), table=False):
+    """Which rule and arena would serve an allocation, and why earlier rules did not."""
+    from .__main__ import explain as _explain
+    return _explain(os.fspath(policy), size, dtype, thread, tags, table)
 
 
 def stats():

@@ -1,0 +1,66 @@
+"""python -m datamem: command-line tools.
+
+  check POLICY                        validate; exit 0 with a summary, 1 with diagnostics
+  explain POLICY --size 8MiB [--dtype float32] [--thread NAME] [--tag T ...] [--table]
+                                      which rule and arena serve an allocation, and why
+                                      each earlier rule did not match
+"""
+import argparse
+import re
+import sys
+
+from . import _ext
+
+_UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
+          "kb": 10 ** 3, "mb": 10 ** 6, "gb": 10 ** 9, "tb": 10 ** 12}
+
+
+def parse_size(text):
+    m = re.fullmatch(r"\s*(\d+)\s*([A-Za-z]*)\s*", text)
+    if not m or m.group(2).lower() not in _UNITS:
+        raise argparse.ArgumentTypeError(
+            "bad size %r (bytes, or a number with B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)" % text)
+    return int(m.group(1)) * _UNITS[m.group(2).lower()]
+
+
+def check(path):
+    """Returns (ok, diagnostics text, summary) for a policy file; installs nothing."""
+    return _ext.check(path)
+
+
+def explain(path, size, dtype="unknown", thread="MainThread", tags=(), table=False):
+    """Explains which rule and arena would serve an allocation (or dumps the table)."""
+    return _ext.explain(path, int(size), dtype, thread, list(tags), bool(table))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m datamem", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("check", help="validate a policy")
+    c.add_argument("policy")
+    e = sub.add_parser("explain", help="which rule and arena serve an allocation")
+    e.add_argument("policy")
+    e.add_argument("--size", type=parse_size, default=0)
+    e.add_argument("--dtype", default="unknown")
+    e.add_argument("--thread", default="MainThread")
+    e.add_argument("--tag", action="append", default=[])
+    e.add_argument("--table", action="store_true", help="print the compiled table")
+    a = ap.parse_args(argv)
+    if a.cmd == "check":
+        ok, text, summary = check(a.policy)
+        if text:
+            sys.stderr.write(text if text.endswith("\n") else text + "\n")
+        if ok:
+            print("%s: ok: %s" % (a.policy, summary))
+        return 0 if ok else 1
+    try:
+        sys.stdout.write(explain(a.policy, a.size, a.dtype, a.thread, a.tag, a.table))
+    except _ext.PolicyError as err:
+        sys.stderr.write(str(err) + "\n")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
