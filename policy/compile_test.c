@@ -257,9 +257,9 @@ static void test_explain(void) {
     EXPECT_CONTAINS(buf, "  2 loaders: size [0, 18446744073709551615], thread "
                          "['loader-*'], tag ['ingest'] -> arena loaders\n", "ctx rule");
     EXPECT_CONTAINS(buf, "view without context: 3 intervals\n"
-                         "  [0, 8388607]: (default), float32: floats\n"
+                         "  [0, 8388607]: (default); floats for float32\n"
                          "  [8388608, 1073741824]: big\n"
-                         "  [1073741825, 18446744073709551615]: (default), float32: floats\n",
+                         "  [1073741825, 18446744073709551615]: (default); floats for float32\n",
                    "intervals");
     char small[16];
     EXPECT_INT_EQ(dm_table_dump(t, small, sizeof small), n, "dump length when truncated");

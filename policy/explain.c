@@ -136,9 +136,17 @@ static void dump_row(dm__sbuf_t *b, const dm_table_t *t, const dm_view_t *v,
         return;
     }
     dm__sb_printf(b, " %s", slot_name(t, row[0])); /* unknown and the rest */
-    for (int dt = 1; dt < DM_DT_COUNT; dt++)
-        if (row[dt] != row[0])
-            dm__sb_printf(b, ", %s: %s", dm_dtype_name(dt), slot_name(t, row[dt]));
+    for (int dt = 1; dt < DM_DT_COUNT; dt++) {
+        bool seen = row[dt] == row[0];
+        for (int k = 1; k < dt && !seen; k++)
+            seen = row[k] == row[dt];
+        if (seen)
+            continue; /* printed with an earlier dtype */
+        dm__sb_printf(b, "; %s for", slot_name(t, row[dt]));
+        for (int k = dt; k < DM_DT_COUNT; k++)
+            if (row[k] == row[dt])
+                dm__sb_printf(b, " %s", dm_dtype_name(k));
+    }
     dm__sb_printf(b, "\n");
 }
 

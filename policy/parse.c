@@ -174,45 +174,33 @@ static int conv_int(const dm__schema_row_t *r, const char *s, bool quoted,
     return 0;
 }
 
-static int conv_size(const dm__schema_row_t *r, const char *s, void *sect,
-                     char *why) {
-    size_t v;
+/* Sizes and durations: the unit parsers' verdict, then bounds. */
+static int conv_measure(const dm__schema_row_t *r, const char *s, void *sect,
+                        char *why) {
+    bool is_size = r->type == DM_ST_SIZE;
+    size_t sz = 0;
+    int64_t ms = 0;
     char q[DM__QUOTE_CAP];
-    int rc = dm_parse_size(s, &v);
+    int rc = is_size ? dm_parse_size(s, &sz) : dm_parse_duration_ms(s, &ms);
+    uint64_t v = is_size ? (uint64_t)sz : (uint64_t)ms;
+    bool never = !is_size && ms < 0;
     dm__quote(q, sizeof q, s, strlen(s));
     if (rc == DM_ERANGE)
-        return why_fail(why, "size %s is too large (at most %zu bytes)",
-                        q, (size_t)SIZE_MAX);
-    if (rc)
+        return why_fail(why, "%s %s is too large%s", is_size ? "size" : "duration",
+                        q, is_size ? " (at most 18446744073709551615 bytes)" : "");
+    if (rc && is_size)
         return why_fail(why, "invalid size %s: expected bytes (e.g. 4096) "
-                        "or a whole number and a unit (" DM_SIZE_UNIT_NAMES ")",
-                        q);
-    if (out_of_range(r, v))
-        return range_error(r, s, why);
-    if ((r->flags & DM_SF_POW2) && (v & (v - 1)))
-        return why_fail(why, "%s is not a power of two", s);
-    store(sect, r, v);
-    return 0;
-}
-
-static int conv_duration(const dm__schema_row_t *r, const char *s, void *sect,
-                         char *why) {
-    int64_t v;
-    char q[DM__QUOTE_CAP];
-    int rc = dm_parse_duration_ms(s, &v);
-    dm__quote(q, sizeof q, s, strlen(s));
-    if (rc == DM_ERANGE)
-        return why_fail(why, "duration %s is too large", q);
+                        "or a whole number and a unit (" DM_SIZE_UNIT_NAMES ")", q);
     if (rc)
         return why_fail(why, "invalid duration %s: expected milliseconds "
                         "(e.g. 250) or a number and a unit (" DM_DURATION_UNIT_NAMES
                         "), whole milliseconds%s", q,
                         (r->flags & DM_SF_NEVER) ? ", or never" : "");
-    if (v < 0 && !(r->flags & DM_SF_NEVER))
+    if (never ? !(r->flags & DM_SF_NEVER) : out_of_range(r, v))
         return range_error(r, s, why);
-    if (v >= 0 && out_of_range(r, (uint64_t)v))
-        return range_error(r, s, why);
-    store(sect, r, (uint64_t)v);
+    if ((r->flags & DM_SF_POW2) && (v & (v - 1)))
+        return why_fail(why, "%s is not a power of two", s);
+    store(sect, r, v);
     return 0;
 }
 
@@ -292,9 +280,8 @@ static int convert(const dm__schema_row_t *r, const char *s, bool quoted,
     case DM_ST_INT:
         return conv_int(r, s, quoted, sect, why);
     case DM_ST_SIZE:
-        return conv_size(r, s, sect, why);
     case DM_ST_DURATION:
-        return conv_duration(r, s, sect, why);
+        return conv_measure(r, s, sect, why);
     case DM_ST_BOOL:
         return conv_bool(r, s, quoted, sect, why);
     case DM_ST_ENUM:

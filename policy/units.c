@@ -29,15 +29,29 @@ static const char *skip_spaces(const char *s) {
     return s;
 }
 
-int dm_parse_size(const char *s, size_t *out) {
-    static const struct {
-        const char *suffix;
-        uint64_t mult;
-    } units[] = {
+typedef struct unit {
+    const char *suffix;
+    uint64_t mult;
+} unit_t;
+
+static const unit_t size_units[] = {
 #define DM_UNIT_ROW(suffix, mult) {suffix, mult},
-        DM_SIZE_UNITS(DM_UNIT_ROW)
+    DM_SIZE_UNITS(DM_UNIT_ROW)
+};
+static const unit_t duration_units[] = {
+    DM_DURATION_UNITS(DM_UNIT_ROW)
 #undef DM_UNIT_ROW
-    };
+};
+
+/* The unit spelled exactly `s`, or NULL. */
+static const unit_t *find_unit(const unit_t *units, size_t n, const char *s) {
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(s, units[i].suffix) == 0)
+            return &units[i];
+    return NULL;
+}
+
+int dm_parse_size(const char *s, size_t *out) {
     uint64_t v;
     int n = read_digits(&s, &v);
     if (n == 0)
@@ -49,15 +63,13 @@ int dm_parse_size(const char *s, size_t *out) {
         *out = (size_t)v;
         return v > SIZE_MAX ? DM_ERANGE : 0;
     }
-    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
-        if (strcmp(u, units[i].suffix) != 0)
-            continue;
-        if (v > SIZE_MAX / units[i].mult)
-            return DM_ERANGE;
-        *out = (size_t)(v * units[i].mult);
-        return 0;
-    }
-    return DM_EINVALID;
+    const unit_t *unit = find_unit(size_units, sizeof size_units / sizeof *size_units, u);
+    if (!unit)
+        return DM_EINVALID;
+    if (v > SIZE_MAX / unit->mult)
+        return DM_ERANGE;
+    *out = (size_t)(v * unit->mult);
+    return 0;
 }
 
 /* Fraction digits after '.' as thousandths; -1 unless they are whole ones. */
@@ -78,14 +90,6 @@ static int64_t read_millis_fraction(const char **s) {
 }
 
 int dm_parse_duration_ms(const char *s, int64_t *out) {
-    static const struct {
-        const char *suffix;
-        int64_t mult;
-    } units[] = {
-#define DM_UNIT_ROW(suffix, mult) {suffix, mult},
-        DM_DURATION_UNITS(DM_UNIT_ROW)
-#undef DM_UNIT_ROW
-    };
     uint64_t v;
     int64_t frac = 0;
     if (strcmp(s, "never") == 0 || strcmp(s, "-1") == 0) {
@@ -108,17 +112,15 @@ int dm_parse_duration_ms(const char *s, int64_t *out) {
         *out = (int64_t)v;
         return dot ? DM_EINVALID : 0; /* "1.5": a fraction needs a unit */
     }
-    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
-        if (strcmp(u, units[i].suffix) != 0)
-            continue;
-        if (units[i].mult == 1 && dot)
-            return DM_EINVALID; /* "1.5ms": not whole milliseconds */
-        if ((int64_t)v > (INT64_MAX - frac) / units[i].mult)
-            return DM_ERANGE;
-        *out = (int64_t)v * units[i].mult + (units[i].mult == 1 ? 0 : frac);
-        return 0;
-    }
-    return DM_EINVALID;
+    const unit_t *unit =
+        find_unit(duration_units, sizeof duration_units / sizeof *duration_units, u);
+    if (!unit || (unit->mult == 1 && dot)) /* "1.5ms": not whole milliseconds */
+        return DM_EINVALID;
+    int64_t mult = (int64_t)unit->mult;
+    if ((int64_t)v > (INT64_MAX - frac) / mult)
+        return DM_ERANGE;
+    *out = (int64_t)v * mult + (mult == 1 ? 0 : frac);
+    return 0;
 }
 
 bool dm_glob_valid(const char *g, size_t *off, const char **why) {
