@@ -16,7 +16,7 @@
 
 #include "policy/internal.h"
 
-static uint64_t fnv1a64(const char *buf, size_t len) {
+uint64_t dm_policy_hash(const char *buf, size_t len) {
     uint64_t h = 0xcbf29ce484222325ull;
     for (size_t i = 0; i < len; i++)
         h = (h ^ (unsigned char)buf[i]) * 0x100000001b3ull;
@@ -67,7 +67,7 @@ int dm_policy_parse(const char *buf, size_t len, const char *fname,
         dm_policy_free(p);
         return rc;
     }
-    p->hash = fnv1a64(ds.buf, ds.len);
+    p->hash = dm_policy_hash(ds.buf, ds.len);
     snprintf(p->path, sizeof p->path, "%s", fname ? fname : "");
     *out = p;
     return 0;

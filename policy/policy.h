@@ -181,6 +181,10 @@ int dm_policy_load(const char *path, const dm_topology_t *topo,
 
 void dm_policy_free(dm_policy_t *p);
 
+/* The policy's content hash (FNV-1a 64 of the file's bytes), as in
+ * dm_policy_t.hash: the reload watcher compares it to skip no-op writes. */
+uint64_t dm_policy_hash(const char *buf, size_t len);
+
 /* ---- compiled dispatch ------------------------------------------------ */
 
 /* A context: what is constant for a stretch of code on one thread. */

@@ -428,6 +428,10 @@ static PyObject *py_stats(PyObject *self, PyObject *unused) {
     SET_U64(d, "threads", (uint64_t)s->nthreads);
     SET_U64(d, "contexts", (uint64_t)s->ncontexts);
     SET_OBJ(d, "version", PyUnicode_FromString(DM_VERSION_STRING));
+    uint64_t wr, ws;
+    dm_watch_counts(&wr, &ws);
+    SET_U64(d, "watch_reloads", wr);
+    SET_U64(d, "watch_unchanged", ws);
     Py_DECREF(arenas);
     Py_DECREF(rules);
     dm_stats_release(s);
@@ -543,7 +547,30 @@ done:
     return res;
 }
 
+static PyObject *py_after_fork_child(PyObject *self, PyObject *unused) {
+    dm_runtime_after_fork_child();
+    Py_RETURN_NONE;
+}
+
+/* policy_settings() -> dict of the policy in force's process-level settings */
+static PyObject *py_policy_settings(PyObject *self, PyObject *unused) {
+    dm_policy_t *p = dm_runtime_policy_copy();
+    if (!p)
+        Py_RETURN_NONE;
+    PyObject *d = Py_BuildValue(
+        "{s:s,s:O,s:O,s:L,s:s,s:s,s:s,s:L}", "path", p->path,
+        "reload_watch", p->reload.watch ? Py_True : Py_False,
+        "reload_signal", p->reload.signal ? Py_True : Py_False,
+        "reload_debounce_ms", (long long)p->reload.debounce_ms,
+        "stats_http", p->stats.http, "stats_unix_socket", p->stats.unix_socket,
+        "stats_textfile", p->stats.textfile, "stats_interval_ms", (long long)p->stats.interval_ms);
+    dm_policy_free(p);
+    return d;
+}
+
 static PyMethodDef methods[] = {
+    {"after_fork_child", py_after_fork_child, METH_NOARGS, "restart runtime threads in a forked child"},
+    {"policy_settings", py_policy_settings, METH_NOARGS, "process-level settings of the policy in force"},
     {"check", py_check, METH_VARARGS, "check(path) -> (ok, diagnostics, summary)"},
     {"explain", py_explain, METH_VARARGS, "explain(path, size, dtype, thread, tags, table) -> text"},
     {"load", py_load, METH_VARARGS, "load(path) -> warnings: parse, compile and publish a policy"},

@@ -125,6 +125,14 @@ DM_API void dm_stats_release(dm_stats_t *s);
 /* Records a failed reload attempt (counted in stats). */
 DM_API void dm_runtime_note_reload_failure(void);
 
+/* Reloads done by the file watcher, and file events skipped because the
+ * content hash had not changed. */
+DM_API void dm_watch_counts(uint64_t *reloads, uint64_t *skipped);
+
+/* Call in a forked child (Python: os.register_at_fork) to restart the
+ * runtime's threads (policy watcher) that did not survive the fork. */
+DM_API void dm_runtime_after_fork_child(void);
+
 /* ---- testing hooks (fault injection) ------------------------------------ */
 
 /* The next `n` extent allocations fail (simulated out-of-memory); -1 = all. */

@@ -147,6 +147,10 @@ static inline je_arena_t *dm__owner_of(const void *p) {
     return s ? dm__je[s - 1] : NULL;
 }
 
+/* watch.c */
+void dm__watch_configure(const char *path, bool enabled, int64_t debounce_ms);
+void dm__watch_after_fork_child(void);
+
 /* runtime.c */
 extern pthread_mutex_t dm__mu;
 

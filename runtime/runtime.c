@@ -476,7 +476,17 @@ const char *dm_owner_arena(const void *p) {
 
 static void atfork_prepare(void) { pthread_mutex_lock(&dm__mu); }
 static void atfork_parent(void) { pthread_mutex_unlock(&dm__mu); }
-static void atfork_child(void) { pthread_mutex_unlock(&dm__mu); }
+static void atfork_child(void) {
+    pthread_mutex_unlock(&dm__mu);
+    dm__watch_after_fork_child();
+}
+
+void dm_runtime_after_fork_child(void) {
+    dm_policy_t *p = dm_runtime_policy_copy();
+    if (p && p->path[0])
+        dm__watch_configure(p->path, p->reload.watch, p->reload.debounce_ms);
+    dm_policy_free(p);
+}
 
 static void init_once_fn(void) {
     pthread_key_create(&tls_key, tls_exit);
@@ -575,9 +585,15 @@ int dm_runtime_install(dm_policy_t *p, dm_diags_t *d) {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     last_reload_time = (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+    bool watch = p->reload.watch && p->path[0];
+    char path[sizeof(p->path)];
+    memcpy(path, p->path, sizeof(path));
+    int64_t debounce = p->reload.debounce_ms;
     pthread_mutex_unlock(&dm__mu);
     if (old)
         table_release(old);
+    if (path[0])
+        dm__watch_configure(path, watch, debounce);
     return 0;
 }
 

@@ -40,25 +40,27 @@ def install(policy):
     """Loads `policy` (a path) and makes datamem NumPy's allocator for the current
     context and for every thread started from now on. Raises PolicyError with
     file:line:column diagnostics if the policy is bad (nothing changes then)."""
-    path = os.fspath(policy)
+    path = os.path.abspath(os.fspath(policy))  # the watcher must survive chdir
     with _lock:
         _warn(_ext.load(path))
-        _state["path"] = os.path.abspath(path)
+        _state["path"] = path
         _ext.set_thread_name(threading.current_thread().name)
         _ext.set_handler(_ext.handler())
         _patch_threads()
+        _apply_settings()
 
 
 def reload(policy=None):
     """Re-reads the policy (or loads a new path). New arrays follow the new rules;
     live arrays are not moved. On error the last good policy stays in force and
     PolicyError is raised."""
-    path = os.fspath(policy) if policy is not None else _state["path"]
+    path = os.path.abspath(os.fspath(policy)) if policy is not None else _state["path"]
     if path is None:
         raise RuntimeError("datamem is not installed")
     with _lock:
         _warn(_ext.load(path))
-        _state["path"] = os.path.abspath(path)
+        _state["path"] = path
+        _apply_settings()
 
 
 def uninstall():
@@ -118,6 +120,40 @@ def tag(*names):
         yield
     finally:
         _ext.set_handler(prev)
+
+
+# ---- reload by signal, fork ---------------------------------------------------
+# SIGHUP is opt-in (reload.signal: true): a process that has not asked for it
+# keeps SIGHUP's default meaning. `python -m datamem reload PID` checks that the
+# target catches SIGHUP before sending it. The handler runs in the main thread
+# between bytecodes (Python's signal model), so a reload waits for a long C call
+# to return; the file watcher has no such delay.
+
+def _on_sighup(signum, frame):
+    try:
+        reload()
+        sys.stderr.write("datamem: reloaded %s on SIGHUP\n" % _state["path"])
+    except PolicyError as e:
+        sys.stderr.write("datamem: reload on SIGHUP failed; keeping the last good policy:\n%s\n" % e)
+
+
+def _apply_settings():
+    """Called with _lock held after every successful load."""
+    import signal
+    settings = _ext.policy_settings() or {}
+    want = bool(settings.get("reload_signal"))
+    if threading.current_thread() is not threading.main_thread():
+        return  # signal handlers can only be changed from the main thread
+    current = signal.getsignal(signal.SIGHUP)
+    if want and current is not _on_sighup:
+        _state["prev_sighup"] = current
+        signal.signal(signal.SIGHUP, _on_sighup)
+    elif not want and current is _on_sighup:
+        signal.signal(signal.SIGHUP, _state.pop("prev_sighup", signal.SIG_DFL))
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_ext.after_fork_child)
 
 
 # ---- threads -------------------------------------------------------------------

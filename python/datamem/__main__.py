@@ -1,11 +1,13 @@
 """python -m datamem: command-line tools.
 
   check POLICY                        validate; exit 0 with a summary, 1 with diagnostics
+  reload PID                          ask a running job to reload its policy (SIGHUP, opt-in)
   explain POLICY --size 8MiB [--dtype float32] [--thread NAME] [--tag T ...] [--table]
                                       which rule and arena serve an allocation, and why
                                       each earlier rule did not match
 """
 import argparse
+import os
 import re
 import sys
 
@@ -33,6 +35,33 @@ def explain(path, size, dtype="unknown", thread="MainThread", tags=(), table=Fal
     return _ext.explain(path, int(size), dtype, thread, list(tags), bool(table))
 
 
+def catches_sighup(pid):
+    """True if process `pid` has a SIGHUP handler (SigCgt in /proc/PID/status)."""
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            if line.startswith("SigCgt:"):
+                return bool(int(line.split()[1], 16) & 1)
+    return False
+
+
+def reload_pid(pid):
+    """Asks process `pid` to reload its policy (SIGHUP), refusing when the process
+    has not opted in with `reload: {signal: true}` (SIGHUP would terminate it)."""
+    import signal
+    try:
+        ok = catches_sighup(pid)
+    except OSError as e:
+        print("datamem: no process %d (%s)" % (pid, e.strerror), file=sys.stderr)
+        return 1
+    if not ok:
+        print("datamem: process %d does not handle SIGHUP; set `reload: {signal: true}` in "
+              "its policy, or use the file watcher (`reload: {watch: true}`)" % pid, file=sys.stderr)
+        return 1
+    os.kill(pid, signal.SIGHUP)
+    print("sent SIGHUP to %d" % pid)
+    return 0
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m datamem", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -46,7 +75,11 @@ def main(argv=None):
     e.add_argument("--thread", default="MainThread")
     e.add_argument("--tag", action="append", default=[])
     e.add_argument("--table", action="store_true", help="print the compiled table")
+    r = sub.add_parser("reload", help="ask a running process to reload its policy (SIGHUP)")
+    r.add_argument("pid", type=int)
     a = ap.parse_args(argv)
+    if a.cmd == "reload":
+        return reload_pid(a.pid)
     if a.cmd == "check":
         ok, text, summary = check(a.policy)
         if text:

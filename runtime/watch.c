@@ -1,0 +1,246 @@
+/*
+ * watch.c: reloads the policy when its file changes (inotify), from a C thread.
+ *
+ * We watch the file's *directory*, not the file: editors replace files by
+ * rename, `mv` swaps the inode, and Kubernetes ConfigMaps update by swapping a
+ * `..data` symlink in the directory; a watch on the file itself sees only
+ * IN_DELETE_SELF and dies. Any create / close-after-write / moved-to / delete /
+ * attribute event naming the file or `..data` starts a debounce timer (editors
+ * write in bursts); when it expires the file is read and its content hash is
+ * compared with the policy in force, so no-op writes and touches do not reload.
+ * A file that is missing or broken keeps the last good policy: the diagnostics go
+ * to the log and the failure is counted. If the directory itself goes away the
+ * watch is re-armed every half second until it is back.
+ *
+ * The thread starts the first time a policy with `reload.watch: true` is
+ * installed and then lives for the process, idle (blocked in poll) while no
+ * policy asks for watching: off costs nothing, and switching costs no thread
+ * churn. Configuration changes wake it through an eventfd. After fork the child
+ * has no watcher thread; dm_watch_after_fork() lets the next install start one.
+ *
+ * Thread safety: cfg is guarded by watch_mu; the reload itself goes through
+ * dm_runtime_load, which serialises with every other reload.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/inotify.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "runtime/internal.h"
+
+static pthread_mutex_t watch_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+    bool started;        /* the thread exists (in this process) */
+    bool enabled;
+    char path[PATH_MAX]; /* policy file to watch */
+    int64_t debounce_ms;
+    unsigned gen;        /* bumped on every change, so the thread re-arms */
+    int wake_fd;         /* eventfd */
+} cfg = {.wake_fd = -1};
+
+static _Atomic uint64_t watch_reloads, watch_skipped;
+
+static int64_t now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Copies at most n bytes of src, truncating to fit and always terminating. */
+static void copy_str(char *dst, size_t cap, const char *src, size_t n) {
+    if (n >= cap)
+        n = cap - 1;
+    memcpy(dst, src, n);
+    dst[n] = 0;
+}
+
+static void split_path(const char *path, char *dir, size_t dcap, char *base, size_t bcap) {
+    const char *slash = strrchr(path, '/');
+    if (!slash) {
+        copy_str(dir, dcap, ".", 1);
+        copy_str(base, bcap, path, strlen(path));
+    } else {
+        copy_str(dir, dcap, path, slash == path ? 1 : (size_t)(slash - path));
+        copy_str(base, bcap, slash + 1, strlen(slash + 1));
+    }
+}
+
+/* Reads the file and returns its hash; false if it cannot be read now. */
+static bool file_hash(const char *path, uint64_t *h) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return false;
+    size_t cap = DM_POLICY_FILE_MAX + 1, n = 0;
+    char *buf = malloc(cap);
+    bool ok = buf != NULL;
+    while (ok && n < cap) {
+        ssize_t r = read(fd, buf + n, cap - n);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0) {
+            ok = r == 0;
+            break;
+        }
+        n += (size_t)r;
+    }
+    close(fd);
+    if (ok)
+        *h = dm_policy_hash(buf, n);
+    free(buf);
+    return ok;
+}
+
+static void reload_now(const char *path) {
+    uint64_t h;
+    if (!file_hash(path, &h)) {
+        dm__log("datamem: policy %s cannot be read (%s); keeping the last good policy",
+                path, strerror(errno));
+        return;
+    }
+    dm_policy_t *cur = dm_runtime_policy_copy();
+    bool same = cur && cur->hash == h;
+    dm_policy_free(cur);
+    if (same) {
+        atomic_fetch_add(&watch_skipped, 1);
+        return;
+    }
+    dm_diags_t *d = malloc(sizeof(*d));
+    if (!d)
+        return;
+    dm_diags_init(d, path);
+    int rc = dm_runtime_load(path, d);
+    if (rc) {
+        char *msg = malloc(16384);
+        if (msg) {
+            dm_diags_format_all(d, msg, 16384);
+            dm__log("datamem: reload of %s failed; keeping the last good policy:\n%s", path, msg);
+            free(msg);
+        }
+    } else {
+        atomic_fetch_add(&watch_reloads, 1);
+        if (d->nwarnings) {
+            char msg[4096];
+            dm_diags_format_all(d, msg, sizeof(msg));
+            dm__log("datamem: reloaded %s with warnings:\n%s", path, msg);
+        }
+    }
+    free(d);
+}
+
+static bool event_names_us(const struct inotify_event *ev, const char *base) {
+    if (ev->mask & (IN_IGNORED | IN_DELETE_SELF | IN_MOVE_SELF | IN_Q_OVERFLOW))
+        return true;
+    return ev->len && (strcmp(ev->name, base) == 0 || strcmp(ev->name, "..data") == 0);
+}
+
+static void *watch_main(void *arg) {
+    int in = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+    int wd = -1;
+    unsigned seen_gen = ~0u;
+    char path[PATH_MAX], dir[PATH_MAX], base[NAME_MAX + 1];
+    bool enabled = false;
+    int64_t debounce = 50, due = -1; /* due: when to reload, -1 = nothing pending */
+    char evbuf[16 * (sizeof(struct inotify_event) + NAME_MAX + 1)]
+        __attribute__((aligned(__alignof__(struct inotify_event))));
+    for (;;) {
+        pthread_mutex_lock(&watch_mu);
+        int wake = cfg.wake_fd;
+        if (cfg.gen != seen_gen) {
+            seen_gen = cfg.gen;
+            enabled = cfg.enabled;
+            debounce = cfg.debounce_ms;
+            copy_str(path, sizeof(path), cfg.path, strlen(cfg.path));
+            split_path(path, dir, sizeof(dir), base, sizeof(base));
+            if (wd >= 0)
+                inotify_rm_watch(in, wd);
+            wd = -1;
+            due = -1;
+        }
+        pthread_mutex_unlock(&watch_mu);
+        if (enabled && wd < 0 && in >= 0) {
+            wd = inotify_add_watch(in, dir, IN_CREATE | IN_CLOSE_WRITE | IN_MOVED_TO |
+                                            IN_MOVED_FROM | IN_DELETE | IN_ATTRIB |
+                                            IN_DELETE_SELF | IN_MOVE_SELF | IN_ONLYDIR);
+            if (wd >= 0 && due < 0)
+                due = now_ms() + debounce; /* re-armed: catch what changed meanwhile */
+        }
+        int timeout = !enabled ? -1 : wd < 0 ? 500 : due >= 0 ? (int)(due - now_ms()) : -1;
+        if (timeout < -1 || (due >= 0 && timeout < 0))
+            timeout = 0;
+        struct pollfd fds[2] = {{wake, POLLIN, 0}, {in, POLLIN, 0}};
+        int n = poll(fds, 2, timeout);
+        if (n > 0 && (fds[0].revents & POLLIN)) {
+            uint64_t v;
+            ssize_t r = read(wake, &v, sizeof(v));
+            (void)r;
+        }
+        if (n > 0 && (fds[1].revents & POLLIN)) {
+            ssize_t len;
+            while ((len = read(in, evbuf, sizeof(evbuf))) > 0) {
+                for (char *p = evbuf; p < evbuf + len;) {
+                    const struct inotify_event *ev = (const struct inotify_event *)p;
+                    if (ev->mask & (IN_IGNORED | IN_DELETE_SELF | IN_MOVE_SELF))
+                        wd = -1; /* the directory went away: re-arm */
+                    if (enabled && event_names_us(ev, base))
+                        due = now_ms() + debounce;
+                    p += sizeof(struct inotify_event) + ev->len;
+                }
+            }
+        }
+        if (enabled && due >= 0 && now_ms() >= due) {
+            due = -1;
+            reload_now(path);
+        }
+    }
+    return arg;
+}
+
+/* Called by dm_runtime_install (without dm__mu) with the policy now in force. */
+void dm__watch_configure(const char *path, bool enabled, int64_t debounce_ms) {
+    pthread_mutex_lock(&watch_mu);
+    bool changed = cfg.enabled != enabled || strcmp(cfg.path, path) != 0 ||
+                   cfg.debounce_ms != debounce_ms;
+    if (changed) {
+        cfg.enabled = enabled;
+        copy_str(cfg.path, sizeof(cfg.path), path, strlen(path));
+        cfg.debounce_ms = debounce_ms;
+        cfg.gen++;
+    }
+    if (enabled && !cfg.started) {
+        if (cfg.wake_fd < 0)
+            cfg.wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+        pthread_t th;
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        if (cfg.wake_fd >= 0 && pthread_create(&th, &attr, watch_main, NULL) == 0)
+            cfg.started = true;
+        else
+            dm__log("datamem: cannot start the policy watcher; reload with datamem.reload()");
+        pthread_attr_destroy(&attr);
+    } else if (changed && cfg.started) {
+        uint64_t one = 1;
+        ssize_t r = write(cfg.wake_fd, &one, sizeof(one));
+        (void)r;
+    }
+    pthread_mutex_unlock(&watch_mu);
+}
+
+/* pthread_atfork child handler: the thread did not survive the fork. */
+void dm__watch_after_fork_child(void) {
+    pthread_mutex_init(&watch_mu, NULL);
+    cfg.started = false;
+    cfg.gen++;
+}
+
+void dm_watch_counts(uint64_t *reloads, uint64_t *skipped) {
+    *reloads = atomic_load(&watch_reloads);
+    *skipped = atomic_load(&watch_skipped);
+}
