@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "runtime/datamem.h"
+#include "runtime/os.h"
 
 static int failures;
 
@@ -201,6 +202,97 @@ static void test_numa_policy(void) {
     dm_free(q);
 }
 
+/* The VmFlags line of the mapping holding p ("hg" = MADV_HUGEPAGE, "nh" =
+ * MADV_NOHUGEPAGE) and its AnonHugePages, from /proc/self/smaps. */
+static bool smaps_of(const void *p, char *flags, size_t cap, long *anon_huge_kb) {
+    FILE *f = fopen("/proc/self/smaps", "r");
+    char line[512];
+    bool in = false, found = false;
+    *anon_huge_kb = 0;
+    flags[0] = 0;
+    while (f && fgets(line, sizeof(line), f)) {
+        unsigned long lo, hi;
+        if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && strchr(line, '-') < strchr(line, ' ')) {
+            in = (uintptr_t)p >= lo && (uintptr_t)p < hi;
+            continue;
+        }
+        if (!in)
+            continue;
+        if (strncmp(line, "AnonHugePages:", 14) == 0)
+            *anon_huge_kb = atol(line + 14);
+        if (strncmp(line, "VmFlags:", 8) == 0) {
+            snprintf(flags, cap, "%s", line + 8);
+            found = true;
+        }
+    }
+    if (f)
+        fclose(f);
+    return found;
+}
+
+static void test_placement_kinds(void) {
+    load_ok("version: 1\ndefault: plain\narenas:\n"
+            "  plain: {alignment: 64}\n"
+            "  bound: {numa: {bind: [0]}, hugepages: off}\n"
+            "  inter: {numa: {interleave: all}}\n"
+            "  pref: {numa: {preferred: 0}}\n"
+            "  huge: {hugepages: on, alignment: 2MiB}\n"
+            "rules:\n"
+            "  - {name: b, match: {tag: b}, arena: bound}\n"
+            "  - {name: i, match: {tag: i}, arena: inter}\n"
+            "  - {name: p, match: {tag: p}, arena: pref}\n"
+            "  - {name: h, match: {tag: h}, arena: huge}\n");
+    const dm_ctx_t *root = dm_ctx_root();
+    struct { const char *tag; int mode; const char *vmflag; } k[] = {
+        {"b", MPOL_BIND, " nh"}, {"i", MPOL_INTERLEAVE, NULL}, {"p", MPOL_PREFERRED, NULL},
+        {"h", MPOL_DEFAULT, " hg"},
+    };
+    for (size_t i = 0; i < sizeof(k) / sizeof(k[0]); i++) {
+        void *p = dm_alloc(dm_ctx_with_tag(root, k[i].tag), 8u << 20, DM_DT_UNKNOWN);
+        memset(p, 1, 8u << 20);
+        int mode = -1;
+        unsigned long mask = 0;
+        long rc = get_mempolicy(&mode, &mask, 64, p, MPOL_F_ADDR);
+        CHECK(rc == 0 && mode == k[i].mode, "tag %s: mode %d, want %d", k[i].tag, mode, k[i].mode);
+        if (k[i].mode != MPOL_DEFAULT)
+            CHECK(mask == 1, "tag %s: nodes 0x%lx", k[i].tag, mask);
+        char flags[512];
+        long huge_kb;
+        CHECK(smaps_of(p, flags, sizeof(flags), &huge_kb), "mapping of %p in smaps", p);
+        if (k[i].vmflag)
+            CHECK(strstr(flags, k[i].vmflag) != NULL, "tag %s: VmFlags%s lacks%s", k[i].tag,
+                  flags, k[i].vmflag);
+        if (strcmp(k[i].tag, "h") == 0) {
+            CHECK(((uintptr_t)p % (2u << 20)) == 0, "2 MiB alignment: %p", p);
+            /* THP is best effort (the kernel may lack free huge pages): report. */
+            printf("hugepage arena: AnonHugePages %ld kB in the mapping\n", huge_kb);
+        }
+        dm_free(p);
+    }
+}
+
+/* per_node with a topology this machine lacks (injected): one jemalloc arena per
+ * node, allocations served on the caller's node (0 here), bound to it. */
+static void test_per_node_injected_topology(void) {
+    dm__os_set_topology(0x3); /* nodes 0 and 1 */
+    load_ok("version: 1\ndefault: pn\narenas:\n  pn: {per_node: true}\n");
+    void *p = dm_alloc(dm_ctx_root(), 3u << 20, DM_DT_UNKNOWN);
+    CHECK_STR(dm_owner_arena(p), "pn");
+    int mode = -1;
+    unsigned long mask = 0;
+    get_mempolicy(&mode, &mask, 64, p, MPOL_F_ADDR);
+    CHECK(mode == MPOL_BIND && mask == 1, "per-node arena for node 0: mode %d mask 0x%lx", mode, mask);
+    dm_stats_t *s = malloc(sizeof(*s));
+    dm_stats_snapshot(s);
+    for (int i = 0; i < s->narenas; i++)
+        if (strcmp(s->arenas[i].name, "pn") == 0)
+            CHECK(s->arenas[i].njemalloc == 2, "two jemalloc arenas, got %d", s->arenas[i].njemalloc);
+    dm_stats_release(s);
+    free(s);
+    dm_free(p);
+    dm__os_set_topology(0);
+}
+
 static void test_fault_injection(void) {
     /* 300 MiB needs a new extent: with extent allocation failing, NULL. */
     dm_fault_extent_alloc(-1);
@@ -275,6 +367,8 @@ int main(void) {
     test_fault_injection();
     test_stats();
     test_reload_keeps_live_blocks();
+    test_placement_kinds();
+    test_per_node_injected_topology();
     unlink(write_policy(""));
     if (failures) {
         fprintf(stderr, "runtime_test: %d check(s) failed\n", failures);

@@ -1,0 +1,65 @@
+"""fork, and multiprocessing with fork / spawn / forkserver, under a policy."""
+import json
+import os
+
+from conftest import CONFIGS, run_py
+
+FORK = r"""
+import os, numpy as np, datamem
+big = np.arange(1 << 20, dtype=np.float64)      # 8 MiB, arena "big"
+small = np.arange(10.0)
+pid = os.fork()
+if pid == 0:
+    ok = big.sum() == (1 << 20) * ((1 << 20) - 1) / 2 and small[9] == 9.0
+    big[:] = 1.0                               # the child's copy, freed in the child
+    del big, small
+    fresh = np.ones(1 << 20)
+    ok = ok and datamem.arena_of(fresh) == "big" and fresh.sum() == 1 << 20
+    os._exit(0 if ok else 3)
+_, status = os.waitpid(pid, 0)
+print(os.waitstatus_to_exitcode(status), big[5], datamem.arena_of(big))
+"""
+
+POOL = r"""
+import json, multiprocessing as mp, numpy as np, datamem
+try:
+    from numpy._core.multiarray import get_handler_name
+except ImportError:
+    from numpy.core.multiarray import get_handler_name
+
+def work(n):
+    a = np.full(n, 2.0)
+    return get_handler_name(a), datamem.arena_of(a), a
+
+if __name__ == "__main__":
+    out = {}
+    for method in ("fork", "spawn", "forkserver"):
+        ctx = mp.get_context(method)
+        with ctx.Pool(2) as pool:
+            res = pool.map(work, [10, 100_000, 1 << 20] * 4, chunksize=1)
+        out[method] = sorted({(h, ar) for h, ar, _ in res})
+        assert all(a.sum() == 2.0 * a.size for _, _, a in res)
+        out[method + "_returned"] = sorted({str(datamem.arena_of(a)) for _, _, a in res})
+    print(json.dumps(out))
+"""
+
+
+def test_fork_keeps_arrays_valid():
+    r = run_py(FORK, config=os.path.join(CONFIGS, "demo.yaml"))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["0", "5.0", "big"]
+
+
+def test_multiprocessing_start_methods(tmp_path):
+    script = tmp_path / "pool_job.py"
+    script.write_text(POOL)
+    r = run_py("import runpy; runpy.run_path(%r, run_name='__main__')" % str(script),
+               config=os.path.join(CONFIGS, "demo.yaml"), timeout=180)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    want = [["datamem", "big"], ["datamem", "general"], ["datamem", "small"]]
+    for method in ("fork", "spawn", "forkserver"):
+        assert out[method] == want, (method, out[method])
+        # arrays unpickled in the parent are the parent's own, from its policy, or
+        # alias the pickle's bytes object (NumPy does that for large aligned data)
+        assert set(out[method + "_returned"]) <= {"small", "general", "big", "None"}
