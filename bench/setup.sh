@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Set-up for bench/ only (not needed by the tests): the allocators that
+# bench/run.py compares against through LD_PRELOAD, and matplotlib for the plot.
+# Idempotent; Debian bookworm, root or sudo.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+APT_PKGS=(libjemalloc2 libtcmalloc-minimal4 libmimalloc2.0 valgrind)
+need=()
+for p in "${APT_PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need+=("$p")
+done
+SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
+if [ "${#need[@]}" -gt 0 ]; then
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}"
+fi
+python3 -c "import matplotlib" 2>/dev/null ||
+  python3 -m pip install -q --disable-pip-version-check "matplotlib>=3.5"
