@@ -96,6 +96,7 @@ typedef struct dm_arena_stats {
     uint64_t allocated, active, resident, mapped, retained, dirty, muzzy;
     uint64_t je_nmalloc, je_ndalloc;
     uint64_t reserved;        /* address space reserved for the arena */
+    uint64_t hugepage_bytes;  /* THP-backed bytes in its ranges (dm_stats_hugepages) */
 } dm_arena_stats_t;
 
 typedef struct dm_rule_stats {
@@ -116,6 +117,8 @@ typedef struct dm_stats {
     uint64_t foreign_frees;   /* dm_free of a pointer datamem does not own */
     int nthreads;             /* threads that have allocated through datamem */
     int ncontexts;
+    bool last_reload_failed;  /* the last load attempt failed (last good policy kept) */
+    double snapshot_time;     /* unix seconds when the snapshot was taken */
 } dm_stats_t;
 
 /* Fills `out` (caller frees out->rules with dm_stats_release). */
@@ -132,6 +135,36 @@ DM_API void dm_watch_counts(uint64_t *reloads, uint64_t *skipped);
 /* Call in a forked child (Python: os.register_at_fork) to restart the
  * runtime's threads (policy watcher) that did not survive the fork. */
 DM_API void dm_runtime_after_fork_child(void);
+
+/* ---- stats export (runtime/metrics.c, export.c, http.c) ----------------- */
+
+enum { DM_STATS_PROMETHEUS = 0, DM_STATS_JSON = 1 };
+
+/* Renders `s` as Prometheus text exposition 0.0.4 or as JSON (the keys of
+ * datamem.stats()) into a malloc'ed, NUL-terminated buffer: free(*out). */
+DM_API int dm_stats_render(const dm_stats_t *s, int format, char **out, size_t *len);
+/* A fresh snapshot, with hugepage bytes, rendered. */
+DM_API int dm_stats_render_current(int format, char **out, size_t *len);
+/* Fills arenas[].hugepage_bytes from /proc/self/smaps (AnonHugePages in each
+ * arena's address ranges). The walk costs more as the process maps more, so
+ * results are reused for up to DM_HUGEPAGE_MAX_AGE_MS. */
+#define DM_HUGEPAGE_MAX_AGE_MS 2000
+DM_API int dm_stats_hugepages(dm_stats_t *s);
+
+/* Serves /metrics and /stats.json from a C thread. `http` is "host:port" (port 0:
+ * any free port), `unix_socket` a path ("{pid}" is replaced by the pid); NULL
+ * leaves the policy's `stats:` setting in force, "" turns it off. The policy's
+ * settings apply on every install; these override them. A failure to listen is
+ * logged and returned; nothing else changes. */
+DM_API int dm_stats_serve(const char *http, const char *unix_socket);
+/* The endpoint's URL ("http://127.0.0.1:PORT/metrics") and Unix socket path,
+ * "" when not serving. */
+DM_API void dm_stats_endpoint(char *url, size_t url_cap, char *unix_path, size_t unix_cap);
+/* Writes the Prometheus text to `path` atomically (temporary file + rename). */
+DM_API int dm_stats_textfile_write(const char *path);
+/* Stops serving: a last textfile write, the discovery file and Unix socket
+ * removed. Also runs at exit (atexit) in the process that started serving. */
+DM_API void dm_stats_export_stop(void);
 
 /* ---- testing hooks (fault injection) ------------------------------------ */
 

@@ -133,6 +133,7 @@ je_arena_t *dm__arena_je_for_node(dm_arena_t *a, int node);
 int dm__arena_count(void);
 dm_arena_t *dm__arena_at(int id);
 void dm__arena_je_stats(dm_arena_t *a, dm_arena_stats_t *out);
+int dm__arena_hugepages(uint64_t *out, int cap);
 unsigned dm__tcache_create(void);
 void dm__tcache_destroy(unsigned tc);
 
@@ -150,6 +151,11 @@ static inline je_arena_t *dm__owner_of(const void *p) {
 /* watch.c */
 void dm__watch_configure(const char *path, bool enabled, int64_t debounce_ms);
 void dm__watch_after_fork_child(void);
+
+/* export.c: the policy's stats section after each install (outside dm__mu);
+ * the child's own endpoint after fork. */
+void dm__export_configure(const dm_stats_spec_t *spec, uint64_t seq);
+void dm__export_restart_in_child(void);
 
 /* runtime.c */
 extern pthread_mutex_t dm__mu;

@@ -11,6 +11,8 @@
 #include <numaif.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -106,4 +108,34 @@ size_t dm__os_page_size(void) {
         atomic_store_explicit(&page, p, memory_order_relaxed);
     }
     return p;
+}
+
+int dm__os_smaps_huge(void (*fn)(void *arg, uintptr_t start, uintptr_t end, uint64_t huge),
+                      void *arg) {
+    FILE *f = fopen("/proc/self/smaps", "re");
+    if (!f)
+        return -errno;
+    char line[512];
+    unsigned long start = 0, end = 0;
+    bool have = false, line_start = true;
+    while (fgets(line, sizeof(line), f)) {
+        bool whole = strchr(line, '\n') != NULL;
+        /* Only a line's beginning can be a mapping header; the rest of a long
+         * path name (fgets split it) must not be read as one. */
+        if (line_start) {
+            unsigned long long kb;
+            if (sscanf(line, "%lx-%lx ", &start, &end) == 2 && strchr(line, '-') &&
+                line[0] != ' ') {
+                have = true;
+            } else if (have && strncmp(line, "AnonHugePages:", 14) == 0 &&
+                       sscanf(line + 14, "%llu", &kb) == 1) {
+                if (kb)
+                    fn(arg, (uintptr_t)start, (uintptr_t)end, (uint64_t)kb * 1024);
+                have = false;
+            }
+        }
+        line_start = whole;
+    }
+    fclose(f);
+    return 0;
 }

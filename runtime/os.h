@@ -35,4 +35,10 @@ void dm__os_set_topology(uint64_t nodes);
 
 size_t dm__os_page_size(void);
 
+/* Calls fn(arg, start, end, anon_huge_bytes) for every mapping of the process
+ * (/proc/self/smaps: the kernel walks page tables to answer, so the cost grows
+ * with mapped memory; never on an allocation path). 0 or -errno. */
+int dm__os_smaps_huge(void (*fn)(void *arg, uintptr_t start, uintptr_t end, uint64_t huge),
+                      void *arg);
+
 #endif /* DM_RUNTIME_OS_H */

@@ -60,6 +60,7 @@ static int nthreads;
 static _Atomic uint64_t foreign_frees;
 static uint64_t reloads, reload_failures; /* under dm__mu */
 static double last_reload_time;
+static bool last_reload_failed;           /* under dm__mu */
 
 static struct dm_ctx root_ctx;
 static struct dm_ctx *contexts = &root_ctx; /* interned, never freed */
@@ -486,6 +487,7 @@ void dm_runtime_after_fork_child(void) {
     if (p && p->path[0])
         dm__watch_configure(p->path, p->reload.watch, p->reload.debounce_ms);
     dm_policy_free(p);
+    dm__export_restart_in_child();
 }
 
 static void init_once_fn(void) {
@@ -582,9 +584,12 @@ int dm_runtime_install(dm_policy_t *p, dm_diags_t *d) {
     rt_table_t *old = atomic_load_explicit(&g_table, memory_order_relaxed);
     atomic_store_explicit(&g_table, tab, memory_order_release);
     reloads++;
+    last_reload_failed = false;
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     last_reload_time = (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+    dm_stats_spec_t stats = p->stats; /* p may be retired once dm__mu is dropped */
+    uint64_t seq = reloads;
     bool watch = p->reload.watch && p->path[0];
     char path[sizeof(p->path)];
     memcpy(path, p->path, sizeof(path));
@@ -594,6 +599,7 @@ int dm_runtime_install(dm_policy_t *p, dm_diags_t *d) {
         table_release(old);
     if (path[0])
         dm__watch_configure(path, watch, debounce);
+    dm__export_configure(&stats, seq);
     return 0;
 }
 
@@ -613,6 +619,7 @@ int dm_runtime_load(const char *path, dm_diags_t *d) {
 void dm_runtime_note_reload_failure(void) {
     pthread_mutex_lock(&dm__mu);
     reload_failures++;
+    last_reload_failed = true;
     pthread_mutex_unlock(&dm__mu);
 }
 
@@ -636,6 +643,9 @@ dm_policy_t *dm_runtime_policy_copy(void) {
 
 int dm_stats_snapshot(dm_stats_t *out) {
     memset(out, 0, sizeof(*out));
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    out->snapshot_time = (double)now.tv_sec + (double)now.tv_nsec / 1e9;
     uint64_t epoch = 1;
     size_t esz = sizeof(epoch);
     pthread_mutex_lock(&dm__mu);
@@ -690,6 +700,7 @@ int dm_stats_snapshot(dm_stats_t *out) {
     out->reloads = reloads;
     out->reload_failures = reload_failures;
     out->last_reload_time = last_reload_time;
+    out->last_reload_failed = last_reload_failed;
     out->nthreads = nthreads;
     out->ncontexts = ncontexts;
     pthread_mutex_unlock(&dm__mu);

@@ -1,0 +1,56 @@
+/*
+ * export.h: what the stats-export files share (metrics.c renders, export.c
+ * decides what runs and owns the textfile and discovery files, http.c serves).
+ * Internal: never installed, nothing here is exported from the extension.
+ *
+ * Thread safety: the buffer functions work on caller-owned buffers; the
+ * renderers read a caller-owned dm_stats_t and touch no shared state.
+ */
+#ifndef DM_RUNTIME_EXPORT_H
+#define DM_RUNTIME_EXPORT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "runtime/datamem.h"
+
+/* A growable, NUL-terminated text buffer (malloc'ed); `failed` latches on out of
+ * memory, so renderers write without checking each step. */
+typedef struct dm_buf {
+    char *p;
+    size_t len, cap;
+    bool failed;
+} dm_buf_t;
+
+void dm__buf_put(dm_buf_t *b, const char *s, size_t n);
+void dm__buf_puts(dm_buf_t *b, const char *s);
+void dm__buf_printf(dm_buf_t *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* A JSON string literal: quotes, backslash, control characters escaped. */
+void dm__buf_json_str(dm_buf_t *b, const char *s);
+/* Hands the text over (*out, *len) or frees it and returns DM_ENOMEM. */
+int dm__buf_finish(dm_buf_t *b, char **out, size_t *len);
+
+/* metrics.c. `const_labels` (already escaped, e.g. `pid="12"`, or NULL) is
+ * added to every sample: the textfile uses it when several processes write
+ * next to each other. */
+void dm__metrics_text(const dm_stats_t *s, const char *const_labels, dm_buf_t *out);
+void dm__metrics_json(const dm_stats_t *s, dm_buf_t *out);
+
+/* export.c: a fresh snapshot (with hugepage bytes) rendered in `format`. */
+int dm__export_render(int format, const char *const_labels, char **out, size_t *len);
+
+/* http.c: one libmicrohttpd daemon on a listening socket we bound ourselves. */
+typedef struct dm_http dm_http_t;
+/* Binds host:port (port 0: any free port) and serves; `url` gets
+ * "http://host:port/metrics" with the numeric address actually bound. */
+int dm__http_start_tcp(const char *hostport, dm_http_t **out, char *url, size_t cap);
+/* Binds a Unix socket at `path` (mode 0600) and serves. */
+int dm__http_start_unix(const char *path, dm_http_t **out);
+/* Stops the daemon, closes its socket, unlinks a Unix socket path. */
+void dm__http_stop(dm_http_t *h);
+/* In a forked child: the daemon's thread does not exist here. Closes the
+ * inherited listening socket (so only the parent answers on it) and frees the
+ * handle without touching the daemon (its few other fds stay open). */
+void dm__http_forget_in_child(dm_http_t *h);
+
+#endif /* DM_RUNTIME_EXPORT_H */

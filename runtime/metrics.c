@@ -1,0 +1,449 @@
+/*
+ * metrics.c: a dm_stats_t as Prometheus text exposition (format 0.0.4) and as
+ * JSON, from one table of per-arena numbers.
+ *
+ * Names follow Prometheus' conventions (notes/jemalloc.md): base units, `_bytes`
+ * for sizes, `_total` for counters, the arena as a label, settings in an info
+ * metric (`datamem_arena_info{...} 1`), reloads as Prometheus reports its own
+ * (`datamem_config_last_reload_successful`). The JSON carries the same numbers
+ * under the keys datamem.stats() uses, so `/stats.json` and the Python dict have
+ * one shape.
+ *
+ * Thread safety: pure functions of their arguments.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "runtime/export.h"
+
+/* ---- buffer -------------------------------------------------------------- */
+
+static bool buf_reserve(dm_buf_t *b, size_t extra) {
+    if (b->failed)
+        return false;
+    if (b->len + extra + 1 <= b->cap)
+        return true;
+    size_t cap = b->cap ? b->cap : 4096;
+    while (cap < b->len + extra + 1)
+        cap *= 2;
+    char *p = realloc(b->p, cap);
+    if (!p) {
+        b->failed = true;
+        return false;
+    }
+    b->p = p;
+    b->cap = cap;
+    return true;
+}
+
+void dm__buf_put(dm_buf_t *b, const char *s, size_t n) {
+    if (!buf_reserve(b, n))
+        return;
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+    b->p[b->len] = 0;
+}
+
+void dm__buf_puts(dm_buf_t *b, const char *s) { dm__buf_put(b, s, strlen(s)); }
+
+void dm__buf_printf(dm_buf_t *b, const char *fmt, ...) {
+    char small[256];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(small, sizeof(small), fmt, ap);
+    va_end(ap);
+    if (n < 0) {
+        b->failed = true;
+        return;
+    }
+    if ((size_t)n < sizeof(small)) {
+        dm__buf_put(b, small, (size_t)n);
+        return;
+    }
+    if (!buf_reserve(b, (size_t)n))
+        return;
+    va_start(ap, fmt);
+    vsnprintf(b->p + b->len, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    b->len += (size_t)n;
+}
+
+void dm__buf_json_str(dm_buf_t *b, const char *s) {
+    dm__buf_put(b, "\"", 1);
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p == '"' || *p == '\\') {
+            char e[2] = {'\\', (char)*p};
+            dm__buf_put(b, e, 2);
+        } else if (*p < 0x20) {
+            dm__buf_printf(b, "\\u%04x", *p);
+        } else {
+            dm__buf_put(b, (const char *)p, 1);
+        }
+    }
+    dm__buf_put(b, "\"", 1);
+}
+
+int dm__buf_finish(dm_buf_t *b, char **out, size_t *len) {
+    if (!b->failed && !b->p)
+        buf_reserve(b, 0);
+    if (b->failed) {
+        free(b->p);
+        *out = NULL;
+        return DM_ENOMEM;
+    }
+    *out = b->p;
+    if (len)
+        *len = b->len;
+    return 0;
+}
+
+/* ---- names of settings ----------------------------------------------------- */
+
+static const char *thp_name(int m) {
+    static const char *const names[] = {"system", "on", "off"};
+    return m >= 0 && m < 3 ? names[m] : "?";
+}
+
+static const char *numa_name(int m) {
+    static const char *const names[] = {"none", "local", "bind", "interleave", "preferred"};
+    return m >= 0 && m < 5 ? names[m] : "?";
+}
+
+/* "0,1,3": the nodes of a bit mask. */
+static void nodes_text(uint64_t nodes, char *buf, size_t cap) {
+    size_t n = 0;
+    buf[0] = 0;
+    for (int i = 0; i < 64 && n + 4 < cap; i++)
+        if (nodes & (UINT64_C(1) << i))
+            n += (size_t)snprintf(buf + n, cap - n, "%s%d", n ? "," : "", i);
+}
+
+/* ---- the per-arena table ---------------------------------------------------- */
+
+/* Every uint64_t number of dm_arena_stats_t: metric name (after
+ * "datamem_arena_"), type, JSON key (datamem.stats()), help. */
+typedef struct arena_metric {
+    const char *name;
+    const char *type;
+    const char *key;
+    size_t off;
+    const char *help;
+} arena_metric_t;
+
+#define AM(name, type, key, field, help) {name, type, key, offsetof(dm_arena_stats_t, field), help}
+
+static const arena_metric_t arena_metrics[] = {
+    AM("allocated_bytes", "gauge", "allocated_bytes", allocated,
+       "Bytes in live allocations (jemalloc small + large allocated)."),
+    AM("active_bytes", "gauge", "active_bytes", active,
+       "Bytes in pages holding live allocations (jemalloc pactive)."),
+    AM("resident_bytes", "gauge", "resident_bytes", resident,
+       "Bytes jemalloc maps for the arena that are resident in memory."),
+    AM("mapped_bytes", "gauge", "mapped_bytes", mapped,
+       "Bytes in extents jemalloc has mapped for the arena."),
+    AM("retained_bytes", "gauge", "retained_bytes", retained,
+       "Bytes of address space retained for reuse instead of unmapped."),
+    AM("dirty_bytes", "gauge", "dirty_bytes", dirty,
+       "Bytes in freed pages not yet purged (decay returns them)."),
+    AM("muzzy_bytes", "gauge", "muzzy_bytes", muzzy,
+       "Bytes in pages purged lazily (MADV_FREE) and not yet reclaimed."),
+    AM("reserved_bytes", "gauge", "reserved_bytes", reserved,
+       "Address space reserved for the arena's extents."),
+    AM("hugepage_bytes", "gauge", "hugepage_bytes", hugepage_bytes,
+       "Bytes backed by transparent hugepages in the arena's address ranges."),
+    AM("allocations_total", "counter", "allocations", nalloc,
+       "Allocations the arena served (datamem's counter)."),
+    AM("frees_total", "counter", "frees", nfree,
+       "Frees of blocks the arena owns."),
+    AM("reallocs_total", "counter", "reallocs", nrealloc,
+       "Reallocations served by the arena."),
+    AM("failures_total", "counter", "failures", nfail,
+       "Allocations the arena could not serve."),
+    AM("fallbacks_total", "counter", "fallbacks", nfallback,
+       "Allocations served as the fallback arena after another arena failed."),
+    AM("dtype_known_allocations_total", "counter", "dtype_known", ndtype_known,
+       "Allocations whose dtype was known."),
+    AM("requested_bytes_total", "counter", "bytes_requested", bytes_requested,
+       "Sum of the sizes asked for."),
+    AM("placement_errors_total", "counter", "placement_errors", nplacement_errors,
+       "Failed mbind/madvise calls on new extents."),
+    AM("jemalloc_allocations_total", "counter", "jemalloc_allocations", je_nmalloc,
+       "Allocations jemalloc made in the arena (small + large nmalloc)."),
+    AM("jemalloc_frees_total", "counter", "jemalloc_frees", je_ndalloc,
+       "Frees jemalloc made in the arena (small + large ndalloc)."),
+};
+
+#define NARENA_METRICS (sizeof(arena_metrics) / sizeof(arena_metrics[0]))
+
+static uint64_t arena_u64(const dm_arena_stats_t *a, const arena_metric_t *m) {
+    uint64_t v;
+    memcpy(&v, (const char *)a + m->off, sizeof(v));
+    return v;
+}
+
+/* ---- Prometheus text -------------------------------------------------------- */
+
+/* A label value: backslash, double quote and newline escaped (format 0.0.4). */
+static void label_value(dm_buf_t *b, const char *s) {
+    for (const char *p = s; *p; p++) {
+        if (*p == '\\')
+            dm__buf_put(b, "\\\\", 2);
+        else if (*p == '"')
+            dm__buf_put(b, "\\\"", 2);
+        else if (*p == '\n')
+            dm__buf_put(b, "\\n", 2);
+        else
+            dm__buf_put(b, p, 1);
+    }
+}
+
+typedef struct sample {
+    dm_buf_t *b;
+    int nlabels;
+} sample_t;
+
+static sample_t sample_begin(dm_buf_t *b, const char *prefix, const char *name) {
+    dm__buf_puts(b, prefix);
+    dm__buf_puts(b, name);
+    return (sample_t){b, 0};
+}
+
+static void label(sample_t *s, const char *key, const char *value) {
+    dm__buf_puts(s->b, s->nlabels++ ? "," : "{");
+    dm__buf_puts(s->b, key);
+    dm__buf_puts(s->b, "=\"");
+    label_value(s->b, value);
+    dm__buf_puts(s->b, "\"");
+}
+
+static void labels_close(sample_t *s, const char *const_labels) {
+    if (const_labels && *const_labels) {
+        dm__buf_puts(s->b, s->nlabels++ ? "," : "{");
+        dm__buf_puts(s->b, const_labels);
+    }
+    if (s->nlabels)
+        dm__buf_puts(s->b, "}");
+}
+
+static void value_u64(sample_t *s, const char *cl, uint64_t v) {
+    labels_close(s, cl);
+    dm__buf_printf(s->b, " %llu\n", (unsigned long long)v);
+}
+
+static void value_f64(sample_t *s, const char *cl, double v) {
+    labels_close(s, cl);
+    dm__buf_printf(s->b, " %.3f\n", v);
+}
+
+/* # HELP and # TYPE for a family (HELP text needs no escaping: ours has no
+ * backslash or newline). */
+static void family(dm_buf_t *b, const char *prefix, const char *name, const char *type,
+                   const char *help) {
+    dm__buf_printf(b, "# HELP %s%s %s\n# TYPE %s%s %s\n", prefix, name, help, prefix, name, type);
+}
+
+static void process_u64(dm_buf_t *b, const char *cl, const char *name, const char *type,
+                        const char *help, uint64_t v) {
+    family(b, "datamem_", name, type, help);
+    sample_t s = sample_begin(b, "datamem_", name);
+    value_u64(&s, cl, v);
+}
+
+void dm__metrics_text(const dm_stats_t *st, const char *cl, dm_buf_t *b) {
+    char hash[17];
+    snprintf(hash, sizeof(hash), "%016llx", (unsigned long long)st->policy_hash);
+
+    family(b, "datamem_", "build_info", "gauge", "datamem's version; always 1.");
+    sample_t s = sample_begin(b, "datamem_", "build_info");
+    label(&s, "version", DM_VERSION_STRING);
+    value_u64(&s, cl, 1);
+
+    if (st->policy_path[0] || st->policy_hash) {
+        family(b, "datamem_", "policy_info", "gauge",
+               "The policy in force: its path and a hash of its bytes; always 1.");
+        s = sample_begin(b, "datamem_", "policy_info");
+        label(&s, "path", st->policy_path);
+        label(&s, "hash", hash);
+        value_u64(&s, cl, 1);
+    }
+
+    process_u64(b, cl, "config_last_reload_successful", "gauge",
+                "Whether the last attempt to load a policy succeeded.",
+                !st->last_reload_failed);
+    family(b, "datamem_", "config_last_reload_success_timestamp_seconds", "gauge",
+           "When a policy was last loaded successfully (Unix time).");
+    s = sample_begin(b, "datamem_", "config_last_reload_success_timestamp_seconds");
+    value_f64(&s, cl, st->last_reload_time);
+    process_u64(b, cl, "reloads_total", "counter",
+                "Policies loaded successfully, the first included.", st->reloads);
+    process_u64(b, cl, "reload_failures_total", "counter",
+                "Policy loads that failed (the last good policy stayed in force).",
+                st->reload_failures);
+    process_u64(b, cl, "foreign_frees_total", "counter",
+                "Frees of blocks datamem does not own (made by another allocator).",
+                st->foreign_frees);
+    process_u64(b, cl, "threads", "gauge",
+                "Live threads that have allocated through datamem.", (uint64_t)st->nthreads);
+    process_u64(b, cl, "contexts", "gauge", "Distinct tag sets seen.", (uint64_t)st->ncontexts);
+
+    family(b, "datamem_", "arena_info", "gauge",
+           "An arena's settings as labels; always 1.");
+    for (int i = 0; i < st->narenas; i++) {
+        const dm_arena_stats_t *a = &st->arenas[i];
+        char align[24], nodes[200];
+        snprintf(align, sizeof(align), "%zu", a->alignment);
+        nodes_text(a->numa_nodes, nodes, sizeof(nodes));
+        s = sample_begin(b, "datamem_", "arena_info");
+        label(&s, "arena", a->name);
+        label(&s, "alignment", align);
+        label(&s, "hugepages", thp_name(a->hugepages));
+        label(&s, "numa", numa_name(a->numa));
+        label(&s, "nodes", nodes);
+        label(&s, "per_node", a->per_node ? "true" : "false");
+        value_u64(&s, cl, 1);
+    }
+    family(b, "datamem_", "arena_in_policy", "gauge",
+           "1 if the policy in force names the arena (arenas live for the process).");
+    for (int i = 0; i < st->narenas; i++) {
+        s = sample_begin(b, "datamem_", "arena_in_policy");
+        label(&s, "arena", st->arenas[i].name);
+        value_u64(&s, cl, st->arenas[i].in_policy);
+    }
+    family(b, "datamem_", "arena_jemalloc_arenas", "gauge",
+           "jemalloc arenas behind the arena (one per NUMA node with per_node).");
+    for (int i = 0; i < st->narenas; i++) {
+        s = sample_begin(b, "datamem_", "arena_jemalloc_arenas");
+        label(&s, "arena", st->arenas[i].name);
+        value_u64(&s, cl, (uint64_t)st->arenas[i].njemalloc);
+    }
+    for (size_t m = 0; m < NARENA_METRICS; m++) {
+        const arena_metric_t *am = &arena_metrics[m];
+        family(b, "datamem_arena_", am->name, am->type, am->help);
+        for (int i = 0; i < st->narenas; i++) {
+            s = sample_begin(b, "datamem_arena_", am->name);
+            label(&s, "arena", st->arenas[i].name);
+            value_u64(&s, cl, arena_u64(&st->arenas[i], am));
+        }
+    }
+
+    family(b, "datamem_", "rule_allocations_total", "counter",
+           "Allocations each rule routed (\"default\": no rule matched).");
+    for (int r = 0; st->rules && r < st->nrules; r++) {
+        s = sample_begin(b, "datamem_", "rule_allocations_total");
+        label(&s, "rule", st->rules[r].name);
+        label(&s, "arena", st->rules[r].arena);
+        value_u64(&s, cl, st->rules[r].nalloc);
+    }
+    family(b, "datamem_", "rule_requested_bytes_total", "counter",
+           "Sum of the sizes each rule routed.");
+    for (int r = 0; st->rules && r < st->nrules; r++) {
+        s = sample_begin(b, "datamem_", "rule_requested_bytes_total");
+        label(&s, "rule", st->rules[r].name);
+        label(&s, "arena", st->rules[r].arena);
+        value_u64(&s, cl, st->rules[r].bytes_requested);
+    }
+}
+
+/* ---- JSON ------------------------------------------------------------------------ */
+
+static void json_key(dm_buf_t *b, int *n, const char *key) {
+    if ((*n)++)
+        dm__buf_put(b, ",", 1);
+    dm__buf_json_str(b, key);
+    dm__buf_put(b, ":", 1);
+}
+
+static void json_u64(dm_buf_t *b, int *n, const char *key, uint64_t v) {
+    json_key(b, n, key);
+    dm__buf_printf(b, "%llu", (unsigned long long)v);
+}
+
+static void json_bool(dm_buf_t *b, int *n, const char *key, bool v) {
+    json_key(b, n, key);
+    dm__buf_puts(b, v ? "true" : "false");
+}
+
+static void json_strv(dm_buf_t *b, int *n, const char *key, const char *v) {
+    json_key(b, n, key);
+    dm__buf_json_str(b, v);
+}
+
+void dm__metrics_json(const dm_stats_t *st, dm_buf_t *b) {
+    int n = 0;
+    char hash[17];
+    snprintf(hash, sizeof(hash), "%016llx", (unsigned long long)st->policy_hash);
+    dm__buf_put(b, "{", 1);
+    json_strv(b, &n, "version", DM_VERSION_STRING);
+    json_u64(b, &n, "pid", (uint64_t)getpid());
+    json_key(b, &n, "time");
+    dm__buf_printf(b, "%.6f", st->snapshot_time);
+    json_strv(b, &n, "policy_path", st->policy_path);
+    json_strv(b, &n, "policy_hash", hash);
+    json_u64(b, &n, "reloads", st->reloads);
+    json_u64(b, &n, "reload_failures", st->reload_failures);
+    json_bool(b, &n, "last_reload_successful", !st->last_reload_failed);
+    json_key(b, &n, "last_reload_time");
+    dm__buf_printf(b, "%.6f", st->last_reload_time);
+    json_u64(b, &n, "foreign_frees", st->foreign_frees);
+    json_u64(b, &n, "threads", (uint64_t)st->nthreads);
+    json_u64(b, &n, "contexts", (uint64_t)st->ncontexts);
+
+    json_key(b, &n, "arenas");
+    dm__buf_put(b, "{", 1);
+    for (int i = 0; i < st->narenas; i++) {
+        const dm_arena_stats_t *a = &st->arenas[i];
+        int k = 0;
+        if (i)
+            dm__buf_put(b, ",", 1);
+        dm__buf_json_str(b, a->name);
+        dm__buf_put(b, ":{", 2);
+        json_bool(b, &k, "in_policy", a->in_policy);
+        json_u64(b, &k, "alignment", a->alignment);
+        json_strv(b, &k, "hugepages", thp_name(a->hugepages));
+        json_strv(b, &k, "numa", numa_name(a->numa));
+        json_key(b, &k, "numa_nodes");
+        dm__buf_put(b, "[", 1);
+        for (int node = 0, first = 1; node < 64; node++)
+            if (a->numa_nodes & (UINT64_C(1) << node)) {
+                dm__buf_printf(b, first ? "%d" : ",%d", node);
+                first = 0;
+            }
+        dm__buf_put(b, "]", 1);
+        json_bool(b, &k, "per_node", a->per_node);
+        json_u64(b, &k, "jemalloc_arenas", (uint64_t)a->njemalloc);
+        for (size_t m = 0; m < NARENA_METRICS; m++)
+            json_u64(b, &k, arena_metrics[m].key, arena_u64(a, &arena_metrics[m]));
+        dm__buf_put(b, "}", 1);
+    }
+    dm__buf_put(b, "}", 1);
+
+    json_key(b, &n, "rules");
+    dm__buf_put(b, "{", 1);
+    for (int r = 0; st->rules && r < st->nrules; r++) {
+        int k = 0;
+        if (r)
+            dm__buf_put(b, ",", 1);
+        dm__buf_json_str(b, st->rules[r].name);
+        dm__buf_put(b, ":{", 2);
+        json_strv(b, &k, "arena", st->rules[r].arena);
+        json_u64(b, &k, "allocations", st->rules[r].nalloc);
+        json_u64(b, &k, "bytes_requested", st->rules[r].bytes_requested);
+        dm__buf_put(b, "}", 1);
+    }
+    dm__buf_put(b, "}}\n", 3);
+}
+
+int dm_stats_render(const dm_stats_t *s, int format, char **out, size_t *len) {
+    dm_buf_t b = {0};
+    if (format == DM_STATS_JSON)
+        dm__metrics_json(s, &b);
+    else if (format == DM_STATS_PROMETHEUS)
+        dm__metrics_text(s, NULL, &b);
+    else
+        return DM_ERANGE;
+    return dm__buf_finish(&b, out, len);
+}

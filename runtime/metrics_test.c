@@ -1,0 +1,416 @@
+/*
+ * metrics_test.c: Prometheus text and JSON for a hand-made dm_stats_t (exact
+ * lines), then the exporter end to end in this process: the endpoint on port 0
+ * answers GET /metrics, /stats.json, 404 and 405 over a real socket; a busy
+ * fixed port is a logged error, not a failure of the job; the textfile is
+ * written atomically; the discovery file appears and goes.
+ */
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <netinet/in.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <inttypes.h>
+
+#include "runtime/datamem.h"
+
+/* Assertions that print both sides (as policy/test.h, which is private to its
+ * package): a failure counts and the test goes on. */
+static int test_failures;
+#define TEST_FAIL_(fmt, ...)                                                   \
+    (test_failures++, fprintf(stderr, "%s:%d: FAIL: " fmt "\n", __FILE__, __LINE__, __VA_ARGS__))
+#define EXPECT_INT_EQ(a, b, why)                                               \
+    do {                                                                       \
+        intmax_t a_ = (intmax_t)(a), b_ = (intmax_t)(b);                       \
+        if (a_ != b_)                                                          \
+            TEST_FAIL_("%s == %s: %jd != %jd (%s)", #a, #b, a_, b_, why);      \
+    } while (0)
+#define EXPECT_UINT_EQ(a, b, why)                                              \
+    do {                                                                       \
+        uintmax_t a_ = (uintmax_t)(a), b_ = (uintmax_t)(b);                    \
+        if (a_ != b_)                                                          \
+            TEST_FAIL_("%s == %s: %ju != %ju (%s)", #a, #b, a_, b_, why);      \
+    } while (0)
+#define EXPECT_STR_EQ(a, b, why)                                               \
+    do {                                                                       \
+        const char *a_ = (a), *b_ = (b);                                       \
+        if (!a_ || !b_ || strcmp(a_, b_) != 0)                                 \
+            TEST_FAIL_("%s == %s:\n  got:      \"%s\"\n  expected: \"%s\"\n  (%s)", #a, #b, \
+                       a_ ? a_ : "(null)", b_ ? b_ : "(null)", why);           \
+    } while (0)
+#define EXPECT_CONTAINS(hay, needle, why)                                      \
+    do {                                                                       \
+        const char *h_ = (hay), *n_ = (needle);                                \
+        if (!h_ || !strstr(h_, n_))                                            \
+            TEST_FAIL_("%s contains %s:\n  text:   \"%s\"\n  wanted: \"%s\"\n  (%s)", #hay, \
+                       #needle, h_ ? h_ : "(null)", n_, why);                  \
+    } while (0)
+#define EXPECT_TRUE(c, why)                                                    \
+    do {                                                                       \
+        if (!(c))                                                              \
+            TEST_FAIL_("%s is false (%s)", #c, why);                           \
+    } while (0)
+#define TEST_EXIT()                                                            \
+    (test_failures ? (fprintf(stderr, "%d failure(s)\n", test_failures), 1)   \
+                   : (printf("PASS\n"), 0))
+
+/* `text` has `line` as a whole line. */
+static bool has_line(const char *text, const char *line) {
+    size_t n = strlen(line);
+    for (const char *p = text; (p = strstr(p, line)); p++)
+        if ((p == text || p[-1] == '\n') && p[n] == '\n')
+            return true;
+    return false;
+}
+
+#define EXPECT_LINE(text, line)                                                \
+    do {                                                                       \
+        if (!has_line((text), (line)))                                         \
+            TEST_FAIL_("missing line:\n  %s\nin:\n%s", (line), (text));        \
+    } while (0)
+
+static dm_stats_t *sample_stats(void) {
+    static dm_stats_t s;
+    static dm_rule_stats_t rules[2];
+    memset(&s, 0, sizeof(s));
+    s.narenas = 2;
+    dm_arena_stats_t *a = &s.arenas[0];
+    snprintf(a->name, sizeof(a->name), "general");
+    a->in_policy = true;
+    a->alignment = 64;
+    a->hugepages = DM_THP_SYSTEM;
+    a->numa = DM_NUMA_NONE;
+    a->njemalloc = 1;
+    a->nalloc = 1000;
+    a->nfree = 990;
+    a->bytes_requested = 123456789;
+    a->allocated = 4096;
+    a->active = 8192;
+    a->resident = 2097152;
+    a->mapped = 4194304;
+    a->retained = 1073741824;
+    a->dirty = 12288;
+    a->reserved = UINT64_C(1) << 30;
+    a = &s.arenas[1];
+    snprintf(a->name, sizeof(a->name), "big");
+    a->alignment = 4096;
+    a->hugepages = DM_THP_ON;
+    a->numa = DM_NUMA_INTERLEAVE;
+    a->numa_nodes = 0x5; /* nodes 0 and 2 */
+    a->per_node = true;
+    a->njemalloc = 2;
+    a->hugepage_bytes = 4194304;
+    a->nfallback = 3;
+    a->je_nmalloc = UINT64_C(18446744073709551615); /* u64 max prints exactly */
+    s.nrules = 2;
+    s.rules = rules;
+    snprintf(rules[0].name, sizeof(rules[0].name), "huge");
+    snprintf(rules[0].arena, sizeof(rules[0].arena), "big");
+    rules[0].nalloc = 7;
+    rules[0].bytes_requested = 7 << 20;
+    snprintf(rules[1].name, sizeof(rules[1].name), "default");
+    snprintf(rules[1].arena, sizeof(rules[1].arena), "general");
+    rules[1].nalloc = 993;
+    s.policy_hash = UINT64_C(0x00ab12cd34ef5678);
+    /* Label values escape backslash, double quote and newline. */
+    snprintf(s.policy_path, sizeof(s.policy_path), "/etc/job \"a\"\\b\n.yaml");
+    s.reloads = 3;
+    s.reload_failures = 1;
+    s.last_reload_failed = true;
+    s.last_reload_time = 1700000000.25;
+    s.foreign_frees = 5;
+    s.nthreads = 4;
+    s.ncontexts = 2;
+    s.snapshot_time = 1700000001.5;
+    return &s;
+}
+
+static void test_text(void) {
+    char *t = NULL;
+    size_t len = 0;
+    EXPECT_INT_EQ(dm_stats_render(sample_stats(), DM_STATS_PROMETHEUS, &t, &len), 0, "render");
+    if (!t)
+        return;
+    EXPECT_UINT_EQ(len, strlen(t), "length");
+    EXPECT_TRUE(len > 0 && t[len - 1] == '\n', "ends with a newline");
+    EXPECT_LINE(t, "# HELP datamem_build_info datamem's version; always 1.");
+    EXPECT_LINE(t, "# TYPE datamem_build_info gauge");
+    EXPECT_LINE(t, "datamem_build_info{version=\"" DM_VERSION_STRING "\"} 1");
+    EXPECT_LINE(t, "datamem_policy_info{path=\"/etc/job \\\"a\\\"\\\\b\\n.yaml\","
+                   "hash=\"00ab12cd34ef5678\"} 1");
+    EXPECT_LINE(t, "# TYPE datamem_config_last_reload_successful gauge");
+    EXPECT_LINE(t, "datamem_config_last_reload_successful 0");
+    EXPECT_LINE(t, "datamem_config_last_reload_success_timestamp_seconds 1700000000.250");
+    EXPECT_LINE(t, "# TYPE datamem_reloads_total counter");
+    EXPECT_LINE(t, "datamem_reloads_total 3");
+    EXPECT_LINE(t, "datamem_reload_failures_total 1");
+    EXPECT_LINE(t, "datamem_foreign_frees_total 5");
+    EXPECT_LINE(t, "datamem_threads 4");
+    EXPECT_LINE(t, "# TYPE datamem_arena_info gauge");
+    EXPECT_LINE(t, "datamem_arena_info{arena=\"general\",alignment=\"64\",hugepages=\"system\","
+                   "numa=\"none\",nodes=\"\",per_node=\"false\"} 1");
+    EXPECT_LINE(t, "datamem_arena_info{arena=\"big\",alignment=\"4096\",hugepages=\"on\","
+                   "numa=\"interleave\",nodes=\"0,2\",per_node=\"true\"} 1");
+    EXPECT_LINE(t, "datamem_arena_in_policy{arena=\"general\"} 1");
+    EXPECT_LINE(t, "datamem_arena_in_policy{arena=\"big\"} 0");
+    EXPECT_LINE(t, "datamem_arena_jemalloc_arenas{arena=\"big\"} 2");
+    EXPECT_LINE(t, "# HELP datamem_arena_allocated_bytes Bytes in live allocations "
+                   "(jemalloc small + large allocated).");
+    EXPECT_LINE(t, "# TYPE datamem_arena_allocated_bytes gauge");
+    EXPECT_LINE(t, "datamem_arena_allocated_bytes{arena=\"general\"} 4096");
+    EXPECT_LINE(t, "datamem_arena_active_bytes{arena=\"general\"} 8192");
+    EXPECT_LINE(t, "datamem_arena_resident_bytes{arena=\"general\"} 2097152");
+    EXPECT_LINE(t, "datamem_arena_mapped_bytes{arena=\"general\"} 4194304");
+    EXPECT_LINE(t, "datamem_arena_retained_bytes{arena=\"general\"} 1073741824");
+    EXPECT_LINE(t, "datamem_arena_dirty_bytes{arena=\"general\"} 12288");
+    EXPECT_LINE(t, "datamem_arena_muzzy_bytes{arena=\"general\"} 0");
+    EXPECT_LINE(t, "datamem_arena_reserved_bytes{arena=\"general\"} 1073741824");
+    EXPECT_LINE(t, "datamem_arena_hugepage_bytes{arena=\"big\"} 4194304");
+    EXPECT_LINE(t, "# TYPE datamem_arena_allocations_total counter");
+    EXPECT_LINE(t, "datamem_arena_allocations_total{arena=\"general\"} 1000");
+    EXPECT_LINE(t, "datamem_arena_frees_total{arena=\"general\"} 990");
+    EXPECT_LINE(t, "datamem_arena_requested_bytes_total{arena=\"general\"} 123456789");
+    EXPECT_LINE(t, "datamem_arena_fallbacks_total{arena=\"big\"} 3");
+    EXPECT_LINE(t, "datamem_arena_jemalloc_allocations_total{arena=\"big\"} "
+                   "18446744073709551615");
+    EXPECT_LINE(t, "# TYPE datamem_rule_allocations_total counter");
+    EXPECT_LINE(t, "datamem_rule_allocations_total{rule=\"huge\",arena=\"big\"} 7");
+    EXPECT_LINE(t, "datamem_rule_allocations_total{rule=\"default\",arena=\"general\"} 993");
+    EXPECT_LINE(t, "datamem_rule_requested_bytes_total{rule=\"huge\",arena=\"big\"} 7340032");
+
+    /* Structure: every sample's family was announced by HELP then TYPE, each
+     * family once; counters end in _total; nothing else is on a line. */
+    int samples = 0, families = 0;
+    char last_type[128] = "";
+    for (char *line = t, *nl; *line; line = nl + 1) {
+        nl = strchr(line, '\n');
+        if (!nl) {
+            TEST_FAIL_("unterminated last line: %s", line);
+            break;
+        }
+        char buf[512];
+        snprintf(buf, sizeof(buf), "%.*s", (int)(nl - line), line);
+        char name[128], type[32];
+        if (strncmp(buf, "# HELP ", 7) == 0) {
+            families++;
+            continue;
+        }
+        if (sscanf(buf, "# TYPE %127s %31s", name, type) == 2) {
+            size_t n = strlen(name);
+            if (strcmp(type, "counter") == 0 && (n < 6 || strcmp(name + n - 6, "_total") != 0))
+                TEST_FAIL_("counter without _total: %s", name);
+            if (strstr(t, buf) != line)
+                TEST_FAIL_("family announced twice: %s", buf);
+            snprintf(last_type, sizeof(last_type), "%s", name);
+            continue;
+        }
+        samples++;
+        size_t n = strcspn(buf, "{ ");
+        if (strlen(last_type) != n || strncmp(buf, last_type, n) != 0)
+            TEST_FAIL_("sample outside its family (%s): %s", last_type, buf);
+    }
+    /* 9 process families (one sample each), 3 arena families outside the table, 19
+     * in it (2 arenas each), 2 rule families (2 rules each). */
+    EXPECT_INT_EQ(families, 9 + 3 + 19 + 2, "families");
+    EXPECT_INT_EQ(samples, 9 + 2 * (3 + 19) + 2 * 2, "samples");
+    free(t);
+
+    /* No policy yet: no policy_info; successful until a load fails. */
+    dm_stats_t *s = sample_stats();
+    s->policy_path[0] = 0;
+    s->policy_hash = 0;
+    s->last_reload_failed = false;
+    EXPECT_INT_EQ(dm_stats_render(s, DM_STATS_PROMETHEUS, &t, &len), 0, "render");
+    EXPECT_TRUE(!strstr(t, "datamem_policy_info"), "no policy, no policy_info");
+    EXPECT_LINE(t, "datamem_config_last_reload_successful 1");
+    free(t);
+    EXPECT_INT_EQ(dm_stats_render(s, 7, &t, &len), DM_ERANGE, "unknown format");
+}
+
+static void test_json(void) {
+    char *j = NULL;
+    size_t len = 0;
+    EXPECT_INT_EQ(dm_stats_render(sample_stats(), DM_STATS_JSON, &j, &len), 0, "render");
+    if (!j)
+        return;
+    EXPECT_CONTAINS(j, "\"policy_path\":\"/etc/job \\\"a\\\"\\\\b\\u000a.yaml\"", "escapes");
+    EXPECT_CONTAINS(j, "\"policy_hash\":\"00ab12cd34ef5678\"", "hash");
+    EXPECT_CONTAINS(j, "\"time\":1700000001.500000", "snapshot time");
+    EXPECT_CONTAINS(j, "\"last_reload_successful\":false", "last reload");
+    EXPECT_CONTAINS(j, "\"big\":{\"in_policy\":false,\"alignment\":4096,\"hugepages\":\"on\","
+                       "\"numa\":\"interleave\",\"numa_nodes\":[0,2],\"per_node\":true,"
+                       "\"jemalloc_arenas\":2,", "arena settings");
+    EXPECT_CONTAINS(j, "\"allocations\":1000,\"frees\":990,", "counters");
+    EXPECT_CONTAINS(j, "\"hugepage_bytes\":4194304", "hugepages");
+    EXPECT_CONTAINS(j, "\"rules\":{\"huge\":{\"arena\":\"big\",\"allocations\":7,"
+                       "\"bytes_requested\":7340032},\"default\":", "rules");
+    EXPECT_TRUE(j[0] == '{' && strcmp(j + len - 2, "}\n") == 0, "one object");
+    free(j);
+}
+
+/* ---- the endpoint, in this process ------------------------------------------------ */
+
+/* GET (or `method`) `path` from 127.0.0.1:port; returns the whole response. */
+static char *http_get(int port, const char *method, const char *path) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
+        close(fd);
+        return NULL;
+    }
+    char req[256];
+    int n = snprintf(req, sizeof(req), "%s %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+                     method, path);
+    if (write(fd, req, (size_t)n) != n) {
+        close(fd);
+        return NULL;
+    }
+    size_t cap = 1 << 20, len = 0;
+    char *buf = malloc(cap);
+    ssize_t r;
+    while (buf && len + 1 < cap && (r = read(fd, buf + len, cap - 1 - len)) > 0)
+        len += (size_t)r;
+    close(fd);
+    if (buf)
+        buf[len] = 0;
+    return buf;
+}
+
+static const char *POLICY =
+    "version: 1\n"
+    "default: general\n"
+    "arenas:\n"
+    "  general: {alignment: 64}\n"
+    "  big: {alignment: 4096, hugepages: on}\n"
+    "rules:\n"
+    "  - name: huge\n"
+    "    match: {size: {min: 4MiB}}\n"
+    "    arena: big\n";
+
+static void test_endpoint(void) {
+    char dir[] = "/tmp/dm_metrics_test_XXXXXX";
+    if (!mkdtemp(dir)) {
+        TEST_FAIL_("mkdtemp: %s", dir);
+        return;
+    }
+    setenv("DATAMEM_STATS_DIR", dir, 1);
+    char path[128];
+    snprintf(path, sizeof(path), "%s/policy.yaml", dir);
+    FILE *f = fopen(path, "w");
+    fputs(POLICY, f);
+    fclose(f);
+    dm_diags_t *d = malloc(sizeof(*d));
+    dm_diags_init(d, path);
+    EXPECT_INT_EQ(dm_runtime_load(path, d), 0, "load");
+    free(d);
+    void *p = dm_alloc(dm_ctx_root(), 8 << 20, DM_DT_UNKNOWN);
+    EXPECT_TRUE(p != NULL, "alloc");
+
+    EXPECT_INT_EQ(dm_stats_serve("127.0.0.1:0", NULL), 0, "serve on port 0");
+    char url[200], upath[256];
+    dm_stats_endpoint(url, sizeof(url), upath, sizeof(upath));
+    int port = 0;
+    EXPECT_INT_EQ(sscanf(url, "http://127.0.0.1:%d/metrics", &port), 1, url);
+    EXPECT_STR_EQ(upath, "", "no Unix socket");
+
+    char *r = http_get(port, "GET", "/metrics");
+    EXPECT_TRUE(r != NULL, "connect");
+    if (r) {
+        EXPECT_CONTAINS(r, "HTTP/1.1 200", "status");
+        EXPECT_CONTAINS(r, "Content-Type: text/plain; version=0.0.4; charset=utf-8", "type");
+        EXPECT_CONTAINS(r, "\ndatamem_rule_allocations_total{rule=\"huge\",arena=\"big\"} 1\n",
+                        "the allocation");
+        EXPECT_CONTAINS(r, "\ndatamem_policy_info{path=\"", "policy");
+        free(r);
+    }
+    r = http_get(port, "GET", "/stats.json");
+    if (r) {
+        EXPECT_CONTAINS(r, "HTTP/1.1 200", "status");
+        EXPECT_CONTAINS(r, "Content-Type: application/json", "type");
+        EXPECT_CONTAINS(r, "\"rules\":{\"huge\":{\"arena\":\"big\",\"allocations\":1,", "json");
+        free(r);
+    }
+    r = http_get(port, "GET", "/nope");
+    if (r) {
+        EXPECT_CONTAINS(r, "HTTP/1.1 404", "unknown path");
+        free(r);
+    }
+    r = http_get(port, "DELETE", "/metrics");
+    if (r) {
+        EXPECT_CONTAINS(r, "HTTP/1.1 405", "method");
+        EXPECT_CONTAINS(r, "Allow: GET, HEAD", "allow");
+        free(r);
+    }
+
+    /* The discovery file names this process and its URL. */
+    char disc[256];
+    snprintf(disc, sizeof(disc), "%s/%d.json", dir, (int)getpid());
+    f = fopen(disc, "r");
+    EXPECT_TRUE(f != NULL, disc);
+    if (f) {
+        char buf[2048] = "";
+        size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+        buf[n] = 0;
+        fclose(f);
+        EXPECT_CONTAINS(buf, url, "url in the discovery file");
+    }
+
+    /* A busy fixed port: an error code and a log line; the old endpoint is
+     * replaced by nothing, the process goes on. */
+    char busy[64];
+    snprintf(busy, sizeof(busy), "127.0.0.1:%d", port);
+    EXPECT_TRUE(dm_stats_serve("127.0.0.1:0", NULL) == 0, "same setting: nothing changes");
+    int blocker = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t sl = sizeof(sa);
+    bind(blocker, (struct sockaddr *)&sa, sizeof(sa));
+    listen(blocker, 1);
+    getsockname(blocker, (struct sockaddr *)&sa, &sl);
+    snprintf(busy, sizeof(busy), "127.0.0.1:%d", ntohs(sa.sin_port));
+    EXPECT_TRUE(dm_stats_serve(busy, NULL) != 0, "address in use is an error");
+    dm_stats_endpoint(url, sizeof(url), NULL, 0);
+    EXPECT_STR_EQ(url, "", "no endpoint");
+    close(blocker);
+    EXPECT_TRUE(access(disc, F_OK) != 0, "discovery file removed with the endpoint");
+
+    /* The textfile: complete Prometheus text, no temporary left behind. */
+    char tf[256];
+    snprintf(tf, sizeof(tf), "%s/datamem.prom", dir);
+    EXPECT_INT_EQ(dm_stats_textfile_write(tf), 0, "textfile");
+    f = fopen(tf, "r");
+    if (f) {
+        char buf[1 << 16];
+        size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+        buf[n] = 0;
+        fclose(f);
+        EXPECT_TRUE(strncmp(buf, "# HELP datamem_build_info", 25) == 0, "starts with a family");
+        EXPECT_TRUE(n > 0 && buf[n - 1] == '\n', "complete");
+    }
+    DIR *dd = opendir(dir);
+    struct dirent *e;
+    while (dd && (e = readdir(dd)))
+        EXPECT_TRUE(!strstr(e->d_name, ".tmp."), e->d_name);
+    if (dd)
+        closedir(dd);
+
+    dm_stats_export_stop();
+    dm_free(p);
+    unlink(tf);
+    unlink(path);
+    rmdir(dir);
+}
+
+int main(void) {
+    test_text();
+    test_json();
+    test_endpoint();
+    return TEST_EXIT();
+}
