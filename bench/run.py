@@ -52,7 +52,8 @@ VALUE_METRICS = {"faults", "peak_live_mb", "thp_mb"}
 
 def child_env(extra):
     env = dict(os.environ)
-    for k in ("DATAMEM_CONFIG", "LD_PRELOAD", "MALLOC_CONF", "GLIBC_TUNABLES"):
+    for k in ("DATAMEM_CONFIG", "LD_PRELOAD", "MALLOC_CONF", "GLIBC_TUNABLES",
+              "DMJE_MALLOC_CONF"):
         env.pop(k, None)
     # Set on this kind of machine for old OpenBLAS builds; they slow a current
     # NumPy. Unset both together, in the benchmark's children only.
@@ -189,11 +190,26 @@ def main():
     ap.add_argument("--out", help="write raw samples, medians and ratios as JSON")
     ap.add_argument("--plot", help="write a PNG of the ratios (needs matplotlib)")
     ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME:VAR=VAL[;VAR=VAL]",
+                    help="an extra configuration for trade-off studies, e.g. "
+                         "'dm-gc:DATAMEM_CONFIG=configs/minimal.yaml;"
+                         "DMJE_MALLOC_CONF=tcache_gc_incr_bytes:1048576' (names of "
+                         "datamem variants start with dm-; DMJE_MALLOC_CONF reaches only "
+                         "datamem's private jemalloc)")
     args = ap.parse_args()
+    for v in args.variant:
+        name, _, spec = v.partition(":")
+        env = dict(kv.split("=", 1) for kv in spec.split(";") if kv)
+        if "DATAMEM_CONFIG" in env:
+            env["DATAMEM_CONFIG"] = os.path.join(ROOT, env["DATAMEM_CONFIG"])
+        CONFIGS[name] = (env, None)
 
     reps = args.reps or (3 if args.quick else 5)
     workloads = args.only.split(",") if args.only else list(WORKLOADS)
     configs = args.configs.split(",") if args.configs else list(CONFIGS)
+    for v in args.variant:
+        if v.partition(":")[0] not in configs:
+            configs.append(v.partition(":")[0])
     if "default" not in configs:
         configs.insert(0, "default")
     for w in workloads:
