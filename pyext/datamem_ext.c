@@ -376,6 +376,7 @@ static PyObject *arena_dict(const dm_arena_stats_t *a) {
     SET_U64(d, "jemalloc_allocations", a->je_nmalloc);
     SET_U64(d, "jemalloc_frees", a->je_ndalloc);
     SET_U64(d, "reserved_bytes", a->reserved);
+    SET_U64(d, "hugepage_bytes", a->hugepage_bytes);
     return d;
 fail:
     Py_DECREF(d);
@@ -388,6 +389,7 @@ static PyObject *py_stats(PyObject *self, PyObject *unused) {
         return PyErr_NoMemory();
     Py_BEGIN_ALLOW_THREADS
     dm_stats_snapshot(s);
+    dm_stats_hugepages(s);
     Py_END_ALLOW_THREADS
     PyObject *arenas = NULL, *rules = NULL, *d = PyDict_New();
     if (!d)
@@ -428,6 +430,8 @@ static PyObject *py_stats(PyObject *self, PyObject *unused) {
     SET_U64(d, "threads", (uint64_t)s->nthreads);
     SET_U64(d, "contexts", (uint64_t)s->ncontexts);
     SET_OBJ(d, "version", PyUnicode_FromString(DM_VERSION_STRING));
+    SET_OBJ(d, "last_reload_successful", PyBool_FromLong(!s->last_reload_failed));
+    SET_OBJ(d, "time", PyFloat_FromDouble(s->snapshot_time));
     uint64_t wr, ws;
     dm_watch_counts(&wr, &ws);
     SET_U64(d, "watch_reloads", wr);
@@ -568,7 +572,71 @@ static PyObject *py_policy_settings(PyObject *self, PyObject *unused) {
     return d;
 }
 
+/* ---- stats export: thin wrappers over dm_stats_render_current / dm_stats_serve */
+
+/* metrics(json=False) -> Prometheus text (or the JSON of /stats.json) */
+static PyObject *py_metrics(PyObject *self, PyObject *args) {
+    int json = 0;
+    if (!PyArg_ParseTuple(args, "|p", &json))
+        return NULL;
+    char *text = NULL;
+    size_t len = 0;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = dm_stats_render_current(json ? DM_STATS_JSON : DM_STATS_PROMETHEUS, &text, &len);
+    Py_END_ALLOW_THREADS
+    if (rc)
+        return PyErr_NoMemory();
+    PyObject *res = PyUnicode_DecodeUTF8(text, (Py_ssize_t)len, "replace");
+    free(text);
+    return res;
+}
+
+/* stats_serve(http, unix_socket) -> 0 or a negative code (logged); None keeps
+ * the policy's setting, "" turns it off */
+static PyObject *py_stats_serve(PyObject *self, PyObject *args) {
+    const char *http = NULL, *unix_socket = NULL;
+    if (!PyArg_ParseTuple(args, "zz", &http, &unix_socket))
+        return NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = dm_stats_serve(http, unix_socket);
+    Py_END_ALLOW_THREADS
+    return PyLong_FromLong(rc);
+}
+
+/* stats_endpoint() -> (url, unix socket path); "" when not serving */
+static PyObject *py_stats_endpoint(PyObject *self, PyObject *unused) {
+    char url[256], path[256];
+    dm_stats_endpoint(url, sizeof(url), path, sizeof(path));
+    return Py_BuildValue("(ss)", url, path);
+}
+
+static PyObject *py_stats_stop(PyObject *self, PyObject *unused) {
+    Py_BEGIN_ALLOW_THREADS
+    dm_stats_export_stop();
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+/* stats_textfile_write(path) -> 0 or a negative code */
+static PyObject *py_stats_textfile_write(PyObject *self, PyObject *args) {
+    const char *path;
+    if (!PyArg_ParseTuple(args, "s", &path))
+        return NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = dm_stats_textfile_write(path);
+    Py_END_ALLOW_THREADS
+    return PyLong_FromLong(rc);
+}
+
 static PyMethodDef methods[] = {
+    {"metrics", py_metrics, METH_VARARGS, "metrics(json=False) -> Prometheus text (or JSON)"},
+    {"stats_serve", py_stats_serve, METH_VARARGS, "stats_serve(http, unix_socket) -> 0 or error code"},
+    {"stats_endpoint", py_stats_endpoint, METH_NOARGS, "stats_endpoint() -> (url, unix_socket)"},
+    {"stats_stop", py_stats_stop, METH_NOARGS, "stop serving stats; last textfile write"},
+    {"stats_textfile_write", py_stats_textfile_write, METH_VARARGS, "stats_textfile_write(path) -> 0 or error code"},
     {"after_fork_child", py_after_fork_child, METH_NOARGS, "restart runtime threads in a forked child"},
     {"policy_settings", py_policy_settings, METH_NOARGS, "process-level settings of the policy in force"},
     {"check", py_check, METH_VARARGS, "check(path) -> (ok, diagnostics, summary)"},

@@ -36,6 +36,9 @@ static dm_arena_t *arenas[DM_RT_ARENAS_MAX];
 static int narenas;
 static int nje;
 static _Atomic int64_t fault_extent_allocs; /* tests: fail the next n hooks */
+/* The lowest and highest segment any arena owns, so stats scan only that part
+ * of dm__seg_owner (128 Ki entries) for hugepage accounting. */
+static _Atomic uintptr_t seg_lo = UINTPTR_MAX, seg_hi;
 
 void dm_fault_extent_alloc(int64_t n) {
     atomic_store_explicit(&fault_extent_allocs, n, memory_order_relaxed);
@@ -68,6 +71,12 @@ static bool region_grow(je_arena_t *ja, size_t need) {
     for (uintptr_t s = first; s <= last; s++)
         atomic_store_explicit(&dm__seg_owner[s], (uint16_t)(ja->slot + 1),
                               memory_order_release);
+    uintptr_t v = atomic_load_explicit(&seg_lo, memory_order_relaxed);
+    while (first < v && !atomic_compare_exchange_weak(&seg_lo, &v, first))
+        ;
+    v = atomic_load_explicit(&seg_hi, memory_order_relaxed);
+    while (last > v && !atomic_compare_exchange_weak(&seg_hi, &v, last))
+        ;
     ja->cur = base; /* the rest of the old region is abandoned (address space only) */
     ja->end = base + len;
     ja->reserved += len;
@@ -420,6 +429,10 @@ void dm__arena_je_stats(dm_arena_t *a, dm_arena_stats_t *out) {
 
 /* ---- hugepage-backed bytes ------------------------------------------------- */
 
+/* smaps fallback: a mapping inside one arena's range (the usual case) counts
+ * exactly. Adjacent mappings with the same flags can merge across ranges (two
+ * arenas', or ours and NumPy's own madvised arrays); such a mapping's hugepages
+ * are split in proportion to the overlap, an estimate. */
 static void huge_add(void *arg, uintptr_t start, uintptr_t end, uint64_t huge) {
     uint64_t *out = arg;
     const uintptr_t nseg = (uintptr_t)1 << (DM_VA_BITS - DM_SEG_SHIFT);
@@ -436,9 +449,6 @@ static void huge_add(void *arg, uintptr_t start, uintptr_t end, uint64_t huge) {
             lo = start;
         if (hi > end)
             hi = end;
-        /* A mapping inside one arena's range (the usual case) counts exactly;
-         * adjacent reservations of two arenas can merge into one mapping, whose
-         * hugepages are then split in proportion to the overlap. */
         out[ja->owner->id] += hi - lo == end - start
                                   ? huge
                                   : (uint64_t)((double)huge * (double)(hi - lo) /
@@ -446,10 +456,30 @@ static void huge_add(void *arg, uintptr_t start, uintptr_t end, uint64_t huge) {
     }
 }
 
-/* Adds each policy arena's THP-backed bytes to out[arena id] (cap entries).
- * Any thread, no lock: the segment map and dm__je only ever gain entries. */
+/* Adds each policy arena's THP-backed bytes to out[arena id] (cap entries):
+ * PAGEMAP_SCAN over each run of segments one jemalloc arena owns (exact, and
+ * only our ranges are walked), else /proc/self/smaps. Any thread, no lock: the
+ * segment map and dm__je only ever gain entries. */
 int dm__arena_hugepages(uint64_t *out, int cap) {
     if (cap < DM_RT_ARENAS_MAX)
         return DM_ERANGE;
-    return dm__os_smaps_huge(huge_add, out) == 0 ? 0 : DM_ESYS;
+    uintptr_t lo = atomic_load_explicit(&seg_lo, memory_order_acquire);
+    uintptr_t hi = atomic_load_explicit(&seg_hi, memory_order_acquire);
+    for (uintptr_t seg = lo; seg <= hi && lo <= hi;) {
+        uint16_t s = atomic_load_explicit(&dm__seg_owner[seg], memory_order_acquire);
+        uintptr_t run = seg + 1;
+        while (run <= hi && atomic_load_explicit(&dm__seg_owner[run], memory_order_relaxed) == s)
+            run++;
+        if (s) {
+            uint64_t bytes = 0;
+            int rc = dm__os_huge_bytes(seg << DM_SEG_SHIFT, run << DM_SEG_SHIFT, &bytes);
+            if (rc != 0) { /* no PAGEMAP_SCAN here (Linux < 6.7): start over */
+                memset(out, 0, sizeof(*out) * (size_t)cap);
+                return dm__os_smaps_huge(huge_add, out) == 0 ? 0 : DM_ESYS;
+            }
+            out[dm__je[s - 1]->owner->id] += bytes;
+        }
+        seg = run;
+    }
+    return 0;
 }

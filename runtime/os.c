@@ -7,12 +7,14 @@
 #include "runtime/os.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <numa.h>
 #include <numaif.h>
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -138,4 +140,52 @@ int dm__os_smaps_huge(void (*fn)(void *arg, uintptr_t start, uintptr_t end, uint
     }
     fclose(f);
     return 0;
+}
+
+/* PAGEMAP_SCAN from Linux 6.7's <linux/fs.h>, which Debian bookworm's headers
+ * (6.1) lack. */
+struct dm_page_region {
+    uint64_t start, end, categories;
+};
+struct dm_pm_scan_arg {
+    uint64_t size, flags, start, end, walk_end, vec, vec_len, max_pages;
+    uint64_t category_inverted, category_mask, category_anyof_mask, return_mask;
+};
+#define DM_PAGE_IS_PFNZERO (1 << 5)
+#define DM_PAGE_IS_HUGE (1 << 6)
+#define DM_PAGEMAP_SCAN _IOWR('f', 16, struct dm_pm_scan_arg)
+
+int dm__os_huge_bytes(uintptr_t start, uintptr_t end, uint64_t *out) {
+    /* Opened per call: after fork a kept descriptor would still read the
+     * parent's address space. */
+    int fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    struct dm_page_region vec[128];
+    struct dm_pm_scan_arg a = {
+        .size = sizeof(a), .start = start, .end = end,
+        .vec = (uint64_t)(uintptr_t)vec, .vec_len = sizeof(vec) / sizeof(vec[0]),
+        /* huge and not the huge zero page */
+        .category_mask = DM_PAGE_IS_HUGE | DM_PAGE_IS_PFNZERO,
+        .category_inverted = DM_PAGE_IS_PFNZERO,
+        .return_mask = DM_PAGE_IS_HUGE,
+    };
+    uint64_t sum = 0;
+    int rc = 0;
+    while (a.start < a.end) {
+        int n = ioctl(fd, DM_PAGEMAP_SCAN, &a);
+        if (n < 0) {
+            rc = -errno;
+            break;
+        }
+        for (int i = 0; i < n; i++)
+            sum += vec[i].end - vec[i].start;
+        if (a.walk_end <= a.start) /* no progress: never loop forever */
+            break;
+        a.start = a.walk_end;
+    }
+    close(fd);
+    if (rc == 0)
+        *out = sum;
+    return rc;
 }

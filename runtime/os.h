@@ -40,5 +40,9 @@ size_t dm__os_page_size(void);
  * with mapped memory; never on an allocation path). 0 or -errno. */
 int dm__os_smaps_huge(void (*fn)(void *arg, uintptr_t start, uintptr_t end, uint64_t huge),
                       void *arg);
+/* Bytes in [start, end) mapped by transparent hugepages (PMD-mapped, not the
+ * huge zero page), from the PAGEMAP_SCAN ioctl: exact and scoped to the range,
+ * but Linux >= 6.7 only. 0, or -errno (-ENOTTY / -EINVAL: not supported). */
+int dm__os_huge_bytes(uintptr_t start, uintptr_t end, uint64_t *out);
 
 #endif /* DM_RUNTIME_OS_H */

@@ -35,6 +35,7 @@ venv=.venv-numpy126
 if [ ! -x "$venv/bin/python" ]; then
   python3 -m venv "$venv"
 fi
-"$venv/bin/python" -m pip install -q --disable-pip-version-check "numpy>=1.26,<1.27" pytest
+"$venv/bin/python" -m pip install -q --disable-pip-version-check "numpy>=1.26,<1.27" pytest \
+  hypothesis prometheus_client
 "$venv/bin/python" -m pip install -q --disable-pip-version-check --force-reinstall --no-deps dist/datamem-*.whl
 "$venv/bin/python" -m pytest -q tests/python

@@ -22,7 +22,8 @@ from . import _ext
 from ._ext import PolicyError
 
 __all__ = ["install", "uninstall", "reload", "tag", "stats", "current_policy",
-           "arena_of", "check", "explain", "PolicyError", "HANDLER_NAME", "__version__"]
+           "arena_of", "check", "explain", "PolicyError", "HANDLER_NAME", "__version__",
+           "metrics", "stats_url", "serve_stats"]
 
 HANDLER_NAME = _ext.HANDLER_NAME
 __version__ = _ext.VERSION
@@ -42,6 +43,7 @@ def install(policy):
     file:line:column diagnostics if the policy is bad (nothing changes then)."""
     path = os.path.abspath(os.fspath(policy))  # the watcher must survive chdir
     with _lock:
+        _stats_from_env()
         _warn(_ext.load(path))
         _state["path"] = path
         _ext.set_thread_name(threading.current_thread().name)
@@ -92,6 +94,36 @@ def explain(policy, size, dtype="unknown", thread="MainThread", tags=(), table=F
 def stats():
     """Per-arena and per-rule numbers as a plain dict."""
     return _ext.stats()
+
+
+def metrics():
+    """The current stats as Prometheus text exposition (format 0.0.4)."""
+    return _ext.metrics()
+
+
+def stats_url():
+    """The URL of this process's /metrics endpoint, or None when not serving."""
+    return _ext.stats_endpoint()[0] or None
+
+
+def serve_stats(http="127.0.0.1:0", unix_socket=None):
+    """Serves /metrics and /stats.json from a C thread (it answers while Python
+    holds the GIL), overriding the policy's `stats.http` (port 0: any free port)
+    and, if given, `stats.unix_socket`. Returns stats_url(). Raises OSError if it
+    cannot listen; the reason is also logged."""
+    if _ext.stats_serve(http, unix_socket) != 0:
+        raise OSError("datamem: cannot serve stats (http=%r, unix_socket=%r); see the "
+                      "message above" % (http, unix_socket))
+    return stats_url()
+
+
+def _stats_from_env():
+    """DATAMEM_STATS_HTTP=host:port serves stats without a policy change. Read
+    here, at install, and handed to C: the runtime never calls getenv on a path
+    that matters. A failure to listen is logged and the job runs on."""
+    http = os.environ.get("DATAMEM_STATS_HTTP")
+    if http:
+        _ext.stats_serve(http, None)
 
 
 def arena_of(array):

@@ -11,7 +11,7 @@ import os
 import re
 import sys
 
-from . import _ext
+from . import _ext, _stats_cli
 
 _UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
           "kb": 10 ** 3, "mb": 10 ** 6, "gb": 10 ** 9, "tb": 10 ** 12}
@@ -63,7 +63,7 @@ def reload_pid(pid):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m datamem", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m datamem", description=__doc__ + _stats_cli.USAGE,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("check", help="validate a policy")
@@ -77,7 +77,10 @@ def main(argv=None):
     e.add_argument("--table", action="store_true", help="print the compiled table")
     r = sub.add_parser("reload", help="ask a running process to reload its policy (SIGHUP)")
     r.add_argument("pid", type=int)
+    _stats_cli.add_commands(sub)
     a = ap.parse_args(argv)
+    if a.cmd in _stats_cli.COMMANDS:
+        return _stats_cli.run(a)
     if a.cmd == "reload":
         return reload_pid(a.pid)
     if a.cmd == "check":
