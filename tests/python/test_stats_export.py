@@ -1,0 +1,514 @@
+"""Stats export: /metrics and /stats.json from a C thread, discovery of the
+processes of a multi-process job, the node_exporter textfile, and the CLI.
+
+Every job runs in its own interpreter with its own environment (DATAMEM_CONFIG,
+DATAMEM_STATS_HTTP and DATAMEM_STATS_DIR are read at start-up); the test process
+is the scraper, with real HTTP clients.
+"""
+import contextlib
+import http.client
+import json
+import os
+import socket
+import stat
+import subprocess
+import sys
+import threading
+import time
+import urllib.parse
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from conftest import CONFIGS, ROOT, run_py
+
+DEMO = os.path.join(CONFIGS, "demo.yaml")
+
+# A job that allocates through every demo arena, says where it serves, then
+# waits for its stdin to close (readline releases the GIL).
+SERVE = r"""
+import json, os, sys, threading
+import numpy as np
+import datamem
+keep = [np.ones(10), np.ones(10_000), np.ones(1 << 20)]
+def worker():
+    keep.append(np.ones(1000))
+t = threading.Thread(target=worker, name="worker-1"); t.start(); t.join()
+with datamem.tag("ingest"):
+    keep.append(np.ones(1000))
+print(json.dumps({"pid": os.getpid(), "url": datamem.stats_url()}), flush=True)
+sys.stdin.readline()
+"""
+
+
+def job_env(tmp_path, http="127.0.0.1:0", config=DEMO, extra=None):
+    e = dict(os.environ)
+    e.pop("DATAMEM_STATS_HTTP", None)
+    e["DATAMEM_STATS_DIR"] = str(tmp_path / "discovery")
+    if config:
+        e["DATAMEM_CONFIG"] = config
+    else:
+        e.pop("DATAMEM_CONFIG", None)
+    if http is not None:
+        e["DATAMEM_STATS_HTTP"] = http
+    if extra:
+        e.update(extra)
+    return e
+
+
+@contextlib.contextmanager
+def job(tmp_path, code=SERVE, **kw):
+    """Starts `code`; yields (Popen, first stdout line as JSON); ends it."""
+    p = subprocess.Popen([sys.executable, "-c", code], env=job_env(tmp_path, **kw), cwd=ROOT,
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    try:
+        line = p.stdout.readline()
+        if not line:
+            raise AssertionError("job died: %s" % p.communicate(timeout=30)[1])
+        yield p, json.loads(line)
+    finally:
+        if p.poll() is None:
+            try:
+                p.stdin.close()
+            except OSError:
+                pass
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        p.stdout.close()
+        p.stderr.close()
+
+
+def get(url, method="GET", timeout=5):
+    u = urllib.parse.urlsplit(url)
+    c = http.client.HTTPConnection(u.hostname, u.port, timeout=timeout)
+    try:
+        c.request(method, u.path or "/")
+        r = c.getresponse()
+        return r.status, dict(r.getheaders()), r.read()
+    finally:
+        c.close()
+
+
+def families(text):
+    return {f.name: f for f in text_string_to_metric_families(text)}
+
+
+def samples(fams, name):
+    """{frozenset(labels.items()): value} of one family's samples named `name`."""
+    for f in fams.values():
+        for s in f.samples:
+            if s.name == name:
+                yield s.labels, s.value
+
+
+def cli(*args, env=None, timeout=60):
+    e = dict(os.environ)
+    e.pop("DATAMEM_CONFIG", None)
+    if env:
+        e.update(env)
+    return subprocess.run([sys.executable, "-m", "datamem"] + [str(a) for a in args], env=e,
+                          capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+# ---- /metrics through the official parser ------------------------------------------
+
+def test_metrics_parse_with_prometheus_client(tmp_path):
+    with job(tmp_path) as (p, info):
+        assert info["url"].startswith("http://127.0.0.1:") and info["url"].endswith("/metrics")
+        status, headers, body = get(info["url"])
+        assert status == 200
+        assert headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
+        text = body.decode()
+    fams = families(text)
+    arenas = {"general", "small", "big", "workers", "ingest"}
+    for name in ("datamem_arena_allocated_bytes", "datamem_arena_resident_bytes",
+                 "datamem_arena_mapped_bytes", "datamem_arena_retained_bytes",
+                 "datamem_arena_dirty_bytes", "datamem_arena_muzzy_bytes",
+                 "datamem_arena_active_bytes", "datamem_arena_hugepage_bytes"):
+        assert fams[name].type == "gauge", name
+        assert {l["arena"] for l, _ in samples(fams, name)} == arenas, name
+    # Counters: the parser strips _total from the family, samples keep it.
+    assert fams["datamem_arena_allocations"].type == "counter"
+    allocs = {l["arena"]: v for l, v in samples(fams, "datamem_arena_allocations_total")}
+    assert allocs["big"] >= 1 and allocs["workers"] >= 1 and allocs["ingest"] >= 1
+    rules = {(l["rule"], l["arena"]): v for l, v in samples(fams, "datamem_rule_allocations_total")}
+    assert rules[("huge", "big")] >= 1
+    assert rules[("worker-threads", "workers")] >= 1
+    info_ = {l["arena"]: l for l, v in samples(fams, "datamem_arena_info")}
+    assert info_["big"]["alignment"] == "4096" and info_["big"]["hugepages"] == "on"
+    assert info_["big"]["numa"] == "local" and info_["big"]["per_node"] == "false"
+    (pol, one), = samples(fams, "datamem_policy_info")
+    assert pol["path"] == DEMO and len(pol["hash"]) == 16 and one == 1
+    assert list(samples(fams, "datamem_config_last_reload_successful"))[0][1] == 1
+    assert list(samples(fams, "datamem_reloads_total"))[0][1] == 1
+    assert list(samples(fams, "datamem_reload_failures_total"))[0][1] == 0
+    assert list(samples(fams, "datamem_config_last_reload_success_timestamp_seconds"))[0][1] > 1.6e9
+    assert "datamem_foreign_frees" in fams
+    (bi, _), = samples(fams, "datamem_build_info")
+    import datamem
+    assert bi["version"] == datamem.__version__
+
+
+def test_metrics_function_and_stats_json_agree(tmp_path):
+    code = r"""
+import json, numpy as np, datamem
+a = np.ones(1 << 20)
+text = datamem.metrics()
+from prometheus_client.parser import text_string_to_metric_families
+names = [f.name for f in text_string_to_metric_families(text)]
+d = datamem.stats()
+j = json.loads(datamem._ext.metrics(True))
+print(json.dumps({"names": names, "dict_keys": sorted(d["arenas"]["big"]),
+                  "json_keys": sorted(j["arenas"]["big"]), "url": datamem.stats_url(),
+                  "huge": d["arenas"]["big"]["hugepage_bytes"]}))
+"""
+    r = run_py(code, config=DEMO, env={"DATAMEM_STATS_DIR": str(tmp_path)})
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.splitlines()[-1])
+    assert "datamem_arena_resident_bytes" in out["names"]
+    assert out["dict_keys"] == out["json_keys"]  # /stats.json and stats() have one shape
+    assert out["url"] is None  # no endpoint unless asked for
+
+
+# ---- the endpoint answers while Python holds the GIL ----------------------------------
+
+GIL_HOG = r"""
+import json, os, sys, threading, time
+import numpy as np, datamem
+a = np.ones(1 << 20)
+sys.setswitchinterval(1000)   # the spinning thread keeps the GIL for its whole run
+def spin():
+    end = time.monotonic() + 4.0
+    n = 0
+    while time.monotonic() < end:
+        n += 1
+t = threading.Thread(target=spin)
+print(json.dumps({"url": datamem.stats_url()}), flush=True)
+t0 = time.monotonic()
+t.start()   # spin() takes the GIL; we get it back after 1000 s or when it ends
+print(json.dumps({"main_resumed_after": time.monotonic() - t0}), flush=True)
+t.join()
+"""
+
+
+def test_scrape_while_another_thread_holds_the_gil(tmp_path):
+    with job(tmp_path, code=GIL_HOG) as (p, info):
+        time.sleep(0.5)
+        latencies = []
+        for _ in range(5):
+            t = time.perf_counter()
+            status, _, body = get(info["url"], timeout=3)
+            latencies.append(time.perf_counter() - t)
+            assert status == 200 and b"datamem_arena_allocated_bytes" in body
+            status, _, body = get(info["url"].replace("/metrics", "/stats.json"), timeout=3)
+            assert status == 200 and json.loads(body)["pid"] == p.pid
+        resumed = json.loads(p.stdout.readline())["main_resumed_after"]
+    # The main thread could not run Python until spin() ended: the GIL was held
+    # the whole time we scraped.
+    assert resumed > 3.5, resumed
+    assert max(latencies) < 1.0, latencies
+
+
+# ---- bad requests --------------------------------------------------------------------------
+
+def test_404_405_head(tmp_path):
+    with job(tmp_path) as (p, info):
+        base = info["url"][: -len("/metrics")]
+        status, _, body = get(base + "/nope")
+        assert status == 404 and b"/metrics" in body
+        status, _, _ = get(base + "/")
+        assert status == 404
+        status, headers, _ = get(info["url"], method="POST")
+        assert status == 405 and headers["Allow"] == "GET, HEAD"
+        status, _, _ = get(info["url"], method="DELETE")
+        assert status == 405
+        status, headers, body = get(info["url"], method="HEAD")
+        assert status == 200 and body == b""
+        # Oversized request headers are refused by the server, which lives on.
+        u = urllib.parse.urlsplit(base)
+        s = socket.create_connection((u.hostname, u.port), timeout=5)
+        s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 100_000 + b"\r\n\r\n")
+        reply = b""
+        try:
+            while True:
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                reply += chunk
+        except OSError:
+            pass
+        s.close()
+        assert not reply.startswith(b"HTTP/1.1 200"), reply[:100]
+        assert get(info["url"])[0] == 200
+
+
+# ---- address in use, port 0 and discovery -------------------------------------------------
+
+def test_port_in_use_is_logged_and_the_job_runs_on(tmp_path):
+    blocker = socket.socket()
+    blocker.bind(("127.0.0.1", 0))
+    blocker.listen(1)
+    port = blocker.getsockname()[1]
+    try:
+        code = "import numpy as np, datamem\nnp.ones(1 << 20)\nprint('JOB DONE', datamem.stats_url())"
+        r = run_py(code, config=DEMO, env={"DATAMEM_STATS_HTTP": "127.0.0.1:%d" % port,
+                                            "DATAMEM_STATS_DIR": str(tmp_path)})
+    finally:
+        blocker.close()
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["JOB", "DONE", "None"]
+    assert "cannot listen on 127.0.0.1:%d: Address already in use" % port in r.stderr, r.stderr
+    assert "the job runs on" in r.stderr
+
+
+def test_policy_stats_http_starts_the_endpoint(tmp_path, write_policy):
+    pol = write_policy("version: 1\ndefault: general\narenas:\n  general: {}\n"
+                       "stats:\n  http: \"127.0.0.1:0\"\n")
+    with job(tmp_path, http=None, config=pol) as (p, info):
+        assert info["url"] and get(info["url"])[0] == 200
+
+
+def test_reload_that_drops_stats_stops_the_endpoint(tmp_path, write_policy):
+    with_stats = write_policy("version: 1\ndefault: general\narenas:\n  general: {}\n"
+                              "stats:\n  http: \"127.0.0.1:0\"\n", "a.yaml")
+    without = write_policy("version: 1\ndefault: general\narenas:\n  general: {}\n", "b.yaml")
+    code = r"""
+import json, os, sys, datamem
+first = datamem.stats_url()
+datamem.reload()                       # same settings: the same socket stays
+same = datamem.stats_url()
+datamem.reload(sys.argv[1])            # no stats section: the endpoint stops
+print(json.dumps({"first": first, "same": same, "after": datamem.stats_url(),
+                  "listed": os.listdir(os.environ["DATAMEM_STATS_DIR"])}))
+"""
+    e = job_env(tmp_path, http=None, config=with_stats)
+    r = subprocess.run([sys.executable, "-c", code, without], env=e, capture_output=True,
+                       text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["first"] and out["same"] == out["first"]
+    assert out["after"] is None
+    assert out["listed"] == []
+
+
+def test_port0_discovery_file_and_ls(tmp_path):
+    disc = tmp_path / "discovery"
+    with job(tmp_path) as (p, info):
+        entry = json.loads((disc / ("%d.json" % p.pid)).read_text())
+        assert entry["pid"] == p.pid and entry["url"] == info["url"]
+        assert entry["unix_socket"] is None and entry["started"] > 1.6e9
+        assert "python" in entry["argv0"]
+        assert stat.S_IMODE(os.stat(disc).st_mode) == 0o700
+        r = cli("ls", env={"DATAMEM_STATS_DIR": str(disc)})
+        assert r.returncode == 0, r.stderr
+        assert str(p.pid) in r.stdout and info["url"] in r.stdout
+        r = cli("ls", "--json", env={"DATAMEM_STATS_DIR": str(disc)})
+        assert [e["pid"] for e in json.loads(r.stdout)] == [p.pid]
+    assert not (disc / ("%d.json" % p.pid)).exists()  # removed at exit
+
+
+def test_ls_prunes_dead_processes(tmp_path):
+    disc = tmp_path / "discovery"
+    disc.mkdir()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True).stdout.strip()
+    (disc / ("%s.json" % dead)).write_text(json.dumps(
+        {"pid": int(dead), "url": "http://127.0.0.1:1/metrics", "started": time.time()}))
+    r = cli("ls", env={"DATAMEM_STATS_DIR": str(disc)})
+    assert r.returncode == 0 and "no datamem process" in r.stdout
+    assert not (disc / ("%s.json" % dead)).exists()
+
+
+# ---- multi-process jobs ---------------------------------------------------------------------
+
+POOL = r"""
+import json, multiprocessing as mp, os, sys, time, urllib.request
+import numpy as np, datamem
+
+def work(i):
+    a = np.ones(1 << 20)          # through datamem in the worker
+    time.sleep(0.3)               # so that every worker takes a task
+    return os.getpid(), datamem.stats_url()
+
+if __name__ == "__main__":
+    ctx = mp.get_context(sys.argv[1])
+    with ctx.Pool(3) as pool:
+        got = dict(pool.map(work, range(6), chunksize=1))
+        scraped = {}
+        for pid, url in got.items():   # each worker answers for itself, from its own thread
+            j = json.loads(urllib.request.urlopen(url.replace("/metrics", "/stats.json"),
+                                                  timeout=5).read())
+            scraped[pid] = [j["pid"], j["arenas"]["big"]["allocations"]]
+        listed = sorted(int(n[:-5]) for n in os.listdir(os.environ["DATAMEM_STATS_DIR"]))
+        print(json.dumps({"main": [os.getpid(), datamem.stats_url()], "workers": got,
+                          "scraped": scraped, "listed": listed}))
+"""
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_pool_workers_each_reachable(tmp_path, method):
+    e = job_env(tmp_path)
+    os.makedirs(e["DATAMEM_STATS_DIR"])
+    script = tmp_path / "pool_job.py"
+    script.write_text(POOL)
+    r = subprocess.run([sys.executable, str(script), method], env=e, capture_output=True,
+                       text=True, timeout=240, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.splitlines()[-1])
+    main_pid, main_url = out["main"]
+    workers = {int(k): v for k, v in out["workers"].items()}
+    assert len(workers) == 3, workers
+    urls = [main_url] + list(workers.values())
+    assert all(urls) and len(set(urls)) == 4, urls  # no clashes: one port each
+    for pid, (reported, big_allocs) in out["scraped"].items():
+        assert int(pid) == reported and big_allocs >= 1
+    assert set(out["listed"]) >= {main_pid} | set(workers)
+
+
+def test_fork_child_does_not_inherit_a_dead_server(tmp_path):
+    code = r"""
+import json, os, sys, urllib.request
+import datamem
+parent = datamem.stats_url()
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    child = datamem.stats_url()
+    body = urllib.request.urlopen(child.replace("/metrics", "/stats.json"), timeout=5).read()
+    os.write(w, json.dumps({"url": child, "pid": json.loads(body)["pid"]}).encode())
+    os._exit(0)
+os.waitpid(pid, 0)
+child = json.loads(os.read(r, 65536))
+body = json.loads(urllib.request.urlopen(parent.replace("/metrics", "/stats.json"), timeout=5).read())
+print(json.dumps({"parent": parent, "child": child, "child_pid": pid, "parent_answers": body["pid"],
+                  "me": os.getpid()}))
+"""
+    r = subprocess.run([sys.executable, "-c", code], env=job_env(tmp_path), capture_output=True,
+                       text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["child"]["url"] != out["parent"]
+    assert out["child"]["pid"] == out["child_pid"]   # the child's own thread answered
+    assert out["parent_answers"] == out["me"]        # the parent's still does
+
+
+# ---- Unix socket ----------------------------------------------------------------------------
+
+def test_unix_socket_endpoint(tmp_path, write_policy):
+    sock = tmp_path / "dm.sock"
+    pol = write_policy("version: 1\ndefault: general\narenas:\n  general: {}\n"
+                       "stats:\n  unix_socket: %s\n" % sock)
+    with job(tmp_path, http=None, config=pol) as (p, info):
+        assert info["url"] is None
+        st = os.stat(sock)
+        assert stat.S_ISSOCK(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o600
+        r = cli("stats", sock)
+        assert r.returncode == 0, r.stderr
+        families(r.stdout)  # parses
+        assert "datamem_arena_allocated_bytes" in r.stdout
+        entry = json.loads((tmp_path / "discovery" / ("%d.json" % p.pid)).read_text())
+        assert entry["unix_socket"] == str(sock)
+        r = cli("stats", p.pid, "--json", env={"DATAMEM_STATS_DIR": str(tmp_path / "discovery")})
+        assert r.returncode == 0 and json.loads(r.stdout)["pid"] == p.pid
+    assert not sock.exists()
+
+
+# ---- textfile ---------------------------------------------------------------------------------
+
+def test_textfile_written_atomically_on_interval_and_at_exit(tmp_path, write_policy):
+    prom = tmp_path / "datamem.prom"
+    pol = write_policy("version: 1\ndefault: general\narenas:\n  general: {}\n  big: {}\n"
+                       "rules:\n  - name: huge\n    match: {size: {min: 4MiB}}\n    arena: big\n"
+                       "stats:\n  textfile: %s\n  interval: 20ms\n" % prom)
+    code = r"""
+import sys, time, numpy as np
+keep = []
+end = time.monotonic() + 2.0
+while time.monotonic() < end:
+    keep.append(np.ones(1 << 10))
+    time.sleep(0.001)
+for _ in range(7):
+    keep.append(np.ones(1 << 20))   # 8 MiB each: rule "huge", after the last interval write
+"""
+    e = job_env(tmp_path, http=None, config=pol)
+    p = subprocess.Popen([sys.executable, "-c", code], env=e, cwd=ROOT,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    reads, inodes = 0, set()
+    while p.poll() is None:
+        try:
+            with open(prom) as f:
+                inodes.add(os.fstat(f.fileno()).st_ino)
+                text = f.read()
+        except FileNotFoundError:
+            continue
+        reads += 1
+        # Never a partial file: always complete, always parses.
+        assert text.endswith("\n") and "datamem_rule_requested_bytes_total" in text, text[-200:]
+        families(text)
+        time.sleep(0.002)
+    out, err = p.communicate()
+    assert p.returncode == 0, err
+    assert reads > 20 and len(inodes) > 5, (reads, len(inodes))  # rewritten by rename
+    final = families(prom.read_text())
+    rules = {l["rule"]: v for l, v in samples(final, "datamem_rule_allocations_total")}
+    assert rules["huge"] == 7  # the exit write saw the last allocations
+    assert [n for n in os.listdir(tmp_path) if ".tmp." in n] == []
+
+
+def test_textfile_pid_template_adds_a_pid_label(tmp_path, write_policy):
+    pol = write_policy("version: 1\ndefault: general\narenas:\n  general: {}\n"
+                       "stats:\n  textfile: %s/dm-{pid}.prom\n  interval: 3600s\n" % tmp_path)
+    r = run_py("import os; print(os.getpid())", config=pol)
+    assert r.returncode == 0, r.stderr
+    pid = r.stdout.strip()
+    fams = families((tmp_path / ("dm-%s.prom" % pid)).read_text())
+    assert all(l["pid"] == pid for l, _ in samples(fams, "datamem_arena_allocated_bytes"))
+
+
+# ---- CLI ----------------------------------------------------------------------------------------
+
+def test_cli_stats_top_record_plot(tmp_path):
+    disc = str(tmp_path / "discovery")
+    env = {"DATAMEM_STATS_DIR": disc}
+    with job(tmp_path) as (p, info):
+        r = cli("stats", p.pid, env=env)
+        assert r.returncode == 0, r.stderr
+        assert "datamem_arena_info" in r.stdout
+        r = cli("stats", info["url"], "--json")
+        assert r.returncode == 0 and json.loads(r.stdout)["pid"] == p.pid
+        r = cli("top", p.pid, "--once", "--interval", "0.3", env=env)
+        assert r.returncode == 0, r.stderr
+        lines = r.stdout.splitlines()
+        assert "pid %d" % p.pid in lines[0]
+        assert lines[1].split()[:3] == ["ARENA", "ALLOCATED", "ACTIVE"] and "ALLOC/s" in lines[1]
+        big = next(l for l in lines if l.startswith("big "))
+        assert "MiB" in big and "/s" in big  # human sizes and a rate
+        snaps = tmp_path / "snaps.jsonl"
+        r = cli("record", p.pid, "--out", snaps, "--interval", "0.2", "--count", "3", env=env)
+        assert r.returncode == 0, r.stderr
+    recs = [json.loads(l) for l in snaps.read_text().splitlines()]
+    assert len(recs) == 3 and recs[0]["time"] < recs[2]["time"]
+    assert "big" in recs[0]["arenas"]
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "arenas.png"
+    r = cli("plot", snaps, "--out", png)
+    assert r.returncode == 0, r.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def test_cli_bad_targets(tmp_path):
+    env = {"DATAMEM_STATS_DIR": str(tmp_path)}
+    r = cli("stats", "999999999", env=env)
+    assert r.returncode == 1 and "not serving datamem stats" in r.stderr
+    r = cli("stats", "http://127.0.0.1:1/metrics")
+    assert r.returncode == 1 and "cannot reach" in r.stderr
+    r = cli("stats", str(tmp_path / "no-such-socket"))
+    assert r.returncode == 1 and "not a pid, a URL" in r.stderr
+    # The older subcommands still work.
+    r = cli("check", DEMO)
+    assert r.returncode == 0 and "ok" in r.stdout
