@@ -24,6 +24,7 @@
  */
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "runtime/internal.h"
@@ -36,9 +37,6 @@ static dm_arena_t *arenas[DM_RT_ARENAS_MAX];
 static int narenas;
 static int nje;
 static _Atomic int64_t fault_extent_allocs; /* tests: fail the next n hooks */
-/* The lowest and highest segment any arena owns, so stats scan only that part
- * of dm__seg_owner (128 Ki entries) for hugepage accounting. */
-static _Atomic uintptr_t seg_lo = UINTPTR_MAX, seg_hi;
 
 void dm_fault_extent_alloc(int64_t n) {
     atomic_store_explicit(&fault_extent_allocs, n, memory_order_relaxed);
@@ -71,12 +69,14 @@ static bool region_grow(je_arena_t *ja, size_t need) {
     for (uintptr_t s = first; s <= last; s++)
         atomic_store_explicit(&dm__seg_owner[s], (uint16_t)(ja->slot + 1),
                               memory_order_release);
-    uintptr_t v = atomic_load_explicit(&seg_lo, memory_order_relaxed);
-    while (first < v && !atomic_compare_exchange_weak(&seg_lo, &v, first))
-        ;
-    v = atomic_load_explicit(&seg_hi, memory_order_relaxed);
-    while (last > v && !atomic_compare_exchange_weak(&seg_hi, &v, last))
-        ;
+    if (ja->cur) { /* remember the old region's committed part (stats) */
+        if (ja->nold < DM_JE_OLD_MAX) {
+            ja->old[ja->nold][0] = ja->base;
+            ja->old[ja->nold][1] = ja->cur;
+        }
+        ja->nold++;
+    }
+    ja->base = base;
     ja->cur = base; /* the rest of the old region is abandoned (address space only) */
     ja->end = base + len;
     ja->reserved += len;
@@ -457,29 +457,44 @@ static void huge_add(void *arg, uintptr_t start, uintptr_t end, uint64_t huge) {
 }
 
 /* Adds each policy arena's THP-backed bytes to out[arena id] (cap entries):
- * PAGEMAP_SCAN over each run of segments one jemalloc arena owns (exact, and
- * only our ranges are walked), else /proc/self/smaps. Any thread, no lock: the
- * segment map and dm__je only ever gain entries. */
+ * PAGEMAP_SCAN over the committed part of every region (exact; the PROT_NONE
+ * rest of a reservation is not walked), else /proc/self/smaps. The ranges are
+ * copied under dm__mu (then each arena's bump mutex); the scan runs unlocked. */
 int dm__arena_hugepages(uint64_t *out, int cap) {
     if (cap < DM_RT_ARENAS_MAX)
         return DM_ERANGE;
-    uintptr_t lo = atomic_load_explicit(&seg_lo, memory_order_acquire);
-    uintptr_t hi = atomic_load_explicit(&seg_hi, memory_order_acquire);
-    for (uintptr_t seg = lo; seg <= hi && lo <= hi;) {
-        uint16_t s = atomic_load_explicit(&dm__seg_owner[seg], memory_order_acquire);
-        uintptr_t run = seg + 1;
-        while (run <= hi && atomic_load_explicit(&dm__seg_owner[run], memory_order_relaxed) == s)
-            run++;
-        if (s) {
-            uint64_t bytes = 0;
-            int rc = dm__os_huge_bytes(seg << DM_SEG_SHIFT, run << DM_SEG_SHIFT, &bytes);
-            if (rc != 0) { /* no PAGEMAP_SCAN here (Linux < 6.7): start over */
-                memset(out, 0, sizeof(*out) * (size_t)cap);
-                return dm__os_smaps_huge(huge_add, out) == 0 ? 0 : DM_ESYS;
-            }
-            out[dm__je[s - 1]->owner->id] += bytes;
+    enum { MAXR = 512 };
+    uintptr_t(*r)[2] = malloc(sizeof(*r) * MAXR);
+    int *id = malloc(sizeof(*id) * MAXR);
+    uint64_t *bytes = calloc(MAXR, sizeof(*bytes));
+    int n = 0, rc = 0;
+    bool whole = !r || !id || !bytes; /* some ranges unknown: use smaps */
+    pthread_mutex_lock(&dm__mu);
+    for (int j = 0; j < nje && !whole; j++) {
+        je_arena_t *ja = dm__je[j];
+        pthread_mutex_lock(&ja->mu);
+        if (ja->nold > DM_JE_OLD_MAX || n + ja->nold + 1 > MAXR)
+            whole = true;
+        for (int k = 0; k < ja->nold && !whole; k++, n++) {
+            r[n][0] = (uintptr_t)ja->old[k][0], r[n][1] = (uintptr_t)ja->old[k][1];
+            id[n] = ja->owner->id;
         }
-        seg = run;
+        if (ja->cur && !whole) {
+            r[n][0] = (uintptr_t)ja->base, r[n][1] = (uintptr_t)ja->cur;
+            id[n++] = ja->owner->id;
+        }
+        pthread_mutex_unlock(&ja->mu);
     }
-    return 0;
+    pthread_mutex_unlock(&dm__mu);
+    if (!whole && dm__os_huge_bytes((const uintptr_t(*)[2])r, n, bytes) == 0) {
+        for (int i = 0; i < n; i++)
+            out[id[i]] += bytes[i];
+    } else { /* no PAGEMAP_SCAN here (Linux < 6.7), or too many regions */
+        memset(out, 0, sizeof(*out) * (size_t)cap);
+        rc = dm__os_smaps_huge(huge_add, out) == 0 ? 0 : DM_ESYS;
+    }
+    free(r);
+    free(id);
+    free(bytes);
+    return rc;
 }

@@ -155,37 +155,36 @@ struct dm_pm_scan_arg {
 #define DM_PAGE_IS_HUGE (1 << 6)
 #define DM_PAGEMAP_SCAN _IOWR('f', 16, struct dm_pm_scan_arg)
 
-int dm__os_huge_bytes(uintptr_t start, uintptr_t end, uint64_t *out) {
+int dm__os_huge_bytes(const uintptr_t (*r)[2], int n, uint64_t *out) {
     /* Opened per call: after fork a kept descriptor would still read the
      * parent's address space. */
     int fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return -errno;
     struct dm_page_region vec[128];
-    struct dm_pm_scan_arg a = {
-        .size = sizeof(a), .start = start, .end = end,
-        .vec = (uint64_t)(uintptr_t)vec, .vec_len = sizeof(vec) / sizeof(vec[0]),
-        /* huge and not the huge zero page */
-        .category_mask = DM_PAGE_IS_HUGE | DM_PAGE_IS_PFNZERO,
-        .category_inverted = DM_PAGE_IS_PFNZERO,
-        .return_mask = DM_PAGE_IS_HUGE,
-    };
-    uint64_t sum = 0;
     int rc = 0;
-    while (a.start < a.end) {
-        int n = ioctl(fd, DM_PAGEMAP_SCAN, &a);
-        if (n < 0) {
-            rc = -errno;
-            break;
+    for (int i = 0; i < n && rc == 0; i++) {
+        struct dm_pm_scan_arg a = {
+            .size = sizeof(a), .start = r[i][0], .end = r[i][1],
+            .vec = (uint64_t)(uintptr_t)vec, .vec_len = sizeof(vec) / sizeof(vec[0]),
+            /* huge and not the huge zero page */
+            .category_mask = DM_PAGE_IS_HUGE | DM_PAGE_IS_PFNZERO,
+            .category_inverted = DM_PAGE_IS_PFNZERO,
+            .return_mask = DM_PAGE_IS_HUGE,
+        };
+        while (a.start < a.end) {
+            int got = ioctl(fd, DM_PAGEMAP_SCAN, &a);
+            if (got < 0) {
+                rc = -errno;
+                break;
+            }
+            for (int k = 0; k < got; k++)
+                out[i] += vec[k].end - vec[k].start;
+            if (a.walk_end <= a.start) /* no progress: never loop forever */
+                break;
+            a.start = a.walk_end;
         }
-        for (int i = 0; i < n; i++)
-            sum += vec[i].end - vec[i].start;
-        if (a.walk_end <= a.start) /* no progress: never loop forever */
-            break;
-        a.start = a.walk_end;
     }
     close(fd);
-    if (rc == 0)
-        *out = sum;
     return rc;
 }

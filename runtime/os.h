@@ -40,9 +40,10 @@ size_t dm__os_page_size(void);
  * with mapped memory; never on an allocation path). 0 or -errno. */
 int dm__os_smaps_huge(void (*fn)(void *arg, uintptr_t start, uintptr_t end, uint64_t huge),
                       void *arg);
-/* Bytes in [start, end) mapped by transparent hugepages (PMD-mapped, not the
- * huge zero page), from the PAGEMAP_SCAN ioctl: exact and scoped to the range,
- * but Linux >= 6.7 only. 0, or -errno (-ENOTTY / -EINVAL: not supported). */
-int dm__os_huge_bytes(uintptr_t start, uintptr_t end, uint64_t *out);
+/* For each range [r[i][0], r[i][1]), adds the bytes mapped by transparent
+ * hugepages (PMD-mapped, not the huge zero page) to out[i], from the
+ * PAGEMAP_SCAN ioctl: exact and scoped to the ranges, but Linux >= 6.7 only.
+ * 0, or -errno (-ENOTTY / -EINVAL: not supported here). */
+int dm__os_huge_bytes(const uintptr_t (*r)[2], int n, uint64_t *out);
 
 #endif /* DM_RUNTIME_OS_H */

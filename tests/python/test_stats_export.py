@@ -438,22 +438,26 @@ for _ in range(7):
     e = job_env(tmp_path, http=None, config=pol)
     p = subprocess.Popen([sys.executable, "-c", code], env=e, cwd=ROOT,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    reads, inodes = 0, set()
+    reads, swaps, last_ino = 0, 0, None
     while p.poll() is None:
         try:
             with open(prom) as f:
-                inodes.add(os.fstat(f.fileno()).st_ino)
+                ino = os.fstat(f.fileno()).st_ino
                 text = f.read()
         except FileNotFoundError:
             continue
         reads += 1
+        swaps += last_ino is not None and ino != last_ino
+        last_ino = ino
         # Never a partial file: always complete, always parses.
         assert text.endswith("\n") and "datamem_rule_requested_bytes_total" in text, text[-200:]
         families(text)
         time.sleep(0.002)
     out, err = p.communicate()
     assert p.returncode == 0, err
-    assert reads > 20 and len(inodes) > 5, (reads, len(inodes))  # rewritten by rename
+    # Rewritten many times, each time as a new file renamed over the old (inode
+    # numbers can be reused, so count changes between reads).
+    assert reads > 20 and swaps > 5, (reads, swaps)
     final = families(prom.read_text())
     rules = {l["rule"]: v for l, v in samples(final, "datamem_rule_allocations_total")}
     assert rules["huge"] == 7  # the exit write saw the last allocations
@@ -512,3 +516,36 @@ def test_cli_bad_targets(tmp_path):
     # The older subcommands still work.
     r = cli("check", DEMO)
     assert r.returncode == 0 and "ok" in r.stdout
+
+
+# ---- hugepage-backed bytes ------------------------------------------------------------------
+
+def _thp_mode():
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            return f.read().split("[")[1].split("]")[0]
+    except (OSError, IndexError):
+        return "never"
+
+
+def test_hugepage_bytes_per_arena():
+    if _thp_mode() == "never":
+        pytest.skip("SKIP: transparent hugepages are off on this machine")
+    code = r"""
+import json, re, numpy as np, datamem
+big = np.ones(64 << 20, np.uint8)       # rule "huge" -> arena "big" (hugepages: on)
+small = np.ones(1 << 12, np.uint8)
+d = datamem.stats()["arenas"]
+smaps = sum(int(k) for k in re.findall(r"AnonHugePages:\s+(\d+)", open("/proc/self/smaps").read()))
+print(json.dumps({"huge": {k: v["hugepage_bytes"] for k, v in d.items()},
+                  "resident": d["big"]["resident_bytes"], "smaps": smaps * 1024}))
+"""
+    r = run_py(code, config=DEMO)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    huge = out["huge"]
+    if huge["big"] == 0:
+        pytest.skip("SKIP: the kernel gave no hugepages (memory fragmented?)")
+    assert 32 << 20 <= huge["big"] <= out["smaps"], out  # ours are a part of the process's
+    assert huge["big"] % (2 << 20) == 0
+    assert all(v == 0 for k, v in huge.items() if k != "big"), huge  # hugepages: system, 4 KiB
