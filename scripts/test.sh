@@ -39,3 +39,6 @@ fi
   hypothesis prometheus_client
 "$venv/bin/python" -m pip install -q --disable-pip-version-check --force-reinstall --no-deps dist/datamem-*.whl
 "$venv/bin/python" -m pytest -q tests/python
+
+stage "NumPy's own test suite (slice) under datamem vs the default allocator"
+python3 tools/numpy_suite.py   # the whole suite: python3 tools/numpy_suite.py --full
