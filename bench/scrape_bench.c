@@ -2,15 +2,17 @@
  * scrape_bench.c: what the stats endpoint costs (docs/operations.md, "Stats and
  * scraping").
  *
- *   bazel run -c opt //bench:scrape_bench -- [--arenas 16] [--scrapes 2000] [--rounds 10]
+ *   bazel run -c opt //bench:scrape_bench -- [--arenas 16] [--scrapes 2000] [--rounds 20]
+ *       [--phase 0.5] [--threads NCPU]
  *
  * 1. One scrape with N arenas that all hold memory: dm_stats_snapshot alone,
  *    snapshot + Prometheus rendering, and a whole HTTP GET /metrics over
  *    loopback (connect, request, MHD's thread renders, read to EOF), as
  *    median / p99 / max over --scrapes runs.
  * 2. Allocation throughput (dm_alloc/dm_free, sizes spread over every arena, one
- *    thread per core) with a 10 Hz scraper and without, in alternating 1 s phases
- *    so drift hits both alike; the ratio of medians is printed.
+ *    thread per core) with a 10 Hz scraper and without, in alternating phases
+ *    (--phase 0.5 s, --rounds 20 each way) so drift hits both alike; the ratio
+ *    of medians is printed.
  */
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -122,7 +124,8 @@ static void *scraper(void *arg) {
 }
 
 int main(int argc, char **argv) {
-    int nscrapes = 2000, rounds = 10, threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    int nscrapes = 2000, rounds = 20, threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    double phase = 0.5;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--arenas"))
             narenas = atoi(argv[i + 1]);
@@ -132,6 +135,8 @@ int main(int argc, char **argv) {
             rounds = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--threads"))
             threads = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--phase"))
+            phase = atof(argv[i + 1]);
     }
     char path[64];
     snprintf(path, sizeof(path), "/tmp/dm_scrape_bench_%d.yaml", (int)getpid());
@@ -202,8 +207,8 @@ int main(int argc, char **argv) {
     }
     report("HTTP GET /metrics (loopback)", t, nscrapes);
 
-    printf("\nallocation throughput, %d thread(s), %d x (1 s without + 1 s with a 10 Hz scraper)\n",
-           threads, rounds);
+    printf("\nallocation throughput, %d thread(s), %d x (%.1f s without + %.1f s with a 10 Hz "
+           "scraper)\n", threads, rounds, phase, phase);
     long scrapes = 0;
     pthread_t th[64], sc;
     for (int i = 0; i < threads && i < 64; i++)
@@ -217,7 +222,7 @@ int main(int argc, char **argv) {
         atomic_store(&scraper_on, scraping);
         uint64_t o0 = atomic_load(&ops);
         double t0 = now_s();
-        usleep(1000000);
+        usleep((useconds_t)(phase * 1e6));
         double rate = (double)(atomic_load(&ops) - o0) / (now_s() - t0);
         (scraping ? on : off)[r / 2] = rate;
     }
