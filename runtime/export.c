@@ -63,6 +63,7 @@ static cfg_t running;                /* the settings the endpoints were started 
 static dm_http_t *tcp, *unx;
 static char url[200], unix_path[256];
 static pid_t owner;                  /* process whose endpoint/files these are */
+static bool forked_serving;          /* in a fork child: the parent was serving */
 static char discovery[PATH_MAX];
 static double started;
 
@@ -424,6 +425,7 @@ static void atfork_parent(void) { pthread_mutex_unlock(&mu); }
 /* The child: none of the parent's threads exist here. Their handles are
  * dropped (a textfile_t and a daemon's memory leak, once per fork). */
 static void atfork_child(void) {
+    forked_serving = tcp || unx;
     if (tcp)
         dm__http_forget_in_child(tcp);
     if (unx)
@@ -590,10 +592,11 @@ void dm_stats_export_stop(void) {
  * port). The textfile stays the parent's. */
 void dm__export_restart_in_child(void) {
     pthread_mutex_lock(&mu);
-    if (tcp || unx || owner == getpid()) { /* already serving: not a fresh child */
+    if (!forked_serving || tcp || unx) { /* the parent was not serving, or done */
         pthread_mutex_unlock(&mu);
         return;
     }
+    forked_serving = false;
     if (running.http[0]) {
         char hp[128];
         const char *colon = strrchr(running.http, ':');

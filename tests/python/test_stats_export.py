@@ -383,10 +383,16 @@ if pid == 0:
     os.write(w, json.dumps({"url": child, "pid": json.loads(body)["pid"]}).encode())
     os._exit(0)
 os.waitpid(pid, 0)
+first_child = pid
 child = json.loads(os.read(r, 65536))
 body = json.loads(urllib.request.urlopen(parent.replace("/metrics", "/stats.json"), timeout=5).read())
-print(json.dumps({"parent": parent, "child": child, "child_pid": pid, "parent_answers": body["pid"],
-                  "me": os.getpid()}))
+datamem._ext.stats_stop()                 # a parent that stopped serving: children do not start
+pid = os.fork()
+if pid == 0:
+    os._exit(0 if datamem.stats_url() is None else 1)
+_, st = os.waitpid(pid, 0)
+print(json.dumps({"parent": parent, "child": child, "child_pid": first_child, "parent_answers": body["pid"],
+                  "me": os.getpid(), "after_stop_child_quiet": st == 0}))
 """
     r = subprocess.run([sys.executable, "-c", code], env=job_env(tmp_path), capture_output=True,
                        text=True, timeout=120, cwd=ROOT)
@@ -395,6 +401,7 @@ print(json.dumps({"parent": parent, "child": child, "child_pid": pid, "parent_an
     assert out["child"]["url"] != out["parent"]
     assert out["child"]["pid"] == out["child_pid"]   # the child's own thread answered
     assert out["parent_answers"] == out["me"]        # the parent's still does
+    assert out["after_stop_child_quiet"]
 
 
 # ---- Unix socket ----------------------------------------------------------------------------
