@@ -26,10 +26,12 @@
  * Exit: an atexit handler in the process that started serving writes the
  * textfile once more and removes the discovery file and Unix socket.
  *
- * Thread safety: `mu` guards the state below and serialises start/stop; it is
- * never held by the serving or textfile threads and is taken before dm__mu,
- * never after (lock order export mu -> dm__mu, matching the atfork prepare
- * order: ours is registered after the runtime's, so it runs first).
+ * Thread safety: `mu` guards the state below and serialises start/stop. The
+ * serving and textfile threads never take it, and nothing done under it takes
+ * dm__mu or calls jemalloc: stopping a daemon or joining a thread (which may be
+ * inside dm_stats_snapshot) waits until it is released (retired_t). So the
+ * atfork prepare handler can take it whatever order the handlers of the
+ * runtime and of jemalloc run in.
  */
 #include <errno.h>
 #include <fcntl.h>
