@@ -43,10 +43,19 @@ static char tsan_sync;
 #define TSAN_RELEASE() ((void)0)
 #endif
 
-/* jemalloc options, read once at its initialisation. tcache_max: cache sizes up
- * to 1 MiB per thread and arena (the default 32 KiB sends 256 KiB create/destroy
- * down jemalloc's locked large path, +190 ns; performance-baseline). */
-DM_API const char *dmje_malloc_conf = "tcache_max:1048576";
+/* jemalloc options, read once at its initialisation (docs/performance.md).
+ * tcache_max: cache sizes up to 1 MiB per thread and arena (the default 32 KiB
+ * sends 256 KiB create/destroy down jemalloc's locked large path, +190 ns;
+ * performance-baseline).
+ * tcache_nslots_large: jemalloc never garbage-collects explicit caches (its GC
+ * visits only the thread's own cache) and decay cannot see what they hold; with
+ * the default 20 slots per size class, one (thread, arena) kept 130 MiB of freed
+ * 16 KiB-1 MiB arrays for good. 4 slots: 26 MiB at most.
+ * tcache_gc_incr_bytes: that GC is then pure overhead, run every 64 KiB
+ * allocated, i.e. on every big array (190 of 700 instructions per 256 KiB
+ * malloc+free, bench/callgrind.sh); push it out of the way. */
+DM_API const char *dmje_malloc_conf =
+    "tcache_max:1048576,tcache_nslots_large:4,tcache_gc_incr_bytes:1073741824";
 
 pthread_mutex_t dm__mu = PTHREAD_MUTEX_INITIALIZER;
 
@@ -642,9 +651,9 @@ dm_policy_t *dm_runtime_policy_copy(void) {
     if (tab && (copy = malloc(sizeof(*copy)))) {
         *copy = *tab->policy;
         copy->rules = malloc(sizeof(dm_rule_spec_t) * (size_t)(copy->nrules ? copy->nrules : 1));
-        if (copy->rules)
+        if (copy->rules && copy->nrules) /* rules may be NULL when there are none */
             memcpy(copy->rules, tab->policy->rules, sizeof(dm_rule_spec_t) * (size_t)copy->nrules);
-        else
+        else if (!copy->rules)
             free(copy), copy = NULL;
     }
     pthread_mutex_unlock(&dm__mu);

@@ -22,6 +22,11 @@ bazel test --config=asan //policy/... //runtime/...
 stage "runtime and stress tests under TSan"
 bazel test --config=tsan //runtime:runtime_test //runtime:stress_test
 
+stage "valgrind memcheck (the C tests that fit the time budget)"
+bazel test --run_under='valgrind -q --error-exitcode=9 --leak-check=full --errors-for-leak-kinds=definite' \
+  //policy:units_test //policy:parse_test //policy:corpus_test //policy:schema_test \
+  //runtime:runtime_test
+
 if [ -x policy/fuzz.sh ]; then
   stage "policy fuzzer (libFuzzer, bounded)"
   policy/fuzz.sh "${DATAMEM_FUZZ_SECONDS:-30}"
@@ -29,6 +34,9 @@ fi
 
 stage "Python tests (NumPy $(python3 -c 'import numpy; print(numpy.__version__)'))"
 python3 -m pytest -q tests/python
+
+stage "Python tests with the extension built under ASan+UBSan"
+bash scripts/asan-python.sh
 
 stage "Python tests under NumPy 1.26 (same wheel)"
 venv=.venv-numpy126
