@@ -36,17 +36,22 @@ je_arena_t *dm__je[DM_JE_MAX];
 static dm_arena_t *arenas[DM_RT_ARENAS_MAX];
 static int narenas;
 static int nje;
-static _Atomic int64_t fault_extent_allocs; /* tests: fail the next n hooks */
+/* Fault injection for tests: the next n events fail (-1: all, 0: none). */
+static _Atomic int64_t fault_extent_allocs, fault_placements;
 
 void dm_fault_extent_alloc(int64_t n) {
     atomic_store_explicit(&fault_extent_allocs, n, memory_order_relaxed);
 }
 
-static bool fault_fire(void) {
-    int64_t n = atomic_load_explicit(&fault_extent_allocs, memory_order_relaxed);
+void dm_fault_placement(int64_t n) {
+    atomic_store_explicit(&fault_placements, n, memory_order_relaxed);
+}
+
+static bool fault_fire(_Atomic int64_t *budget) {
+    int64_t n = atomic_load_explicit(budget, memory_order_relaxed);
     while (n != 0) {
         int64_t next = n < 0 ? n : n - 1;
-        if (atomic_compare_exchange_weak(&fault_extent_allocs, &n, next))
+        if (atomic_compare_exchange_weak(budget, &n, next))
             return true;
     }
     return false;
@@ -92,17 +97,24 @@ static void place(je_arena_t *ja, void *p, size_t size) {
         numa = DM_NUMA_BIND;
         nodes = UINT64_C(1) << ja->node;
     }
-    if (dm__os_thp(p, size, thp) != 0)
-        DM_CTR_ADD(a->placement_errors, 1);
-    if (dm__os_numa(p, size, numa, nodes) != 0)
-        DM_CTR_ADD(a->placement_errors, 1);
+    int errs = (dm__os_thp(p, size, thp) != 0) + (dm__os_numa(p, size, numa, nodes) != 0);
+    if (DM_UNLIKELY(fault_fire(&fault_placements)))
+        errs++;
+    if (DM_LIKELY(errs == 0))
+        return;
+    /* The memory is still served, only not placed as asked: count it (stats,
+     * metrics) and warn once per arena. Hooks run on any thread: atomic add. */
+    if (atomic_fetch_add_explicit(&a->placement_errors, (uint64_t)errs, memory_order_relaxed) == 0)
+        dm__log("datamem: arena '%s': cannot apply its NUMA/hugepage placement to new memory "
+                "(%s); serving it unplaced, counting in placement_errors",
+                a->name, strerror(errno));
 }
 
 static void *hook_alloc(extent_hooks_t *h, void *new_addr, size_t size,
                         size_t alignment, bool *zero, bool *commit,
                         unsigned arena_ind) {
     je_arena_t *ja = (je_arena_t *)h;
-    if (DM_UNLIKELY(fault_fire()))
+    if (DM_UNLIKELY(fault_fire(&fault_extent_allocs)))
         return NULL;
     if (alignment < dm__os_page_size())
         alignment = dm__os_page_size();

@@ -170,6 +170,8 @@ DM_API void dm_stats_export_stop(void);
 
 /* The next `n` extent allocations fail (simulated out-of-memory); -1 = all. */
 DM_API void dm_fault_extent_alloc(int64_t n);
+/* The next `n` placements (mbind/madvise of a new extent) count as failed. */
+DM_API void dm_fault_placement(int64_t n);
 
 #ifdef __cplusplus
 }

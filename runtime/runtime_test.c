@@ -313,6 +313,34 @@ static void test_fault_injection(void) {
     dm_free(p);
 }
 
+static uint64_t arena_stat(const char *name, int which) {
+    dm_stats_t *s = malloc(sizeof(*s));
+    dm_stats_snapshot(s);
+    uint64_t v = 0;
+    for (int i = 0; i < s->narenas; i++)
+        if (strcmp(s->arenas[i].name, name) == 0)
+            v = which == 0 ? s->arenas[i].nplacement_errors : s->arenas[i].nalloc;
+    dm_stats_release(s);
+    free(s);
+    return v;
+}
+
+/* mbind/madvise failing: the allocation is still served, the failure counted. */
+static void test_placement_failure_is_served(void) {
+    uint64_t before = arena_stat("big", 0);
+    dm_fault_placement(-1);
+    unsigned char *p = dm_alloc(dm_ctx_root(), 700u << 20, DM_DT_UNKNOWN); /* new extent */
+    dm_fault_placement(0);
+    CHECK(p != NULL, "served despite the placement failure");
+    if (p) {
+        p[0] = p[(700u << 20) - 1] = 1;
+        CHECK_STR(dm_owner_arena(p), "big");
+    }
+    CHECK(arena_stat("big", 0) > before, "placement error counted (%llu -> %llu)",
+          (unsigned long long)before, (unsigned long long)arena_stat("big", 0));
+    dm_free(p);
+}
+
 static void test_stats(void) {
     dm_stats_t *s = malloc(sizeof(*s));
     void *keep = dm_alloc(dm_ctx_root(), 100000, DM_DT_UNKNOWN);
@@ -365,6 +393,7 @@ int main(void) {
     test_foreign_free();
     test_numa_policy();
     test_fault_injection();
+    test_placement_failure_is_served();
     test_stats();
     test_reload_keeps_live_blocks();
     test_placement_kinds();
