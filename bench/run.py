@@ -70,12 +70,15 @@ def run_one(workload, config, quick, timeout):
     cmd = [sys.executable, os.path.join(HERE, "workloads.py"), workload]
     if quick:
         cmd.append("--quick")
+    t0 = time.time()
     p = subprocess.run(cmd, env=child_env(extra), capture_output=True, text=True,
                        timeout=timeout, cwd=ROOT)
+    wall = time.time() - t0
     if p.returncode != 0:
         raise RuntimeError("%s/%s failed (%d): %s" % (workload, config, p.returncode,
                                                       p.stderr.strip()[-2000:]))
     out = json.loads(p.stdout.strip().splitlines()[-1])
+    out["wall_s"] = round(wall, 2)
     want_dm = config.startswith("dm-")
     if (out["handler"] == "datamem") != want_dm:
         raise RuntimeError("%s/%s ran with handler %r" % (workload, config, out["handler"]))
