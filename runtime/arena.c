@@ -98,8 +98,10 @@ static void place(je_arena_t *ja, void *p, size_t size) {
         nodes = UINT64_C(1) << ja->node;
     }
     int errs = (dm__os_thp(p, size, thp) != 0) + (dm__os_numa(p, size, numa, nodes) != 0);
-    if (DM_UNLIKELY(fault_fire(&fault_placements)))
+    if (DM_UNLIKELY(fault_fire(&fault_placements))) {
+        errno = EIO; /* injected */
         errs++;
+    }
     if (DM_LIKELY(errs == 0))
         return;
     /* The memory is still served, only not placed as asked: count it (stats,

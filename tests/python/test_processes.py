@@ -63,3 +63,45 @@ def test_multiprocessing_start_methods(tmp_path):
         # arrays unpickled in the parent are the parent's own, from its policy, or
         # alias the pickle's bytes object (NumPy does that for large aligned data)
         assert set(out[method + "_returned"]) <= {"small", "general", "big", "None"}
+
+
+FORK_STRESS = r"""
+import os, sys, threading, time, numpy as np, datamem
+stop = threading.Event()
+def churn():
+    keep = []
+    while not stop.is_set():
+        keep.append(np.ones(1 + len(keep) * 131 % 300_000))
+        if len(keep) > 30:
+            keep.clear()
+threads = [threading.Thread(target=churn) for _ in range(3)]
+[t.start() for t in threads]
+live = np.arange(1000.0)
+bad = 0
+for i in range(60):
+    pid = os.fork()
+    if pid == 0:   # the child forked while other threads held datamem/jemalloc state
+        ok = live.sum() == 499500.0
+        arrs = [np.ones(n) for n in (10, 10_000, 1 << 20)]
+        ok = ok and all(datamem.arena_of(a) for a in arrs)
+        t = threading.Thread(target=lambda: np.ones(5000)); t.start(); t.join()
+        os._exit(0 if ok else 7)
+    deadline = time.monotonic() + 20
+    while True:
+        r, status = os.waitpid(pid, os.WNOHANG)
+        if r:
+            bad += os.waitstatus_to_exitcode(status) != 0
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, 9); print("deadlock in child", i); sys.exit(3)
+        time.sleep(0.005)
+stop.set()
+[t.join() for t in threads]
+print("children failed:", bad)
+"""
+
+
+def test_fork_while_threads_allocate():
+    r = run_py(FORK_STRESS, config=os.path.join(CONFIGS, "demo.yaml"), timeout=300)
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    assert r.stdout.strip().splitlines()[-1] == "children failed: 0"

@@ -237,3 +237,18 @@ def test_stress_reload_while_allocating(watched):
         live_before = b["allocations"] - b["frees"]
         assert live_now - live_before <= 2, (name, a)  # at most the probes' arrays
     assert s["reload_failures"] > 0 and s["reloads"] > 0
+
+
+def test_unreadable_policy_keeps_last_good(watched, capfd):
+    # Root ignores file modes, so make the path unreadable by replacing the file
+    # with a directory: open() then fails for every user.
+    watched.unlink()
+    watched.mkdir()
+    deadline = time.monotonic() + 5
+    while "cannot be read" not in capfd.readouterr().err:
+        assert time.monotonic() < deadline, "the watcher did not report the unreadable file"
+        time.sleep(0.02)
+    assert datamem.arena_of(np.ones(1000)) == "a"
+    watched.rmdir()
+    watched.write_text(policy_text("b"))
+    assert wait_for_arena("b")
