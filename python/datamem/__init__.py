@@ -17,6 +17,7 @@ import contextlib
 import os
 import sys
 import threading
+import weakref
 
 from . import _ext
 from ._ext import PolicyError
@@ -29,6 +30,7 @@ HANDLER_NAME = _ext.HANDLER_NAME
 __version__ = _ext.VERSION
 
 _state = {"path": None, "threads_patched": False, "orig_bootstrap": None}
+_covered = weakref.WeakSet()  # threads that set datamem's handler themselves
 _lock = threading.Lock()
 
 
@@ -47,6 +49,7 @@ def install(policy):
         _warn(_ext.load(path))
         _state["path"] = path
         _ext.set_thread_name(threading.current_thread().name)
+        _covered.add(threading.current_thread())
         _ext.set_handler(_ext.handler())
         _patch_threads()
         _apply_settings()
@@ -92,8 +95,13 @@ def explain(policy, size, dtype="unknown", thread="MainThread", tags=(), table=F
 
 
 def stats():
-    """Per-arena and per-rule numbers as a plain dict."""
-    return _ext.stats()
+    """Per-arena and per-rule numbers as a plain dict. `threads_not_covered`
+    names live Python threads that do not allocate through datamem (started
+    before datamem was installed, or created outside `threading`)."""
+    s = _ext.stats()
+    s["threads_not_covered"] = sorted(t.name for t in threading.enumerate()
+                                      if t not in _covered) if _ext.active() else []
+    return s
 
 
 def metrics():
@@ -195,6 +203,7 @@ if hasattr(os, "register_at_fork"):
 # handler itself, before run(), inside the context run() will use.
 
 def _thread_setup(thread):
+    _covered.add(thread)
     _ext.set_thread_name(thread.name)
     ctx = getattr(thread, "_context", None)
     if ctx is not None:  # 3.14+: run() executes inside thread._context

@@ -91,3 +91,18 @@ def test_pth_hook_is_installed():
     import datamem
     site_dir = os.path.dirname(os.path.dirname(datamem.__file__))
     assert os.path.exists(os.path.join(site_dir, "datamem.pth"))
+
+
+def test_uncovered_threads_are_visible_in_stats(demo_policy, tmp_path):
+    code = (
+        "import threading, time, datamem, numpy as np\n"
+        "ev = threading.Event()\n"
+        "t = threading.Thread(target=ev.wait, name='early'); t.start()\n"   # before install
+        "datamem.install(%r)\n"
+        "u = threading.Thread(target=ev.wait, name='late'); u.start()\n"
+        "time.sleep(0.1)\n"
+        "print(datamem.stats()['threads_not_covered'])\n"
+        "ev.set(); t.join(); u.join()\n") % demo_policy
+    r = run_py(code)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "['early']"
