@@ -72,6 +72,7 @@ static double last_reload_time;
 static bool last_reload_failed;           /* under dm__mu */
 
 static struct dm_ctx root_ctx;
+static struct dm_ctx stale_ctx; /* never handed out: forces the next call to bind */
 static struct dm_ctx *contexts = &root_ctx; /* interned, never freed */
 static int ncontexts = 1;
 
@@ -231,7 +232,7 @@ int dm_ctx_tags(const dm_ctx_t *c, const char **tags, int cap) {
 void dm_thread_set_name(const char *name) {
     dm_tls_t *t = &tls;
     snprintf(t->thread_name, sizeof(t->thread_name), "%s", name ? name : "");
-    t->ctx = NULL; /* rebind: thread rules may now match differently */
+    t->ctx = &stale_ctx; /* rebind: thread rules may now match differently */
 }
 
 /* ---- tables -------------------------------------------------------------- */
@@ -304,9 +305,8 @@ static const dm_view_t *view_for(rt_table_t *tab, const dm_ctx_t *c, const char 
 }
 
 /* Binds the calling thread to the current table and context. */
-static __attribute__((noinline)) bool bind(dm_tls_t *t, const dm_ctx_t *c) {
-    if (!c)
-        c = &root_ctx;
+static __attribute__((noinline)) bool bind(dm_tls_t *t, const dm_ctx_t *key) {
+    const dm_ctx_t *c = key ? key : &root_ctx; /* NULL means the root context */
     rt_table_t *old = NULL;
     bool ok = false;
     pthread_mutex_lock(&dm__mu);
@@ -328,10 +328,10 @@ static __attribute__((noinline)) bool bind(dm_tls_t *t, const dm_ctx_t *c) {
     const dm_view_t *v = view_for(tab, c, t->thread_name);
     if (v) {
         t->view = v;
-        t->ctx = c;
+        t->ctx = key; /* cache under what callers pass, NULL included */
         ok = true;
     } else {
-        t->ctx = NULL;
+        t->ctx = &stale_ctx;
     }
 out:
     pthread_mutex_unlock(&dm__mu);

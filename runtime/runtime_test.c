@@ -81,6 +81,9 @@ static void test_routing(void) {
     CHECK_STR(dm_owner_arena(d), "tagged");
     dm_free(a), dm_free(b), dm_free(c), dm_free(d);
     dm_free(NULL); /* NumPy does this */
+    void *e = dm_alloc(NULL, 100, DM_DT_UNKNOWN); /* NULL context = the root */
+    CHECK_STR(dm_owner_arena(e), "small");
+    dm_free(e);
 }
 
 static void *worker(void *arg) {
