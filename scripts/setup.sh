@@ -14,8 +14,13 @@ done
 
 # jemalloc's source comes from Debian's source archive: add deb-src for the same suites.
 src_list=/etc/apt/sources.list.d/datamem-src.sources
-if [ ! -f "$src_list" ]; then
-  sed -e 's/^Types: deb$/Types: deb-src/' /etc/apt/sources.list.d/debian.sources > "$src_list"
+if [ ! -f "$src_list" ] && [ ! -f /etc/apt/sources.list.d/datamem-src.list ]; then
+  if [ -f /etc/apt/sources.list.d/debian.sources ]; then   # deb822 (bookworm images)
+    sed -e 's/^Types: deb$/Types: deb-src/' /etc/apt/sources.list.d/debian.sources > "$src_list"
+  else                                                     # one-line format
+    grep -h '^deb ' /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null \
+      | sed 's/^deb /deb-src /' > /etc/apt/sources.list.d/datamem-src.list
+  fi
   need_update=1
 fi
 
