@@ -446,7 +446,7 @@ void dm__arena_je_stats(dm_arena_t *a, dm_arena_stats_t *out) {
 /* smaps fallback: a mapping inside one arena's range (the usual case) counts
  * exactly. Adjacent mappings with the same flags can merge across ranges (two
  * arenas', or ours and NumPy's own madvised arrays); such a mapping's hugepages
- * are split in proportion to the overlap, an estimate. */
+ * are split in proportion to the overlap, in whole 2 MiB pages: an estimate. */
 static void huge_add(void *arg, uintptr_t start, uintptr_t end, uint64_t huge) {
     uint64_t *out = arg;
     const uintptr_t nseg = (uintptr_t)1 << (DM_VA_BITS - DM_SEG_SHIFT);
@@ -463,10 +463,14 @@ static void huge_add(void *arg, uintptr_t start, uintptr_t end, uint64_t huge) {
             lo = start;
         if (hi > end)
             hi = end;
-        out[ja->owner->id] += hi - lo == end - start
-                                  ? huge
-                                  : (uint64_t)((double)huge * (double)(hi - lo) /
-                                               (double)(end - start));
+        if (hi - lo == end - start) {
+            out[ja->owner->id] += huge;
+        } else { /* in whole hugepages, at most the overlap */
+            uint64_t share = (uint64_t)((double)huge * (double)(hi - lo) / (double)(end - start));
+            if (share > hi - lo)
+                share = hi - lo;
+            out[ja->owner->id] += share & ~(((uint64_t)2 << 20) - 1);
+        }
     }
 }
 
