@@ -429,6 +429,7 @@ static PyObject *py_stats(PyObject *self, PyObject *unused) {
     SET_U64(d, "foreign_frees", s->foreign_frees);
     SET_U64(d, "threads", (uint64_t)s->nthreads);
     SET_U64(d, "contexts", (uint64_t)s->ncontexts);
+    SET_U64(d, "tables_live", (uint64_t)s->tables_live);
     SET_OBJ(d, "version", PyUnicode_FromString(DM_VERSION_STRING));
     SET_OBJ(d, "last_reload_successful", PyBool_FromLong(!s->last_reload_failed));
     SET_OBJ(d, "time", PyFloat_FromDouble(s->snapshot_time));

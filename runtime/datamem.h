@@ -117,6 +117,8 @@ typedef struct dm_stats {
     uint64_t foreign_frees;   /* dm_free of a pointer datamem does not own */
     int nthreads;             /* threads that have allocated through datamem */
     int ncontexts;
+    int tables_live;          /* dispatch tables alive: the one in force plus
+                                 retired ones a thread has not let go of yet */
     bool last_reload_failed;  /* the last load attempt failed (last good policy kept) */
     double snapshot_time;     /* unix seconds when the snapshot was taken */
 } dm_stats_t;

@@ -237,7 +237,10 @@ void dm_thread_set_name(const char *name) {
 
 /* ---- tables -------------------------------------------------------------- */
 
+static _Atomic int tables_live; /* published or retired but still referenced */
+
 static void table_destroy(rt_table_t *t) {
+    atomic_fetch_sub_explicit(&tables_live, 1, memory_order_relaxed);
     for (rt_view_entry_t *e = t->views, *next; e; e = next) {
         next = e->next;
         dm_view_free(e->view);
@@ -575,6 +578,7 @@ int dm_runtime_install(dm_policy_t *p, dm_diags_t *d) {
         dm_policy_free(p);
         return install_fail(d, DM_ENOMEM, "cannot install the policy");
     }
+    atomic_fetch_add_explicit(&tables_live, 1, memory_order_relaxed);
     tab->table = tt;
     tab->policy = p;
     tab->slots = slots;
@@ -724,6 +728,7 @@ int dm_stats_snapshot(dm_stats_t *out) {
     out->last_reload_failed = last_reload_failed;
     out->nthreads = nthreads;
     out->ncontexts = ncontexts;
+    out->tables_live = atomic_load_explicit(&tables_live, memory_order_relaxed);
     pthread_mutex_unlock(&dm__mu);
     out->foreign_frees = atomic_load_explicit(&foreign_frees, memory_order_relaxed);
     return 0;

@@ -165,18 +165,20 @@ int main(void) {
                 (unsigned long long)watched);
         rc = 1;
     }
-    /* 200 reloads between the two samples: a leaked table per reload would add
-     * well over 64 KiB. */
-    if (heap_end > heap_mid + 64 * 1024) {
-        fprintf(stderr, "FAIL: heap grew from %zu to %zu bytes over %d reloads\n",
-                heap_mid, heap_end, NRELOADS - NRELOADS / 3);
+    /* Every retired table must be freed once no thread holds it: the workers
+     * have exited, so only the table in force may be left. One leaked table per
+     * reload would leave hundreds. (The glibc heap is sampled for the log only:
+     * the watcher's transient 1 MiB read buffers make it too noisy to judge.) */
+    if (st->tables_live != 1) {
+        fprintf(stderr, "FAIL: %d dispatch tables alive after %d reloads, 1 expected\n",
+                st->tables_live, NRELOADS);
         rc = 1;
     }
     printf("stress_test: %d threads, %d rewrites, direct reloads %d good + %d bad, "
-           "watcher reloads %llu, failures %llu, %llu allocations, heap %zu -> %zu: %s\n",
+           "watcher reloads %llu, failures %llu, %llu allocations, tables alive %d, heap %zu -> %zu: %s\n",
            NTHREADS, NRELOADS, ok_loads, failed_loads, (unsigned long long)watched,
-           (unsigned long long)st->reload_failures, (unsigned long long)nalloc, heap_mid,
-           heap_end, rc ? "FAILED" : "ok");
+           (unsigned long long)st->reload_failures, (unsigned long long)nalloc,
+           st->tables_live, heap_mid, heap_end, rc ? "FAILED" : "ok");
     dm_stats_release(st);
     free(st);
     unlink(path);
