@@ -247,6 +247,29 @@ def test_404_405_head(tmp_path):
         assert get(info["url"])[0] == 200
 
 
+def test_clients_disconnecting_mid_reply(tmp_path):
+    """Clients that vanish mid-request or mid-reply (RST, half-sent requests) must
+    not take the endpoint or the job down."""
+    import struct
+    with job(tmp_path) as (p, info):
+        u = urllib.parse.urlsplit(info["url"])
+        for i in range(60):
+            s = socket.create_connection((u.hostname, u.port), timeout=5)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
+            if i % 3 == 0:
+                s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+                s.recv(100)  # read a little of the reply, then reset
+            elif i % 3 == 1:
+                s.sendall(b"GET /stats.json HTTP/1.1\r\nHo")  # half a request
+            else:
+                s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            s.close()  # RST
+        assert p.poll() is None  # the job is alive
+        status, _, body = get(info["url"])
+        assert status == 200 and b"datamem_arena_allocations_total" in body
+
+
 # ---- address in use, port 0 and discovery -------------------------------------------------
 
 def test_port_in_use_is_logged_and_the_job_runs_on(tmp_path):
