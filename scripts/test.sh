@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# README command 2: set up, build, install, and run every test:
-#   C unit tests (Bazel), the same under ASan+UBSan and TSan, the policy fuzzer
-#   for a bounded time, the Python tests, and the Python tests again under
-#   NumPy 1.26 in a second virtual environment (same wheel).
-# Exits non-zero on the first failing stage.
+# README command 2: set up, build, install, and run every test (the stages are
+# listed in the README). Exits non-zero on the first failing stage; the last line
+# counts the stages.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-stage() { printf '\n=== %s ===\n' "$*"; }
+nstages=0
+stage() { nstages=$((nstages + 1)); printf '\n=== %s ===\n' "$*"; }
+# set -e stops at the first failing stage; reaching the end means all passed.
+trap 'rc=$?; [ $rc -eq 0 ] || printf "\nstages: %d passed, 1 failed\n" $((nstages - 1))' EXIT
 
 stage "set-up"
 bash scripts/setup.sh
@@ -50,3 +51,5 @@ fi
 
 stage "NumPy's own test suite (slice) under datamem vs the default allocator"
 python3 tools/numpy_suite.py   # the whole suite: python3 tools/numpy_suite.py --full
+
+printf '\nstages: %d passed, 0 failed\n' "$nstages"
