@@ -8,7 +8,7 @@
 #include <stdlib.h>
 
 #include "policy/policy.h"
-#include "policy/test.h"
+#include "testing/test.h"
 
 /* ---- the reference: straightforward evaluation ------------------------- */
 

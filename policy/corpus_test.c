@@ -11,7 +11,7 @@
 #include <stdlib.h>
 
 #include "policy/policy.h"
-#include "policy/test.h"
+#include "testing/test.h"
 
 #define MIN_BAD 25 /* the corpus cannot quietly vanish */
 

@@ -9,7 +9,7 @@
 #include "policy/internal.h"
 #include "policy/policy.h"
 #include "policy/schema.h"
-#include "policy/test.h"
+#include "testing/test.h"
 
 static dm_diags_t d;
 static char text[1 << 16];

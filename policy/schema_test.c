@@ -10,7 +10,7 @@
 #include "policy/internal.h"
 #include "policy/policy.h"
 #include "policy/schema.h"
-#include "policy/test.h"
+#include "testing/test.h"
 
 #define ROW(r) (&dm__policy_schema[r])
 

@@ -8,7 +8,7 @@
 #include "policy/internal.h"
 #include "policy/policy.h"
 #include "policy/schema.h"
-#include "policy/test.h"
+#include "testing/test.h"
 
 static void test_sizes(void) {
     static const struct {

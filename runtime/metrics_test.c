@@ -21,46 +21,7 @@
 
 #include "runtime/datamem.h"
 #include "runtime/os.h"
-
-/* Assertions that print both sides (as policy/test.h, which is private to its
- * package): a failure counts and the test goes on. */
-static int test_failures;
-#define TEST_FAIL_(fmt, ...)                                                   \
-    (test_failures++, fprintf(stderr, "%s:%d: FAIL: " fmt "\n", __FILE__, __LINE__, __VA_ARGS__))
-#define EXPECT_INT_EQ(a, b, why)                                               \
-    do {                                                                       \
-        intmax_t a_ = (intmax_t)(a), b_ = (intmax_t)(b);                       \
-        if (a_ != b_)                                                          \
-            TEST_FAIL_("%s == %s: %jd != %jd (%s)", #a, #b, a_, b_, why);      \
-    } while (0)
-#define EXPECT_UINT_EQ(a, b, why)                                              \
-    do {                                                                       \
-        uintmax_t a_ = (uintmax_t)(a), b_ = (uintmax_t)(b);                    \
-        if (a_ != b_)                                                          \
-            TEST_FAIL_("%s == %s: %ju != %ju (%s)", #a, #b, a_, b_, why);      \
-    } while (0)
-#define EXPECT_STR_EQ(a, b, why)                                               \
-    do {                                                                       \
-        const char *a_ = (a), *b_ = (b);                                       \
-        if (!a_ || !b_ || strcmp(a_, b_) != 0)                                 \
-            TEST_FAIL_("%s == %s:\n  got:      \"%s\"\n  expected: \"%s\"\n  (%s)", #a, #b, \
-                       a_ ? a_ : "(null)", b_ ? b_ : "(null)", why);           \
-    } while (0)
-#define EXPECT_CONTAINS(hay, needle, why)                                      \
-    do {                                                                       \
-        const char *h_ = (hay), *n_ = (needle);                                \
-        if (!h_ || !strstr(h_, n_))                                            \
-            TEST_FAIL_("%s contains %s:\n  text:   \"%s\"\n  wanted: \"%s\"\n  (%s)", #hay, \
-                       #needle, h_ ? h_ : "(null)", n_, why);                  \
-    } while (0)
-#define EXPECT_TRUE(c, why)                                                    \
-    do {                                                                       \
-        if (!(c))                                                              \
-            TEST_FAIL_("%s is false (%s)", #c, why);                           \
-    } while (0)
-#define TEST_EXIT()                                                            \
-    (test_failures ? (fprintf(stderr, "%d failure(s)\n", test_failures), 1)   \
-                   : (printf("PASS\n"), 0))
+#include "testing/test.h"
 
 /* `text` has `line` as a whole line. */
 static bool has_line(const char *text, const char *line) {

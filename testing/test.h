@@ -1,10 +1,10 @@
 /*
- * test.h: assertions for policy/ tests that print both sides, where, and why
+ * test.h: assertions for the C tests that print both sides, where, and why
  * (libuv's ASSERT_EQ, jemalloc's expect_zu_eq). A failed assertion counts and
  * the test goes on; TEST_EXIT() returns non-zero if any failed.
  */
-#ifndef DM_POLICY_TEST_H
-#define DM_POLICY_TEST_H
+#ifndef DM_TESTING_TEST_H
+#define DM_TESTING_TEST_H
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -58,4 +58,4 @@ static int test_failures;
     (test_failures ? (fprintf(stderr, "%d failure(s)\n", test_failures), 1)   \
                    : (printf("PASS\n"), 0))
 
-#endif /* DM_POLICY_TEST_H */
+#endif /* DM_TESTING_TEST_H */
