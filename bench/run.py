@@ -154,11 +154,14 @@ def plot(med, ratio, configs, path):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    sys.path.insert(0, HERE)
+    from report import key_order
     rows = []
-    for w, per in ratio.items():
+    for w in sorted(ratio, key=lambda w: WORKLOADS.index(w) if w in WORKLOADS else 99):
+        per = ratio[w]
         if "default" not in per:
             continue
-        for k in med[w]["default"]:
+        for k in sorted(med[w]["default"], key=key_order):
             if k in VALUE_METRICS or k in ("rss_over_start_mb",):
                 continue
             rows.append(("%s %s" % (w, k), {c: per[c].get(k) for c in per}))
@@ -169,10 +172,14 @@ def plot(med, ratio, configs, path):
     for j, c in enumerate(shown):
         ys = [i + j * h for i in range(len(rows))]
         xs = [r[1].get(c) or 0 for r in rows]
-        ax.barh(ys, xs, height=h, label=c, color=colors(j),
+        ax.barh(ys, [min(x, 100) for x in xs], height=h, label=c, color=colors(j),
                 edgecolor="black" if c.startswith("dm-") else None, linewidth=0.5)
+        for y, x in zip(ys, xs):
+            if x > 100:  # off the scale: say by how much
+                ax.text(110, y, "%.0fx %s" % (x, c), va="center", fontsize=6)
     ax.axvline(1.0, color="black", linewidth=0.8)
     ax.set_xscale("log")
+    ax.set_xlim(0.01, 400)
     ax.set_yticks([i + 0.4 - h / 2 for i in range(len(rows))])
     ax.set_yticklabels([r[0] for r in rows], fontsize=8)
     ax.invert_yaxis()
@@ -193,6 +200,7 @@ def main():
     ap.add_argument("--out", help="write raw samples, medians and ratios as JSON")
     ap.add_argument("--plot", help="write a PNG of the ratios (needs matplotlib)")
     ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--replot", metavar="JSON", help="only redraw --plot from a result file")
     ap.add_argument("--variant", action="append", default=[], metavar="NAME:VAR=VAL[;VAR=VAL]",
                     help="an extra configuration for trade-off studies, e.g. "
                          "'dm-gc:DATAMEM_CONFIG=configs/minimal.yaml;"
@@ -200,6 +208,12 @@ def main():
                          "datamem variants start with dm-; DMJE_MALLOC_CONF reaches only "
                          "datamem's private jemalloc)")
     args = ap.parse_args()
+    if args.replot:
+        d = json.load(open(args.replot))
+        order = [c for c in CONFIGS if c in d["meta"]["configs"]]
+        order += [c for c in d["meta"]["configs"] if c not in order]
+        plot(d["medians"], d["ratios"], order, args.plot)
+        return
     for v in args.variant:
         name, _, spec = v.partition(":")
         env = dict(kv.split("=", 1) for kv in spec.split(";") if kv)
