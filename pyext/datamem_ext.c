@@ -416,6 +416,10 @@ static PyObject *py_stats(PyObject *self, PyObject *unused) {
         SET_OBJ(r, "arena", PyUnicode_FromString(s->rules[i].arena));
         SET_U64(r, "allocations", s->rules[i].nalloc);
         SET_U64(r, "bytes_requested", s->rules[i].bytes_requested);
+        SET_U64(r, "reallocs", s->rules[i].nrealloc);
+        SET_U64(r, "failures", s->rules[i].nfail);
+        SET_U64(r, "fallbacks", s->rules[i].nfallback);
+        SET_U64(r, "dtype_known", s->rules[i].ndtype_known);
     }
     SET_OBJ(d, "arenas", Py_NewRef(arenas));
     SET_OBJ(d, "rules", Py_NewRef(rules));

@@ -102,7 +102,7 @@ typedef struct dm_arena_stats {
 typedef struct dm_rule_stats {
     char name[DM_NAME_MAX];
     char arena[DM_NAME_MAX];
-    uint64_t nalloc, bytes_requested;
+    uint64_t nalloc, bytes_requested, nrealloc, nfail, nfallback, ndtype_known;
 } dm_rule_stats_t;
 
 typedef struct dm_stats {

@@ -106,7 +106,8 @@ typedef struct rt_table {
     rt_slot_t fallback_slot;
     _Atomic int refs;
     rt_view_entry_t *views;      /* guarded by the runtime mutex */
-    dm_ctr_t *rule_nalloc, *rule_bytes; /* folded from threads that moved on */
+    dm_arena_ctrs_t *rule_ctrs;  /* per slot, folded from threads that moved on
+                                    (nfree unused); guarded by dm__mu */
 } rt_table_t;
 
 typedef struct dm_tls {
@@ -114,7 +115,7 @@ typedef struct dm_tls {
     rt_table_t *table;
     const dm_ctx_t *ctx;
     const dm_view_t *view;
-    dm_ctr_t *rule_nalloc, *rule_bytes; /* table->nslots each */
+    dm_arena_ctrs_t *rule_ctrs;  /* per slot of `table` (nfree unused) */
     /* explicit jemalloc thread caches, per je arena slot: index + 1, 0 = none */
     unsigned tcache[DM_JE_MAX];
     dm_arena_ctrs_t ctrs[DM_RT_ARENAS_MAX];

@@ -185,6 +185,37 @@ static uint64_t arena_u64(const dm_arena_stats_t *a, const arena_metric_t *m) {
     return v;
 }
 
+/* Per-rule counters: one row each, for both the Prometheus and the JSON form. */
+typedef struct rule_metric {
+    const char *name; /* datamem_rule_<name> */
+    const char *key;  /* JSON / datamem.stats() key */
+    size_t off;
+    const char *help;
+} rule_metric_t;
+
+#define RM(name, key, field, help) {name, key, offsetof(dm_rule_stats_t, field), help}
+
+static const rule_metric_t rule_metrics[] = {
+    RM("allocations_total", "allocations", nalloc,
+       "Allocations each rule routed (\"default\": no rule matched)."),
+    RM("requested_bytes_total", "bytes_requested", bytes_requested,
+       "Sum of the sizes each rule routed."),
+    RM("reallocs_total", "reallocs", nrealloc, "Reallocations each rule routed."),
+    RM("failures_total", "failures", nfail, "Allocations routed by the rule that failed."),
+    RM("fallbacks_total", "fallbacks", nfallback,
+       "Failed allocations of the rule served by the fallback arena."),
+    RM("dtype_known_total", "dtype_known", ndtype_known,
+       "Allocations of the rule whose dtype was known."),
+};
+
+#define NRULE_METRICS (sizeof(rule_metrics) / sizeof(rule_metrics[0]))
+
+static uint64_t rule_u64(const dm_rule_stats_t *r, const rule_metric_t *m) {
+    uint64_t v;
+    memcpy(&v, (const char *)r + m->off, sizeof(v));
+    return v;
+}
+
 /* ---- Prometheus text -------------------------------------------------------- */
 
 /* A label value: backslash, double quote and newline escaped (format 0.0.4). */
@@ -330,21 +361,15 @@ void dm__metrics_text(const dm_stats_t *st, const char *cl, dm_buf_t *b) {
         }
     }
 
-    family(b, "datamem_", "rule_allocations_total", "counter",
-           "Allocations each rule routed (\"default\": no rule matched).");
-    for (int r = 0; st->rules && r < st->nrules; r++) {
-        s = sample_begin(b, "datamem_", "rule_allocations_total");
-        label(&s, "rule", st->rules[r].name);
-        label(&s, "arena", st->rules[r].arena);
-        value_u64(&s, cl, st->rules[r].nalloc);
-    }
-    family(b, "datamem_", "rule_requested_bytes_total", "counter",
-           "Sum of the sizes each rule routed.");
-    for (int r = 0; st->rules && r < st->nrules; r++) {
-        s = sample_begin(b, "datamem_", "rule_requested_bytes_total");
-        label(&s, "rule", st->rules[r].name);
-        label(&s, "arena", st->rules[r].arena);
-        value_u64(&s, cl, st->rules[r].bytes_requested);
+    for (size_t m = 0; m < NRULE_METRICS; m++) {
+        const rule_metric_t *rm = &rule_metrics[m];
+        family(b, "datamem_rule_", rm->name, "counter", rm->help);
+        for (int r = 0; st->rules && r < st->nrules; r++) {
+            s = sample_begin(b, "datamem_rule_", rm->name);
+            label(&s, "rule", st->rules[r].name);
+            label(&s, "arena", st->rules[r].arena);
+            value_u64(&s, cl, rule_u64(&st->rules[r], rm));
+        }
     }
 }
 
@@ -430,8 +455,8 @@ void dm__metrics_json(const dm_stats_t *st, dm_buf_t *b) {
         dm__buf_json_str(b, st->rules[r].name);
         dm__buf_put(b, ":{", 2);
         json_strv(b, &k, "arena", st->rules[r].arena);
-        json_u64(b, &k, "allocations", st->rules[r].nalloc);
-        json_u64(b, &k, "bytes_requested", st->rules[r].bytes_requested);
+        for (size_t m = 0; m < NRULE_METRICS; m++)
+            json_u64(b, &k, rule_metrics[m].key, rule_u64(&st->rules[r], &rule_metrics[m]));
         dm__buf_put(b, "}", 1);
     }
     dm__buf_put(b, "}}\n", 3);

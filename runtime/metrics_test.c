@@ -77,6 +77,10 @@ static dm_stats_t *sample_stats(void) {
     snprintf(rules[0].arena, sizeof(rules[0].arena), "big");
     rules[0].nalloc = 7;
     rules[0].bytes_requested = 7 << 20;
+    rules[0].nrealloc = 2;
+    rules[0].nfail = 1;
+    rules[0].nfallback = 1;
+    rules[0].ndtype_known = 5;
     snprintf(rules[1].name, sizeof(rules[1].name), "default");
     snprintf(rules[1].arena, sizeof(rules[1].arena), "general");
     rules[1].nalloc = 993;
@@ -146,6 +150,10 @@ static void test_text(void) {
     EXPECT_LINE(t, "datamem_rule_allocations_total{rule=\"huge\",arena=\"big\"} 7");
     EXPECT_LINE(t, "datamem_rule_allocations_total{rule=\"default\",arena=\"general\"} 993");
     EXPECT_LINE(t, "datamem_rule_requested_bytes_total{rule=\"huge\",arena=\"big\"} 7340032");
+    EXPECT_LINE(t, "datamem_rule_reallocs_total{rule=\"huge\",arena=\"big\"} 2");
+    EXPECT_LINE(t, "datamem_rule_failures_total{rule=\"huge\",arena=\"big\"} 1");
+    EXPECT_LINE(t, "datamem_rule_fallbacks_total{rule=\"huge\",arena=\"big\"} 1");
+    EXPECT_LINE(t, "datamem_rule_dtype_known_total{rule=\"huge\",arena=\"big\"} 5");
 
     /* Structure: every sample's family was announced by HELP then TYPE, each
      * family once; counters end in _total; nothing else is on a line. */
@@ -179,9 +187,9 @@ static void test_text(void) {
             TEST_FAIL_("sample outside its family (%s): %s", last_type, buf);
     }
     /* 9 process families (one sample each), 3 arena families outside the table, 19
-     * in it (2 arenas each), 2 rule families (2 rules each). */
-    EXPECT_INT_EQ(families, 9 + 3 + 19 + 2, "families");
-    EXPECT_INT_EQ(samples, 9 + 2 * (3 + 19) + 2 * 2, "samples");
+     * in it (2 arenas each), 6 rule families (2 rules each). */
+    EXPECT_INT_EQ(families, 9 + 3 + 19 + 6, "families");
+    EXPECT_INT_EQ(samples, 9 + 2 * (3 + 19) + 2 * 6, "samples");
     free(t);
 
     /* No policy yet: no policy_info; successful until a load fails. */
@@ -212,7 +220,8 @@ static void test_json(void) {
     EXPECT_CONTAINS(j, "\"allocations\":1000,\"frees\":990,", "counters");
     EXPECT_CONTAINS(j, "\"hugepage_bytes\":4194304", "hugepages");
     EXPECT_CONTAINS(j, "\"rules\":{\"huge\":{\"arena\":\"big\",\"allocations\":7,"
-                       "\"bytes_requested\":7340032},\"default\":", "rules");
+                       "\"bytes_requested\":7340032,\"reallocs\":2,\"failures\":1,"
+                       "\"fallbacks\":1,\"dtype_known\":5},\"default\":", "rules");
     EXPECT_TRUE(j[0] == '{' && strcmp(j + len - 2, "}\n") == 0, "one object");
     free(j);
 }

@@ -90,18 +90,17 @@ void dm__log(const char *fmt, ...) {
 
 static void table_release(rt_table_t *t);
 
+static void ctrs_add(dm_arena_ctrs_t *dst, const dm_arena_ctrs_t *src);
+
+/* Called with dm__mu held: the thread's per-rule counts go to its table. */
 static void fold_rules(dm_tls_t *t) {
     rt_table_t *tab = t->table;
-    if (!tab || !t->rule_nalloc)
+    if (!tab || !t->rule_ctrs)
         return;
-    for (int i = 0; i < tab->nslots; i++) {
-        atomic_fetch_add_explicit(&tab->rule_nalloc[i], DM_CTR_GET(t->rule_nalloc[i]),
-                                  memory_order_relaxed);
-        atomic_fetch_add_explicit(&tab->rule_bytes[i], DM_CTR_GET(t->rule_bytes[i]),
-                                  memory_order_relaxed);
-    }
-    free(t->rule_nalloc);
-    t->rule_nalloc = t->rule_bytes = NULL;
+    for (int i = 0; i < tab->nslots; i++)
+        ctrs_add(&tab->rule_ctrs[i], &t->rule_ctrs[i]);
+    free(t->rule_ctrs);
+    t->rule_ctrs = NULL;
 }
 
 static void ctrs_add(dm_arena_ctrs_t *dst, const dm_arena_ctrs_t *src) {
@@ -249,7 +248,7 @@ static void table_destroy(rt_table_t *t) {
     dm_table_free(t->table);
     dm_policy_free(t->policy);
     free(t->slots);
-    free(t->rule_nalloc);
+    free(t->rule_ctrs);
     free(t);
 }
 
@@ -318,15 +317,14 @@ static __attribute__((noinline)) bool bind(dm_tls_t *t, const dm_ctx_t *key) {
     if (!tab)
         goto out;
     if (t->table != tab) {
-        dm_ctr_t *ctr = calloc(2 * (size_t)tab->nslots, sizeof(dm_ctr_t));
+        dm_arena_ctrs_t *ctr = calloc((size_t)tab->nslots, sizeof(dm_arena_ctrs_t));
         if (!ctr)
             goto out;
         fold_rules(t);
         old = t->table;
         atomic_fetch_add_explicit(&tab->refs, 1, memory_order_relaxed);
         t->table = tab;
-        t->rule_nalloc = ctr;
-        t->rule_bytes = ctr + tab->nslots;
+        t->rule_ctrs = ctr;
     }
     const dm_view_t *v = view_for(tab, c, t->thread_name);
     if (v) {
@@ -376,17 +374,20 @@ slot_alloc(dm_tls_t *t, const rt_slot_t *s, size_t size, int zero) {
 }
 
 static __attribute__((noinline)) void *alloc_failed(dm_tls_t *t, rt_table_t *tab,
-                                                    const rt_slot_t *s, size_t size,
-                                                    int zero) {
+                                                    const rt_slot_t *s, int rule,
+                                                    size_t size, int zero) {
     DM_CTR_ADD(t->ctrs[s->arena_id].nfail, 1);
+    DM_CTR_ADD(t->rule_ctrs[rule].nfail, 1);
     if (tab->fallback < 0 || tab->fallback_slot.arena == s->arena)
         return NULL;
     const rt_slot_t *f = &tab->fallback_slot;
     void *p = slot_alloc(t, f, size, zero);
-    if (p)
+    if (p) {
         DM_CTR_ADD(t->ctrs[f->arena_id].nfallback, 1);
-    else
+        DM_CTR_ADD(t->rule_ctrs[rule].nfallback, 1);
+    } else {
         DM_CTR_ADD(t->ctrs[f->arena_id].nfail, 1);
+    }
     return p;
 }
 
@@ -409,13 +410,14 @@ static inline void *alloc_impl(const dm_ctx_t *c, size_t size, int dt, int zero)
         return NULL;
     void *p = slot_alloc(t, s, size, zero);
     if (DM_UNLIKELY(!p))
-        return alloc_failed(t, t->table, s, size, zero);
-    dm_arena_ctrs_t *ac = &t->ctrs[s->arena_id];
+        return alloc_failed(t, t->table, s, r, size, zero);
+    dm_arena_ctrs_t *ac = &t->ctrs[s->arena_id], *rc = &t->rule_ctrs[r];
     DM_CTR_ADD(ac->nalloc, 1);
     DM_CTR_ADD(ac->bytes, size);
     DM_CTR_ADD(ac->ndtype_known, dt != DM_DT_UNKNOWN);
-    DM_CTR_ADD(t->rule_nalloc[r], 1);
-    DM_CTR_ADD(t->rule_bytes[r], size);
+    DM_CTR_ADD(rc->nalloc, 1);
+    DM_CTR_ADD(rc->bytes, size);
+    DM_CTR_ADD(rc->ndtype_known, dt != DM_DT_UNKNOWN);
     return p;
 }
 
@@ -478,12 +480,13 @@ void *dm_realloc(const dm_ctx_t *c, void *p, size_t size) {
     }
     if (DM_UNLIKELY(!q)) {
         DM_CTR_ADD(t->ctrs[s->arena_id].nfail, 1);
+        DM_CTR_ADD(t->rule_ctrs[r].nfail, 1);
         return NULL; /* the old block stays valid, as realloc promises */
     }
     DM_CTR_ADD(t->ctrs[s->arena_id].nrealloc, 1);
     DM_CTR_ADD(t->ctrs[s->arena_id].bytes, size);
-    DM_CTR_ADD(t->rule_nalloc[r], 1);
-    DM_CTR_ADD(t->rule_bytes[r], size);
+    DM_CTR_ADD(t->rule_ctrs[r].nrealloc, 1);
+    DM_CTR_ADD(t->rule_ctrs[r].bytes, size);
     return q;
 }
 
@@ -571,7 +574,7 @@ int dm_runtime_install(dm_policy_t *p, dm_diags_t *d) {
     rt_table_t *tab = calloc(1, sizeof(*tab));
     int nslots = dm_table_nrules(tt) + 1;
     rt_slot_t *slots = calloc((size_t)nslots, sizeof(rt_slot_t));
-    dm_ctr_t *rc_ctr = calloc(2 * (size_t)nslots, sizeof(dm_ctr_t));
+    dm_arena_ctrs_t *rc_ctr = calloc((size_t)nslots, sizeof(dm_arena_ctrs_t));
     if (!tab || !slots || !rc_ctr) {
         free(tab), free(slots), free(rc_ctr);
         dm_table_free(tt);
@@ -584,8 +587,7 @@ int dm_runtime_install(dm_policy_t *p, dm_diags_t *d) {
     tab->slots = slots;
     tab->nslots = nslots;
     tab->uses_dtype = dm_table_uses_dtype(tt);
-    tab->rule_nalloc = rc_ctr;
-    tab->rule_bytes = rc_ctr + nslots;
+    tab->rule_ctrs = rc_ctr;
     atomic_store_explicit(&tab->refs, 1, memory_order_relaxed);
 
     dm_arena_t *byspec[DM_ARENAS_MAX];
@@ -710,14 +712,18 @@ int dm_stats_snapshot(dm_stats_t *out) {
             const dm_policy_t *p = tab->policy;
             snprintf(rs->name, sizeof(rs->name), "%s", r < p->nrules ? p->rules[r].name : "default");
             snprintf(rs->arena, sizeof(rs->arena), "%s", tab->slots[r].arena->name);
-            rs->nalloc = DM_CTR_GET(tab->rule_nalloc[r]);
-            rs->bytes_requested = DM_CTR_GET(tab->rule_bytes[r]);
-            for (dm_tls_t *t = registry; t; t = t->next) {
-                if (t->table != tab)
-                    continue;
-                rs->nalloc += DM_CTR_GET(t->rule_nalloc[r]);
-                rs->bytes_requested += DM_CTR_GET(t->rule_bytes[r]);
-            }
+            dm_arena_ctrs_t sum;
+            memset(&sum, 0, sizeof(sum));
+            ctrs_add(&sum, &tab->rule_ctrs[r]);
+            for (dm_tls_t *t = registry; t; t = t->next)
+                if (t->table == tab && t->rule_ctrs)
+                    ctrs_add(&sum, &t->rule_ctrs[r]);
+            rs->nalloc = DM_CTR_GET(sum.nalloc);
+            rs->bytes_requested = DM_CTR_GET(sum.bytes);
+            rs->nrealloc = DM_CTR_GET(sum.nrealloc);
+            rs->nfail = DM_CTR_GET(sum.nfail);
+            rs->nfallback = DM_CTR_GET(sum.nfallback);
+            rs->ndtype_known = DM_CTR_GET(sum.ndtype_known);
         }
         out->policy_hash = tab->policy->hash;
         snprintf(out->policy_path, sizeof(out->policy_path), "%s", tab->policy->path);

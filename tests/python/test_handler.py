@@ -59,8 +59,10 @@ def test_resize_realloc_moves_across_arenas():
     a.resize(1 << 20, refcheck=False)  # realloc to 8 MiB -> "big"
     assert datamem.arena_of(a) == "big"
     assert (a[:10] == np.arange(10)).all() and not a[10:].any()
+    before = datamem.stats()["rules"]["tiny"]["reallocs"]
     a.resize(5, refcheck=False)
     assert datamem.arena_of(a) == "small"
+    assert datamem.stats()["rules"]["tiny"]["reallocs"] == before + 1
     assert list(a) == [0, 1, 2, 3, 4]
 
 
@@ -92,6 +94,7 @@ def test_memory_error_not_crash():
     finally:
         datamem._ext.fault_extent_alloc(0)
     assert datamem.stats()["arenas"]["big"]["failures"] >= 1
+    assert datamem.stats()["rules"]["huge"]["failures"] >= 1  # and per rule
     assert np.empty(1 << 28).nbytes == 1 << 31  # and the job goes on
 
 
@@ -158,13 +161,14 @@ def test_dtype_rules():
         " datamem.arena_of(np.ones(1000)),"
         " datamem.arena_of((np.ones(100, dtype=np.float32) * 2)),"
         " datamem.arena_of(np.ones(100, dtype=np.float64).astype(np.float32)))\n"
-        "s = datamem.stats()['arenas']\n"
-        "print(s['f32']['dtype_known'] > 0)\n",
+        "s = datamem.stats()\n"
+        "print(s['arenas']['f32']['dtype_known'] > 0,"
+        " s['rules']['float32']['dtype_known'] == s['rules']['float32']['allocations'] > 0)\n",
         config=os.path.join(CONFIGS, "dtype.yaml"))
     assert r.returncode == 0, r.stderr
     lines = r.stdout.split("\n")
     assert lines[0].split() == ["f32", "cplx", "general", "f32", "f32"]
-    assert lines[1] == "True"
+    assert lines[1] == "True True"
 
 
 def test_reload_changes_new_arrays_only(write_policy):
