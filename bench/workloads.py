@@ -179,7 +179,7 @@ def temporaries_loop(nbytes, iters):
 def w_temp(mib):
     body = temporaries_loop(mib * MiB, 0)
     body(5)  # reach steady state (arena sizes, decay, caches)
-    per = {1: 0.02, 8: 0.1, 64: 0.5}[mib] * (1 if QUICK else 2.5)
+    per = ({1: 0.02, 8: 0.08, 64: 0.25} if QUICK else {1: 0.05, 8: 0.2, 64: 0.8})[mib]
     n = calibrate(body, per)
     times, faults = [], []
     for _ in range(5 if QUICK else 9):
@@ -193,7 +193,7 @@ def w_temp(mib):
 
 def w_threads(mib):
     bodies = [temporaries_loop(mib * MiB, 0) for _ in range(2)]
-    iters = {8: 60, 64: 8}[mib] * (1 if QUICK else 3)
+    iters = ({8: 40, 64: 5} if QUICK else {8: 180, 64: 24})[mib]
 
     def round_():
         barrier = threading.Barrier(3)
