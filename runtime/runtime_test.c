@@ -344,6 +344,34 @@ static void test_placement_failure_is_served(void) {
     dm_free(p);
 }
 
+/* An arena that cannot get memory: the policy's fallback arena serves instead,
+ * and both the failure and the fallback are counted. */
+static void test_fallback_arena(void) {
+    load_ok("version: 1\ndefault: main\nfallback: spare\narenas:\n"
+            "  main: {alignment: 64}\n  spare: {alignment: 64, decay: {dirty: never}}\n"
+            "rules:\n  - {name: s, match: {tag: s}, arena: spare}\n");
+    /* spare keeps 900 MiB of freed memory; then no arena can map more. */
+    dm_free(dm_alloc(dm_ctx_with_tag(dm_ctx_root(), "s"), 900u << 20, DM_DT_UNKNOWN));
+    dm_fault_extent_alloc(-1);
+    void *p = dm_alloc(dm_ctx_root(), 900u << 20, DM_DT_UNKNOWN);
+    dm_fault_extent_alloc(0);
+    CHECK(p != NULL, "served by the fallback");
+    CHECK_STR(dm_owner_arena(p), "spare");
+    dm_stats_t *s = malloc(sizeof(*s));
+    dm_stats_snapshot(s);
+    for (int i = 0; i < s->narenas; i++) {
+        if (strcmp(s->arenas[i].name, "main") == 0)
+            CHECK(s->arenas[i].nfail >= 1, "main failure counted");
+        if (strcmp(s->arenas[i].name, "spare") == 0)
+            CHECK(s->arenas[i].nfallback == 1, "fallback counted: %llu",
+                  (unsigned long long)s->arenas[i].nfallback);
+    }
+    CHECK(s->nrules == 2 && s->rules[1].nfallback == 1, "per-rule fallback (default rule)");
+    dm_stats_release(s);
+    free(s);
+    dm_free(p);
+}
+
 static void test_stats(void) {
     dm_stats_t *s = malloc(sizeof(*s));
     void *keep = dm_alloc(dm_ctx_root(), 100000, DM_DT_UNKNOWN);
@@ -401,6 +429,7 @@ int main(void) {
     test_reload_keeps_live_blocks();
     test_placement_kinds();
     test_per_node_injected_topology();
+    test_fallback_arena();
     unlink(write_policy(""));
     if (failures) {
         fprintf(stderr, "runtime_test: %d check(s) failed\n", failures);
