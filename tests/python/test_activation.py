@@ -106,3 +106,28 @@ def test_uncovered_threads_are_visible_in_stats(demo_policy, tmp_path):
     r = run_py(code)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "['early']"
+
+
+def test_threads_that_run_in_their_own_context(demo_policy):
+    """CPython 3.14 runs Thread.run inside thread._context (a fresh or copied
+    Context); datamem must set its handler inside that context. Simulated here on
+    older CPythons with a Thread that does what 3.14's _bootstrap_inner does."""
+    code = r"""
+import contextvars, threading, numpy as np, datamem
+try:
+    from numpy._core.multiarray import get_handler_name
+except ImportError:
+    from numpy.core.multiarray import get_handler_name
+out = []
+class T(threading.Thread):
+    def __init__(self):
+        super().__init__(name="ctx-thread")
+        self._context = contextvars.Context()   # empty: NumPy's default handler
+    def run(self):
+        self._context.run(lambda: out.append(get_handler_name(np.ones(10))))
+t = T(); t.start(); t.join()
+print(out[0])
+"""
+    r = run_py(code, config=demo_policy)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "datamem"
