@@ -230,7 +230,7 @@ static int je_settings(je_arena_t *ja, const dm_arena_spec_t *spec) {
 static je_arena_t *je_create(dm_arena_t *owner, int node, const dm_arena_spec_t *spec) {
     if (nje >= DM_JE_MAX)
         return NULL;
-    je_arena_t *ja = dmje_mallocx(sizeof(*ja), MALLOCX_ZERO | MALLOCX_TCACHE_NONE);
+    je_arena_t *ja = dmje_mallocx(sizeof(*ja), MALLOCX_ZERO | MALLOCX_TCACHE_NONE | MALLOCX_ARENA(0));
     if (!ja)
         return NULL;
     ja->hooks = hooks_template;
@@ -311,7 +311,7 @@ dm_arena_t *dm__arena_get(const char *name, const dm_arena_spec_t *spec) {
             return arenas[i];
     if (narenas >= DM_RT_ARENAS_MAX)
         return NULL;
-    dm_arena_t *a = dmje_mallocx(sizeof(*a), MALLOCX_ZERO | MALLOCX_TCACHE_NONE);
+    dm_arena_t *a = dmje_mallocx(sizeof(*a), MALLOCX_ZERO | MALLOCX_TCACHE_NONE | MALLOCX_ARENA(0));
     if (!a)
         return NULL;
     snprintf(a->name, sizeof(a->name), "%s", name);

@@ -115,6 +115,12 @@ typedef struct dm_tls {
     rt_table_t *table;
     const dm_ctx_t *ctx;
     const dm_view_t *view;
+    /* The jemalloc arena this thread is bound to ("thread.arena"), whose small
+     * blocks go through jemalloc's own malloc/free fast paths and the thread's
+     * automatic cache; NULL = none. Only blocks of this arena ever enter that
+     * cache, so it cannot mix arenas. */
+    je_arena_t *auto_je;
+    bool auto_stale;             /* recompute auto_je at the next bind */
     dm_arena_ctrs_t *rule_ctrs;  /* per slot of `table` (nfree unused) */
     /* explicit jemalloc thread caches, per je arena slot: index + 1, 0 = none */
     unsigned tcache[DM_JE_MAX];
