@@ -202,7 +202,6 @@ dm_view_t *dm_table_view_build(const dm_table_t *t, const uint64_t *key) {
     v->nbounds = nb;
     v->dt_mask = width - 1;
     v->row_width = width;
-    v->ctx_mask_words = (uint32_t)t->key_words;
     v->bounds = bounds;
     v->slots = slots;
 out:

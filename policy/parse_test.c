@@ -71,7 +71,7 @@ static void test_defaults(void) {
     EXPECT_INT_EQ(a->hugepages, DM_THP_SYSTEM, "hugepages");
     EXPECT_INT_EQ(a->numa, DM_NUMA_NONE, "numa");
     EXPECT_UINT_EQ(a->numa_nodes, 0, "nodes");
-    EXPECT_TRUE(!a->per_node && !a->numa_all && !a->zero_reused, "bools");
+    EXPECT_TRUE(!a->per_node && !a->numa_all, "bools");
     EXPECT_INT_EQ(a->dirty_decay_ms, 10000, "dirty");
     EXPECT_INT_EQ(a->muzzy_decay_ms, 0, "muzzy");
     EXPECT_INT_EQ(p->fallback_arena, -1, "no fallback");

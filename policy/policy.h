@@ -117,7 +117,6 @@ typedef struct dm_arena_spec {
     bool per_node;          /* one jemalloc arena per NUMA node */
     int64_t dirty_decay_ms; /* -1 = never purge */
     int64_t muzzy_decay_ms; /* -1 = never purge */
-    bool zero_reused;       /* reserved for the runtime issue; false today */
     int line, col;          /* where it was declared (1-based) */
 } dm_arena_spec_t;
 
@@ -205,7 +204,6 @@ typedef struct dm_view {
     uint32_t nbounds;
     uint32_t dt_mask;        /* DM_DT_SLOTS - 1, or 0 when no rule uses dtype */
     uint32_t row_width;      /* DM_DT_SLOTS or 1 */
-    uint32_t ctx_mask_words; /* internal */
     const size_t *bounds;
     const uint16_t *slots;   /* nbounds * row_width */
 } dm_view_t;

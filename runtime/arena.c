@@ -253,8 +253,6 @@ static je_arena_t *je_create(dm_arena_t *owner, int node, const dm_arena_spec_t 
     return ja;
 }
 
-int dm__arena_init(void) { return 0; }
-
 static void store_settings(dm_arena_t *a, const dm_arena_spec_t *spec) {
     atomic_store_explicit(&a->thp, spec->hugepages, memory_order_relaxed);
     atomic_store_explicit(&a->numa, spec->numa, memory_order_relaxed);

@@ -137,7 +137,6 @@ struct dm_ctx {
 };
 
 /* arena.c */
-int dm__arena_init(void);
 dm_arena_t *dm__arena_get(const char *name, const dm_arena_spec_t *spec);
 int dm__arena_ensure(dm_arena_t *a, const dm_arena_spec_t *spec);
 void dm__arena_apply(dm_arena_t *a, const dm_arena_spec_t *spec);

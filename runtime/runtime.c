@@ -563,7 +563,6 @@ void dm_runtime_after_fork_child(void) {
 static void init_once_fn(void) {
     pthread_key_create(&tls_key, tls_exit);
     pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
-    dm__arena_init();
 }
 
 int dm_runtime_init(void) {
