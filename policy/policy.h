@@ -250,17 +250,24 @@ int dm_table_explain(const dm_table_t *t, const dm_context_t *ctx, size_t size,
  * length of the whole text (snprintf semantics). */
 int dm_table_dump(const dm_table_t *t, char *buf, size_t cap);
 
-/* The fast path: which rule serves (size, dtype) in this view. O(log bounds),
- * no allocation, no locks. */
-static inline int dm_view_lookup(const dm_view_t *v, size_t size, int dt) {
+/* The interval (row) of `size`: the last bound <= size. Two sizes in the same
+ * interval get the same rule for every dtype. */
+static inline uint32_t dm_view_interval(const dm_view_t *v, size_t size) {
     const size_t *b = v->bounds;
     uint32_t n = v->nbounds, lo = 0;
-    while (n > 1) { /* branch-light: find the last bound <= size */
+    while (n > 1) { /* branch-light binary search */
         uint32_t half = n / 2;
         lo = (b[lo + half] <= size) ? lo + half : lo;
         n -= half;
     }
-    return v->slots[lo * v->row_width + ((uint32_t)dt & v->dt_mask)];
+    return lo;
+}
+
+/* The fast path: which rule serves (size, dtype) in this view. O(log bounds),
+ * no allocation, no locks. */
+static inline int dm_view_lookup(const dm_view_t *v, size_t size, int dt) {
+    uint32_t row = dm_view_interval(v, size);
+    return v->slots[row * v->row_width + ((uint32_t)dt & v->dt_mask)];
 }
 
 #ifdef __cplusplus

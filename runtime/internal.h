@@ -25,6 +25,7 @@
 #include "jemalloc/jemalloc.h"
 #include "policy/policy.h"
 #include "runtime/datamem.h"
+#include "runtime/sizeclass.h"
 
 #define DM_LIKELY(x) __builtin_expect(!!(x), 1)
 #define DM_UNLIKELY(x) __builtin_expect(!!(x), 0)
@@ -110,6 +111,15 @@ typedef struct rt_table {
                                     (nfree unused); guarded by dm__mu */
 } rt_table_t;
 
+#define DM_MEMO_NO 0xFFFF
+#define DM_FC_SLOTS 8                      /* blocks per class and thread */
+#define DM_FC_BYTES ((size_t)1 << 20)      /* bytes per thread, all classes */
+
+typedef struct dm_fc_bin {
+    uint32_t n;
+    void *items[DM_FC_SLOTS];
+} dm_fc_bin_t;
+
 typedef struct dm_tls {
     /* hot: the bound (table, context) and its view */
     rt_table_t *table;
@@ -120,7 +130,17 @@ typedef struct dm_tls {
      * automatic cache; NULL = none. Only blocks of this arena ever enter that
      * cache, so it cannot mix arenas. */
     je_arena_t *auto_je;
+    bool fast;                   /* bound, with auto_je: the fast paths may run */
     bool auto_stale;             /* recompute auto_je at the next bind */
+    /* The block cache in front of auto_je (runtime.c, "block cache"): per size
+     * class, freed blocks of auto_je, and which slot of the bound view serves
+     * the class (slot + 1; 0 not known yet; DM_MEMO_NO the slow path). */
+    size_t auto_round;           /* auto_je's size rounding (alignment - 1) */
+    uint64_t auto_tag;           /* auto_je->slot + 1, in the block tags; 0 none */
+    dm_arena_ctrs_t *auto_ctrs;  /* ctrs[] of auto_je's policy arena */
+    _Atomic size_t fc_bytes;     /* bytes held in bins (stats read it) */
+    uint16_t memo[DM_SC_COUNT];
+    dm_fc_bin_t bins[DM_SC_COUNT];
     dm_arena_ctrs_t *rule_ctrs;  /* per slot of `table` (nfree unused) */
     /* explicit jemalloc thread caches, per je arena slot: index + 1, 0 = none */
     unsigned tcache[DM_JE_MAX];
@@ -171,6 +191,8 @@ void dm__export_restart_in_child(void);
 
 /* runtime.c */
 extern pthread_mutex_t dm__mu;
+/* The size class a block's tag records, or -1 when it has none (tests). */
+int dm__tag_class(const void *p);
 
 void dm__log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 

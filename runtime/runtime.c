@@ -90,6 +90,64 @@ void dm__log(const char *fmt, ...) {
     fputc('\n', stderr);
 }
 
+/* ---- the block cache: tags ------------------------------------------------
+ *
+ * Most of what NumPy allocates is small and short-lived, and jemalloc's own
+ * paths cost about 95 instructions per malloc+free pair even at their fastest
+ * (each call fetches jemalloc's thread state through __tls_get_addr). So each
+ * thread keeps a few freed blocks per size class of its bound arena (auto_je),
+ * and an allocation whose class the bound view sends wholly to that arena
+ * (t->memo) pops one: no policy lookup, no jemalloc call (alloc_impl).
+ *
+ * Free must know a block's class, and NumPy's size argument is only a guess
+ * (NEP 49). So the cached allocation path records it in a global tag table,
+ * one 64-bit word per address hash:
+ *     address (47 bits) | class (6) | je arena slot + 1 (11).
+ * A free whose address matches its word owns the tag: it clears the word and,
+ * when the arena is the thread's bound one, caches the block. Every path that
+ * releases a block (free, realloc) clears a matching word first, so a word
+ * never describes a block that was freed; a collision only overwrites another
+ * block's word, which sends that block down the slow path (untagged blocks are
+ * always freed correctly, by address). Words are single relaxed atomics: never
+ * torn, and a block's allocation happens-before its free, so the free sees its
+ * tag or a later word. */
+#define TAG_BITS 14
+#define TAG_PMASK (((uint64_t)1 << DM_VA_BITS) - 1)
+#define TAG_CLASS_SHIFT DM_VA_BITS
+#define TAG_ARENA_SHIFT (DM_VA_BITS + 6)
+_Static_assert(DM_SC_COUNT <= 64, "class field is 6 bits");
+_Static_assert(DM_JE_MAX + 1 <= (1 << (64 - TAG_ARENA_SHIFT)), "arena field too small");
+
+static _Atomic uint64_t block_tags[1u << TAG_BITS];
+
+static inline _Atomic uint64_t *tag_word(uintptr_t u) {
+    return &block_tags[(uint32_t)(((uint64_t)u * 0x9E3779B97F4A7C15ull) >> (64 - TAG_BITS))];
+}
+
+/* The block is being released some other way than the cached free: its tag,
+ * if it still has one, goes with it. */
+static inline void tag_drop(const void *p) {
+    _Atomic uint64_t *w = tag_word((uintptr_t)p);
+    if ((atomic_load_explicit(w, memory_order_relaxed) & TAG_PMASK) == (uintptr_t)p)
+        atomic_store_explicit(w, 0, memory_order_relaxed);
+}
+
+int dm__tag_class(const void *p) {
+    uint64_t v = atomic_load_explicit(tag_word((uintptr_t)p), memory_order_relaxed);
+    return p && (v & TAG_PMASK) == (uintptr_t)p ? (int)((v >> TAG_CLASS_SHIFT) & 63u) : -1;
+}
+
+/* Gives every cached block back to its arena, past any jemalloc cache. */
+static void fc_flush(dm_tls_t *t) {
+    TSAN_RELEASE();
+    for (unsigned k = 0; k < DM_SC_COUNT; k++) {
+        dm_fc_bin_t *b = &t->bins[k];
+        while (b->n)
+            dmje_dallocx(b->items[--b->n], MALLOCX_TCACHE_NONE);
+    }
+    atomic_store_explicit(&t->fc_bytes, 0, memory_order_relaxed);
+}
+
 /* ---- threads ------------------------------------------------------------ */
 
 static void table_release(rt_table_t *t);
@@ -120,8 +178,11 @@ static void ctrs_add(dm_arena_ctrs_t *dst, const dm_arena_ctrs_t *src) {
 /* pthread key destructor: the thread is exiting. */
 static void tls_exit(void *arg) {
     dm_tls_t *t = arg;
+    t->fast = false;
     t->exiting = true; /* frees after this point bypass the (gone) caches */
+    fc_flush(t);
     t->auto_je = NULL; /* jemalloc flushes the automatic cache itself */
+    t->auto_tag = 0;
     pthread_mutex_lock(&dm__mu);
     for (int i = 0; i < dm__arena_count(); i++)
         ctrs_add(&dm__arena_at(i)->dead, &t->ctrs[i]);
@@ -325,20 +386,31 @@ static const dm_view_t *view_for(rt_table_t *tab, const dm_ctx_t *c, const char 
 
 static void auto_bind(dm_tls_t *t, rt_table_t *tab) {
     je_arena_t *cand = NULL;
+    size_t round = 0;
     const dm_view_t *rv = view_for(tab, &root_ctx, t->thread_name);
     if (rv) {
         const rt_slot_t *s = &tab->slots[dm_view_lookup(rv, 64, DM_DT_UNKNOWN)];
         if (s->je && s->flags == 0)
-            cand = s->je;
+            cand = s->je, round = s->round;
     }
     t->auto_stale = false;
+    /* Same arena: cached blocks stay valid even if its alignment changed, since
+     * a class's blocks are aligned to the class size's largest power of two
+     * (up to 64), whatever alignment they were requested with. */
+    t->auto_round = round;
     if (cand == t->auto_je)
         return;
+    fc_flush(t); /* the block cache, then jemalloc's: both hold the old arena */
     t->auto_je = NULL;
+    t->auto_tag = 0;
+    t->auto_ctrs = NULL;
     dmje_mallctl("thread.tcache.flush", NULL, NULL, NULL, 0);
     unsigned idx = cand ? cand->index : 0;
-    if (cand && dmje_mallctl("thread.arena", NULL, NULL, &idx, sizeof(idx)) == 0)
+    if (cand && dmje_mallctl("thread.arena", NULL, NULL, &idx, sizeof(idx)) == 0) {
         t->auto_je = cand;
+        t->auto_tag = (uint64_t)cand->slot + 1;
+        t->auto_ctrs = &t->ctrs[cand->owner->id];
+    }
 }
 
 /* Binds the calling thread to the current table and context. */
@@ -372,7 +444,9 @@ static __attribute__((noinline)) bool bind(dm_tls_t *t, const dm_ctx_t *key) {
     } else {
         t->ctx = &stale_ctx;
     }
+    memset(t->memo, 0, sizeof(t->memo)); /* learnt again for the new view */
 out:
+    t->fast = ok && t->auto_je && !t->exiting;
     pthread_mutex_unlock(&dm__mu);
     if (old)
         table_release(old);
@@ -442,12 +516,40 @@ static inline const rt_slot_t *route(dm_tls_t *t, const dm_ctx_t *c, size_t size
     return &t->table->slots[r];
 }
 
-static inline void *alloc_impl(const dm_ctx_t *c, size_t size, int dt, int zero) {
+/* Learns which slot serves size class k in the bound view: the slot + 1 when
+ * every request size of the class falls in one interval of the view (so no
+ * rule boundary splits it and dtype cannot matter) and that slot is the bound
+ * arena's; otherwise DM_MEMO_NO, and the class always takes the slow path. */
+static void memo_fill(dm_tls_t *t, unsigned k) {
+    uint16_t m = DM_MEMO_NO;
+    const dm_view_t *v = t->view;
+    size_t a = t->auto_round + 1;
+    /* the request sizes that round (to the arena's alignment) into class k */
+    size_t lo = k ? dm_sc_size(k - 1) / a * a + 1 : 1, hi = dm_sc_size(k) / a * a;
+    if (t->auto_je && v->dt_mask == 0 && lo <= hi) {
+        uint32_t row = dm_view_interval(v, lo);
+        if (row == dm_view_interval(v, hi)) {
+            int r = v->slots[row * v->row_width];
+            const rt_slot_t *s = &t->table->slots[r];
+            if (s->je == t->auto_je && s->flags == 0 && s->round == t->auto_round)
+                m = (uint16_t)(r + 1);
+        }
+    }
+    t->memo[k] = m;
+}
+
+static __attribute__((noinline)) void *alloc_slow(const dm_ctx_t *c, size_t size, int dt,
+                                                  int zero) {
     dm_tls_t *t = tls_self();
     int r;
     const rt_slot_t *s = route(t, c, size, dt, &r);
     if (DM_UNLIKELY(!s))
         return NULL;
+    if (size - 1 < DM_SC_MAX && t->auto_je) { /* the cached path, next time */
+        unsigned k = dm_sc_index((size + t->auto_round) & ~t->auto_round);
+        if (t->memo[k] == 0)
+            memo_fill(t, k);
+    }
     void *p = slot_alloc(t, s, size, zero);
     if (DM_UNLIKELY(!p))
         return alloc_failed(t, t->table, s, r, size, zero);
@@ -461,27 +563,110 @@ static inline void *alloc_impl(const dm_ctx_t *c, size_t size, int dt, int zero)
     return p;
 }
 
+/* A block of class k for rule m - 1 leaves through the cached path: tag and
+ * count it. */
+static inline __attribute__((always_inline)) void fc_hand_out(dm_tls_t *t, void *p, unsigned k,
+                                                              unsigned m, size_t size) {
+    atomic_store_explicit(tag_word((uintptr_t)p),
+                          (uintptr_t)p | (uint64_t)k << TAG_CLASS_SHIFT |
+                              t->auto_tag << TAG_ARENA_SHIFT,
+                          memory_order_relaxed);
+    dm_arena_ctrs_t *ac = t->auto_ctrs, *rc = &t->rule_ctrs[m - 1];
+    DM_CTR_ADD(ac->nalloc, 1);
+    DM_CTR_ADD(ac->bytes, size);
+    DM_CTR_ADD(rc->nalloc, 1);
+    DM_CTR_ADD(rc->bytes, size);
+}
+
+/* The cached path with an empty bin: jemalloc's own malloc fast path (the
+ * thread is bound to the arena). Out of line, so that a cache hit makes no
+ * call and needs no stack frame. */
+static __attribute__((noinline)) void *fc_miss(dm_tls_t *t, const dm_ctx_t *c, size_t size,
+                                               unsigned k, unsigned m, int zero) {
+    size_t n = (size + t->auto_round) & ~t->auto_round;
+    TSAN_ACQUIRE();
+    void *p = zero ? dmje_calloc(1, n) : dmje_malloc(n);
+    if (DM_UNLIKELY(!p))
+        return alloc_slow(c, size, DM_DT_UNKNOWN, zero); /* failure, fallback */
+    fc_hand_out(t, p, k, m, size);
+    return p;
+}
+
+/* The fast path: a size class the bound view sends to the bound arena. Pops a
+ * cached block (or takes jemalloc's malloc fast path), tags it with its class,
+ * counts. Anything else (first call, reload, another context, a class split by
+ * a rule, dtype known, a big array, failure) goes to alloc_slow. */
+static inline __attribute__((always_inline)) void *alloc_impl(const dm_ctx_t *c, size_t size,
+                                                              int dt, int zero) {
+    dm_tls_t *t = tls_self();
+    if (DM_LIKELY(t->fast) && size - 1 < DM_SC_MAX && dt == DM_DT_UNKNOWN) {
+        rt_table_t *tab = atomic_load_explicit(&g_table, memory_order_acquire);
+        unsigned k = dm_sc_index((size + t->auto_round) & ~t->auto_round), m = t->memo[k];
+        if (DM_LIKELY(t->table == tab && t->ctx == c && m - 1u < DM_MEMO_NO - 1u)) {
+            dm_fc_bin_t *b = &t->bins[k];
+            if (DM_UNLIKELY(b->n == 0))
+                return fc_miss(t, c, size, k, m, zero);
+            void *p = b->items[--b->n];
+            size_t have = atomic_load_explicit(&t->fc_bytes, memory_order_relaxed);
+            atomic_store_explicit(&t->fc_bytes, have - dm_sc_size(k), memory_order_relaxed);
+            fc_hand_out(t, p, k, m, size);
+            return zero ? memset(p, 0, size) : p;
+        }
+    }
+    return alloc_slow(c, size, dt, zero);
+}
+
 void *dm_alloc(const dm_ctx_t *c, size_t size, int dt) { return alloc_impl(c, size, dt, 0); }
 
 void *dm_calloc(const dm_ctx_t *c, size_t size, int dt) {
     return alloc_impl(c, size, dt, MALLOCX_ZERO);
 }
 
-void dm_free(void *p) {
+static __attribute__((noinline)) void free_slow(dm_tls_t *t, void *p, _Atomic uint64_t *w,
+                                                 uint64_t v) {
     if (!p)
         return;
+    if ((v & TAG_PMASK) == (uintptr_t)p) /* tagged, but not for this thread's cache */
+        atomic_store_explicit(w, 0, memory_order_relaxed);
     je_arena_t *ja = dm__owner_of(p);
     if (DM_UNLIKELY(!ja)) { /* not ours: never hand it to jemalloc */
         atomic_fetch_add_explicit(&foreign_frees, 1, memory_order_relaxed);
         return;
     }
-    dm_tls_t *t = tls_self();
     DM_CTR_ADD(t->ctrs[ja->owner->id].nfree, 1);
     TSAN_RELEASE();
     if (ja == t->auto_je)
         dmje_free(p); /* jemalloc's fast path; the block is the bound arena's */
     else
         dmje_dallocx(p, (int)tcache_flags(t, ja));
+}
+
+/* The fast path: a block tagged with the thread's bound arena goes into the
+ * block cache (or jemalloc's free fast path when the cache is full). The tag
+ * says its class; NumPy's size is never used. */
+void dm_free(void *p) {
+    dm_tls_t *t = tls_self();
+    _Atomic uint64_t *w = tag_word((uintptr_t)p);
+    uint64_t v = atomic_load_explicit(w, memory_order_relaxed);
+    /* t->fast implies t->auto_tag != 0, so an empty word never matches NULL */
+    if (DM_LIKELY(t->fast) && (v & TAG_PMASK) == (uintptr_t)p &&
+        v >> TAG_ARENA_SHIFT == t->auto_tag) {
+        atomic_store_explicit(w, 0, memory_order_relaxed);
+        unsigned k = (unsigned)(v >> TAG_CLASS_SHIFT) & 63u;
+        DM_CTR_ADD(t->auto_ctrs->nfree, 1);
+        dm_fc_bin_t *b = &t->bins[k];
+        size_t have = atomic_load_explicit(&t->fc_bytes, memory_order_relaxed);
+        size_t sz = dm_sc_size(k);
+        if (DM_LIKELY(b->n < DM_FC_SLOTS && have + sz <= DM_FC_BYTES)) {
+            b->items[b->n++] = p;
+            atomic_store_explicit(&t->fc_bytes, have + sz, memory_order_relaxed);
+            return;
+        }
+        TSAN_RELEASE();
+        dmje_free(p); /* cache full: jemalloc's free fast path (a tail call) */
+        return;
+    }
+    free_slow(t, p, w, v);
 }
 
 /* realloc: the block follows the rules for its new size (a growing array can
@@ -495,6 +680,7 @@ void *dm_realloc(const dm_ctx_t *c, void *p, size_t size) {
     je_arena_t *old = dm__owner_of(p);
     if (DM_UNLIKELY(!old))
         return NULL;
+    tag_drop(p); /* the block leaves the cached path: resized, moved or freed */
     dm_tls_t *t = tls_self();
     int r;
     const rt_slot_t *s = route(t, c, size, DM_DT_UNKNOWN, &r);

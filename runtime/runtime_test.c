@@ -10,8 +10,11 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "jemalloc/jemalloc.h"
 #include "runtime/datamem.h"
+#include "runtime/internal.h"
 #include "runtime/os.h"
+#include "runtime/sizeclass.h"
 
 static int failures;
 
@@ -412,6 +415,192 @@ static void test_reload_keeps_live_blocks(void) {
     dm_free(m);
 }
 
+/* ---- the block cache (runtime.c) ----------------------------------------- */
+
+/* The cache computes jemalloc's size classes itself: they must be jemalloc's. */
+static void test_size_classes(void) {
+    unsigned prev = 0;
+    for (size_t n = 1; n <= DM_SC_MAX; n++) {
+        unsigned k = dm_sc_index(n);
+        size_t want = dmje_nallocx(n, 0);
+        if (k >= DM_SC_COUNT || dm_sc_size(k) != want || k < prev) {
+            CHECK(0, "size %zu: class %u size %zu, jemalloc %zu", n, k,
+                  k < DM_SC_COUNT ? dm_sc_size(k) : 0, want);
+            return;
+        }
+        prev = k;
+    }
+    CHECK(dm_sc_index(DM_SC_MAX) == DM_SC_COUNT - 1, "last class");
+}
+
+/* A rule boundary inside a size class (100 B in the 97-112 B class) must not
+ * let the cache serve one side's requests from the other's arena. */
+static void test_cache_rule_split_class(void) {
+    load_ok("version: 1\ndefault: b\narenas:\n  a: {alignment: 16}\n  b: {alignment: 16}\n"
+            "rules:\n  - {name: upto100, match: {size: {max: 100}}, arena: a}\n");
+    const dm_ctx_t *root = dm_ctx_root();
+    for (int i = 0; i < 200 && !failures; i++) {
+        size_t n = 97 + (size_t)i % 16; /* 97..112 */
+        void *p = dm_alloc(root, n, DM_DT_UNKNOWN);
+        CHECK_STR(dm_owner_arena(p), n <= 100 ? "a" : "b");
+        dm_free(p);
+        void *q = dm_alloc(root, 64, DM_DT_UNKNOWN);
+        CHECK_STR(dm_owner_arena(q), "a");
+        dm_free(q);
+    }
+}
+
+/* Blocks cached for one arena never come out after a reload or a thread rename
+ * that sends the same sizes elsewhere. */
+static void test_cache_rebind(void) {
+    load_ok("version: 1\ndefault: a\narenas:\n  a: {alignment: 64}\n  b: {alignment: 64}\n"
+            "rules:\n  - {name: w, match: {thread: 'renamed'}, arena: b}\n");
+    const dm_ctx_t *root = dm_ctx_root();
+    void *warm[8];
+    for (int i = 0; i < 8; i++)
+        warm[i] = dm_alloc(root, 64, DM_DT_UNKNOWN);
+    for (int i = 0; i < 8; i++)
+        dm_free(warm[i]); /* now cached for a */
+    dm_thread_set_name("renamed");
+    for (int i = 0; i < 16; i++) {
+        void *p = dm_alloc(root, 64, DM_DT_UNKNOWN);
+        CHECK_STR(dm_owner_arena(p), "b");
+        warm[i % 8] = p;
+        if (i % 8 == 7)
+            for (int j = 0; j < 8; j++)
+                dm_free(warm[j]); /* cached for b */
+    }
+    load_ok("version: 1\ndefault: a\narenas:\n  a: {alignment: 64}\n");
+    for (int i = 0; i < 16; i++) {
+        void *p = dm_alloc(root, 64, DM_DT_UNKNOWN);
+        CHECK_STR(dm_owner_arena(p), "a");
+        dm_free(p);
+    }
+    dm_thread_set_name("");
+}
+
+/* A tag describes a live block only: every way a block is released other than
+ * the cached free drops it, or the address could come back in another class
+ * (a recycled slab) and be cached under the old one. */
+static void *tag_free_other_thread(void *p) {
+    dm_thread_set_name("tb");
+    dm_free(p);
+    return NULL;
+}
+
+static void test_cache_tags_die_with_blocks(void) {
+    load_ok("version: 1\ndefault: a\narenas:\n  a: {alignment: 64}\n  b: {alignment: 16}\n"
+            "rules:\n  - {name: tb, match: {thread: 'tb'}, arena: b}\n");
+    const dm_ctx_t *root = dm_ctx_root();
+    dm_free(dm_alloc(root, 64, DM_DT_UNKNOWN)); /* binds, learns the class */
+    dm_free(dm_alloc(root, 200, DM_DT_UNKNOWN));
+    void *p = dm_alloc(root, 64, DM_DT_UNKNOWN);
+    CHECK(dm__tag_class(p) == (int)dm_sc_index(64), "64 B tagged: %d", dm__tag_class(p));
+    void *q = dm_realloc(root, p, 3000); /* moves to another class */
+    CHECK(q != p && dm__tag_class(p) == -1, "realloc drops the old tag");
+    dm_free(q);
+    CHECK(dm__tag_class(q) == -1, "free consumes the tag");
+    void *r = dm_alloc(root, 200, DM_DT_UNKNOWN);
+    pthread_t th;
+    pthread_create(&th, NULL, tag_free_other_thread, r); /* another arena's thread */
+    pthread_join(th, NULL);
+    CHECK(dm__tag_class(r) == -1, "a free by a thread bound elsewhere drops the tag");
+}
+
+/* Two threads with different arenas allocate, hand blocks over, realloc and
+ * free at random, with more live blocks than the tag table has words (so
+ * tags collide). Every block must be at least as big as asked, from the
+ * arena its allocating thread's rules name, and never handed out twice. */
+#define XT_LIVE 40000
+typedef struct {
+    const char *name, *arena;
+    void **shared;         /* blocks the other thread frees */
+    pthread_mutex_t *mu;
+    unsigned seed;
+    int errors;
+} xt_arg_t;
+
+static void *xt_worker(void *argp) {
+    xt_arg_t *a = argp;
+    dm_thread_set_name(a->name);
+    const dm_ctx_t *root = dm_ctx_root();
+    void **mine = calloc(XT_LIVE, sizeof(void *));
+    size_t *len = calloc(XT_LIVE, sizeof(size_t));
+    unsigned x = a->seed;
+    for (int step = 0; step < 400000 && a->errors < 5; step++) {
+        x = x * 1103515245u + 12345u;
+        unsigned i = (x >> 8) % XT_LIVE;
+        unsigned r = x >> 28;
+        if (mine[i]) {
+            unsigned char *p = mine[i];
+            if (p[0] != (unsigned char)i || p[len[i] - 1] != (unsigned char)i)
+                a->errors++; /* someone else got this block */
+            if (r == 0) { /* realloc */
+                size_t n = 1 + (x >> 4) % 3000;
+                unsigned char *q = dm_realloc(root, p, n);
+                if (q) {
+                    mine[i] = q, len[i] = n;
+                    memset(q, (int)(unsigned char)i, n);
+                }
+                continue;
+            }
+            if (r < 3) { /* hand it to the other thread */
+                pthread_mutex_lock(a->mu);
+                for (int k = 0; k < 64; k++)
+                    if (!a->shared[k]) {
+                        a->shared[k] = p, p = NULL;
+                        break;
+                    }
+                pthread_mutex_unlock(a->mu);
+            }
+            if (p)
+                dm_free(p);
+            mine[i] = NULL;
+        } else {
+            size_t n = r < 12 ? 1 + (x >> 5) % 512 : 1 + (x >> 5) % DM_SC_MAX;
+            unsigned char *p = dm_alloc(root, n, DM_DT_UNKNOWN);
+            if (!p || dmje_sallocx(p, 0) < n || !dm_owner_arena(p) ||
+                strcmp(dm_owner_arena(p), a->arena) != 0) {
+                a->errors++;
+                continue;
+            }
+            memset(p, (int)(unsigned char)i, n);
+            mine[i] = p, len[i] = n;
+        }
+        if ((step & 255) == 0) { /* free what the other thread handed over */
+            pthread_mutex_lock(a->mu);
+            for (int k = 0; k < 64; k++)
+                if (a->shared[k]) {
+                    dm_free(a->shared[k]);
+                    a->shared[k] = NULL;
+                }
+            pthread_mutex_unlock(a->mu);
+        }
+    }
+    for (int i = 0; i < XT_LIVE; i++)
+        dm_free(mine[i]);
+    free(mine);
+    free(len);
+    return NULL;
+}
+
+static void test_cache_cross_thread(void) {
+    load_ok("version: 1\ndefault: a\narenas:\n  a: {alignment: 64}\n  b: {alignment: 16}\n"
+            "rules:\n  - {name: tb, match: {thread: 'tb'}, arena: b}\n");
+    void *shared[64] = {0};
+    pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    xt_arg_t args[2] = {{"ta", "a", shared, &mu, 1, 0}, {"tb", "b", shared, &mu, 7, 0}};
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++)
+        pthread_create(&th[i], NULL, xt_worker, &args[i]);
+    for (int i = 0; i < 2; i++)
+        pthread_join(th[i], NULL);
+    for (int k = 0; k < 64; k++)
+        dm_free(shared[k]);
+    CHECK(args[0].errors == 0 && args[1].errors == 0, "cross-thread: %d and %d bad blocks",
+          args[0].errors, args[1].errors);
+}
+
 int main(void) {
     dm_runtime_init();
     load_ok(POLICY);
@@ -430,6 +619,11 @@ int main(void) {
     test_placement_kinds();
     test_per_node_injected_topology();
     test_fallback_arena();
+    test_size_classes();
+    test_cache_rule_split_class();
+    test_cache_rebind();
+    test_cache_cross_thread();
+    test_cache_tags_die_with_blocks();
     unlink(write_policy(""));
     if (failures) {
         fprintf(stderr, "runtime_test: %d check(s) failed\n", failures);
