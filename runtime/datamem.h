@@ -115,6 +115,7 @@ typedef struct dm_stats {
     uint64_t reloads, reload_failures;
     double last_reload_time;  /* unix seconds of the last successful load */
     uint64_t foreign_frees;   /* dm_free of a pointer datamem does not own */
+    uint64_t cached_bytes;    /* freed blocks held in threads' block caches */
     int nthreads;             /* threads that have allocated through datamem */
     int ncontexts;
     int tables_live;          /* dispatch tables alive: the one in force plus

@@ -112,11 +112,12 @@ typedef struct rt_table {
 } rt_table_t;
 
 #define DM_MEMO_NO 0xFFFF
-#define DM_FC_SLOTS 8                      /* blocks per class and thread */
-#define DM_FC_BYTES ((size_t)1 << 20)      /* bytes per thread, all classes */
+#define DM_FC_SLOTS 8                      /* most blocks per class and thread */
+#define DM_FC_CLASS_BYTES ((size_t)64 << 10) /* fewer for big classes (at least 1):
+                                                2.3 MiB per thread at most */
 
 typedef struct dm_fc_bin {
-    uint32_t n;
+    _Atomic uint32_t n;          /* written by its thread, read by stats */
     void *items[DM_FC_SLOTS];
 } dm_fc_bin_t;
 
@@ -138,7 +139,6 @@ typedef struct dm_tls {
     size_t auto_round;           /* auto_je's size rounding (alignment - 1) */
     uint64_t auto_tag;           /* auto_je->slot + 1, in the block tags; 0 none */
     dm_arena_ctrs_t *auto_ctrs;  /* ctrs[] of auto_je's policy arena */
-    _Atomic size_t fc_bytes;     /* bytes held in bins (stats read it) */
     uint16_t memo[DM_SC_COUNT];
     dm_fc_bin_t bins[DM_SC_COUNT];
     dm_arena_ctrs_t *rule_ctrs;  /* per slot of `table` (nfree unused) */

@@ -317,6 +317,9 @@ void dm__metrics_text(const dm_stats_t *st, const char *cl, dm_buf_t *b) {
     process_u64(b, cl, "foreign_frees_total", "counter",
                 "Frees of blocks datamem does not own (made by another allocator).",
                 st->foreign_frees);
+    process_u64(b, cl, "thread_cache_bytes", "gauge",
+                "Freed blocks held in threads' block caches, for reuse by the same thread.",
+                st->cached_bytes);
     process_u64(b, cl, "threads", "gauge",
                 "Live threads that have allocated through datamem.", (uint64_t)st->nthreads);
     process_u64(b, cl, "contexts", "gauge", "Distinct tag sets seen.", (uint64_t)st->ncontexts);
@@ -414,6 +417,7 @@ void dm__metrics_json(const dm_stats_t *st, dm_buf_t *b) {
     json_key(b, &n, "last_reload_time");
     dm__buf_printf(b, "%.6f", st->last_reload_time);
     json_u64(b, &n, "foreign_frees", st->foreign_frees);
+    json_u64(b, &n, "thread_cache_bytes", st->cached_bytes);
     json_u64(b, &n, "threads", (uint64_t)st->nthreads);
     json_u64(b, &n, "contexts", (uint64_t)st->ncontexts);
 

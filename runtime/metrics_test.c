@@ -92,6 +92,7 @@ static dm_stats_t *sample_stats(void) {
     s.last_reload_failed = true;
     s.last_reload_time = 1700000000.25;
     s.foreign_frees = 5;
+    s.cached_bytes = 4096;
     s.nthreads = 4;
     s.ncontexts = 2;
     s.snapshot_time = 1700000001.5;
@@ -118,6 +119,7 @@ static void test_text(void) {
     EXPECT_LINE(t, "datamem_reloads_total 3");
     EXPECT_LINE(t, "datamem_reload_failures_total 1");
     EXPECT_LINE(t, "datamem_foreign_frees_total 5");
+    EXPECT_LINE(t, "datamem_thread_cache_bytes 4096");
     EXPECT_LINE(t, "datamem_threads 4");
     EXPECT_LINE(t, "# TYPE datamem_arena_info gauge");
     EXPECT_LINE(t, "datamem_arena_info{arena=\"general\",alignment=\"64\",hugepages=\"system\","
@@ -186,10 +188,10 @@ static void test_text(void) {
         if (strlen(last_type) != n || strncmp(buf, last_type, n) != 0)
             TEST_FAIL_("sample outside its family (%s): %s", last_type, buf);
     }
-    /* 9 process families (one sample each), 3 arena families outside the table, 19
-     * in it (2 arenas each), 6 rule families (2 rules each). */
-    EXPECT_INT_EQ(families, 9 + 3 + 19 + 6, "families");
-    EXPECT_INT_EQ(samples, 9 + 2 * (3 + 19) + 2 * 6, "samples");
+    /* 10 process families (one sample each), 3 arena families outside the table,
+     * 19 in it (2 arenas each), 6 rule families (2 rules each). */
+    EXPECT_INT_EQ(families, 10 + 3 + 19 + 6, "families");
+    EXPECT_INT_EQ(samples, 10 + 2 * (3 + 19) + 2 * 6, "samples");
     free(t);
 
     /* No policy yet: no policy_info; successful until a load fails. */

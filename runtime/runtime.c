@@ -119,6 +119,14 @@ _Static_assert(DM_SC_COUNT <= 64, "class field is 6 bits");
 _Static_assert(DM_JE_MAX + 1 <= (1 << (64 - TAG_ARENA_SHIFT)), "arena field too small");
 
 static _Atomic uint64_t block_tags[1u << TAG_BITS];
+static uint8_t fc_cap[DM_SC_COUNT]; /* blocks a bin may hold; set once at init */
+
+static inline uint32_t bin_count(const dm_fc_bin_t *b) {
+    return atomic_load_explicit(&b->n, memory_order_relaxed);
+}
+static inline void bin_set(dm_fc_bin_t *b, uint32_t n) {
+    atomic_store_explicit(&b->n, n, memory_order_relaxed);
+}
 
 static inline _Atomic uint64_t *tag_word(uintptr_t u) {
     return &block_tags[(uint32_t)(((uint64_t)u * 0x9E3779B97F4A7C15ull) >> (64 - TAG_BITS))];
@@ -142,10 +150,10 @@ static void fc_flush(dm_tls_t *t) {
     TSAN_RELEASE();
     for (unsigned k = 0; k < DM_SC_COUNT; k++) {
         dm_fc_bin_t *b = &t->bins[k];
-        while (b->n)
-            dmje_dallocx(b->items[--b->n], MALLOCX_TCACHE_NONE);
+        for (uint32_t n = bin_count(b); n; n--)
+            dmje_dallocx(b->items[n - 1], MALLOCX_TCACHE_NONE);
+        bin_set(b, 0);
     }
-    atomic_store_explicit(&t->fc_bytes, 0, memory_order_relaxed);
 }
 
 /* ---- threads ------------------------------------------------------------ */
@@ -604,11 +612,11 @@ static inline __attribute__((always_inline)) void *alloc_impl(const dm_ctx_t *c,
         unsigned k = dm_sc_index((size + t->auto_round) & ~t->auto_round), m = t->memo[k];
         if (DM_LIKELY(t->table == tab && t->ctx == c && m - 1u < DM_MEMO_NO - 1u)) {
             dm_fc_bin_t *b = &t->bins[k];
-            if (DM_UNLIKELY(b->n == 0))
+            uint32_t n = bin_count(b);
+            if (DM_UNLIKELY(n == 0))
                 return fc_miss(t, c, size, k, m, zero);
-            void *p = b->items[--b->n];
-            size_t have = atomic_load_explicit(&t->fc_bytes, memory_order_relaxed);
-            atomic_store_explicit(&t->fc_bytes, have - dm_sc_size(k), memory_order_relaxed);
+            void *p = b->items[n - 1];
+            bin_set(b, n - 1);
             fc_hand_out(t, p, k, m, size);
             return zero ? memset(p, 0, size) : p;
         }
@@ -655,11 +663,10 @@ void dm_free(void *p) {
         unsigned k = (unsigned)(v >> TAG_CLASS_SHIFT) & 63u;
         DM_CTR_ADD(t->auto_ctrs->nfree, 1);
         dm_fc_bin_t *b = &t->bins[k];
-        size_t have = atomic_load_explicit(&t->fc_bytes, memory_order_relaxed);
-        size_t sz = dm_sc_size(k);
-        if (DM_LIKELY(b->n < DM_FC_SLOTS && have + sz <= DM_FC_BYTES)) {
-            b->items[b->n++] = p;
-            atomic_store_explicit(&t->fc_bytes, have + sz, memory_order_relaxed);
+        uint32_t n = bin_count(b);
+        if (DM_LIKELY(n < fc_cap[k])) {
+            b->items[n] = p;
+            bin_set(b, n + 1);
             return;
         }
         TSAN_RELEASE();
@@ -747,6 +754,10 @@ void dm_runtime_after_fork_child(void) {
 }
 
 static void init_once_fn(void) {
+    for (unsigned k = 0; k < DM_SC_COUNT; k++) {
+        size_t fit = DM_FC_CLASS_BYTES / dm_sc_size(k);
+        fc_cap[k] = (uint8_t)(fit < 1 ? 1 : fit > DM_FC_SLOTS ? DM_FC_SLOTS : fit);
+    }
     pthread_key_create(&tls_key, tls_exit);
     pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
 }
@@ -954,6 +965,11 @@ int dm_stats_snapshot(dm_stats_t *out) {
             rs->ndtype_known = DM_CTR_GET(sum.ndtype_known);
         }
         out->policy_hash = tab->policy->hash;
+    }
+    for (dm_tls_t *t = registry; t; t = t->next)
+        for (unsigned k = 0; k < DM_SC_COUNT; k++)
+            out->cached_bytes += (uint64_t)bin_count(&t->bins[k]) * dm_sc_size(k);
+    if (tab) {
         snprintf(out->policy_path, sizeof(out->policy_path), "%s", tab->policy->path);
     }
     out->reloads = reloads;
