@@ -111,13 +111,21 @@ typedef struct rt_table {
                                     (nfree unused); guarded by dm__mu */
 } rt_table_t;
 
-#define DM_MEMO_NO 0xFFFF
+/* t->memo[k] for raw size class k: 0 = not learnt yet; else the bits below.
+ * DM_MEMO_NO has no rule: the class always takes the slow path. */
+#define DM_MEMO_RULE(e) ((unsigned)((e) & 0xFFFFu))        /* slot + 1 */
+#define DM_MEMO_BIN(e) ((unsigned)((e) >> 16) & 0xFFu)     /* class after alignment */
+#define DM_MEMO_TAG(e) ((uint32_t)((e) >> 24) & 0x7FFu)    /* je arena slot + 1 */
+#define DM_MEMO_ARENA(e) ((unsigned)((e) >> 35) & 0xFFFFu) /* policy arena id */
+#define DM_MEMO_NO ((uint64_t)1 << 63)
 #define DM_FC_SLOTS 8                      /* most blocks per class and thread */
 #define DM_FC_CLASS_BYTES ((size_t)64 << 10) /* fewer for big classes (at least 1):
                                                 2.3 MiB per thread at most */
 
 typedef struct dm_fc_bin {
     _Atomic uint32_t n;          /* written by its thread, read by stats */
+    uint32_t tag;                /* the je arena (slot + 1) of every block here */
+    dm_ctr_t *nfree;             /* that arena's free counter in this thread */
     void *items[DM_FC_SLOTS];
 } dm_fc_bin_t;
 
@@ -131,15 +139,11 @@ typedef struct dm_tls {
      * automatic cache; NULL = none. Only blocks of this arena ever enter that
      * cache, so it cannot mix arenas. */
     je_arena_t *auto_je;
-    bool fast;                   /* bound, with auto_je: the fast paths may run */
+    bool fast;                   /* bound: the fast paths may run */
     bool auto_stale;             /* recompute auto_je at the next bind */
-    /* The block cache in front of auto_je (runtime.c, "block cache"): per size
-     * class, freed blocks of auto_je, and which slot of the bound view serves
-     * the class (slot + 1; 0 not known yet; DM_MEMO_NO the slow path). */
-    size_t auto_round;           /* auto_je's size rounding (alignment - 1) */
-    uint64_t auto_tag;           /* auto_je->slot + 1, in the block tags; 0 none */
-    dm_arena_ctrs_t *auto_ctrs;  /* ctrs[] of auto_je's policy arena */
-    uint16_t memo[DM_SC_COUNT];
+    /* The block cache (runtime.c): per size class, freed blocks of one arena,
+     * and per raw size class what the bound view does with it (DM_MEMO_*). */
+    uint64_t memo[DM_SC_COUNT];
     dm_fc_bin_t bins[DM_SC_COUNT];
     dm_arena_ctrs_t *rule_ctrs;  /* per slot of `table` (nfree unused) */
     /* explicit jemalloc thread caches, per je arena slot: index + 1, 0 = none */

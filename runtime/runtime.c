@@ -94,10 +94,12 @@ void dm__log(const char *fmt, ...) {
  *
  * Most of what NumPy allocates is small and short-lived, and jemalloc's own
  * paths cost about 95 instructions per malloc+free pair even at their fastest
- * (each call fetches jemalloc's thread state through __tls_get_addr). So each
- * thread keeps a few freed blocks per size class of its bound arena (auto_je),
- * and an allocation whose class the bound view sends wholly to that arena
- * (t->memo) pops one: no policy lookup, no jemalloc call (alloc_impl).
+ * (each call fetches jemalloc's thread state through __tls_get_addr), 260 with
+ * an explicit cache. So each thread keeps a few freed blocks per size class up
+ * to 256 KiB (a bin holds blocks of one arena, named by its tag), and an
+ * allocation whose size class the bound view sends wholly to one arena with
+ * alignment <= 64 (t->memo says which) pops one from that arena's bin: no
+ * policy lookup, no jemalloc call (alloc_impl).
  *
  * Free must know a block's class, and NumPy's size argument is only a guess
  * (NEP 49). So the cached allocation path records it in a global tag table,
@@ -153,6 +155,7 @@ static void fc_flush(dm_tls_t *t) {
         for (uint32_t n = bin_count(b); n; n--)
             dmje_dallocx(b->items[n - 1], MALLOCX_TCACHE_NONE);
         bin_set(b, 0);
+        b->tag = 0;
     }
 }
 
@@ -190,7 +193,6 @@ static void tls_exit(void *arg) {
     t->exiting = true; /* frees after this point bypass the (gone) caches */
     fc_flush(t);
     t->auto_je = NULL; /* jemalloc flushes the automatic cache itself */
-    t->auto_tag = 0;
     pthread_mutex_lock(&dm__mu);
     for (int i = 0; i < dm__arena_count(); i++)
         ctrs_add(&dm__arena_at(i)->dead, &t->ctrs[i]);
@@ -394,31 +396,20 @@ static const dm_view_t *view_for(rt_table_t *tab, const dm_ctx_t *c, const char 
 
 static void auto_bind(dm_tls_t *t, rt_table_t *tab) {
     je_arena_t *cand = NULL;
-    size_t round = 0;
     const dm_view_t *rv = view_for(tab, &root_ctx, t->thread_name);
     if (rv) {
         const rt_slot_t *s = &tab->slots[dm_view_lookup(rv, 64, DM_DT_UNKNOWN)];
         if (s->je && s->flags == 0)
-            cand = s->je, round = s->round;
+            cand = s->je;
     }
     t->auto_stale = false;
-    /* Same arena: cached blocks stay valid even if its alignment changed, since
-     * a class's blocks are aligned to the class size's largest power of two
-     * (up to 64), whatever alignment they were requested with. */
-    t->auto_round = round;
     if (cand == t->auto_je)
         return;
-    fc_flush(t); /* the block cache, then jemalloc's: both hold the old arena */
     t->auto_je = NULL;
-    t->auto_tag = 0;
-    t->auto_ctrs = NULL;
     dmje_mallctl("thread.tcache.flush", NULL, NULL, NULL, 0);
     unsigned idx = cand ? cand->index : 0;
-    if (cand && dmje_mallctl("thread.arena", NULL, NULL, &idx, sizeof(idx)) == 0) {
+    if (cand && dmje_mallctl("thread.arena", NULL, NULL, &idx, sizeof(idx)) == 0)
         t->auto_je = cand;
-        t->auto_tag = (uint64_t)cand->slot + 1;
-        t->auto_ctrs = &t->ctrs[cand->owner->id];
-    }
 }
 
 /* Binds the calling thread to the current table and context. */
@@ -436,6 +427,10 @@ static __attribute__((noinline)) bool bind(dm_tls_t *t, const dm_ctx_t *key) {
         if (!ctr)
             goto out;
         fold_rules(t);
+        /* A new policy: cached blocks of arenas it may no longer use go back.
+         * (Bins are per arena, so nothing else needs a flush.) */
+        if (!t->exiting)
+            fc_flush(t);
         old = t->table;
         atomic_fetch_add_explicit(&tab->refs, 1, memory_order_relaxed);
         t->table = tab;
@@ -454,7 +449,7 @@ static __attribute__((noinline)) bool bind(dm_tls_t *t, const dm_ctx_t *key) {
     }
     memset(t->memo, 0, sizeof(t->memo)); /* learnt again for the new view */
 out:
-    t->fast = ok && t->auto_je && !t->exiting;
+    t->fast = ok && !t->exiting;
     pthread_mutex_unlock(&dm__mu);
     if (old)
         table_release(old);
@@ -524,23 +519,24 @@ static inline const rt_slot_t *route(dm_tls_t *t, const dm_ctx_t *c, size_t size
     return &t->table->slots[r];
 }
 
-/* Learns which slot serves size class k in the bound view: the slot + 1 when
- * every request size of the class falls in one interval of the view (so no
- * rule boundary splits it and dtype cannot matter) and that slot is the bound
- * arena's; otherwise DM_MEMO_NO, and the class always takes the slow path. */
+/* Learns what the bound view does with raw size class k: when every request
+ * size of the class falls in one interval of the view (no rule boundary splits
+ * it, and no rule uses dtype) and that interval's arena has one jemalloc arena
+ * and alignment <= 64, the rule, the arena and the class its blocks have once
+ * rounded to the alignment (DM_MEMO_*). Otherwise DM_MEMO_NO. */
 static void memo_fill(dm_tls_t *t, unsigned k) {
-    uint16_t m = DM_MEMO_NO;
+    uint64_t m = DM_MEMO_NO;
     const dm_view_t *v = t->view;
-    size_t a = t->auto_round + 1;
-    /* the request sizes that round (to the arena's alignment) into class k */
-    size_t lo = k ? dm_sc_size(k - 1) / a * a + 1 : 1, hi = dm_sc_size(k) / a * a;
-    if (t->auto_je && v->dt_mask == 0 && lo <= hi) {
+    size_t lo = k ? dm_sc_size(k - 1) + 1 : 1, hi = dm_sc_size(k);
+    if (v->dt_mask == 0) {
         uint32_t row = dm_view_interval(v, lo);
         if (row == dm_view_interval(v, hi)) {
             int r = v->slots[row * v->row_width];
             const rt_slot_t *s = &t->table->slots[r];
-            if (s->je == t->auto_je && s->flags == 0 && s->round == t->auto_round)
-                m = (uint16_t)(r + 1);
+            unsigned bin = dm_sc_index((hi + s->round) & ~s->round);
+            if (s->je && s->flags == 0 && bin == dm_sc_index((lo + s->round) & ~s->round))
+                m = (uint64_t)(r + 1) | (uint64_t)bin << 16 |
+                    (uint64_t)(s->je->slot + 1) << 24 | (uint64_t)s->arena_id << 35;
         }
     }
     t->memo[k] = m;
@@ -553,8 +549,8 @@ static __attribute__((noinline)) void *alloc_slow(const dm_ctx_t *c, size_t size
     const rt_slot_t *s = route(t, c, size, dt, &r);
     if (DM_UNLIKELY(!s))
         return NULL;
-    if (size - 1 < DM_SC_MAX && t->auto_je) { /* the cached path, next time */
-        unsigned k = dm_sc_index((size + t->auto_round) & ~t->auto_round);
+    if (size - 1 < DM_SC_MAX) { /* the cached path, next time */
+        unsigned k = dm_sc_index(size);
         if (t->memo[k] == 0)
             memo_fill(t, k);
     }
@@ -571,53 +567,52 @@ static __attribute__((noinline)) void *alloc_slow(const dm_ctx_t *c, size_t size
     return p;
 }
 
-/* A block of class k for rule m - 1 leaves through the cached path: tag and
- * count it. */
-static inline __attribute__((always_inline)) void fc_hand_out(dm_tls_t *t, void *p, unsigned k,
-                                                              unsigned m, size_t size) {
+/* A block leaves through the cached path (memo entry e): tag it with its bin
+ * class and arena, and count it. */
+static inline __attribute__((always_inline)) void fc_hand_out(dm_tls_t *t, void *p, uint64_t e,
+                                                              size_t size) {
     atomic_store_explicit(tag_word((uintptr_t)p),
-                          (uintptr_t)p | (uint64_t)k << TAG_CLASS_SHIFT |
-                              t->auto_tag << TAG_ARENA_SHIFT,
+                          (uintptr_t)p | (uint64_t)DM_MEMO_BIN(e) << TAG_CLASS_SHIFT |
+                              (uint64_t)DM_MEMO_TAG(e) << TAG_ARENA_SHIFT,
                           memory_order_relaxed);
-    dm_arena_ctrs_t *ac = t->auto_ctrs, *rc = &t->rule_ctrs[m - 1];
+    dm_arena_ctrs_t *ac = &t->ctrs[DM_MEMO_ARENA(e)], *rc = &t->rule_ctrs[DM_MEMO_RULE(e) - 1];
     DM_CTR_ADD(ac->nalloc, 1);
     DM_CTR_ADD(ac->bytes, size);
     DM_CTR_ADD(rc->nalloc, 1);
     DM_CTR_ADD(rc->bytes, size);
 }
 
-/* The cached path with an empty bin: jemalloc's own malloc fast path (the
- * thread is bound to the arena). Out of line, so that a cache hit makes no
- * call and needs no stack frame. */
+/* The cached path with no block in the bin: the rule's arena through jemalloc
+ * (its malloc fast path for the thread's bound arena). Out of line, so that a
+ * cache hit makes no call and needs no stack frame. */
 static __attribute__((noinline)) void *fc_miss(dm_tls_t *t, const dm_ctx_t *c, size_t size,
-                                               unsigned k, unsigned m, int zero) {
-    size_t n = (size + t->auto_round) & ~t->auto_round;
-    TSAN_ACQUIRE();
-    void *p = zero ? dmje_calloc(1, n) : dmje_malloc(n);
+                                               uint64_t e, int zero) {
+    void *p = slot_alloc(t, &t->table->slots[DM_MEMO_RULE(e) - 1], size, zero);
     if (DM_UNLIKELY(!p))
         return alloc_slow(c, size, DM_DT_UNKNOWN, zero); /* failure, fallback */
-    fc_hand_out(t, p, k, m, size);
+    fc_hand_out(t, p, e, size);
     return p;
 }
 
-/* The fast path: a size class the bound view sends to the bound arena. Pops a
- * cached block (or takes jemalloc's malloc fast path), tags it with its class,
- * counts. Anything else (first call, reload, another context, a class split by
- * a rule, dtype known, a big array, failure) goes to alloc_slow. */
+/* The fast path: a size class the bound view sends wholly to one arena. Pops a
+ * cached block of that arena (or asks jemalloc), tags it, counts. Anything else
+ * (first call, reload, another context, a class split by a rule, dtype known,
+ * alignment > 64, per-node arenas, arrays > 256 KiB, failure) goes to
+ * alloc_slow. */
 static inline __attribute__((always_inline)) void *alloc_impl(const dm_ctx_t *c, size_t size,
                                                               int dt, int zero) {
     dm_tls_t *t = tls_self();
     if (DM_LIKELY(t->fast) && size - 1 < DM_SC_MAX && dt == DM_DT_UNKNOWN) {
         rt_table_t *tab = atomic_load_explicit(&g_table, memory_order_acquire);
-        unsigned k = dm_sc_index((size + t->auto_round) & ~t->auto_round), m = t->memo[k];
-        if (DM_LIKELY(t->table == tab && t->ctx == c && m - 1u < DM_MEMO_NO - 1u)) {
-            dm_fc_bin_t *b = &t->bins[k];
+        uint64_t e = t->memo[dm_sc_index(size)];
+        if (DM_LIKELY(t->table == tab && t->ctx == c && DM_MEMO_RULE(e) != 0)) {
+            dm_fc_bin_t *b = &t->bins[DM_MEMO_BIN(e)];
             uint32_t n = bin_count(b);
-            if (DM_UNLIKELY(n == 0))
-                return fc_miss(t, c, size, k, m, zero);
+            if (DM_UNLIKELY(n == 0 || b->tag != DM_MEMO_TAG(e)))
+                return fc_miss(t, c, size, e, zero);
             void *p = b->items[n - 1];
             bin_set(b, n - 1);
-            fc_hand_out(t, p, k, m, size);
+            fc_hand_out(t, p, e, size);
             return zero ? memset(p, 0, size) : p;
         }
     }
@@ -649,29 +644,35 @@ static __attribute__((noinline)) void free_slow(dm_tls_t *t, void *p, _Atomic ui
         dmje_dallocx(p, (int)tcache_flags(t, ja));
 }
 
-/* The fast path: a block tagged with the thread's bound arena goes into the
- * block cache (or jemalloc's free fast path when the cache is full). The tag
- * says its class; NumPy's size is never used. */
+/* The fast path: a tagged block goes into its class's bin, if the bin is
+ * empty or holds the same arena's blocks and has room; otherwise down the
+ * slow path, untagged. The tag says the class; NumPy's size is never used. */
 void dm_free(void *p) {
     dm_tls_t *t = tls_self();
     _Atomic uint64_t *w = tag_word((uintptr_t)p);
     uint64_t v = atomic_load_explicit(w, memory_order_relaxed);
-    /* t->fast implies t->auto_tag != 0, so an empty word never matches NULL */
-    if (DM_LIKELY(t->fast) && (v & TAG_PMASK) == (uintptr_t)p &&
-        v >> TAG_ARENA_SHIFT == t->auto_tag) {
+    if (DM_LIKELY(t->fast) && DM_LIKELY(p != NULL) && (v & TAG_PMASK) == (uintptr_t)p) {
         atomic_store_explicit(w, 0, memory_order_relaxed);
         unsigned k = (unsigned)(v >> TAG_CLASS_SHIFT) & 63u;
-        DM_CTR_ADD(t->auto_ctrs->nfree, 1);
+        uint32_t tag = (uint32_t)(v >> TAG_ARENA_SHIFT);
         dm_fc_bin_t *b = &t->bins[k];
         uint32_t n = bin_count(b);
-        if (DM_LIKELY(n < fc_cap[k])) {
+        if (DM_LIKELY(n < fc_cap[k] && b->tag == tag)) {
+            DM_CTR_ADD(*b->nfree, 1);
             b->items[n] = p;
             bin_set(b, n + 1);
             return;
         }
-        TSAN_RELEASE();
-        dmje_free(p); /* cache full: jemalloc's free fast path (a tail call) */
-        return;
+        if (n == 0 && fc_cap[k]) { /* an empty bin changes arena */
+            je_arena_t *ja = dm__je[tag - 1];
+            b->tag = tag;
+            b->nfree = &t->ctrs[ja->owner->id].nfree;
+            DM_CTR_ADD(*b->nfree, 1);
+            b->items[0] = p;
+            bin_set(b, 1);
+            return;
+        }
+        v = 0; /* the tag is gone */
     }
     free_slow(t, p, w, v);
 }

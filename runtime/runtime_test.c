@@ -507,6 +507,28 @@ static void test_cache_tags_die_with_blocks(void) {
     CHECK(dm__tag_class(r) == -1, "a free by a thread bound elsewhere drops the tag");
 }
 
+/* Two arenas with different alignments both served from the cache: every
+ * block from the right arena, aligned, and cached (tagged) on reuse. */
+static void test_cache_two_arenas(void) {
+    load_ok("version: 1\ndefault: big\narenas:\n  small: {alignment: 16}\n"
+            "  big: {alignment: 64}\n"
+            "rules:\n  - {name: s, match: {size: {max: 1KiB}}, arena: small}\n");
+    const dm_ctx_t *root = dm_ctx_root();
+    for (int pass = 0; pass < 3; pass++) {
+        for (size_t n = 1; n <= 20000; n += n < 2048 ? 1 : 97) {
+            void *p = dm_alloc(root, n, DM_DT_UNKNOWN);
+            size_t align = n <= 1024 ? 16 : 64;
+            CHECK(p && (uintptr_t)p % align == 0, "size %zu: %p not %zu-aligned", n, p, align);
+            CHECK_STR(dm_owner_arena(p), n <= 1024 ? "small" : "big");
+            if (pass == 2) /* learnt and warm: the cached path */
+                CHECK(dm__tag_class(p) >= 0, "size %zu not on the cached path", n);
+            dm_free(p);
+            if (failures)
+                return;
+        }
+    }
+}
+
 /* Two threads with different arenas allocate, hand blocks over, realloc and
  * free at random, with more live blocks than the tag table has words (so
  * tags collide). Every block must be at least as big as asked, from the
@@ -624,6 +646,7 @@ int main(void) {
     test_cache_rebind();
     test_cache_cross_thread();
     test_cache_tags_die_with_blocks();
+    test_cache_two_arenas();
     unlink(write_policy(""));
     if (failures) {
         fprintf(stderr, "runtime_test: %d check(s) failed\n", failures);
