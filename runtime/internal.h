@@ -111,13 +111,6 @@ typedef struct rt_table {
                                     (nfree unused); guarded by dm__mu */
 } rt_table_t;
 
-/* t->memo[k] for raw size class k: 0 = not learnt yet; else the bits below.
- * DM_MEMO_NO has no rule: the class always takes the slow path. */
-#define DM_MEMO_RULE(e) ((unsigned)((e) & 0xFFFFu))        /* slot + 1 */
-#define DM_MEMO_BIN(e) ((unsigned)((e) >> 16) & 0xFFu)     /* class after alignment */
-#define DM_MEMO_TAG(e) ((uint32_t)((e) >> 24) & 0x7FFu)    /* je arena slot + 1 */
-#define DM_MEMO_ARENA(e) ((unsigned)((e) >> 35) & 0xFFFFu) /* policy arena id */
-#define DM_MEMO_NO ((uint64_t)1 << 63)
 #define DM_FC_SLOTS 8                      /* most blocks per class and thread */
 #define DM_FC_CLASS_BYTES ((size_t)64 << 10) /* fewer for big classes (at least 1):
                                                 2.3 MiB per thread at most */
@@ -128,6 +121,18 @@ typedef struct dm_fc_bin {
     dm_ctr_t *nfree;             /* that arena's free counter in this thread */
     void *items[DM_FC_SLOTS];
 } dm_fc_bin_t;
+
+/* What the bound view does with one raw size class, learnt on first use
+ * (runtime.c, memo_fill) and forgotten at every bind. */
+typedef enum { DM_MEMO_UNKNOWN = 0, DM_MEMO_SLOW, DM_MEMO_CACHED } dm_memo_state_t;
+typedef struct dm_memo {
+    dm_fc_bin_t *bin;            /* the bin of the class its blocks have */
+    uint64_t tag_bits;           /* class and arena fields of its blocks' tags */
+    dm_arena_ctrs_t *arena_ctrs, *rule_ctrs;
+    uint32_t tag;                /* its je arena (slot + 1) */
+    uint16_t rule;               /* its slot in the table */
+    uint8_t state;               /* dm_memo_state_t */
+} dm_memo_t;
 
 typedef struct dm_tls {
     /* hot: the bound (table, context) and its view */
@@ -143,7 +148,7 @@ typedef struct dm_tls {
     bool auto_stale;             /* recompute auto_je at the next bind */
     /* The block cache (runtime.c): per size class, freed blocks of one arena,
      * and per raw size class what the bound view does with it (DM_MEMO_*). */
-    uint64_t memo[DM_SC_COUNT];
+    dm_memo_t memo[DM_SC_COUNT];
     dm_fc_bin_t bins[DM_SC_COUNT];
     dm_arena_ctrs_t *rule_ctrs;  /* per slot of `table` (nfree unused) */
     /* explicit jemalloc thread caches, per je arena slot: index + 1, 0 = none */

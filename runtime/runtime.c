@@ -522,24 +522,31 @@ static inline const rt_slot_t *route(dm_tls_t *t, const dm_ctx_t *c, size_t size
 /* Learns what the bound view does with raw size class k: when every request
  * size of the class falls in one interval of the view (no rule boundary splits
  * it, and no rule uses dtype) and that interval's arena has one jemalloc arena
- * and alignment <= 64, the rule, the arena and the class its blocks have once
- * rounded to the alignment (DM_MEMO_*). Otherwise DM_MEMO_NO. */
+ * and alignment <= 64, the class is CACHED, with everything the fast path
+ * needs precomputed: the rule, the arena, and the bin of the class its blocks
+ * have once rounded to the alignment. Otherwise SLOW. */
 static void memo_fill(dm_tls_t *t, unsigned k) {
-    uint64_t m = DM_MEMO_NO;
+    dm_memo_t *m = &t->memo[k];
     const dm_view_t *v = t->view;
     size_t lo = k ? dm_sc_size(k - 1) + 1 : 1, hi = dm_sc_size(k);
-    if (v->dt_mask == 0) {
-        uint32_t row = dm_view_interval(v, lo);
-        if (row == dm_view_interval(v, hi)) {
-            int r = v->slots[row * v->row_width];
-            const rt_slot_t *s = &t->table->slots[r];
-            unsigned bin = dm_sc_index((hi + s->round) & ~s->round);
-            if (s->je && s->flags == 0 && bin == dm_sc_index((lo + s->round) & ~s->round))
-                m = (uint64_t)(r + 1) | (uint64_t)bin << 16 |
-                    (uint64_t)(s->je->slot + 1) << 24 | (uint64_t)s->arena_id << 35;
-        }
-    }
-    t->memo[k] = m;
+    m->state = DM_MEMO_SLOW;
+    if (v->dt_mask != 0)
+        return;
+    uint32_t row = dm_view_interval(v, lo);
+    if (row != dm_view_interval(v, hi))
+        return;
+    int r = v->slots[row * v->row_width];
+    const rt_slot_t *s = &t->table->slots[r];
+    unsigned bin = dm_sc_index((hi + s->round) & ~s->round);
+    if (!s->je || s->flags != 0 || bin != dm_sc_index((lo + s->round) & ~s->round))
+        return;
+    m->bin = &t->bins[bin];
+    m->tag = (uint32_t)s->je->slot + 1;
+    m->tag_bits = (uint64_t)bin << TAG_CLASS_SHIFT | (uint64_t)m->tag << TAG_ARENA_SHIFT;
+    m->arena_ctrs = &t->ctrs[s->arena_id];
+    m->rule_ctrs = &t->rule_ctrs[r];
+    m->rule = (uint16_t)r;
+    m->state = DM_MEMO_CACHED;
 }
 
 static __attribute__((noinline)) void *alloc_slow(const dm_ctx_t *c, size_t size, int dt,
@@ -551,7 +558,7 @@ static __attribute__((noinline)) void *alloc_slow(const dm_ctx_t *c, size_t size
         return NULL;
     if (size - 1 < DM_SC_MAX) { /* the cached path, next time */
         unsigned k = dm_sc_index(size);
-        if (t->memo[k] == 0)
+        if (t->memo[k].state == DM_MEMO_UNKNOWN)
             memo_fill(t, k);
     }
     void *p = slot_alloc(t, s, size, zero);
@@ -567,30 +574,27 @@ static __attribute__((noinline)) void *alloc_slow(const dm_ctx_t *c, size_t size
     return p;
 }
 
-/* A block leaves through the cached path (memo entry e): tag it with its bin
- * class and arena, and count it. */
-static inline __attribute__((always_inline)) void fc_hand_out(dm_tls_t *t, void *p, uint64_t e,
+/* A block leaves through the cached path: tag it with its class and arena,
+ * and count it. */
+static inline __attribute__((always_inline)) void fc_hand_out(const dm_memo_t *m, void *p,
                                                               size_t size) {
-    atomic_store_explicit(tag_word((uintptr_t)p),
-                          (uintptr_t)p | (uint64_t)DM_MEMO_BIN(e) << TAG_CLASS_SHIFT |
-                              (uint64_t)DM_MEMO_TAG(e) << TAG_ARENA_SHIFT,
+    atomic_store_explicit(tag_word((uintptr_t)p), (uintptr_t)p | m->tag_bits,
                           memory_order_relaxed);
-    dm_arena_ctrs_t *ac = &t->ctrs[DM_MEMO_ARENA(e)], *rc = &t->rule_ctrs[DM_MEMO_RULE(e) - 1];
-    DM_CTR_ADD(ac->nalloc, 1);
-    DM_CTR_ADD(ac->bytes, size);
-    DM_CTR_ADD(rc->nalloc, 1);
-    DM_CTR_ADD(rc->bytes, size);
+    DM_CTR_ADD(m->arena_ctrs->nalloc, 1);
+    DM_CTR_ADD(m->arena_ctrs->bytes, size);
+    DM_CTR_ADD(m->rule_ctrs->nalloc, 1);
+    DM_CTR_ADD(m->rule_ctrs->bytes, size);
 }
 
 /* The cached path with no block in the bin: the rule's arena through jemalloc
  * (its malloc fast path for the thread's bound arena). Out of line, so that a
  * cache hit makes no call and needs no stack frame. */
 static __attribute__((noinline)) void *fc_miss(dm_tls_t *t, const dm_ctx_t *c, size_t size,
-                                               uint64_t e, int zero) {
-    void *p = slot_alloc(t, &t->table->slots[DM_MEMO_RULE(e) - 1], size, zero);
+                                               const dm_memo_t *m, int zero) {
+    void *p = slot_alloc(t, &t->table->slots[m->rule], size, zero);
     if (DM_UNLIKELY(!p))
         return alloc_slow(c, size, DM_DT_UNKNOWN, zero); /* failure, fallback */
-    fc_hand_out(t, p, e, size);
+    fc_hand_out(m, p, size);
     return p;
 }
 
@@ -604,15 +608,15 @@ static inline __attribute__((always_inline)) void *alloc_impl(const dm_ctx_t *c,
     dm_tls_t *t = tls_self();
     if (DM_LIKELY(t->fast) && size - 1 < DM_SC_MAX && dt == DM_DT_UNKNOWN) {
         rt_table_t *tab = atomic_load_explicit(&g_table, memory_order_acquire);
-        uint64_t e = t->memo[dm_sc_index(size)];
-        if (DM_LIKELY(t->table == tab && t->ctx == c && DM_MEMO_RULE(e) != 0)) {
-            dm_fc_bin_t *b = &t->bins[DM_MEMO_BIN(e)];
+        const dm_memo_t *m = &t->memo[dm_sc_index(size)];
+        if (DM_LIKELY(t->table == tab && t->ctx == c && m->state == DM_MEMO_CACHED)) {
+            dm_fc_bin_t *b = m->bin;
             uint32_t n = bin_count(b);
-            if (DM_UNLIKELY(n == 0 || b->tag != DM_MEMO_TAG(e)))
-                return fc_miss(t, c, size, e, zero);
+            if (DM_UNLIKELY(n == 0 || b->tag != m->tag))
+                return fc_miss(t, c, size, m, zero);
             void *p = b->items[n - 1];
             bin_set(b, n - 1);
-            fc_hand_out(t, p, e, size);
+            fc_hand_out(m, p, size);
             return zero ? memset(p, 0, size) : p;
         }
     }
