@@ -93,9 +93,13 @@ static void dump_arena(dm__sbuf_t *b, const dm_arena_spec_t *a, int i) {
         dm__sb_printf(b, " all");
     else if (a->numa >= DM_NUMA_BIND)
         dm__sb_printf(b, " 0x%llx", (unsigned long long)a->numa_nodes);
-    dm__sb_printf(b, ", per_node %s, decay dirty %lldms muzzy %lldms\n",
+    dm__sb_printf(b, ", per_node %s, decay dirty %lldms muzzy %lldms",
                   a->per_node ? "true" : "false", (long long)a->dirty_decay_ms,
                   (long long)a->muzzy_decay_ms);
+    if (a->dirty_budget == SIZE_MAX)
+        dm__sb_printf(b, " budget never\n");
+    else
+        dm__sb_printf(b, " budget %zu\n", a->dirty_budget);
 }
 
 static void dump_rule(dm__sbuf_t *b, const dm_table_t *t, int i) {

@@ -184,13 +184,18 @@ static int conv_measure(const dm__schema_row_t *r, const char *s, void *sect,
     int rc = is_size ? dm_parse_size(s, &sz) : dm_parse_duration_ms(s, &ms);
     uint64_t v = is_size ? (uint64_t)sz : (uint64_t)ms;
     bool never = !is_size && ms < 0;
+    if (is_size && (r->flags & DM_SF_NEVER) && strcmp(s, "never") == 0) {
+        store(sect, r, UINT64_MAX); /* a size that is never reached */
+        return 0;
+    }
     dm__quote(q, sizeof q, s, strlen(s));
     if (rc == DM_ERANGE)
         return why_fail(why, "%s %s is too large%s", is_size ? "size" : "duration",
                         q, is_size ? " (at most 18446744073709551615 bytes)" : "");
     if (rc && is_size)
         return why_fail(why, "invalid size %s: expected bytes (e.g. 4096) "
-                        "or a whole number and a unit (" DM_SIZE_UNIT_NAMES ")", q);
+                        "or a whole number and a unit (" DM_SIZE_UNIT_NAMES ")%s", q,
+                        (r->flags & DM_SF_NEVER) ? ", or never" : "");
     if (rc)
         return why_fail(why, "invalid duration %s: expected milliseconds "
                         "(e.g. 250) or a number and a unit (" DM_DURATION_UNIT_NAMES

@@ -20,6 +20,22 @@ static int parse(const char *yaml, const dm_topology_t *topo, dm_policy_t **p) {
     return rc;
 }
 
+static void test_decay_budget(void) {
+    dm_policy_t *p;
+    EXPECT_INT_EQ(parse("version: 1\ndefault: a\narenas:\n  a: {decay: {budget: 16MiB}}\n"
+                        "  b: {decay: {budget: never}}\n  c: {decay: {budget: 0}}\n",
+                        NULL, &p), 0, text);
+    if (p) {
+        EXPECT_UINT_EQ(p->arenas[0].dirty_budget, (size_t)16 << 20, "16MiB");
+        EXPECT_UINT_EQ(p->arenas[1].dirty_budget, SIZE_MAX, "never");
+        EXPECT_UINT_EQ(p->arenas[2].dirty_budget, 0, "0");
+        dm_policy_free(p);
+    }
+    EXPECT_TRUE(parse("version: 1\ndefault: a\narenas: {a: {decay: {budget: lots}}}\n",
+                      NULL, &p) != 0, "bad budget refused");
+    EXPECT_TRUE(strstr(text, "invalid size 'lots'") && strstr(text, "or never"), text);
+}
+
 static void test_example(void) {
     dm_policy_t *p;
     EXPECT_INT_EQ(parse(dm__policy_example, NULL, &p), 0, text);
@@ -74,6 +90,7 @@ static void test_defaults(void) {
     EXPECT_TRUE(!a->per_node && !a->numa_all, "bools");
     EXPECT_INT_EQ(a->dirty_decay_ms, 10000, "dirty");
     EXPECT_INT_EQ(a->muzzy_decay_ms, 0, "muzzy");
+    EXPECT_UINT_EQ(a->dirty_budget, (size_t)64 << 20, "budget");
     EXPECT_INT_EQ(p->fallback_arena, -1, "no fallback");
     EXPECT_UINT_EQ(p->rules[0].size_min, 0, "min");
     EXPECT_UINT_EQ(p->rules[0].size_max, SIZE_MAX, "max");
@@ -227,6 +244,7 @@ static void test_load(void) {
 
 int main(void) {
     test_example();
+    test_decay_budget();
     test_defaults();
     test_forms();
     test_codes();

@@ -117,6 +117,7 @@ typedef struct dm_arena_spec {
     bool per_node;          /* one jemalloc arena per NUMA node */
     int64_t dirty_decay_ms; /* -1 = never purge */
     int64_t muzzy_decay_ms; /* -1 = never purge */
+    size_t dirty_budget;    /* purge on growth above this; SIZE_MAX = never */
     int line, col;          /* where it was declared (1-based) */
 } dm_arena_spec_t;
 

@@ -59,7 +59,7 @@ extern const dm__stype_info_t dm__stype_info[DM_ST_COUNT];
 /* Row flags. */
 #define DM_SF_REQUIRED 0x1u /* a missing key is an error */
 #define DM_SF_RELOAD 0x2u   /* a reload may change it (else: restart) */
-#define DM_SF_NEVER 0x4u    /* duration also accepts never / -1 */
+#define DM_SF_NEVER 0x4u    /* duration also accepts never / -1; size: never */
 #define DM_SF_POW2 0x8u     /* size must be a power of two */
 #define DM_SF_SINGLE 0x10u  /* nodes: exactly one number, not a list */
 

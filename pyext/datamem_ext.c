@@ -383,6 +383,7 @@ static PyObject *arena_dict(const dm_arena_stats_t *a) {
     SET_U64(d, "dtype_known", a->ndtype_known);
     SET_U64(d, "bytes_requested", a->bytes_requested);
     SET_U64(d, "placement_errors", a->nplacement_errors);
+    SET_U64(d, "growth_purges", a->ngrowth_purges);
     SET_U64(d, "allocated_bytes", a->allocated);
     SET_U64(d, "active_bytes", a->active);
     SET_U64(d, "resident_bytes", a->resident);

@@ -92,6 +92,7 @@ typedef struct dm_arena_stats {
     uint64_t nalloc, nfree, nrealloc, nfail, nfallback, ndtype_known;
     uint64_t bytes_requested; /* sum of sizes asked for */
     uint64_t nplacement_errors; /* mbind/madvise failures */
+    uint64_t ngrowth_purges;    /* dirty pages purged as the arena grew (decay.budget) */
     /* from jemalloc (refreshed through "epoch") */
     uint64_t allocated, active, resident, mapped, retained, dirty, muzzy;
     uint64_t je_nmalloc, je_ndalloc;

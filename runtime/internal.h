@@ -65,6 +65,11 @@ typedef struct je_arena {
     char *base;              /* start of the current region */
     int nold;                /* earlier regions; beyond DM_JE_OLD_MAX not kept */
     char *old[DM_JE_OLD_MAX][2];
+    /* Bytes of memory the arena has started to use (fresh extents, retained
+     * ranges committed again) since dm__arena_after_growth last looked. */
+    _Atomic uint64_t grown;
+    size_t purge_mib[3];         /* "arena.<index>.purge" */
+    size_t pdirty_mib[4], pactive_mib[4]; /* "stats.arenas.<index>.pdirty|pactive" */
 } je_arena_t;
 
 typedef struct dm_arena {
@@ -75,10 +80,12 @@ typedef struct dm_arena {
     _Atomic uint64_t numa_nodes;
     _Atomic size_t alignment;
     _Atomic bool per_node, in_policy;
+    _Atomic size_t dirty_budget;  /* decay.budget; SIZE_MAX = never */
     /* Written under dm__mu, read by the per_node fast path without it. */
     je_arena_t *_Atomic single;              /* the arena when not per_node */
     je_arena_t *_Atomic by_node[DM_NODES_MAX];
     dm_ctr_t placement_errors;
+    dm_ctr_t growth_purges;          /* purges by decay.budget */
     dm_arena_ctrs_t dead;            /* counters of threads that exited */
 } dm_arena_t;
 
@@ -176,6 +183,13 @@ dm_arena_t *dm__arena_at(int id);
 void dm__arena_je_stats(dm_arena_t *a, dm_arena_stats_t *out);
 int dm__arena_hugepages(uint64_t *out, int cap);
 unsigned dm__tcache_create(void);
+/* After an allocation outside the block cache: if the arena grew meanwhile
+ * while holding dirty pages, those did not fit and are given back. */
+void dm__arena_after_growth(je_arena_t *ja);
+static inline void dm__arena_check_growth(je_arena_t *ja) {
+    if (DM_UNLIKELY(atomic_load_explicit(&ja->grown, memory_order_relaxed) != 0))
+        dm__arena_after_growth(ja);
+}
 void dm__tcache_destroy(unsigned tc);
 
 extern je_arena_t *dm__je[DM_JE_MAX];

@@ -171,6 +171,8 @@ static const arena_metric_t arena_metrics[] = {
        "Sum of the sizes asked for."),
     AM("placement_errors_total", "counter", "placement_errors", nplacement_errors,
        "Failed mbind/madvise calls on new extents."),
+    AM("growth_purges_total", "counter", "growth_purges", ngrowth_purges,
+       "Times the arena purged its dirty pages as it grew past decay.budget."),
     AM("jemalloc_allocations_total", "counter", "jemalloc_allocations", je_nmalloc,
        "Allocations jemalloc made in the arena (small + large nmalloc)."),
     AM("jemalloc_frees_total", "counter", "jemalloc_frees", je_ndalloc,

@@ -484,10 +484,15 @@ slot_alloc(dm_tls_t *t, const rt_slot_t *s, size_t size, int zero) {
     if (DM_UNLIKELY(!ja))
         return NULL;
     TSAN_ACQUIRE();
+    void *p;
     if (ja == t->auto_je && s->flags == 0) /* the thread's bound arena */
-        return zero ? dmje_mallocx(n, MALLOCX_ZERO) : dmje_malloc(n);
-    return dmje_mallocx(n, (int)((unsigned)s->flags | (unsigned)zero |
-                                 (unsigned)MALLOCX_ARENA(ja->index) | tcache_flags(t, ja)));
+        p = zero ? dmje_mallocx(n, MALLOCX_ZERO) : dmje_malloc(n);
+    else
+        p = dmje_mallocx(n, (int)((unsigned)s->flags | (unsigned)zero |
+                                  (unsigned)MALLOCX_ARENA(ja->index) | tcache_flags(t, ja)));
+    if (n > DM_SC_MAX)
+        dm__arena_check_growth(ja);
+    return p;
 }
 
 static __attribute__((noinline)) void *alloc_failed(dm_tls_t *t, rt_table_t *tab,
@@ -933,6 +938,7 @@ int dm_stats_snapshot(dm_stats_t *out) {
         o->numa_nodes = atomic_load_explicit(&a->numa_nodes, memory_order_relaxed);
         o->per_node = atomic_load_explicit(&a->per_node, memory_order_relaxed);
         o->nplacement_errors = DM_CTR_GET(a->placement_errors);
+        o->ngrowth_purges = DM_CTR_GET(a->growth_purges);
         dm_arena_ctrs_t sum;
         memset(&sum, 0, sizeof(sum));
         ctrs_add(&sum, &a->dead);

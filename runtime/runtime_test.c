@@ -325,7 +325,10 @@ static uint64_t arena_stat(const char *name, int which) {
     uint64_t v = 0;
     for (int i = 0; i < s->narenas; i++)
         if (strcmp(s->arenas[i].name, name) == 0)
-            v = which == 0 ? s->arenas[i].nplacement_errors : s->arenas[i].nalloc;
+            v = which == 0   ? s->arenas[i].nplacement_errors
+                : which == 1 ? s->arenas[i].nalloc
+                : which == 2 ? s->arenas[i].ngrowth_purges
+                             : s->arenas[i].dirty;
     dm_stats_release(s);
     free(s);
     return v;
@@ -529,6 +532,52 @@ static void test_cache_two_arenas(void) {
     }
 }
 
+/* decay.budget: when the arena grows while holding more dirty pages than the
+ * budget (plus active/16), it purges them; a steady loop never grows and never
+ * purges; never turns it off. */
+static void touch(char *p, size_t n) {
+    for (size_t i = 0; i < n; i += 4096)
+        p[i] = 1;
+}
+
+static void test_purge_on_growth(void) {
+    const dm_ctx_t *root = dm_ctx_root();
+    const size_t MB = (size_t)1 << 20;
+    for (int never = 0; never < 2; never++) {
+        const char *arena = never ? "keep" : "tight";
+        char text[256];
+        snprintf(text, sizeof(text),
+                 "version: 1\ndefault: %s\narenas:\n  %s: {decay: {dirty: 10s, budget: %s}}\n",
+                 arena, arena, never ? "never" : "0");
+        load_ok(text);
+        char *a = dm_alloc(root, 8 * MB, DM_DT_UNKNOWN), *b = dm_alloc(root, 8 * MB, DM_DT_UNKNOWN);
+        touch(a, 8 * MB), touch(b, 8 * MB);
+        /* a steady loop: same size again and again, no growth, no purge */
+        uint64_t p0 = arena_stat(arena, 2);
+        for (int i = 0; i < 50; i++) {
+            char *t = dm_alloc(root, 8 * MB, DM_DT_UNKNOWN);
+            touch(t, 8 * MB);
+            dm_free(t);
+        }
+        CHECK(arena_stat(arena, 2) == p0, "%s: steady loop purged (%llu -> %llu)", arena,
+              (unsigned long long)p0, (unsigned long long)arena_stat(arena, 2));
+        dm_free(a), dm_free(b); /* 16 MiB dirty */
+        CHECK(arena_stat(arena, 3) >= 16 * MB, "%s: dirty %llu", arena,
+              (unsigned long long)arena_stat(arena, 3));
+        char *c = dm_alloc(root, 64 * MB, DM_DT_UNKNOWN); /* does not fit: grows */
+        touch(c, 64 * MB);
+        if (never) {
+            CHECK(arena_stat(arena, 2) == 0, "never: no purge");
+            CHECK(arena_stat(arena, 3) >= 16 * MB, "never: dirty kept");
+        } else {
+            CHECK(arena_stat(arena, 2) == p0 + 1, "growth purge counted");
+            CHECK(arena_stat(arena, 3) < 16 * MB, "dirty purged: %llu",
+                  (unsigned long long)arena_stat(arena, 3));
+        }
+        dm_free(c);
+    }
+}
+
 /* Two threads with different arenas allocate, hand blocks over, realloc and
  * free at random, with more live blocks than the tag table has words (so
  * tags collide). Every block must be at least as big as asked, from the
@@ -647,6 +696,7 @@ int main(void) {
     test_cache_cross_thread();
     test_cache_tags_die_with_blocks();
     test_cache_two_arenas();
+    test_purge_on_growth();
     unlink(write_policy(""));
     if (failures) {
         fprintf(stderr, "runtime_test: %d check(s) failed\n", failures);
