@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Instructions per np.empty create/destroy (one malloc + one free through NumPy's
 # NEP 49 handler), counted exactly by callgrind: NumPy's default allocator vs
-# datamem, and for datamem how many are jemalloc's (dmje_mallocx/dmje_dallocx,
-# inclusive) and how many are datamem's dispatch (h_malloc/h_free inclusive minus
-# jemalloc's). The issue-7 target: dispatch <= 20 instructions on top of one
-# jemalloc call.
+# datamem, and for datamem how many are jemalloc's (its entry points, inclusive;
+# none on a block-cache hit) and how many are datamem's dispatch (h_malloc/h_free
+# inclusive minus jemalloc's). The issue-7 target: dispatch <= 20 instructions on
+# top of one jemalloc call.
 #
 #   bash bench/callgrind.sh [SIZES...]      default sizes: 64 16384 262144
 #   POLICY=configs/throughput.yaml bash bench/callgrind.sh 64
@@ -87,7 +87,9 @@ for size in sizes:
     tot_d = sum(d.get(k, 0) for k in NUMPY)
     tot_m = sum(m.get(k, 0) for k in NUMPY)
     handler = m.get("h_malloc", 0) + m.get("h_free", 0)
-    je = m.get("dmje_mallocx", 0) + m.get("dmje_dallocx", 0)
+    # jemalloc's entry points, inclusive (the block cache calls none on a hit)
+    je = sum(m.get(k, 0) for k in ("dmje_malloc", "dmje_free", "dmje_calloc", "dmje_mallocx",
+                                   "dmje_dallocx", "dmje_rallocx", "dmje_sallocx"))
     print("%-8s %9.0f %9.0f %9.0f %9.0f %9.0f %9.0f" % (size, tot_d, tot_m, tot_m - handler,
                                                       handler, je, handler - je))
     rows.append((size, s, m))
@@ -95,7 +97,7 @@ print()
 print("datamem's own instructions per pair (self cost), by function:")
 mine = ("h_malloc", "h_free", "dm_alloc", "dm_calloc", "dm_free", "alloc_impl",
         "slot_alloc", "route", "tcache_flags", "__tls_get_addr", "PyCapsule_GetPointer",
-        "__strcmp_avx2", "strcmp")
+        "__strcmp_avx2", "strcmp", "_dl_tlsdesc_dynamic", "free_slow", "fc_miss")
 for size, s, m in rows:
     parts = []
     for k in sorted(s, key=lambda k: -s[k]):
@@ -104,6 +106,7 @@ for size, s, m in rows:
                 or base.startswith("slot_")) and s[k] >= 0.5:
             parts.append("%s %.0f" % (k, s[k]))
     print("  %-8s %s" % (size, ", ".join(parts)))
-print("(__tls_get_addr includes the calls jemalloc makes itself, one per mallocx/dallocx;"
-      " PyCapsule_GetPointer+strcmp are NumPy's, made for every handler but its own)")
+print("(__tls_get_addr: jemalloc's own thread state, one per jemalloc call; _dl_tlsdesc_dynamic:"
+      " datamem's, one per handler call; PyCapsule_GetPointer+strcmp are NumPy's, made for every"
+      " handler but its own; dispatch = handler - jemalloc)")
 EOF

@@ -469,6 +469,20 @@ static inline dm_tls_t *tls_self(void) {
     return t;
 }
 
+/* The same, through the initial-exec anchor (tls_anchor.c): one load. */
+extern __thread void *datamem_tls_anchor __attribute__((tls_model("initial-exec")));
+
+static __attribute__((noinline)) dm_tls_t *tls_anchor_set(void) {
+    dm_tls_t *t = tls_self();
+    datamem_tls_anchor = t;
+    return t;
+}
+
+static inline dm_tls_t *tls_fast(void) {
+    dm_tls_t *t = datamem_tls_anchor;
+    return DM_LIKELY(t != NULL) ? t : tls_anchor_set();
+}
+
 static inline je_arena_t *slot_je(const rt_slot_t *s) {
     return DM_LIKELY(s->je != NULL) ? s->je
                                     : dm__arena_je_for_node(s->arena, dm__os_current_node());
@@ -554,9 +568,8 @@ static void memo_fill(dm_tls_t *t, unsigned k) {
     m->state = DM_MEMO_CACHED;
 }
 
-static __attribute__((noinline)) void *alloc_slow(const dm_ctx_t *c, size_t size, int dt,
-                                                  int zero) {
-    dm_tls_t *t = tls_self();
+static __attribute__((noinline)) void *alloc_slow(dm_tls_t *t, const dm_ctx_t *c, size_t size,
+                                                  int dt, int zero) {
     int r;
     const rt_slot_t *s = route(t, c, size, dt, &r);
     if (DM_UNLIKELY(!s))
@@ -598,7 +611,7 @@ static __attribute__((noinline)) void *fc_miss(dm_tls_t *t, const dm_ctx_t *c, s
                                                const dm_memo_t *m, int zero) {
     void *p = slot_alloc(t, &t->table->slots[m->rule], size, zero);
     if (DM_UNLIKELY(!p))
-        return alloc_slow(c, size, DM_DT_UNKNOWN, zero); /* failure, fallback */
+        return alloc_slow(t, c, size, DM_DT_UNKNOWN, zero); /* failure, fallback */
     fc_hand_out(m, p, size);
     return p;
 }
@@ -610,7 +623,7 @@ static __attribute__((noinline)) void *fc_miss(dm_tls_t *t, const dm_ctx_t *c, s
  * alloc_slow. */
 static inline __attribute__((always_inline)) void *alloc_impl(const dm_ctx_t *c, size_t size,
                                                               int dt, int zero) {
-    dm_tls_t *t = tls_self();
+    dm_tls_t *t = tls_fast();
     if (DM_LIKELY(t->fast) && size - 1 < DM_SC_MAX && dt == DM_DT_UNKNOWN) {
         rt_table_t *tab = atomic_load_explicit(&g_table, memory_order_acquire);
         const dm_memo_t *m = &t->memo[dm_sc_index(size)];
@@ -625,7 +638,7 @@ static inline __attribute__((always_inline)) void *alloc_impl(const dm_ctx_t *c,
             return zero ? memset(p, 0, size) : p;
         }
     }
-    return alloc_slow(c, size, dt, zero);
+    return alloc_slow(t, c, size, dt, zero);
 }
 
 void *dm_alloc(const dm_ctx_t *c, size_t size, int dt) { return alloc_impl(c, size, dt, 0); }
@@ -657,7 +670,7 @@ static __attribute__((noinline)) void free_slow(dm_tls_t *t, void *p, _Atomic ui
  * empty or holds the same arena's blocks and has room; otherwise down the
  * slow path, untagged. The tag says the class; NumPy's size is never used. */
 void dm_free(void *p) {
-    dm_tls_t *t = tls_self();
+    dm_tls_t *t = tls_fast();
     _Atomic uint64_t *w = tag_word((uintptr_t)p);
     uint64_t v = atomic_load_explicit(w, memory_order_relaxed);
     if (DM_LIKELY(t->fast) && DM_LIKELY(p != NULL) && (v & TAG_PMASK) == (uintptr_t)p) {

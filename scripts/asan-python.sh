@@ -4,7 +4,7 @@
 # itself does not free everything at exit). Called by scripts/test.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bazel build --config=asan //pyext:_ext.so
+bazel build --config=asan //pyext:_ext.so //pyext:libdatamem_tls.so
 bin=$(bazel info --config=asan bazel-bin 2>/dev/null)
 pkg=$(mktemp -d)
 trap 'rm -rf "$pkg"' EXIT
@@ -12,6 +12,7 @@ mkdir "$pkg/datamem"
 cp python/datamem/*.py "$pkg/datamem/"
 suffix=$(python3 -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
 cp "$bin/pyext/_ext.so" "$pkg/datamem/_ext$suffix"
+cp "$bin/pyext/libdatamem_tls.so" "$pkg/datamem/"
 preload="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libubsan.so)"
 # test_build inspects the installed wheel's symbols, not this build.
 PYTHONPATH="$pkg" LD_PRELOAD="$preload" \

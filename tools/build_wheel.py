@@ -1,6 +1,6 @@
 """Assembles datamem's wheel from Bazel outputs (no setuptools, no network).
 
-Usage: build_wheel.py --ext _ext.so --info python_info.txt --out DIR/datamem.whl FILE...
+Usage: build_wheel.py --ext _ext.so [--lib LIB.so]... --info python_info.txt --out DIR/datamem.whl FILE...
 FILEs are the Python package sources (python/datamem/*.py) and datamem.pth.
 The output path is fixed for Bazel; `scripts/build.sh` copies it to dist/ under
 its proper PEP 427 name.
@@ -31,6 +31,8 @@ def digest(data):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ext", required=True)
+    ap.add_argument("--lib", action="append", default=[],
+                    help="a shared library the extension needs, installed next to it")
     ap.add_argument("--info", required=True)
     ap.add_argument("--version", required=True)
     ap.add_argument("--out", required=True)
@@ -46,6 +48,8 @@ def main():
         arc = base if base.endswith(".pth") else "%s/%s" % (NAME, base)
         entries.append((arc, open(f, "rb").read()))
     entries.append(("%s/_ext%s" % (NAME, info["ext_suffix"]), open(a.ext, "rb").read()))
+    for lib in a.lib:
+        entries.append(("%s/%s" % (NAME, os.path.basename(lib)), open(lib, "rb").read()))
     entries.append((dist + "/METADATA", (
         "Metadata-Version: 2.1\nName: %s\nVersion: %s\n"
         "Summary: Declarative memory policy for NumPy arrays (NEP 49 handler on jemalloc arenas)\n"

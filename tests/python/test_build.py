@@ -44,3 +44,21 @@ def test_imports_after_numpy_without_tricks():
                env={"LD_PRELOAD": "", "GLIBC_TUNABLES": ""})
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "False"
+
+
+def test_tls_anchor_library():
+    # The fast path's thread pointer lives alone in libdatamem_tls.so, next to the
+    # extension (runtime/tls_anchor.c): 8 bytes of static TLS, one exported symbol.
+    lib = os.path.join(os.path.dirname(ext_path()), "libdatamem_tls.so")
+    out = subprocess.run(["nm", "-D", "--defined-only", lib], capture_output=True, text=True,
+                         check=True).stdout
+    exported = sorted(l.split()[-1] for l in out.splitlines()
+                      if l.strip() and l.split()[-2].isupper() and not l.split()[-1].startswith("_"))
+    assert exported == ["datamem_tls_anchor"], exported
+    phdrs = subprocess.run(["readelf", "-lW", lib], capture_output=True, text=True,
+                           check=True).stdout
+    tls = [l.split() for l in phdrs.splitlines() if l.strip().startswith("TLS")]
+    assert len(tls) == 1 and int(tls[0][5], 16) <= 16, tls
+    needed = subprocess.run(["readelf", "-dW", ext_path()], capture_output=True, text=True,
+                            check=True).stdout
+    assert "[libdatamem_tls.so]" in needed and "$ORIGIN" in needed
