@@ -364,6 +364,21 @@ static PyObject *nodes_list(uint64_t nodes) {
     return l;
 }
 
+/* The counters of an arena (with frees) or a rule (without) into `d`. */
+static int set_counts(PyObject *d, const dm_counts_t *c, bool frees) {
+    SET_U64(d, "allocations", c->nalloc);
+    if (frees)
+        SET_U64(d, "frees", c->nfree);
+    SET_U64(d, "reallocs", c->nrealloc);
+    SET_U64(d, "failures", c->nfail);
+    SET_U64(d, "fallbacks", c->nfallback);
+    SET_U64(d, "dtype_known", c->ndtype_known);
+    SET_U64(d, "bytes_requested", c->bytes_requested);
+    return 0;
+fail:
+    return -1;
+}
+
 static PyObject *arena_dict(const dm_arena_stats_t *a) {
     PyObject *d = PyDict_New();
     if (!d)
@@ -375,13 +390,8 @@ static PyObject *arena_dict(const dm_arena_stats_t *a) {
     SET_OBJ(d, "numa_nodes", nodes_list(a->numa_nodes));
     SET_OBJ(d, "per_node", PyBool_FromLong(a->per_node));
     SET_U64(d, "jemalloc_arenas", a->njemalloc);
-    SET_U64(d, "allocations", a->nalloc);
-    SET_U64(d, "frees", a->nfree);
-    SET_U64(d, "reallocs", a->nrealloc);
-    SET_U64(d, "failures", a->nfail);
-    SET_U64(d, "fallbacks", a->nfallback);
-    SET_U64(d, "dtype_known", a->ndtype_known);
-    SET_U64(d, "bytes_requested", a->bytes_requested);
+    if (set_counts(d, &a->counts, true) < 0)
+        goto fail;
     SET_U64(d, "placement_errors", a->nplacement_errors);
     SET_U64(d, "growth_purges", a->ngrowth_purges);
     SET_U64(d, "allocated_bytes", a->allocated);
@@ -432,12 +442,8 @@ static PyObject *py_stats(PyObject *self, PyObject *unused) {
         }
         Py_DECREF(r);
         SET_OBJ(r, "arena", PyUnicode_FromString(s->rules[i].arena));
-        SET_U64(r, "allocations", s->rules[i].nalloc);
-        SET_U64(r, "bytes_requested", s->rules[i].bytes_requested);
-        SET_U64(r, "reallocs", s->rules[i].nrealloc);
-        SET_U64(r, "failures", s->rules[i].nfail);
-        SET_U64(r, "fallbacks", s->rules[i].nfallback);
-        SET_U64(r, "dtype_known", s->rules[i].ndtype_known);
+        if (set_counts(r, &s->rules[i].counts, false) < 0)
+            goto fail;
     }
     SET_OBJ(d, "arenas", Py_NewRef(arenas));
     SET_OBJ(d, "rules", Py_NewRef(rules));

@@ -79,6 +79,13 @@ DM_API const char *dm_owner_arena(const void *p);
 
 #define DM_STATS_ARENAS_MAX 256
 
+/* datamem's own counters, summed over threads; per arena and per rule (a
+ * rule's nfree is always 0: frees know the arena, not the rule). */
+typedef struct dm_counts {
+    uint64_t nalloc, nfree, nrealloc, nfail, nfallback, ndtype_known;
+    uint64_t bytes_requested; /* sum of sizes asked for */
+} dm_counts_t;
+
 typedef struct dm_arena_stats {
     char name[DM_NAME_MAX];
     bool in_policy;           /* named by the policy in force */
@@ -88,9 +95,7 @@ typedef struct dm_arena_stats {
     uint64_t numa_nodes;
     bool per_node;
     int njemalloc;            /* jemalloc arenas behind it */
-    /* datamem's own counters */
-    uint64_t nalloc, nfree, nrealloc, nfail, nfallback, ndtype_known;
-    uint64_t bytes_requested; /* sum of sizes asked for */
+    dm_counts_t counts;
     uint64_t nplacement_errors; /* mbind/madvise failures */
     uint64_t ngrowth_purges;    /* dirty pages purged as the arena grew (decay.budget) */
     /* from jemalloc (refreshed through "epoch") */
@@ -103,7 +108,7 @@ typedef struct dm_arena_stats {
 typedef struct dm_rule_stats {
     char name[DM_NAME_MAX];
     char arena[DM_NAME_MAX];
-    uint64_t nalloc, bytes_requested, nrealloc, nfail, nfallback, ndtype_known;
+    dm_counts_t counts;
 } dm_rule_stats_t;
 
 typedef struct dm_stats {

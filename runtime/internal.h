@@ -11,8 +11,10 @@
  *   rt_table_t  a published dispatch table (compiled policy + slots), reference
  *               counted: the global pointer holds one reference, each thread
  *               bound to it holds one. Freed when the last goes.
- *   dm_tls_t    per-thread state: the bound table, view cache, explicit
- *               jemalloc thread caches (one per je arena) and counters.
+ *   dm_tls_t    per-thread state: the bound table, view cache, the block
+ *               cache (bins per size class, memo per size class), explicit
+ *               jemalloc thread caches (one per je arena) and counters. Reached
+ *               through datamem_tls_anchor (tls_anchor.c) on the fast path.
  */
 #ifndef DM_RUNTIME_INTERNAL_H
 #define DM_RUNTIME_INTERNAL_H

@@ -50,9 +50,9 @@ static dm_stats_t *sample_stats(void) {
     a->hugepages = DM_THP_SYSTEM;
     a->numa = DM_NUMA_NONE;
     a->njemalloc = 1;
-    a->nalloc = 1000;
-    a->nfree = 990;
-    a->bytes_requested = 123456789;
+    a->counts.nalloc = 1000;
+    a->counts.nfree = 990;
+    a->counts.bytes_requested = 123456789;
     a->allocated = 4096;
     a->active = 8192;
     a->resident = 2097152;
@@ -69,21 +69,21 @@ static dm_stats_t *sample_stats(void) {
     a->per_node = true;
     a->njemalloc = 2;
     a->hugepage_bytes = 4194304;
-    a->nfallback = 3;
+    a->counts.nfallback = 3;
     a->je_nmalloc = UINT64_C(18446744073709551615); /* u64 max prints exactly */
     s.nrules = 2;
     s.rules = rules;
     snprintf(rules[0].name, sizeof(rules[0].name), "huge");
     snprintf(rules[0].arena, sizeof(rules[0].arena), "big");
-    rules[0].nalloc = 7;
-    rules[0].bytes_requested = 7 << 20;
-    rules[0].nrealloc = 2;
-    rules[0].nfail = 1;
-    rules[0].nfallback = 1;
-    rules[0].ndtype_known = 5;
+    rules[0].counts.nalloc = 7;
+    rules[0].counts.bytes_requested = 7 << 20;
+    rules[0].counts.nrealloc = 2;
+    rules[0].counts.nfail = 1;
+    rules[0].counts.nfallback = 1;
+    rules[0].counts.ndtype_known = 5;
     snprintf(rules[1].name, sizeof(rules[1].name), "default");
     snprintf(rules[1].arena, sizeof(rules[1].arena), "general");
-    rules[1].nalloc = 993;
+    rules[1].counts.nalloc = 993;
     s.policy_hash = UINT64_C(0x00ab12cd34ef5678);
     /* Label values escape backslash, double quote and newline. */
     snprintf(s.policy_path, sizeof(s.policy_path), "/etc/job \"a\"\\b\n.yaml");

@@ -11,12 +11,16 @@
  * fast path never touches a table it does not hold. Threads that never allocate
  * again keep at most one old table each; reloads never accumulate tables.
  *
- * Fast path: acquire-load, pointer compare, a view lookup (binary search over
- * size bounds), a slot read, one jemalloc call with the thread's explicit cache
- * for that arena, and relaxed per-thread counter adds. No locks, no logging, no
- * allocation outside jemalloc, no Python.
+ * Fast path (sizes up to 256 KiB whose class the thread's view sends wholly to
+ * one arena): acquire-load, pointer compares, a memo read, a pop from the
+ * thread's block cache (or one jemalloc call), a tag store and relaxed
+ * per-thread counter adds. General path: the same checks, a view lookup (binary
+ * search over size bounds), a slot read and one jemalloc call with the thread's
+ * cache for that arena. Neither takes a lock, logs, allocates outside jemalloc
+ * or touches Python.
  *
- * Free never consults the policy: the address's segment names the arena.
+ * Free never consults the policy: a block's tag (cached path) or its address's
+ * segment (otherwise) names its arena.
  */
 #include <stdarg.h>
 #include <stdio.h>
@@ -383,10 +387,11 @@ static const dm_view_t *view_for(rt_table_t *tab, const dm_ctx_t *c, const char 
     return v;
 }
 
-/* The arena that serves this thread's small arrays is used through jemalloc's
- * plain malloc()/free(), whose fast paths only work with the thread's own
- * automatic cache and arena (mallocx with an explicit cache has none in 5.3: 259
- * instructions per pair at 64 B, against 0-free fast paths; bench/callgrind.sh).
+/* Behind the block cache, the arena that serves this thread's small arrays is
+ * used through jemalloc's plain malloc()/free(), whose fast paths only work with
+ * the thread's own automatic cache and arena (mallocx with an explicit cache has
+ * none in 5.3: 259 instructions per pair at 64 B, against 116 for malloc+free;
+ * bench/callgrind.sh).
  * So the thread is bound ("thread.arena") to that arena, chosen from its
  * thread-name view without tags, and every block of that arena — any size, so
  * that allocation and free use the same cache — goes through the automatic
@@ -930,6 +935,17 @@ dm_policy_t *dm_runtime_policy_copy(void) {
 
 /* ---- stats --------------------------------------------------------------------- */
 
+/* One thread's (or the folded) counters into a snapshot. */
+static void counts_add(dm_counts_t *o, const dm_arena_ctrs_t *c) {
+    o->nalloc += DM_CTR_GET(c->nalloc);
+    o->nfree += DM_CTR_GET(c->nfree);
+    o->nrealloc += DM_CTR_GET(c->nrealloc);
+    o->nfail += DM_CTR_GET(c->nfail);
+    o->nfallback += DM_CTR_GET(c->nfallback);
+    o->ndtype_known += DM_CTR_GET(c->ndtype_known);
+    o->bytes_requested += DM_CTR_GET(c->bytes);
+}
+
 int dm_stats_snapshot(dm_stats_t *out) {
     memset(out, 0, sizeof(*out));
     struct timespec now;
@@ -952,18 +968,9 @@ int dm_stats_snapshot(dm_stats_t *out) {
         o->per_node = atomic_load_explicit(&a->per_node, memory_order_relaxed);
         o->nplacement_errors = DM_CTR_GET(a->placement_errors);
         o->ngrowth_purges = DM_CTR_GET(a->growth_purges);
-        dm_arena_ctrs_t sum;
-        memset(&sum, 0, sizeof(sum));
-        ctrs_add(&sum, &a->dead);
+        counts_add(&o->counts, &a->dead);
         for (dm_tls_t *t = registry; t; t = t->next)
-            ctrs_add(&sum, &t->ctrs[i]);
-        o->nalloc = DM_CTR_GET(sum.nalloc);
-        o->nfree = DM_CTR_GET(sum.nfree);
-        o->nrealloc = DM_CTR_GET(sum.nrealloc);
-        o->nfail = DM_CTR_GET(sum.nfail);
-        o->nfallback = DM_CTR_GET(sum.nfallback);
-        o->ndtype_known = DM_CTR_GET(sum.ndtype_known);
-        o->bytes_requested = DM_CTR_GET(sum.bytes);
+            counts_add(&o->counts, &t->ctrs[i]);
         dm__arena_je_stats(a, o);
     }
     rt_table_t *tab = atomic_load_explicit(&g_table, memory_order_relaxed);
@@ -975,18 +982,11 @@ int dm_stats_snapshot(dm_stats_t *out) {
             const dm_policy_t *p = tab->policy;
             snprintf(rs->name, sizeof(rs->name), "%s", r < p->nrules ? p->rules[r].name : "default");
             snprintf(rs->arena, sizeof(rs->arena), "%s", tab->slots[r].arena->name);
-            dm_arena_ctrs_t sum;
-            memset(&sum, 0, sizeof(sum));
-            ctrs_add(&sum, &tab->rule_ctrs[r]);
+            counts_add(&rs->counts, &tab->rule_ctrs[r]);
             for (dm_tls_t *t = registry; t; t = t->next)
                 if (t->table == tab && t->rule_ctrs)
-                    ctrs_add(&sum, &t->rule_ctrs[r]);
-            rs->nalloc = DM_CTR_GET(sum.nalloc);
-            rs->bytes_requested = DM_CTR_GET(sum.bytes);
-            rs->nrealloc = DM_CTR_GET(sum.nrealloc);
-            rs->nfail = DM_CTR_GET(sum.nfail);
-            rs->nfallback = DM_CTR_GET(sum.nfallback);
-            rs->ndtype_known = DM_CTR_GET(sum.ndtype_known);
+                    counts_add(&rs->counts, &t->rule_ctrs[r]);
+            rs->counts.nfree = 0; /* frees know the arena, not the rule */
         }
         out->policy_hash = tab->policy->hash;
     }

@@ -310,7 +310,7 @@ static void test_fault_injection(void) {
     uint64_t fails = 0;
     for (int i = 0; i < s->narenas; i++)
         if (strcmp(s->arenas[i].name, "big") == 0)
-            fails = s->arenas[i].nfail;
+            fails = s->arenas[i].counts.nfail;
     CHECK(fails >= 1, "failure counted (%llu)", (unsigned long long)fails);
     dm_stats_release(s);
     free(s);
@@ -326,7 +326,7 @@ static uint64_t arena_stat(const char *name, int which) {
     for (int i = 0; i < s->narenas; i++)
         if (strcmp(s->arenas[i].name, name) == 0)
             v = which == 0   ? s->arenas[i].nplacement_errors
-                : which == 1 ? s->arenas[i].nalloc
+                : which == 1 ? s->arenas[i].counts.nalloc
                 : which == 2 ? s->arenas[i].ngrowth_purges
                              : s->arenas[i].dirty;
     dm_stats_release(s);
@@ -367,12 +367,12 @@ static void test_fallback_arena(void) {
     dm_stats_snapshot(s);
     for (int i = 0; i < s->narenas; i++) {
         if (strcmp(s->arenas[i].name, "main") == 0)
-            CHECK(s->arenas[i].nfail >= 1, "main failure counted");
+            CHECK(s->arenas[i].counts.nfail >= 1, "main failure counted");
         if (strcmp(s->arenas[i].name, "spare") == 0)
-            CHECK(s->arenas[i].nfallback == 1, "fallback counted: %llu",
-                  (unsigned long long)s->arenas[i].nfallback);
+            CHECK(s->arenas[i].counts.nfallback == 1, "fallback counted: %llu",
+                  (unsigned long long)s->arenas[i].counts.nfallback);
     }
-    CHECK(s->nrules == 2 && s->rules[1].nfallback == 1, "per-rule fallback (default rule)");
+    CHECK(s->nrules == 2 && s->rules[1].counts.nfallback == 1, "per-rule fallback (default rule)");
     dm_stats_release(s);
     free(s);
     dm_free(p);
@@ -388,8 +388,8 @@ static void test_stats(void) {
             g = &s->arenas[i];
     CHECK(g != NULL, "general arena in stats");
     if (g) {
-        CHECK(g->nalloc >= 1 && g->nalloc >= g->nfree + 1, "nalloc %llu nfree %llu",
-              (unsigned long long)g->nalloc, (unsigned long long)g->nfree);
+        CHECK(g->counts.nalloc >= 1 && g->counts.nalloc >= g->counts.nfree + 1, "nalloc %llu nfree %llu",
+              (unsigned long long)g->counts.nalloc, (unsigned long long)g->counts.nfree);
         CHECK(g->allocated >= 100000, "jemalloc allocated %llu", (unsigned long long)g->allocated);
         CHECK(g->alignment == 64 && g->in_policy, "settings");
     }

@@ -144,8 +144,8 @@ int main(void) {
     dm_stats_snapshot(st);
     uint64_t nalloc = 0, nfree = 0;
     for (int i = 0; i < st->narenas; i++) {
-        nalloc += st->arenas[i].nalloc;
-        nfree += st->arenas[i].nfree;
+        nalloc += st->arenas[i].counts.nalloc;
+        nfree += st->arenas[i].counts.nfree;
     }
     int rc = 0;
     if (bad) {
