@@ -210,45 +210,6 @@ static const extent_hooks_t hooks_template = {
     hook_purge_lazy, hook_purge_forced, hook_split, hook_merge,
 };
 
-/* ---- purge on growth ------------------------------------------------------
- *
- * Decay keeps freed pages for a while so that the next array of a similar size
- * reuses them without page faults (the temporaries of `a*b + c` loops). But when
- * the arena has to take new pages (a fresh extent, or a retained range
- * committed again), the dirty pages it holds did not fit that request; with
- * sizes that vary they pile up and the resident set grows far past the live
- * data (1.42x-1.71x NumPy's default peak RSS on bench/'s mixed run). So after
- * such an allocation, if the arena holds more dirty pages than its budget
- * (decay.budget) plus 1/16 of its active pages, it purges them at once. In a
- * steady loop nothing grows and nothing is purged; the check runs after
- * allocations above the block cache's sizes, outside jemalloc, and reads
- * jemalloc's stats only when the arena did grow. docs/performance.md has the
- * numbers. */
-static size_t stat_pages(const size_t *mib) {
-    size_t v = 0, sz = sizeof(v);
-    size_t m[4];
-    memcpy(m, mib, sizeof(m));
-    return dmje_mallctlbymib(m, 4, &v, &sz, NULL, 0) == 0 ? v : 0;
-}
-
-void dm__arena_after_growth(je_arena_t *ja) {
-    if (atomic_exchange_explicit(&ja->grown, 0, memory_order_relaxed) == 0)
-        return;
-    size_t budget = atomic_load_explicit(&ja->owner->dirty_budget, memory_order_relaxed);
-    if (budget == SIZE_MAX || !ja->purge_mib[0])
-        return;
-    uint64_t epoch = 1;
-    dmje_mallctl("epoch", NULL, NULL, &epoch, sizeof(epoch)); /* refresh the stats */
-    size_t page = dm__os_page_size();
-    size_t dirty = stat_pages(ja->pdirty_mib) * page;
-    if (dirty > budget && dirty - budget > stat_pages(ja->pactive_mib) * page / 16) {
-        size_t m[3];
-        memcpy(m, ja->purge_mib, sizeof(m));
-        dmje_mallctlbymib(m, 3, NULL, NULL, NULL, 0);
-        atomic_fetch_add_explicit(&ja->owner->growth_purges, 1, memory_order_relaxed);
-    }
-}
-
 /* ---- jemalloc arenas ---------------------------------------------------- */
 
 static int mallctl_arena_ssize(unsigned idx, const char *leaf, ssize_t v) {
@@ -298,15 +259,6 @@ static je_arena_t *je_create(dm_arena_t *owner, int node, const dm_arena_spec_t 
     snprintf(name, sizeof(name), "arena.%u.purge", ja->index);
     if (dmje_mallctlnametomib(name, ja->purge_mib, &miblen) != 0)
         ja->purge_mib[0] = 0; /* no purge on growth */
-    /* The stats of an arena created since the last "epoch" cannot be named
-     * yet: take arena 0's names and put our index in (jemalloc's manual). */
-    miblen = 4;
-    if (dmje_mallctlnametomib("stats.arenas.0.pdirty", ja->pdirty_mib, &miblen) != 0)
-        ja->purge_mib[0] = 0;
-    miblen = 4;
-    if (dmje_mallctlnametomib("stats.arenas.0.pactive", ja->pactive_mib, &miblen) != 0)
-        ja->purge_mib[0] = 0;
-    ja->pdirty_mib[2] = ja->pactive_mib[2] = ja->index;
     if (je_settings(ja, spec) != 0)
         dm__log("datamem: arena '%s': cannot apply decay settings", owner->name);
     return ja;
@@ -421,7 +373,7 @@ void dm__tcache_destroy(unsigned tc) {
  * (mallctlnametomib, ~170 ns like any by-name call), then each read is a
  * mallctlbymib with mib[2] = the arena index (~20 ns; notes/jemalloc.md). With
  * 16 arenas that is 208 reads per snapshot. Guarded by dm__mu, which every
- * caller (dm_stats_snapshot) holds. */
+ * caller (dm_stats_snapshot, dm__arena_after_growth) holds. */
 #define STAT_MIBS_MAX 16
 #define STAT_MIB_LEN 8
 static struct stat_mib {
@@ -469,6 +421,40 @@ static uint64_t stat_u64(unsigned idx, const char *leaf) {
     if (stat_read(idx, leaf, &v, sizeof(v)) != 0)
         return 0;
     return v;
+}
+
+/* ---- purge on growth ------------------------------------------------------
+ *
+ * Decay keeps freed pages for a while so that the next array of a similar size
+ * reuses them without page faults (the temporaries of `a*b + c` loops). But when
+ * the arena has to take new pages (a fresh extent, or a retained range
+ * committed again), the dirty pages it holds did not fit that request; with
+ * sizes that vary they pile up and the resident set grows far past the live
+ * data (1.42x-1.71x NumPy's default peak RSS on bench/'s mixed run). So after
+ * such an allocation, if the arena holds more dirty pages than its budget
+ * (decay.budget) plus 1/16 of its active pages, it purges them at once. In a
+ * steady loop nothing grows and nothing is purged; the check runs after
+ * allocations above the block cache's sizes, outside jemalloc, and reads
+ * jemalloc's stats (by cached MIB, under dm__mu like every stats reader) only
+ * when the arena did grow. docs/performance.md has the
+ * numbers. */
+void dm__arena_after_growth(je_arena_t *ja) {
+    if (atomic_exchange_explicit(&ja->grown, 0, memory_order_relaxed) == 0)
+        return;
+    size_t budget = atomic_load_explicit(&ja->owner->dirty_budget, memory_order_relaxed);
+    if (budget == SIZE_MAX || !ja->purge_mib[0])
+        return;
+    /* Growth is rare: the stats readers' lock (dm__mu) is affordable here. */
+    uint64_t epoch = 1, page = dm__os_page_size();
+    pthread_mutex_lock(&dm__mu);
+    dmje_mallctl("epoch", NULL, NULL, &epoch, sizeof(epoch)); /* refresh the stats */
+    uint64_t dirty = stat_zu(ja->index, "pdirty") * page;
+    uint64_t active = stat_zu(ja->index, "pactive") * page;
+    pthread_mutex_unlock(&dm__mu);
+    if (dirty > budget && dirty - budget > active / 16) {
+        dmje_mallctlbymib(ja->purge_mib, 3, NULL, NULL, NULL, 0);
+        atomic_fetch_add_explicit(&ja->owner->growth_purges, 1, memory_order_relaxed);
+    }
 }
 
 static void je_stats_add(je_arena_t *ja, dm_arena_stats_t *o) {

@@ -71,7 +71,6 @@ typedef struct je_arena {
      * ranges committed again) since dm__arena_after_growth last looked. */
     _Atomic uint64_t grown;
     size_t purge_mib[3];         /* "arena.<index>.purge" */
-    size_t pdirty_mib[4], pactive_mib[4]; /* "stats.arenas.<index>.pdirty|pactive" */
 } je_arena_t;
 
 typedef struct dm_arena {
