@@ -684,19 +684,14 @@ void dm_free(void *p) {
         uint32_t tag = (uint32_t)(v >> TAG_ARENA_SHIFT);
         dm_fc_bin_t *b = &t->bins[k];
         uint32_t n = bin_count(b);
-        if (DM_LIKELY(n < fc_cap[k] && b->tag == tag)) {
+        if (DM_LIKELY(n < fc_cap[k]) && (DM_LIKELY(b->tag == tag) || n == 0)) {
+            if (DM_UNLIKELY(b->tag != tag)) { /* an empty bin changes arena */
+                b->tag = tag;
+                b->nfree = &t->ctrs[dm__je[tag - 1]->owner->id].nfree;
+            }
             DM_CTR_ADD(*b->nfree, 1);
             b->items[n] = p;
             bin_set(b, n + 1);
-            return;
-        }
-        if (n == 0 && fc_cap[k]) { /* an empty bin changes arena */
-            je_arena_t *ja = dm__je[tag - 1];
-            b->tag = tag;
-            b->nfree = &t->ctrs[ja->owner->id].nfree;
-            DM_CTR_ADD(*b->nfree, 1);
-            b->items[0] = p;
-            bin_set(b, 1);
             return;
         }
         v = 0; /* the tag is gone */
