@@ -109,6 +109,20 @@ def calibrate(fn, budget):
         n *= 4
 
 
+def best_interleaved(loops):
+    """Per size, the best of several batches timed in a shuffled order each
+    round, so that sizes share the machine's noise; the best batch, because
+    interference from other processes only adds."""
+    samples = {s: [] for s in loops}
+    order = list(loops)
+    for _ in range(5 if QUICK else 9):
+        random.shuffle(order)
+        for size in order:
+            fn, n = loops[size]
+            samples[size].append(timed_batches(fn, n, 1))
+    return {s: min(v) for s, v in samples.items()}
+
+
 def create_destroy(make):
     """Each size: best of 5 (9) batches, sizes interleaved in shuffled rounds."""
     budget = 0.02 if QUICK else 0.05
@@ -120,15 +134,9 @@ def create_destroy(make):
                 make(size, np.uint8)
         fn(50)  # warm the caches of whatever allocator
         loops[size] = (fn, calibrate(fn, budget))
-    samples = {s: [] for s in CD_SIZES}
-    order = list(CD_SIZES)
-    for _ in range(5 if QUICK else 9):
-        random.shuffle(order)
-        for size in order:
-            fn, n = loops[size]
-            samples[size].append(timed_batches(fn, n, 1))
-    for size in CD_SIZES:  # best batch: interference from other processes only adds
-        res["%s_ns" % fmt_size(size)] = min(samples[size]) * 1e9
+    best = best_interleaved(loops)
+    for size in CD_SIZES:
+        res["%s_ns" % fmt_size(size)] = best[size] * 1e9
     return res
 
 
@@ -151,14 +159,8 @@ def w_touch():
                 del a
         fn(3)
         loops[size] = (fn, calibrate(fn, budget))
-    samples = {s: [] for s in TOUCH_SIZES}
-    order = list(TOUCH_SIZES)
-    for _ in range(5 if QUICK else 9):
-        random.shuffle(order)
-        for size in order:
-            fn, n = loops[size]
-            samples[size].append(timed_batches(fn, n, 1))
-    return {"%s_us" % fmt_size(s): min(samples[s]) * 1e6 for s in TOUCH_SIZES}
+    best = best_interleaved(loops)
+    return {"%s_us" % fmt_size(s): best[s] * 1e6 for s in TOUCH_SIZES}
 
 
 def temporaries_loop(nbytes, iters):
