@@ -5,7 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 APT_PKGS=(bazel-bootstrap libyaml-dev libnuma-dev libmicrohttpd-dev dpkg-dev
-          clang libclang-rt-14-dev valgrind numactl build-essential autoconf)
+          clang libclang-rt-14-dev valgrind numactl build-essential autoconf
+          prometheus chromium)  # real-Prometheus and headless-browser tests
 
 need_apt=()
 for p in "${APT_PKGS[@]}"; do
@@ -30,6 +31,10 @@ if [ "${#need_apt[@]}" -gt 0 ] || [ -n "${need_update:-}" ]; then
 fi
 if [ "${#need_apt[@]}" -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need_apt[@]}"
+fi
+# Tests run their own Prometheus on a free loopback port; the packaged service is not used.
+if [ -d /run/systemd/system ]; then
+  $SUDO systemctl disable --now prometheus prometheus-node-exporter >/dev/null 2>&1 || true
 fi
 
 python3 -m pip install -q --disable-pip-version-check -r requirements-dev.txt
