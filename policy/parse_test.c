@@ -3,7 +3,9 @@
  * values a policy produces, defaults, return codes, limits (file size, the
  * diagnostics cap, alias bombs, nesting), positions and formatting.
  */
+#include <fcntl.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "policy/internal.h"
@@ -242,6 +244,55 @@ static void test_load(void) {
     EXPECT_INT_EQ(dm_policy_load("/tmp", NULL, &p, &d), DM_EIO, "a directory");
 }
 
+/* Issue 11: a FIFO as the policy hung the open forever. alarm() turns a
+ * regression into a failure (SIGALRM ends the test) rather than a timeout. */
+static void test_not_regular(void) {
+    dm_policy_t *p;
+    char dir[] = "/tmp/dm_parse_test_XXXXXX", fifo[64], file[64], link[64],
+         flink[64];
+    EXPECT_TRUE(mkdtemp(dir) != NULL, "temp dir");
+    snprintf(fifo, sizeof fifo, "%s/fifo.yaml", dir);
+    snprintf(file, sizeof file, "%s/real.yaml", dir);
+    snprintf(link, sizeof link, "%s/link.yaml", dir);
+    snprintf(flink, sizeof flink, "%s/fifolink.yaml", dir);
+    EXPECT_INT_EQ(mkfifo(fifo, 0600), 0, "mkfifo");
+    FILE *f = fopen(file, "w");
+    EXPECT_TRUE(f != NULL, file);
+    if (f) {
+        fputs("version: 1\ndefault: a\narenas: {a: {}}\n", f);
+        fclose(f);
+    }
+    EXPECT_INT_EQ(symlink("real.yaml", link), 0, "symlink");
+    EXPECT_INT_EQ(symlink("fifo.yaml", flink), 0, "symlink to the FIFO");
+    alarm(20);
+    EXPECT_INT_EQ(dm_policy_load(fifo, NULL, &p, &d), DM_EIO, "a FIFO");
+    dm_diags_format_all(&d, text, sizeof text);
+    EXPECT_CONTAINS(text, "fifo.yaml: error: not a regular file (a FIFO); a policy "
+                    "must be a regular file or a symbolic link to one", "FIFO message");
+    EXPECT_INT_EQ(dm_policy_load(flink, NULL, &p, &d), DM_EIO, "a link to a FIFO");
+    dm_diags_format_all(&d, text, sizeof text);
+    EXPECT_CONTAINS(text, "error: not a regular file (a FIFO)", "link to a FIFO");
+    EXPECT_INT_EQ(dm_policy_open(fifo, NULL), -1, "open refuses a FIFO");
+    alarm(0);
+    EXPECT_INT_EQ(dm_policy_load(dir, NULL, &p, &d), DM_EIO, "a directory");
+    dm_diags_format_all(&d, text, sizeof text);
+    EXPECT_CONTAINS(text, "error: not a regular file (a directory)", "directory");
+    EXPECT_INT_EQ(dm_policy_load("/dev/null", NULL, &p, &d), DM_EIO, "a device");
+    dm_diags_format_all(&d, text, sizeof text);
+    EXPECT_CONTAINS(text, "error: not a regular file (a character device)", "device");
+    /* a symbolic link to a regular file (the ConfigMap pattern) still loads */
+    EXPECT_INT_EQ(dm_policy_load(link, NULL, &p, &d), 0, "a symlink to a file");
+    dm_policy_free(p);
+    const char *kind = "unset";
+    int fd = dm_policy_open(link, &kind);
+    EXPECT_TRUE(fd >= 0 && kind == NULL, "open follows the link");
+    if (fd >= 0) {
+        EXPECT_INT_EQ(fcntl(fd, F_GETFL) & O_NONBLOCK, 0, "O_NONBLOCK cleared");
+        close(fd);
+    }
+    unlink(flink), unlink(link), unlink(file), unlink(fifo), rmdir(dir);
+}
+
 int main(void) {
     test_example();
     test_decay_budget();
@@ -252,5 +303,6 @@ int main(void) {
     test_topology();
     test_positions();
     test_load();
+    test_not_regular();
     return TEST_EXIT();
 }

@@ -74,7 +74,7 @@ int dm_policy_parse(const char *buf, size_t len, const char *fname,
 }
 
 /* Reads at most DM_POLICY_FILE_MAX + 1 bytes; *len tells whether there was
- * more. Works on pipes and /proc files as well as regular files. */
+ * more (dm_policy_parse refuses it then). Only ever given a regular file. */
 static int read_all(int fd, char **buf, size_t *len) {
     size_t cap = DM_POLICY_FILE_MAX + 1, n = 0;
     char *b = malloc(cap);
@@ -96,12 +96,60 @@ static int read_all(int fd, char **buf, size_t *len) {
     return 0;
 }
 
+static const char *file_kind(mode_t mode) {
+    if (S_ISFIFO(mode))
+        return "a FIFO";
+    if (S_ISDIR(mode))
+        return "a directory";
+    if (S_ISCHR(mode))
+        return "a character device";
+    if (S_ISBLK(mode))
+        return "a block device";
+    if (S_ISSOCK(mode))
+        return "a socket";
+    return "not a regular file";
+}
+
+/* O_NONBLOCK because opening a FIFO that no one writes to blocks forever
+ * (issue 11: `DATAMEM_CONFIG=fifo` hung start-up); it is cleared again once
+ * fstat has shown a regular file. Symbolic links are followed on purpose:
+ * Kubernetes mounts a ConfigMap as a chain of them (`..data`). */
+int dm_policy_open(const char *path, const char **kind) {
+    struct stat st;
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK), err;
+    if (kind)
+        *kind = NULL;
+    if (fd < 0) {
+        err = errno; /* a socket: open fails (ENXIO); say what it is instead */
+        if (kind && stat(path, &st) == 0 && !S_ISREG(st.st_mode))
+            *kind = file_kind(st.st_mode);
+        errno = err;
+        return -1;
+    }
+    if (fstat(fd, &st) == 0 && !S_ISREG(st.st_mode)) {
+        if (kind)
+            *kind = file_kind(st.st_mode);
+        close(fd);
+        errno = EINVAL;
+        return -1;
+    }
+    int fl = fcntl(fd, F_GETFL);
+    if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0) {
+        err = errno;
+        close(fd);
+        errno = err;
+        return -1;
+    }
+    return fd;
+}
+
 int dm_policy_load(const char *path, const dm_topology_t *topo,
                    dm_policy_t **out, dm_diags_t *diags) {
     dm_diags_t local;
     char *buf = NULL;
     size_t len = 0;
-    int rc = DM_EIO, fd = open(path, O_RDONLY | O_CLOEXEC);
+    const char *kind = NULL;
+    int rc = DM_EIO, fd = dm_policy_open(path, &kind);
     *out = NULL;
     if (!diags)
         diags = &local;
@@ -114,8 +162,13 @@ int dm_policy_load(const char *path, const dm_topology_t *topo,
     if (rc) {
         dm__dsrc_t ds = {diags, NULL, 0};
         dm_diags_init(diags, path);
-        dm__diag_add(&ds, DM_SEV_ERROR, 0, 0, "", "cannot read the policy: %s",
-                     rc == DM_ENOMEM ? "out of memory" : strerror(errno));
+        if (kind)
+            dm__diag_add(&ds, DM_SEV_ERROR, 0, 0, "", "not a regular file (%s); a "
+                         "policy must be a regular file or a symbolic link to one",
+                         kind);
+        else
+            dm__diag_add(&ds, DM_SEV_ERROR, 0, 0, "", "cannot read the policy: %s",
+                         rc == DM_ENOMEM ? "out of memory" : strerror(errno));
         return rc;
     }
     rc = dm_policy_parse(buf, len, path, topo, out, diags);

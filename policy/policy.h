@@ -175,7 +175,15 @@ int dm_policy_parse(const char *buf, size_t len, const char *fname,
                     const dm_topology_t *topo, dm_policy_t **out,
                     dm_diags_t *diags);
 
-/* Reads a file (refusing more than DM_POLICY_FILE_MAX bytes) and parses it. */
+/* Opens a policy file for reading (O_CLOEXEC, blocking reads), following
+ * symbolic links, without ever blocking in open: a FIFO, directory, device or
+ * socket is refused. Returns the descriptor, or -1 with errno set and, when
+ * the path is not a regular file, *kind (if given) naming what it is ("a
+ * FIFO", "a directory", ...; NULL otherwise). */
+int dm_policy_open(const char *path, const char **kind);
+
+/* Reads a file (refusing more than DM_POLICY_FILE_MAX bytes and anything but
+ * a regular file, see dm_policy_open) and parses it. */
 int dm_policy_load(const char *path, const dm_topology_t *topo,
                    dm_policy_t **out, dm_diags_t *diags);
 

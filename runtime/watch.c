@@ -74,7 +74,7 @@ static void split_path(const char *path, char *dir, size_t dcap, char *base, siz
 
 /* Reads the file and returns its hash; false if it cannot be read now. */
 static bool file_hash(const char *path, uint64_t *h) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = dm_policy_open(path, NULL); /* a FIFO must not block this thread */
     if (fd < 0)
         return false;
     size_t cap = DM_POLICY_FILE_MAX + 1, n = 0;
