@@ -25,7 +25,8 @@ extern "C" {
     X(ARENA, -6, "cannot create arena")                                        \
     X(STATE, -7, "not allowed in the current state")                           \
     X(RANGE, -8, "value out of range")                                         \
-    X(SYS, -9, "system call failed")
+    X(SYS, -9, "system call failed")                                           \
+    X(DENIED, -10, "refused: not a loopback address")
 
 typedef enum {
 #define DM_E_ENUM(name, val, msg) DM_E##name = (val),

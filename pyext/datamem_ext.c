@@ -661,7 +661,21 @@ static PyObject *py_stats_textfile_write(PyObject *self, PyObject *args) {
     return PyLong_FromLong(rc);
 }
 
+/* stats_textfile_sweep(template, min_age_ms) -> files removed, or a negative code */
+static PyObject *py_stats_textfile_sweep(PyObject *self, PyObject *args) {
+    const char *tmpl;
+    long long min_age_ms;
+    if (!PyArg_ParseTuple(args, "sL", &tmpl, &min_age_ms))
+        return NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = dm_stats_textfile_sweep(tmpl, (int64_t)min_age_ms);
+    Py_END_ALLOW_THREADS
+    return PyLong_FromLong(rc);
+}
+
 static PyMethodDef methods[] = {
+    {"stats_textfile_sweep", py_stats_textfile_sweep, METH_VARARGS, "stats_textfile_sweep(template, min_age_ms) -> files removed"},
     {"metrics", py_metrics, METH_VARARGS, "metrics(json=False) -> Prometheus text (or JSON)"},
     {"stats_serve", py_stats_serve, METH_VARARGS, "stats_serve(http, unix_socket) -> 0 or error code"},
     {"stats_endpoint", py_stats_endpoint, METH_NOARGS, "stats_endpoint() -> (url, unix_socket)"},

@@ -169,8 +169,13 @@ DM_API int dm_stats_serve(const char *http, const char *unix_socket);
 /* The endpoint's URL ("http://127.0.0.1:PORT/metrics") and Unix socket path,
  * "" when not serving. */
 DM_API void dm_stats_endpoint(char *url, size_t url_cap, char *unix_path, size_t unix_cap);
-/* Writes the Prometheus text to `path` atomically (temporary file + rename). */
+/* Writes the Prometheus text to `path` atomically (a temporary file created
+ * with O_EXCL under an unpredictable name, then rename). */
 DM_API int dm_stats_textfile_write(const char *path);
+/* Removes the textfiles of dead processes for a template with "{pid}" in its
+ * file name: files whose pid does not exist here, owned by this user and not
+ * modified for `min_age_ms`. Returns how many were removed, or an error. */
+DM_API int dm_stats_textfile_sweep(const char *tmpl, int64_t min_age_ms);
 /* Stops serving: a last textfile write, the discovery file and Unix socket
  * removed. Also runs at exit (atexit) in the process that started serving. */
 DM_API void dm_stats_export_stop(void);

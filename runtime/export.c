@@ -145,10 +145,14 @@ int dm__export_render(int format, const char *const_labels, char **out, size_t *
     if (rc == 0) {
         dm_stats_hugepages(s);
         dm_buf_t b = {0};
-        if (format == DM_STATS_JSON)
-            dm__metrics_json(s, &b);
-        else
+        dm_http_counters_t http;
+        dm__http_counters(&http);
+        if (format == DM_STATS_JSON) {
+            dm__metrics_json(s, &http, &b);
+        } else {
             dm__metrics_text(s, const_labels, &b);
+            dm__metrics_http_text(&http, const_labels, &b);
+        }
         rc = dm__buf_finish(&b, out, len);
     }
     dm_stats_release(s);
@@ -165,16 +169,23 @@ int dm_stats_render_current(int format, char **out, size_t *len) {
 /* ---- files ------------------------------------------------------------------ */
 
 /* Writes `data` to `path` through a temporary file in the same directory and a
- * rename, so a reader sees the old file or the new one, never half of one. */
+ * rename, so a reader sees the old file or the new one, never half of one.
+ *
+ * The temporary name is unpredictable and created with O_EXCL (mkostemp), so
+ * whoever else can write to the directory cannot plant a symlink there and make
+ * us write through it (a predictable "<path>.tmp.<pid>" opened without O_EXCL
+ * let any user turn a root job's textfile into an overwrite of any file:
+ * issue 11). rename() replaces the directory entry, never a symlink's target. */
 static int write_atomic(const char *path, const char *data, size_t len, mode_t mode) {
     char tmp[PATH_MAX];
-    if (snprintf(tmp, sizeof(tmp), "%s.tmp.%d", path, (int)getpid()) >= (int)sizeof(tmp))
+    if (snprintf(tmp, sizeof(tmp), "%s.tmp.XXXXXX", path) >= (int)sizeof(tmp))
         return DM_ERANGE;
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
+    int fd = mkostemp(tmp, O_CLOEXEC);
     if (fd < 0)
         return DM_ESYS;
     size_t done = 0;
-    while (done < len) {
+    bool ok = fchmod(fd, mode) == 0; /* mkostemp creates 0600 */
+    while (ok && done < len) {
         ssize_t n = write(fd, data + done, len - done);
         if (n < 0 && errno == EINTR)
             continue;
@@ -182,7 +193,7 @@ static int write_atomic(const char *path, const char *data, size_t len, mode_t m
             break;
         done += (size_t)n;
     }
-    if (close(fd) != 0 || done != len || rename(tmp, path) != 0) {
+    if (close(fd) != 0 || !ok || done != len || rename(tmp, path) != 0) {
         int e = errno;
         unlink(tmp);
         errno = e;
@@ -208,6 +219,60 @@ static int textfile_write(const char *tmpl) {
 }
 
 int dm_stats_textfile_write(const char *path) { return textfile_write(path); }
+
+/* A "{pid}" textfile is one process's: it goes when the process stops serving
+ * (exit included), so node_exporter never serves a dead worker's numbers. */
+static void textfile_remove_own(const char *tmpl) {
+    char path[256];
+    expand_pid(path, sizeof(path), tmpl);
+    if (unlink(path) != 0 && errno != ENOENT)
+        dm__log("datamem: stats: cannot remove textfile %s: %s", path, strerror(errno));
+}
+
+int dm_stats_textfile_sweep(const char *tmpl, int64_t min_age_ms) {
+    const char *at = strstr(tmpl, "{pid}");
+    const char *slash = strrchr(tmpl, '/');
+    if (!at || (slash && slash > at) || strstr(at + 5, "{pid}"))
+        return DM_ERANGE; /* "{pid}" must be in the file name, once */
+    char dir[PATH_MAX], prefix[256], suffix[256];
+    if (slash)
+        snprintf(dir, sizeof(dir), "%.*s", (int)(slash - tmpl), tmpl);
+    else
+        copy(dir, sizeof(dir), ".");
+    const char *name = slash ? slash + 1 : tmpl;
+    snprintf(prefix, sizeof(prefix), "%.*s", (int)(at - name), name);
+    copy(suffix, sizeof(suffix), at + 5);
+    size_t pl = strlen(prefix), sl = strlen(suffix);
+    DIR *d = opendir(dir[0] ? dir : "/");
+    if (!d)
+        return DM_ESYS;
+    int removed = 0;
+    time_t now = time(NULL);
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        size_t nl = strlen(e->d_name);
+        if (nl <= pl + sl || strncmp(e->d_name, prefix, pl) != 0 ||
+            strcmp(e->d_name + nl - sl, suffix) != 0)
+            continue;
+        long pid = 0;
+        size_t i = pl;
+        for (; i < nl - sl && e->d_name[i] >= '0' && e->d_name[i] <= '9' && pid < (1L << 30); i++)
+            pid = pid * 10 + (e->d_name[i] - '0');
+        if (i != nl - sl || pid <= 0 || pid == getpid())
+            continue;
+        /* Dead here, and not rewritten lately: a live writer in another pid
+         * namespace sharing the directory keeps its file fresh. */
+        struct stat st;
+        if (kill((pid_t)pid, 0) == 0 || errno != ESRCH ||
+            fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 ||
+            !S_ISREG(st.st_mode) || st.st_uid != geteuid() ||
+            (int64_t)(now - st.st_mtime) * 1000 < min_age_ms)
+            continue;
+        removed += unlinkat(dirfd(d), e->d_name, 0) == 0;
+    }
+    closedir(d);
+    return removed;
+}
 
 static const char *stats_dir(char *buf, size_t cap) {
     const char *d = getenv("DATAMEM_STATS_DIR"); /* once per server start, never hot */
@@ -325,6 +390,8 @@ static void *tf_main(void *arg) {
         pthread_mutex_unlock(&t->mu);
         if (textfile_write(path) != 0)
             dm__log("datamem: stats: cannot write textfile %s: %s", path, strerror(errno));
+        if (strstr(path, "{pid}")) /* files of dead workers, unchanged for 3 periods */
+            dm_stats_textfile_sweep(path, 3 * (t->interval_ms > 10000 ? t->interval_ms : 10000));
         pthread_mutex_lock(&t->mu);
         struct timespec next;
         clock_gettime(CLOCK_MONOTONIC, &next);
@@ -389,7 +456,9 @@ static void retired_run(retired_t *r) {
             dm__http_stop(r->http[i]);
     if (r->tf) {
         pthread_join(r->tf->thread, NULL);
-        if (r->final_write && textfile_write(r->tf->path) != 0)
+        if (strstr(r->tf->path, "{pid}"))
+            textfile_remove_own(r->tf->path);
+        else if (r->final_write && textfile_write(r->tf->path) != 0)
             dm__log("datamem: stats: cannot write textfile %s: %s", r->tf->path, strerror(errno));
         pthread_mutex_destroy(&r->tf->mu);
         pthread_cond_destroy(&r->tf->cv);
@@ -544,6 +613,25 @@ void dm__export_configure(const dm_stats_spec_t *spec, uint64_t seq) {
 
 int dm_stats_serve(const char *http, const char *unix_socket) {
     dm_runtime_init();
+    if (http && *http) {
+        /* From the environment or serve_stats(): loopback only. Exposing a job's
+         * metrics to the network is a decision written in the policy. */
+        bool loopback = false;
+        int rc = dm__http_check_address(http, &loopback);
+        if (rc == DM_ERANGE) {
+            dm__log("datamem: stats: cannot listen on \"%s\": expected host:port with a port "
+                    "from 0 to 65535", http);
+            return DM_ERANGE;
+        }
+        if (rc != 0 || !loopback) {
+            dm__log("datamem: stats: refusing to listen on %s: %s; from DATAMEM_STATS_HTTP or "
+                    "serve_stats() only loopback addresses are served (127.0.0.1, [::1], "
+                    "localhost). To expose metrics beyond this machine, write the address in "
+                    "the policy (stats.http)", http,
+                    rc != 0 ? "the host does not resolve" : "not a loopback address");
+            return DM_EDENIED;
+        }
+    }
     pthread_once(&once, init_once);
     retired_t r = {0};
     pthread_mutex_lock(&mu);

@@ -34,23 +34,44 @@ int dm__buf_finish(dm_buf_t *b, char **out, size_t *len);
  * added to every sample: the textfile uses it when several processes write
  * next to each other. */
 void dm__metrics_text(const dm_stats_t *s, const char *const_labels, dm_buf_t *out);
-void dm__metrics_json(const dm_stats_t *s, dm_buf_t *out);
+typedef struct dm_http_counters dm_http_counters_t;
+/* `http` (or NULL) adds the endpoint's counters as "http". */
+void dm__metrics_json(const dm_stats_t *s, const struct dm_http_counters *http, dm_buf_t *out);
 
 /* export.c: a fresh snapshot (with hugepage bytes) rendered in `format`. */
 int dm__export_render(int format, const char *const_labels, char **out, size_t *len);
 
-/* http.c: one libmicrohttpd daemon on a listening socket we bound ourselves. */
+/* http.c: one server thread per listening socket (TCP or Unix). */
 typedef struct dm_http dm_http_t;
 /* Binds host:port (port 0: any free port) and serves; `url` gets
  * "http://host:port/metrics" with the numeric address actually bound. */
 int dm__http_start_tcp(const char *hostport, dm_http_t **out, char *url, size_t cap);
 /* Binds a Unix socket at `path` (mode 0600) and serves. */
 int dm__http_start_unix(const char *path, dm_http_t **out);
-/* Stops the daemon, closes its socket, unlinks a Unix socket path. */
+/* Whether every address `hostport` resolves to is a loopback one; DM_ERANGE
+ * for a malformed host:port (port outside 0-65535 included). */
+int dm__http_check_address(const char *hostport, bool *loopback);
+/* Stops the server thread, closes its socket, unlinks a Unix socket path. */
 void dm__http_stop(dm_http_t *h);
 /* In a forked child: the daemon's thread does not exist here. Closes the
  * inherited listening socket (so only the parent answers on it) and frees the
  * handle without touching the daemon (its few other fds stay open). */
 void dm__http_forget_in_child(dm_http_t *h);
+
+/* The endpoint's own counters (all endpoints of the process): responses by
+ * status code, connections dropped by reason. */
+#define DM_HTTP_CODES {200, 400, 404, 405, 408, 414, 431, 500, 503}
+#define DM_HTTP_NCODES 9
+enum { DM_HTTP_DROP_DEADLINE, DM_HTTP_DROP_EVICTED, DM_HTTP_DROP_REFUSED, DM_HTTP_NDROP };
+struct dm_http_counters {
+    int code[DM_HTTP_NCODES];
+    uint64_t requests[DM_HTTP_NCODES];
+    uint64_t dropped[DM_HTTP_NDROP];
+};
+void dm__http_counters(dm_http_counters_t *c);
+/* metrics.c: the counters as families datamem_http_* (text) or an "http"
+ * object (JSON). */
+void dm__metrics_http_text(const dm_http_counters_t *c, const char *const_labels, dm_buf_t *out);
+void dm__metrics_http_json(const dm_http_counters_t *c, dm_buf_t *out);
 
 #endif /* DM_RUNTIME_EXPORT_H */

@@ -402,7 +402,7 @@ static void json_strv(dm_buf_t *b, int *n, const char *key, const char *v) {
     dm__buf_json_str(b, v);
 }
 
-void dm__metrics_json(const dm_stats_t *st, dm_buf_t *b) {
+void dm__metrics_json(const dm_stats_t *st, const dm_http_counters_t *http, dm_buf_t *b) {
     int n = 0;
     char hash[17];
     snprintf(hash, sizeof(hash), "%016llx", (unsigned long long)st->policy_hash);
@@ -465,13 +465,59 @@ void dm__metrics_json(const dm_stats_t *st, dm_buf_t *b) {
             json_u64(b, &k, rule_metrics[m].key, rule_u64(&st->rules[r], &rule_metrics[m]));
         dm__buf_put(b, "}", 1);
     }
-    dm__buf_put(b, "}}\n", 3);
+    dm__buf_put(b, "}", 1);
+    if (http) {
+        json_key(b, &n, "http");
+        dm__metrics_http_json(http, b);
+    }
+    dm__buf_put(b, "}\n", 2);
+}
+
+static const char *const drop_reason[DM_HTTP_NDROP] = {"deadline", "evicted", "refused"};
+
+void dm__metrics_http_text(const dm_http_counters_t *c, const char *cl, dm_buf_t *b) {
+    char code[8];
+    family(b, "datamem_", "http_requests_total", "counter",
+           "Requests the stats endpoint answered, by status code (4xx: bad requests).");
+    for (int i = 0; i < DM_HTTP_NCODES; i++) {
+        snprintf(code, sizeof(code), "%d", c->code[i]);
+        sample_t s = sample_begin(b, "datamem_", "http_requests_total");
+        label(&s, "code", code);
+        value_u64(&s, cl, c->requests[i]);
+    }
+    family(b, "datamem_", "http_connections_dropped_total", "counter",
+           "Connections the stats endpoint closed unanswered: past their deadline, evicted "
+           "for a newer one when full, or refused.");
+    for (int i = 0; i < DM_HTTP_NDROP; i++) {
+        sample_t s = sample_begin(b, "datamem_", "http_connections_dropped_total");
+        label(&s, "reason", drop_reason[i]);
+        value_u64(&s, cl, c->dropped[i]);
+    }
+}
+
+void dm__metrics_http_json(const dm_http_counters_t *c, dm_buf_t *b) {
+    char code[8];
+    int n = 0, k = 0;
+    dm__buf_put(b, "{", 1);
+    json_key(b, &n, "requests");
+    dm__buf_put(b, "{", 1);
+    for (int i = 0; i < DM_HTTP_NCODES; i++) {
+        snprintf(code, sizeof(code), "%d", c->code[i]);
+        json_u64(b, &k, code, c->requests[i]);
+    }
+    dm__buf_put(b, "}", 1);
+    json_key(b, &n, "dropped");
+    dm__buf_put(b, "{", 1);
+    k = 0;
+    for (int i = 0; i < DM_HTTP_NDROP; i++)
+        json_u64(b, &k, drop_reason[i], c->dropped[i]);
+    dm__buf_put(b, "}}", 2);
 }
 
 int dm_stats_render(const dm_stats_t *s, int format, char **out, size_t *len) {
     dm_buf_t b = {0};
     if (format == DM_STATS_JSON)
-        dm__metrics_json(s, &b);
+        dm__metrics_json(s, NULL, &b);
     else if (format == DM_STATS_PROMETHEUS)
         dm__metrics_text(s, NULL, &b);
     else

@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PKGS=(bazel-bootstrap libyaml-dev libnuma-dev libmicrohttpd-dev dpkg-dev
+APT_PKGS=(bazel-bootstrap libyaml-dev libnuma-dev dpkg-dev
           clang libclang-rt-14-dev valgrind numactl build-essential autoconf
           prometheus chromium)  # real-Prometheus and headless-browser tests
 

@@ -24,7 +24,7 @@ from ._ext import PolicyError
 
 __all__ = ["install", "uninstall", "reload", "tag", "stats", "current_policy",
            "arena_of", "check", "explain", "PolicyError", "HANDLER_NAME", "__version__",
-           "metrics", "stats_url", "serve_stats"]
+           "metrics", "stats_url", "serve_stats", "sweep_textfiles"]
 
 HANDLER_NAME = _ext.HANDLER_NAME
 __version__ = _ext.VERSION
@@ -119,10 +119,28 @@ def serve_stats(http="127.0.0.1:0", unix_socket=None):
     holds the GIL), overriding the policy's `stats.http` (port 0: any free port)
     and, if given, `stats.unix_socket`. Returns stats_url(). Raises OSError if it
     cannot listen; the reason is also logged."""
-    if _ext.stats_serve(http, unix_socket) != 0:
+    rc = _ext.stats_serve(http, unix_socket)
+    if rc == -10:  # DM_EDENIED
+        raise PermissionError("datamem: refusing to serve stats on %r: not a loopback address "
+                              "(write it in the policy's stats.http to expose metrics beyond "
+                              "this machine)" % (http,))
+    if rc != 0:
         raise OSError("datamem: cannot serve stats (http=%r, unix_socket=%r); see the "
                       "message above" % (http, unix_socket))
     return stats_url()
+
+
+def sweep_textfiles(template, min_age=30.0):
+    """Removes the node_exporter textfiles of dead processes for a `{pid}`
+    template (the policy's stats.textfile): files named after a pid that does
+    not exist, owned by this user and unchanged for `min_age` seconds (a live
+    writer in another pid namespace keeps its file fresh). A process removes its
+    own `{pid}` file when it exits and sweeps on every write; this is for files
+    left by processes that were killed. Returns how many were removed."""
+    rc = _ext.stats_textfile_sweep(str(template), int(min_age * 1000))
+    if rc < 0:
+        raise ValueError("datamem: %r: '{pid}' must appear once, in the file name" % (template,))
+    return rc
 
 
 def _stats_from_env():

@@ -494,14 +494,24 @@ for _ in range(7):
     assert [n for n in os.listdir(tmp_path) if ".tmp." in n] == []
 
 
-def test_textfile_pid_template_adds_a_pid_label(tmp_path, write_policy):
+def test_textfile_pid_template_adds_a_pid_label_and_goes_at_exit(tmp_path, write_policy):
     pol = write_policy("version: 1\ndefault: general\narenas:\n  general: {}\n"
                        "stats:\n  textfile: %s/dm-{pid}.prom\n  interval: 3600s\n" % tmp_path)
-    r = run_py("import os; print(os.getpid())", config=pol)
-    assert r.returncode == 0, r.stderr
-    pid = r.stdout.strip()
-    fams = families((tmp_path / ("dm-%s.prom" % pid)).read_text())
+    code = "import os, sys, time, numpy\nprint(os.getpid(), flush=True)\nsys.stdin.readline()\n"
+    p = subprocess.Popen([sys.executable, "-c", code], env=job_env(tmp_path, http=None, config=pol),
+                         cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    pid = p.stdout.readline().strip()
+    prom = tmp_path / ("dm-%s.prom" % pid)
+    deadline = time.monotonic() + 10
+    while not prom.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    fams = families(prom.read_text())
     assert all(l["pid"] == pid for l, _ in samples(fams, "datamem_arena_allocated_bytes"))
+    _, err = p.communicate("\n", timeout=30)
+    assert p.returncode == 0, err
+    # A per-process file is that process's: it goes with it (issue 11).
+    assert not prom.exists() and not list(tmp_path.glob("dm-*"))
 
 
 # ---- CLI ----------------------------------------------------------------------------------------
@@ -518,10 +528,10 @@ def test_cli_stats_top_record_plot(tmp_path):
         r = cli("top", p.pid, "--once", "--interval", "0.3", env=env)
         assert r.returncode == 0, r.stderr
         lines = r.stdout.splitlines()
-        assert "pid %d" % p.pid in lines[0]
-        assert lines[1].split()[:3] == ["ARENA", "ALLOCATED", "ACTIVE"] and "ALLOC/s" in lines[1]
+        assert "pid %d" % p.pid in lines[0] and lines[1].startswith("policy ")
+        assert lines[2].split()[:3] == ["ARENA", "ALLOCATED", "ACTIVE"] and "ALLOC/s" in lines[2]
         big = next(l for l in lines if l.startswith("big "))
-        assert "MiB" in big and "/s" in big  # human sizes and a rate
+        assert "MiB" in big and big.split()[-2] != "-"  # human sizes and a rate (ALLOC/s)
         snaps = tmp_path / "snaps.jsonl"
         r = cli("record", p.pid, "--out", snaps, "--interval", "0.2", "--count", "3", env=env)
         assert r.returncode == 0, r.stderr

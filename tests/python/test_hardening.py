@@ -1,0 +1,249 @@
+"""Issue 11's attacks, each a regression test: planted symlinks at the textfile's
+temporary name, slow clients and floods of bad requests against the stats
+endpoint, binding every interface, ports that wrap, per-process textfiles that
+outlive their processes.
+
+Every job runs in its own interpreter; every attack is bounded in connections,
+bytes and seconds, and goes to loopback only.
+"""
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from conftest import ROOT, run_py
+from test_stats_export import families, get, job, job_env, samples
+
+
+# ---- the textfile ---------------------------------------------------------------------------
+
+def test_textfile_never_writes_through_a_planted_symlink(tmp_path):
+    """Whoever can write to the textfile directory plants the old temporary name
+    (<path>.tmp.<pid>) and the final name as symlinks to a file only root may
+    change: the write must replace neither target (it used to overwrite it)."""
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    os.chmod(victim, 0o600)
+    prom = tmp_path / "textfiles" / "job.prom"
+    prom.parent.mkdir()
+    code = r"""
+import os, sys
+import datamem
+from datamem import _ext
+prom, victim = sys.argv[1], sys.argv[2]
+os.symlink(victim, "%s.tmp.%d" % (prom, os.getpid()))
+for n in range(100):          # a guess at every small suffix, too
+    try:
+        os.symlink(victim, "%s.tmp.%d" % (prom, n))
+    except FileExistsError:
+        pass
+datamem.install(sys.argv[3])
+print(_ext.stats_textfile_write(prom))
+"""
+    pol = tmp_path / "p.yaml"
+    pol.write_text("version: 1\ndefault: general\narenas:\n  general: {}\n")
+    r = subprocess.run([sys.executable, "-c", code, str(prom), str(victim), str(pol)],
+                       capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "0", r.stdout
+    assert victim.read_text() == "precious\n"
+    assert "datamem_arena_allocated_bytes" in prom.read_text()
+    assert not prom.is_symlink() and oct(prom.stat().st_mode & 0o777) == "0o644"
+    # The final name as a symlink: rename replaces the link, not its target.
+    prom.unlink()
+    os.symlink(victim, prom)
+    r = subprocess.run([sys.executable, "-c", code.replace("os.symlink(victim, \"%s.tmp.%d\" % "
+                                                           "(prom, os.getpid()))", "pass"),
+                        str(prom), str(victim), str(pol)],
+                       capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert r.returncode == 0 and r.stdout.strip() == "0", r.stderr
+    assert victim.read_text() == "precious\n"
+    assert not prom.is_symlink() and "datamem_" in prom.read_text()
+    leftovers = [n for n in os.listdir(prom.parent) if ".tmp." in n and
+                 not os.path.islink(prom.parent / n)]
+    assert leftovers == []
+
+
+def test_sweep_removes_only_dead_and_stale_pid_files(tmp_path):
+    import datamem
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    old = time.time() - 3600
+    stale_dead = tmp_path / ("job-%d.prom" % dead.pid)
+    live = tmp_path / ("job-%d.prom" % os.getpid())
+    other = tmp_path / "other-1.prom"
+    for f in (stale_dead, live, other):
+        f.write_text("x 1\n")
+        os.utime(f, (old, old))
+    assert datamem.sweep_textfiles(str(tmp_path / "job-{pid}.prom"), min_age=60) == 1
+    assert not stale_dead.exists()
+    assert live.exists() and other.exists()
+    # A dead pid's file rewritten a moment ago stays (a live writer in another
+    # pid namespace sharing the directory) until it is older than min_age.
+    stale_dead.write_text("x 1\n")
+    assert datamem.sweep_textfiles(str(tmp_path / "job-{pid}.prom"), min_age=60) == 0
+    assert stale_dead.exists()
+    assert datamem.sweep_textfiles(str(tmp_path / "job-{pid}.prom"), min_age=0) == 1
+    with pytest.raises(ValueError):
+        datamem.sweep_textfiles(str(tmp_path / "{pid}" / "job.prom"))
+
+
+# ---- the endpoint: slow clients, floods, bounds ------------------------------------------------
+
+def _addr(url):
+    hostport = url.split("//", 1)[1].split("/", 1)[0]
+    host, port = hostport.rsplit(":", 1)
+    return host.strip("[]"), int(port)
+
+
+def test_scrapes_succeed_while_200_slow_clients_are_connected(tmp_path):
+    """Slowloris: 200 clients each send one header byte every second (each
+    byte used to reset a 10 s idle timeout; 17 of them blocked every scrape)
+    and reconnect when dropped. Every real scrape must still be answered."""
+    with job(tmp_path) as (p, info):
+        addr = _addr(info["url"])
+        stop = threading.Event()
+        socks = []
+
+        def slow_connect():
+            s = socket.socket()
+            s.setblocking(False)
+            try:
+                s.connect(addr)
+            except BlockingIOError:
+                pass
+            return s
+
+        def attacker():
+            for _ in range(200):
+                socks.append(slow_connect())
+            end = time.monotonic() + 20  # bounded
+            while not stop.is_set() and time.monotonic() < end:
+                for i, s in enumerate(socks):
+                    try:
+                        s.send(b"G")
+                    except (BlockingIOError, InterruptedError):
+                        pass
+                    except OSError:  # dropped: come back, as an attacker would
+                        s.close()
+                        socks[i] = slow_connect()
+                stop.wait(1.0)
+
+        t = threading.Thread(target=attacker)
+        t.start()
+        try:
+            time.sleep(1.5)  # every slow client connected and dribbling
+            ok = 0
+            for _ in range(10):
+                status, _, body = get(info["url"], timeout=5)
+                ok += status == 200 and b"datamem_arena_allocated_bytes" in body
+                time.sleep(0.3)
+            assert ok == 10
+        finally:
+            stop.set()
+            t.join()
+            for s in socks:
+                s.close()
+        status, _, body = get(info["url"])
+        fams = families(body.decode())
+        dropped = {l["reason"]: v for l, v in
+                   samples(fams, "datamem_http_connections_dropped_total")}
+        assert dropped["evicted"] + dropped["deadline"] > 0, dropped
+
+
+def test_a_request_has_a_total_deadline(tmp_path):
+    """One byte every 0.5 s never lets a connection live past the request
+    deadline (5 s), however steady the dribble."""
+    with job(tmp_path) as (p, info):
+        s = socket.create_connection(_addr(info["url"]), timeout=2)
+        start = time.monotonic()
+        closed_after = None
+        try:
+            while time.monotonic() - start < 12:
+                try:
+                    s.send(b"X")
+                    s.settimeout(0.5)
+                    if s.recv(1) == b"":
+                        closed_after = time.monotonic() - start
+                        break
+                except socket.timeout:
+                    continue
+                except OSError:
+                    closed_after = time.monotonic() - start
+                    break
+        finally:
+            s.close()
+        assert closed_after is not None and 4 <= closed_after <= 8, closed_after
+
+
+def test_bad_requests_are_counted_and_logged_at_most_once(tmp_path):
+    """2000 bad requests used to write ~620 KB to the job's stderr."""
+    with job(tmp_path) as (p, info):
+        addr = _addr(info["url"])
+        for i in range(2000):
+            with socket.create_connection(addr, timeout=5) as s:
+                s.sendall([b"GARBAGE\r\n\r\n", b"BREW /metrics HTTP/1.1\r\n\r\n",
+                           b"GET /metrics HTTP/9.9\r\n\r\n"][i % 3])
+                assert s.recv(64).startswith(b"HTTP/1.1 4")
+        status, _, body = get(info["url"])
+        codes = {l["code"]: v for l, v in
+                 samples(families(body.decode()), "datamem_http_requests_total")}
+        assert codes["400"] + codes["405"] == 2000, codes
+        assert codes["200"] >= 0
+        _, stats_json = get(info["url"].replace("/metrics", "/stats.json"))[::2]
+        assert json.loads(stats_json)["http"]["requests"]["405"] == codes["405"]
+        p.stdin.close()
+        p.wait(timeout=30)
+        err = p.stderr.read()
+    assert len(err) < 1000, len(err)
+    assert err.count("bad request") == 1, err
+
+
+def test_oversized_request_is_refused(tmp_path):
+    with job(tmp_path) as (p, info):
+        with socket.create_connection(_addr(info["url"]), timeout=5) as s:
+            s.sendall(b"GET /metrics HTTP/1.1\r\n" + b"X-A: " + b"a" * 9000 + b"\r\n\r\n")
+            assert s.recv(64).startswith(b"HTTP/1.1 431")
+
+
+@pytest.mark.parametrize("addr", ["0.0.0.0:0", "[::]:0"])
+def test_every_interface_is_refused_from_the_environment(tmp_path, addr):
+    r = run_py("import datamem, numpy; print(datamem.stats_url())",
+               config=os.path.join(ROOT, "configs", "demo.yaml"),
+               env={"DATAMEM_STATS_HTTP": addr, "DATAMEM_STATS_DIR": str(tmp_path)})
+    assert r.returncode == 0, r.stderr  # the job runs on
+    assert r.stdout.strip() == "None"
+    assert "refusing to listen on %s" % addr in r.stderr and "not a loopback" in r.stderr
+    r = run_py("import datamem\ntry:\n    datamem.serve_stats(%r)\nexcept PermissionError as e:"
+               "\n    print('refused', e)" % addr, env={"DATAMEM_STATS_DIR": str(tmp_path)})
+    assert r.stdout.startswith("refused"), r.stdout + r.stderr
+
+
+def test_every_interface_from_the_policy_warns_and_reports_the_real_address(tmp_path,
+                                                                            write_policy):
+    pol = write_policy("version: 1\ndefault: general\narenas:\n  general: {}\n"
+                       "stats:\n  http: \"0.0.0.0:0\"\n")
+    r = run_py("import datamem, numpy; print(datamem.stats_url())", config=pol,
+               env={"DATAMEM_STATS_DIR": str(tmp_path)})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("http://0.0.0.0:"), r.stdout
+    assert "WARNING" in r.stderr and "reachable from other machines" in r.stderr
+
+
+@pytest.mark.parametrize("addr", ["127.0.0.1:99999", "127.0.0.1:65536", "127.0.0.1:-1",
+                                  "127.0.0.1:80a", "127.0.0.1:000000080"])
+def test_ports_do_not_wrap(tmp_path, addr):
+    r = run_py("import datamem, numpy; print(datamem.stats_url())",
+               config=os.path.join(ROOT, "configs", "demo.yaml"),
+               env={"DATAMEM_STATS_HTTP": addr, "DATAMEM_STATS_DIR": str(tmp_path)})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "None", r.stdout
+    assert "port from 0 to 65535" in r.stderr
+    r = run_py("import datamem\ntry:\n    datamem.serve_stats(%r)\nexcept OSError as e:"
+               "\n    print('refused')" % addr, env={"DATAMEM_STATS_DIR": str(tmp_path)})
+    assert r.stdout.strip() == "refused", r.stdout + r.stderr
