@@ -2,7 +2,8 @@
  * check.c: `policy_check FILE [--nodes MASK] [--dump] [--explain SIZE DTYPE
  * THREAD [TAG...]]`. Prints a policy's diagnostics like a compiler, and on
  * request the compiled table or why one allocation goes where it goes. Exits 1
- * when the policy has errors. A tool for policy authors and for writing the
+ * when the policy has errors. Lints as `python -m datamem check` does
+ * (DM_PARSE_LINT). A tool for policy authors and for writing the
  * .expected files of tests/policies/bad.
  */
 #include <stdio.h>
@@ -43,7 +44,7 @@ int main(int argc, char **argv) {
     }
     if (argc > 3 && strcmp(argv[2], "--nodes") == 0)
         topo.nodes = strtoull(argv[3], NULL, 0), a = 4;
-    int prc = dm_policy_load(argv[1], a == 4 ? &topo : NULL, &p, &d);
+    int prc = dm_policy_load_ex(argv[1], a == 4 ? &topo : NULL, DM_PARSE_LINT, &p, &d);
     dm_diags_format_all(&d, text, sizeof text);
     fputs(text, stderr);
     if (prc)

@@ -28,21 +28,48 @@ void dm_diags_init(dm_diags_t *d, const char *file) {
     snprintf(d->file, sizeof d->file, "%s", file ? file : "");
 }
 
+/* The kept entry with this severity, path and message, or NULL. */
+static dm_diag_t *same_cause(dm_diags_t *d, dm_severity_t sev, const char *path,
+                             const char *msg) {
+    for (int i = 0; i < d->n; i++) {
+        dm_diag_t *e = &d->items[i];
+        if (e->severity == sev && strcmp(e->path, path) == 0 &&
+            strcmp(e->msg, msg) == 0)
+            return e;
+    }
+    return NULL;
+}
+
+/* An entry that repeats a kept one (same severity, path and message: one
+ * cause at many places, e.g. 81 aliases in a hostile file) is folded into it
+ * as a count, with its notes, rather than kept: otherwise one cause fills
+ * every slot and hides the others (issue 11). */
 void dm__diag_vadd(dm__dsrc_t *s, dm_severity_t sev, int line, int col,
                    const char *path, const char *fmt, va_list ap) {
     dm_diags_t *d = s->d;
+    char msg[sizeof d->items[0].msg];
+    dm_diag_t *same = NULL;
+    if (!path)
+        path = "";
+    if (sev == DM_SEV_NOTE && d->folding)
+        return;
     if (sev == DM_SEV_ERROR)
         d->nerrors++;
     else if (sev == DM_SEV_WARNING)
         d->nwarnings++;
-    if (d->n >= DM_DIAG_MAX)
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    d->folding = sev != DM_SEV_NOTE && (same = same_cause(d, sev, path, msg));
+    if (d->folding)
+        same->repeats++;
+    if (d->folding || d->n >= DM_DIAG_MAX)
         return;
     dm_diag_t *e = &d->items[d->n++];
     e->severity = sev;
     e->line = line > 0 ? line : 0;
     e->col = line > 0 && col > 0 ? col : 0;
-    snprintf(e->path, sizeof e->path, "%s", path ? path : "");
-    vsnprintf(e->msg, sizeof e->msg, fmt, ap);
+    e->repeats = 0;
+    snprintf(e->path, sizeof e->path, "%s", path);
+    memcpy(e->msg, msg, sizeof msg);
     dm__source_line(s->buf, s->len, e->line, e->source, sizeof e->source);
 }
 
@@ -111,8 +138,11 @@ static void format_one(dm__sbuf_t *b, const dm_diags_t *d, int i) {
         dm__sb_printf(b, "%s:%d:%d: ", file, e->line, e->col);
     else
         dm__sb_printf(b, "%s: ", file);
-    dm__sb_printf(b, "%s: %s%s%s\n", sev_name[e->severity % 3], e->path,
+    dm__sb_printf(b, "%s: %s%s%s", sev_name[e->severity % 3], e->path,
                   e->path[0] ? ": " : "", e->msg);
+    if (e->repeats > 0)
+        dm__sb_printf(b, " (and %d more like this)", e->repeats);
+    dm__sb_printf(b, "\n");
     if (e->line > 0 && e->source[0]) {
         dm__sb_printf(b, "%s\n", e->source);
         put_caret(b, e);
@@ -133,7 +163,8 @@ int dm_diags_format_all(const dm_diags_t *d, char *buf, size_t cap) {
     dm__sb_init(&b, buf, cap);
     for (int i = 0; i < d->n; i++) {
         format_one(&b, d, i);
-        kept += d->items[i].severity != DM_SEV_NOTE;
+        if (d->items[i].severity != DM_SEV_NOTE)
+            kept += 1 + d->items[i].repeats;
     }
     int more = d->nerrors + d->nwarnings - kept;
     if (more > 0)

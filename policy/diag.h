@@ -46,6 +46,8 @@ typedef struct dm_diag {
     char path[128];     /* key path, e.g. "arenas.big.alignment" */
     char msg[384];
     char source[160];   /* the offending source line, "" if none */
+    int repeats;        /* later entries with the same severity, path and
+                           message, folded into this one (not kept) */
 } dm_diag_t;
 
 typedef struct dm_diags {
@@ -53,13 +55,16 @@ typedef struct dm_diags {
     int n;              /* entries in items (<= DM_DIAG_MAX) */
     int nerrors;        /* all errors, including dropped ones */
     int nwarnings;
+    int folding;        /* the last entry was folded: drop its notes too */
     dm_diag_t items[DM_DIAG_MAX];
 } dm_diags_t;
 
 void dm_diags_init(dm_diags_t *d, const char *file);
 
 /* Formats one entry like a compiler: "file:line:col: error: path: msg", then the
- * source line and a caret. Returns the length written (snprintf semantics). */
+ * source line and a caret; "(and N more like this)" after the message when
+ * N repeats were folded into it. Returns the length written (snprintf
+ * semantics). */
 int dm_diag_format(const dm_diags_t *d, int i, char *buf, size_t cap);
 
 /* Formats every entry, and a "... and N more" line when some were dropped. */

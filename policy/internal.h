@@ -43,6 +43,11 @@ void dm__text_pos(const char *buf, size_t len, size_t off, int *line, int *col);
 /* Copies line `line` of buf into dst, made safe to print; "" if none. */
 void dm__source_line(const char *buf, size_t len, int line, char *dst,
                      size_t cap);
+/* The 1-based column of the first tab in the indentation (the leading
+ * blanks) of `line` when column `col` lies in that indentation or at the
+ * token after it; else 0. Columns count bytes, which is characters here:
+ * blanks are ASCII. */
+int dm__indent_tab(const char *buf, size_t len, int line, int col);
 /* Offset of the first byte that is not valid UTF-8, or `len`. */
 size_t dm__utf8_check(const char *buf, size_t len);
 /* Writes `s` (len bytes) quoted, control and non-UTF-8 bytes escaped, cut to
@@ -133,6 +138,7 @@ typedef struct dm__pctx {
     dm__aref_t *refs;        /* nrules + 2 entries at most */
     int nrefs, refcap;
     int arena_key[DM_ARENAS_MAX]; /* node of each arena's name */
+    bool lint;               /* DM_PARSE_LINT: advice for the author too */
     bool nomem;
 } dm__pctx_t;
 

@@ -387,11 +387,80 @@ static void parse_map(dm__pctx_t *c, int row, int node, void *sect) {
     walk_map(c, row, node, sect);
 }
 
+/* ---- legal but probably not meant (issue 11) ------------------------------ */
+
+/* "4000000" -> "4,000,000". */
+static void with_commas(uint64_t v, char *buf, size_t cap) {
+    char digits[24];
+    int n = snprintf(digits, sizeof digits, "%llu", (unsigned long long)v), o = 0;
+    for (int i = 0; i < n && (size_t)o + 2 < cap; i++) {
+        if (i && (n - i) % 3 == 0)
+            buf[o++] = ',';
+        buf[o++] = digits[i];
+    }
+    buf[o] = '\0';
+}
+
+/* A size in a decimal unit (4MB = 4,000,000 bytes) where the binary one
+ * (4MiB) was almost certainly meant: allocation sizes, alignments and page
+ * budgets all come in powers of two. The units come from DM_SIZE_UNITS: a
+ * unit whose multiple is a power of 1000 is decimal, "XB" pairs with "XiB". */
+static void warn_decimal_size(dm__pctx_t *c, int node, const char *s) {
+    static const struct {
+        const char *suffix;
+        uint64_t mult;
+    } units[] = {
+#define DM_UNIT_ROW(suffix, mult) {suffix, mult},
+        DM_SIZE_UNITS(DM_UNIT_ROW)
+#undef DM_UNIT_ROW
+    };
+    const char *u = s;
+    uint64_t v = 0;
+    while (*u >= '0' && *u <= '9')
+        v = v * 10 + (uint64_t)(*u++ - '0'); /* bounded: the value parsed */
+    while (*u == ' ')
+        u++;
+    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
+        if (strcmp(u, units[i].suffix) != 0 || units[i].mult % 1000 || v == 0)
+            continue;
+        char bytes[32];
+        with_commas(v * units[i].mult, bytes, sizeof bytes);
+        report(c, DM_SEV_WARNING, node, "%s is %s bytes; did you mean %.*s%.*siB? "
+               "(write %llu to keep decimal bytes)", s, bytes, (int)(u - s), s,
+               (int)strlen(u) - 1, u, (unsigned long long)(v * units[i].mult));
+        return;
+    }
+}
+
+/* A duration written as a bare number: "dirty: 10" is 10 milliseconds, where
+ * 10 seconds is the likelier intent. 0 and -1 (never) mean the same in any
+ * unit, so they pass. */
+static void warn_bare_duration(dm__pctx_t *c, int node, const char *s) {
+    const char *d = s;
+    while (*d >= '0' && *d <= '9')
+        d++;
+    if (d == s || *d || strspn(s, "0") == strlen(s))
+        return;
+    size_t n = strlen(s);
+    if (n > 3 && strcmp(s + n - 3, "000") == 0) /* whole seconds */
+        report(c, DM_SEV_WARNING, node, "%s is read as %s ms; write %sms or %.*ss",
+               s, s, s, (int)n - 3, s);
+    else
+        report(c, DM_SEV_WARNING, node, "%s is read as %s ms; write %sms, or %ss "
+               "if you meant seconds", s, s, s, s);
+}
+
 static void parse_scalar(dm__pctx_t *c, int row, int node, void *sect) {
     char why[WHY_MAX];
     const char *s = scalar_of(c, row, node);
-    if (s && convert(ROW(row), s, NODE(c, node)->quoted, sect, why))
+    if (!s)
+        return;
+    if (convert(ROW(row), s, NODE(c, node)->quoted, sect, why))
         ERR(c, node, "%s", why);
+    else if (ROW(row)->type == DM_ST_SIZE)
+        warn_decimal_size(c, node, s);
+    else if (ROW(row)->type == DM_ST_DURATION)
+        warn_bare_duration(c, node, s);
 }
 
 static void parse_arena_ref(dm__pctx_t *c, int row, int node, void *sect) {
@@ -526,6 +595,37 @@ static void unknown_dtype(dm__pctx_t *c, int node) {
             "kind: int, uint, integer, float, complex, number, ...", q);
 }
 
+/* A thread glob "X-*" where X could name a thread pool: Python's pools name
+ * their threads X_0, X_1, ... (ThreadPoolExecutor(thread_name_prefix=X);
+ * asyncio's default executor uses "asyncio"), so "X-*" matches none of them
+ * and the rule silently never applies (issue 11). Lint only (DM_PARSE_LINT:
+ * check and explain, not every start-up), because a job may well name its own
+ * threads "worker-1" (the demo does). Python's own dashed names pass:
+ * "Thread-*" (threading's default, "Thread-3 (run)"), "ThreadPoolExecutor-*"
+ * (an executor without a prefix, "ThreadPoolExecutor-0_1") and "Dummy-*"
+ * (threads not started by threading); so does a prefix that is not a plain
+ * name. */
+static void warn_pool_glob(dm__pctx_t *c, int node, const char *s) {
+    static const char *const dash_named[] = {"Thread", "ThreadPoolExecutor", "Dummy"};
+    size_t n = strlen(s);
+    if (n < 3 || strcmp(s + n - 2, "-*") != 0 ||
+        strspn(s, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+                  "0123456789_.-") != n - 1)
+        return;
+    int k = (int)(n - 2);
+    for (size_t i = 0; i < sizeof dash_named / sizeof dash_named[0]; i++)
+        if (strlen(dash_named[i]) == (size_t)k && strncmp(s, dash_named[i], (size_t)k) == 0)
+            return;
+    if (k == 7 && strncmp(s, "asyncio", 7) == 0)
+        report(c, DM_SEV_WARNING, node, "'%s' matches no thread of asyncio's default "
+               "executor (its threads are named asyncio_0, asyncio_1, ...); did you "
+               "mean 'asyncio_*'?", s);
+    else
+        report(c, DM_SEV_WARNING, node, "'%s' matches no thread of ThreadPoolExecutor("
+               "thread_name_prefix='%.*s') (its threads are named %.*s_0, %.*s_1, ...); "
+               "did you mean '%.*s_*'?", s, k, s, k, s, k, s, k, s);
+}
+
 static void parse_list_item(dm__pctx_t *c, int row, int node, void *sect) {
     const dm__schema_row_t *r = ROW(row);
     dm_rule_spec_t *rule = sect;
@@ -553,8 +653,11 @@ static void parse_list_item(dm__pctx_t *c, int row, int node, void *sect) {
         ERR(c, node, "invalid tag %s: tags match [A-Za-z_][A-Za-z0-9_-]*", q);
     else if (*count == DM_GLOBS_MAX)
         ERR(c, node, "too many entries: at most %d", DM_GLOBS_MAX);
-    else
+    else {
         memcpy(dst[(*count)++], s, strlen(s) + 1);
+        if (glob && c->lint)
+            warn_pool_glob(c, node, s);
+    }
 }
 
 static void parse_list(dm__pctx_t *c, int row, int node, void *sect) {

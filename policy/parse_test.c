@@ -217,8 +217,24 @@ static void test_positions(void) {
                     "source and caret, no CR");
     EXPECT_INT_EQ(parse("version: 1\ndefault: a\narenas:\n\ta: {}\n", NULL, &p),
                   DM_ESYNTAX, "tab indentation");
-    EXPECT_CONTAINS(text, "t.yaml:4:1: error: found character that cannot start any token",
-                    "libyaml's message and mark, 1-based");
+    EXPECT_CONTAINS(text, "t.yaml:4:1: error: tabs are not allowed for indentation in YAML; "
+                    "use spaces\n\ta: {}\n^\n", "a tab: what to do, at the tab, 1-based");
+    EXPECT_INT_EQ(d.n, 1, "no note from libyaml's context");
+    EXPECT_INT_EQ(parse("version: 1\ndefault: a\narenas:\n  a:\n  \t  alignment: 64\n",
+                        NULL, &p), DM_ESYNTAX, "tab after spaces");
+    EXPECT_CONTAINS(text, "t.yaml:5:3: error: tabs are not allowed for indentation",
+                    "the tab's column");
+    EXPECT_INT_EQ(parse("version: 1\ndefault: a\narenas:\n  a: {}\nrules:\n  - name: r\n"
+                        "\t  arena: a\n", NULL, &p), DM_ESYNTAX, "tab in a sequence item");
+    EXPECT_CONTAINS(text, "t.yaml:7:1: error: tabs are not allowed for indentation",
+                    "libyaml's 'violates indentation' case");
+    EXPECT_INT_EQ(parse("version: 1\ndefault: a\narenas:\n  a:\n    alignment:\t64\n",
+                        NULL, &p), 0, "a tab between key and value is fine");
+    dm_policy_free(p);
+    EXPECT_INT_EQ(parse("version: 1\ndefault: a\narenas:\n  a: @x\n", NULL, &p),
+                  DM_ESYNTAX, "other syntax errors");
+    EXPECT_CONTAINS(text, "t.yaml:4:6: error: found character that cannot start any token",
+                    "keep libyaml's message, 1-based");
     char small[24];
     int n = dm_diag_format(&d, 0, small, sizeof small);
     EXPECT_TRUE(n > (int)sizeof small && strlen(small) == sizeof small - 1,
@@ -242,6 +258,22 @@ static void test_load(void) {
     EXPECT_CONTAINS(text, ": error: cannot read the policy: No such file or directory",
                     "io message");
     EXPECT_INT_EQ(dm_policy_load("/tmp", NULL, &p, &d), DM_EIO, "a directory");
+}
+
+/* Issue 11: one cause at many places is one diagnostic with a count, and the
+ * notes of the folded repeats go with them; different causes stay apart. */
+static void test_folding(void) {
+    dm_policy_t *p;
+    EXPECT_INT_EQ(parse("version: 1\ndefault: a\narenas:\n  a: {alignment: 64, "
+                        "alignment: 64, alignment: 64}\n  b: {alignment: 64, alignment: 64}\n",
+                        NULL, &p), DM_EINVALID, "duplicate keys");
+    EXPECT_INT_EQ(d.nerrors, 3, "every error counted");
+    EXPECT_INT_EQ(d.n, 4, "arenas.a: one error and its note; arenas.b: the same");
+    EXPECT_CONTAINS(text, "t.yaml:4:22: error: arenas.a: duplicate key 'alignment' (and 1 "
+                    "more like this)\n", "folded with a count");
+    EXPECT_CONTAINS(text, "t.yaml:5:22: error: arenas.b: duplicate key 'alignment'\n",
+                    "another path is another cause");
+    EXPECT_TRUE(!strstr(text, "... and"), "nothing dropped: the count says it all");
 }
 
 /* Issue 11: a FIFO as the policy hung the open forever. alarm() turns a
@@ -304,5 +336,6 @@ int main(void) {
     test_positions();
     test_load();
     test_not_regular();
+    test_folding();
     return TEST_EXIT();
 }

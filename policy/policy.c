@@ -25,10 +25,11 @@ uint64_t dm_policy_hash(const char *buf, size_t len) {
 
 /* Walks and validates a loaded tree into p; returns 0 or a negative code. */
 static int build(dm__dsrc_t *ds, const dm__ytree_t *yt, const dm_topology_t *topo,
-                 dm_policy_t *p) {
+                 unsigned flags, dm_policy_t *p) {
     dm__pctx_t c;
     memset(&c, 0, sizeof c);
     c.ds = ds, c.yt = yt, c.topo = topo, c.p = p;
+    c.lint = (flags & DM_PARSE_LINT) != 0;
     dm__policy_walk(&c, yt->root);
     dm__policy_validate(&c);
     free(c.refs);
@@ -42,6 +43,12 @@ static int build(dm__dsrc_t *ds, const dm__ytree_t *yt, const dm_topology_t *top
 int dm_policy_parse(const char *buf, size_t len, const char *fname,
                     const dm_topology_t *topo, dm_policy_t **out,
                     dm_diags_t *diags) {
+    return dm_policy_parse_ex(buf, len, fname, topo, 0, out, diags);
+}
+
+int dm_policy_parse_ex(const char *buf, size_t len, const char *fname,
+                       const dm_topology_t *topo, unsigned flags,
+                       dm_policy_t **out, dm_diags_t *diags) {
     dm_diags_t local;
     dm__ytree_t yt;
     int rc;
@@ -60,7 +67,7 @@ int dm_policy_parse(const char *buf, size_t len, const char *fname,
         return DM_ENOMEM;
     rc = dm__ytree_load(&yt, &ds);
     if (rc == 0)
-        rc = build(&ds, &yt, topo, p);
+        rc = build(&ds, &yt, topo, flags, p);
     dm__ytree_free(&yt);
     dm__diags_sort(diags);
     if (rc) {
@@ -145,6 +152,11 @@ int dm_policy_open(const char *path, const char **kind) {
 
 int dm_policy_load(const char *path, const dm_topology_t *topo,
                    dm_policy_t **out, dm_diags_t *diags) {
+    return dm_policy_load_ex(path, topo, 0, out, diags);
+}
+
+int dm_policy_load_ex(const char *path, const dm_topology_t *topo,
+                      unsigned flags, dm_policy_t **out, dm_diags_t *diags) {
     dm_diags_t local;
     char *buf = NULL;
     size_t len = 0;
@@ -171,7 +183,7 @@ int dm_policy_load(const char *path, const dm_topology_t *topo,
                          rc == DM_ENOMEM ? "out of memory" : strerror(errno));
         return rc;
     }
-    rc = dm_policy_parse(buf, len, path, topo, out, diags);
+    rc = dm_policy_parse_ex(buf, len, path, topo, flags, out, diags);
     free(buf);
     return rc;
 }

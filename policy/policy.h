@@ -175,6 +175,17 @@ int dm_policy_parse(const char *buf, size_t len, const char *fname,
                     const dm_topology_t *topo, dm_policy_t **out,
                     dm_diags_t *diags);
 
+/* Flags of the _ex variants. DM_PARSE_LINT adds advice for a policy's author
+ * that a running job need not repeat at every start: warnings that are
+ * usually right but can be wrong for a given job (a thread glob 'etl-*' next
+ * to pools that name their threads etl_0, ...). `check` and `explain` ask
+ * for it; start-up and reload do not. */
+#define DM_PARSE_LINT 1u
+
+int dm_policy_parse_ex(const char *buf, size_t len, const char *fname,
+                       const dm_topology_t *topo, unsigned flags,
+                       dm_policy_t **out, dm_diags_t *diags);
+
 /* Opens a policy file for reading (O_CLOEXEC, blocking reads), following
  * symbolic links, without ever blocking in open: a FIFO, directory, device or
  * socket is refused. Returns the descriptor, or -1 with errno set and, when
@@ -186,6 +197,8 @@ int dm_policy_open(const char *path, const char **kind);
  * a regular file, see dm_policy_open) and parses it. */
 int dm_policy_load(const char *path, const dm_topology_t *topo,
                    dm_policy_t **out, dm_diags_t *diags);
+int dm_policy_load_ex(const char *path, const dm_topology_t *topo,
+                      unsigned flags, dm_policy_t **out, dm_diags_t *diags);
 
 void dm_policy_free(dm_policy_t *p);
 

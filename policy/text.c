@@ -138,6 +138,21 @@ void dm__source_line(const char *buf, size_t len, int line, char *dst,
         copy_clean(dst, cap, (const unsigned char *)buf, s, e);
 }
 
+int dm__indent_tab(const char *buf, size_t len, int line, int col) {
+    const unsigned char *b = (const unsigned char *)buf;
+    size_t s, e, i;
+    if (!buf || line <= 0 || !line_span(b, len, line, &s, &e))
+        return 0;
+    for (i = s; i < e && b[i] == ' '; i++)
+        ;
+    if (i >= e || b[i] != '\t')
+        return 0;
+    size_t tab = i; /* the first tab; the blanks go on to the first token */
+    while (i < e && (b[i] == ' ' || b[i] == '\t'))
+        i++;
+    return col >= 1 && (size_t)col <= i - s + 1 ? (int)(tab - s) + 1 : 0;
+}
+
 const char *dm__quote(char *buf, size_t cap, const char *s, size_t len) {
     const unsigned char *b = (const unsigned char *)s;
     dm__sbuf_t sb;

@@ -189,6 +189,7 @@ static bool on_event(builder_t *b, const yaml_event_t *e) {
  * becomes a note where it started. */
 static void syntax_error(builder_t *b, const yaml_parser_t *p) {
     const char *problem = p->problem ? p->problem : "invalid YAML";
+    int tab;
     if (p->error == YAML_MEMORY_ERROR) {
         fail(b, DM_ENOMEM, NULL, "out of memory");
     } else if (p->error == YAML_READER_ERROR) {
@@ -197,6 +198,16 @@ static void syntax_error(builder_t *b, const yaml_parser_t *p) {
         dm__text_pos(b->ds->buf, b->ds->len, p->problem_offset, &line, &col);
         m.line = (size_t)line - 1, m.column = (size_t)col - 1;
         fail(b, DM_ESYNTAX, &m, "%s", problem);
+    } else if ((tab = dm__indent_tab(b->ds->buf, b->ds->len,
+                                     (int)p->problem_mark.line + 1,
+                                     (int)p->problem_mark.column + 1)) > 0) {
+        /* libyaml's words for this ("found character that cannot start any
+         * token", "found a tab character that violates indentation") do not
+         * say what to do; its context note points elsewhere. */
+        yaml_mark_t m = p->problem_mark;
+        m.column = (size_t)tab - 1;
+        fail(b, DM_ESYNTAX, &m, "tabs are not allowed for indentation in YAML; "
+             "use spaces");
     } else {
         fail(b, DM_ESYNTAX, &p->problem_mark, "%s", problem);
         if (p->context)
