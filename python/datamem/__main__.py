@@ -1,7 +1,8 @@
 """python -m datamem: command-line tools.
 
   check POLICY                        validate; exit 0 with a summary, 1 with diagnostics
-  reload PID                          ask a running job to reload its policy (SIGHUP, opt-in)
+  reload PID | --all                  ask a running job (or every datamem process of this
+                                      user) to reload its policy (SIGHUP, opt-in)
   explain POLICY --size 8MiB [--dtype float32] [--thread NAME] [--tag T ...] [--table]
                                       which rule and arena serve an allocation, and why
                                       each earlier rule did not match
@@ -76,13 +77,17 @@ def main(argv=None):
     e.add_argument("--tag", action="append", default=[])
     e.add_argument("--table", action="store_true", help="print the compiled table")
     r = sub.add_parser("reload", help="ask a running process to reload its policy (SIGHUP)")
-    r.add_argument("pid", type=int)
+    r.add_argument("pid", type=int, nargs="?")
+    r.add_argument("--all", action="store_true",
+                   help="every datamem process of this user that handles SIGHUP")
     _stats_cli.add_commands(sub)
     a = ap.parse_args(argv)
     if a.cmd in _stats_cli.COMMANDS:
         return _stats_cli.run(a)
     if a.cmd == "reload":
-        return reload_pid(a.pid)
+        if a.all == (a.pid is not None):
+            ap.error("reload needs a PID or --all (not both)")
+        return _stats_cli.reload_all() if a.all else reload_pid(a.pid)
     if a.cmd == "check":
         ok, text, summary = check(a.policy)
         if text:
