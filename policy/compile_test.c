@@ -290,7 +290,21 @@ static void test_views(void) {
     EXPECT_TRUE(t2 == NULL, "*out = NULL");
 }
 
+/* Issue 11: "1 rules" / "1 arenas" in the dump. */
+static void test_dump_plurals(void) {
+    char buf[4096];
+    dm_table_t *t = compile_yaml("version: 1\ndefault: a\narenas: {a: {}}\n"
+                                 "rules: [{name: r, match: {dtype: float32}, arena: a}]\n");
+    if (!t)
+        return;
+    dm_table_dump(t, buf, sizeof buf);
+    EXPECT_CONTAINS(buf, "): 1 arena, 1 rule, 0 context words, dtype yes\n", "singular");
+    EXPECT_CONTAINS(buf, "view without context: 1 interval\n", "one interval");
+    dm_table_free(t);
+}
+
 int main(void) {
+    test_dump_plurals();
     test_explain();
     test_views();
     test_random();

@@ -169,7 +169,7 @@ int dm_diags_format_all(const dm_diags_t *d, char *buf, size_t cap) {
     int more = d->nerrors + d->nwarnings - kept;
     if (more > 0)
         dm__sb_printf(&b, "... and %d more (%d error%s and %d warning%s in all)\n",
-                      more, d->nerrors, d->nerrors == 1 ? "" : "s",
-                      d->nwarnings, d->nwarnings == 1 ? "" : "s");
+                      more, d->nerrors, DM__PLURAL(d->nerrors),
+                      d->nwarnings, DM__PLURAL(d->nwarnings));
     return dm__sb_done(&b);
 }

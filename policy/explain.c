@@ -158,10 +158,12 @@ int dm_table_dump(const dm_table_t *t, char *buf, size_t cap) {
     const dm_policy_t *p = dm_table_policy(t);
     dm__sbuf_t b;
     dm__sb_init(&b, buf, cap);
-    dm__sb_printf(&b, "policy %s (hash %016llx): %d arenas, %d rules, "
-                  "%d context words, dtype %s\n", p->path[0] ? p->path : "-",
-                  (unsigned long long)p->hash, p->narenas, p->nrules,
-                  dm_table_ctx_key_words(t), dm_table_uses_dtype(t) ? "yes" : "no");
+    int words = dm_table_ctx_key_words(t);
+    dm__sb_printf(&b, "policy %s (hash %016llx): %d arena%s, %d rule%s, "
+                  "%d context word%s, dtype %s\n", p->path[0] ? p->path : "-",
+                  (unsigned long long)p->hash, p->narenas, DM__PLURAL(p->narenas),
+                  p->nrules, DM__PLURAL(p->nrules), words, DM__PLURAL(words),
+                  dm_table_uses_dtype(t) ? "yes" : "no");
     dm__sb_printf(&b, "arenas (default %s, fallback %s):\n",
                   p->arenas[p->default_arena].name,
                   p->fallback_arena >= 0 ? p->arenas[p->fallback_arena].name : "-");
@@ -175,7 +177,8 @@ int dm_table_dump(const dm_table_t *t, char *buf, size_t cap) {
         dm__sb_printf(&b, "view: out of memory\n");
         return dm__sb_done(&b);
     }
-    dm__sb_printf(&b, "view without context: %u intervals\n", v->nbounds);
+    dm__sb_printf(&b, "view without context: %u interval%s\n", v->nbounds,
+                  DM__PLURAL(v->nbounds));
     for (uint32_t i = 0; i < v->nbounds; i++)
         dump_row(&b, t, v, i);
     dm_view_free(v);

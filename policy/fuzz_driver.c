@@ -53,7 +53,7 @@ int main(int argc, char **argv) {
     int count = 0, bad = 0;
     for (int i = 1; i < argc; i++)
         bad |= run_path(argv[i], &count);
-    printf("%d inputs replayed\n", count);
+    printf("%d input%s replayed\n", count, count == 1 ? "" : "s");
     if (count == 0)
         fprintf(stderr, "no inputs\n");
     return bad || count == 0;

@@ -22,6 +22,8 @@
 #include "policy/policy.h"
 
 #define DM__PRINTF(f, a) __attribute__((format(printf, f, a)))
+/* "%d rule%s", n, DM__PLURAL(n): "1 rule", "2 rules", "0 rules". */
+#define DM__PLURAL(n) ((n) == 1 ? "" : "s")
 
 /* ---- diagnostics with source ------------------------------------------ */
 

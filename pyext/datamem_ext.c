@@ -497,7 +497,7 @@ static PyObject *py_check(PyObject *self, PyObject *args) {
     dm_policy_t *p = NULL;
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = dm_policy_load(path, &topo, &p, d);
+    rc = dm_policy_load_ex(path, &topo, DM_PARSE_LINT, &p, d); /* check lints */
     Py_END_ALLOW_THREADS
     buf[0] = 0;
     if (d->n)
@@ -506,8 +506,9 @@ static PyObject *py_check(PyObject *self, PyObject *args) {
         snprintf(buf, 16384, "%s: error: %s\n", path, dm_strerror(rc));
     char summary[256] = "";
     if (p)
-        snprintf(summary, sizeof(summary), "%d arenas, %d rules, default '%s'",
-                 p->narenas, p->nrules, p->arenas[p->default_arena].name);
+        snprintf(summary, sizeof(summary), "%d arena%s, %d rule%s, default '%s'",
+                 p->narenas, p->narenas == 1 ? "" : "s", p->nrules,
+                 p->nrules == 1 ? "" : "s", p->arenas[p->default_arena].name);
     PyObject *res = Py_BuildValue("(Oss)", rc == 0 ? Py_True : Py_False, buf, summary);
     dm_policy_free(p);
     PyMem_RawFree(d);
