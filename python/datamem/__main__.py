@@ -26,6 +26,15 @@ def parse_size(text):
     return int(m.group(1)) * _UNITS[m.group(2).lower()]
 
 
+def parse_dtype(text):
+    """A dtype name explain() knows (the policy's own list), or an argparse error
+    that lists them."""
+    if text not in _ext.DTYPES:
+        raise argparse.ArgumentTypeError(
+            "unknown dtype %r; accepted dtypes are %s" % (text, ", ".join(_ext.DTYPES)))
+    return text
+
+
 def check(path):
     """Returns (ok, diagnostics text, summary) for a policy file; installs nothing."""
     return _ext.check(path)
@@ -71,8 +80,8 @@ def main(argv=None):
     c.add_argument("policy")
     e = sub.add_parser("explain", help="which rule and arena serve an allocation")
     e.add_argument("policy")
-    e.add_argument("--size", type=parse_size, default=0)
-    e.add_argument("--dtype", default="unknown")
+    e.add_argument("--size", type=parse_size, help="allocation size (required unless --table)")
+    e.add_argument("--dtype", type=parse_dtype, default="unknown")
     e.add_argument("--thread", default="MainThread")
     e.add_argument("--tag", action="append", default=[])
     e.add_argument("--table", action="store_true", help="print the compiled table")
@@ -80,6 +89,8 @@ def main(argv=None):
     r.add_argument("pid", type=int, nargs="?")
     r.add_argument("--all", action="store_true",
                    help="every datamem process of this user that handles SIGHUP")
+    r.add_argument("--match", metavar="TEXT",
+                   help="with --all: only processes whose command line contains TEXT")
     _stats_cli.add_commands(sub)
     a = ap.parse_args(argv)
     if a.cmd in _stats_cli.COMMANDS:
@@ -87,7 +98,7 @@ def main(argv=None):
     if a.cmd == "reload":
         if a.all == (a.pid is not None):
             ap.error("reload needs a PID or --all (not both)")
-        return _stats_cli.reload_all() if a.all else reload_pid(a.pid)
+        return _stats_cli.reload_all(a.match) if a.all else reload_pid(a.pid)
     if a.cmd == "check":
         ok, text, summary = check(a.policy)
         if text:
@@ -95,8 +106,15 @@ def main(argv=None):
         if ok:
             print("%s: ok: %s" % (a.policy, summary))
         return 0 if ok else 1
+    if a.size is None and not a.table:  # explaining size 0 by default misled (issue 11)
+        e.error("the following arguments are required: --size (or --table for the whole table)")
+    ok, text, _ = check(a.policy)  # the same diagnostics as check, warnings included
+    if text:
+        sys.stderr.write(text if text.endswith("\n") else text + "\n")
+    if not ok:
+        return 1
     try:
-        sys.stdout.write(explain(a.policy, a.size, a.dtype, a.thread, a.tag, a.table))
+        sys.stdout.write(explain(a.policy, a.size or 0, a.dtype, a.thread, a.tag, a.table))
     except _ext.PolicyError as err:
         sys.stderr.write(str(err) + "\n")
         return 1

@@ -276,21 +276,31 @@ def reload_label(cur):
 
 
 def header(cur, target, width=WIDTH):
-    """Two lines: who and when; then the policy, its loads and the threads."""
+    """Who and when; then the policy, its loads and the threads (on a third line
+    when they would leave the policy's path less than 24 columns)."""
     when = time.strftime("%H:%M:%S", time.localtime(cur.get("time", time.time())))
     first = "datamem %s  pid %s  %%s  %s" % (cur.get("version", "?"), cur.get("pid", "?"), when)
     first = first % fit_left(str(target), width - len(first) + 2)
-    tail = "  %s  threads %d" % (reload_label(cur), cur.get("threads", 0))
-    policy = fit_left(cur.get("policy_path") or "-", max(8, width - len("policy ") - len(tail)))
-    return first + "\n" + fit("policy " + policy + tail, width)
+    tail = "%s  threads %d" % (reload_label(cur), cur.get("threads", 0))
+    path = cur.get("policy_path") or "-"
+    room = width - len("policy ") - len(tail) - 2
+    if room >= min(24, len(path)):
+        return first + "\n" + "policy " + fit_left(path, room) + "  " + tail
+    return "\n".join((first, "policy " + fit_left(path, width - len("policy ")),
+                      fit(tail, width)))
 
 
 # ---- every process on the host -------------------------------------------------------------
 
-def datamem_pids():
+def _cmdline(pid):
+    with open("/proc/%d/cmdline" % pid, "rb") as f:
+        return f.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
+
+
+def datamem_pids(match=None):
     """Pids of this user's processes that have datamem loaded (its extension's
     libdatamem_tls.so is in /proc/PID/maps), whether or not they serve stats;
-    never this process."""
+    never this process. `match`: only those whose command line contains it."""
     me, uid = os.getpid(), os.getuid()
     out = []
     for name in os.listdir("/proc"):
@@ -300,8 +310,10 @@ def datamem_pids():
             if uid != 0 and os.stat("/proc/" + name).st_uid != uid:
                 continue
             with open("/proc/%s/maps" % name) as f:
-                if "/libdatamem_tls.so" in f.read():
-                    out.append(int(name))
+                if "/libdatamem_tls.so" not in f.read():
+                    continue
+            if match is None or match in _cmdline(int(name)):
+                out.append(int(name))
         except OSError:  # gone, or not ours to read
             continue
     return sorted(out)
@@ -533,14 +545,15 @@ def catches_sighup(pid):
     return False
 
 
-def reload_all(out=sys.stdout, err=sys.stderr):
+def reload_all(match=None, out=sys.stdout, err=sys.stderr):
     """SIGHUP to every datamem process of this user that asked for it
     (`reload: {signal: true}`); the others are named and left alone (SIGHUP would
     end them). Exit status 0 only if every datamem process found was signalled."""
     import signal
-    pids = datamem_pids()
+    pids = datamem_pids(match)
     if not pids:
-        err.write("datamem: no process of this user has datamem loaded\n")
+        err.write("datamem: no process of this user has datamem loaded%s\n" %
+                  (" with %r in its command line" % match if match else ""))
         return 1
     sent, skipped = [], []
     for pid in pids:
