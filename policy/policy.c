@@ -137,7 +137,7 @@ int dm_policy_open(const char *path, const char **kind) {
         if (kind)
             *kind = file_kind(st.st_mode);
         close(fd);
-        errno = EINVAL;
+        errno = S_ISDIR(st.st_mode) ? EISDIR : EINVAL; /* for callers that print errno */
         return -1;
     }
     int fl = fcntl(fd, F_GETFL);

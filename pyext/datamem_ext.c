@@ -724,5 +724,20 @@ PyMODINIT_FUNC PyInit__ext(void) {
     }
     PyModule_AddStringConstant(m, "HANDLER_NAME", HANDLER_NAME);
     PyModule_AddStringConstant(m, "VERSION", DM_VERSION_STRING);
+    /* The dtype names explain() accepts (policy.h's DM_DTYPE_LIST), so that
+     * the command line can list them without keeping a copy. */
+    PyObject *dtypes = PyTuple_New(DM_DT_COUNT);
+    for (int i = 0; dtypes && i < DM_DT_COUNT; i++) {
+        PyObject *name = PyUnicode_FromString(dm_dtype_name(i));
+        if (!name)
+            Py_CLEAR(dtypes);
+        else
+            PyTuple_SET_ITEM(dtypes, i, name);
+    }
+    if (!dtypes || PyModule_AddObject(m, "DTYPES", dtypes) < 0) {
+        Py_XDECREF(dtypes);
+        Py_DECREF(m);
+        return NULL;
+    }
     return m;
 }

@@ -15,6 +15,7 @@ or explicitly::
 """
 import contextlib
 import os
+import re
 import sys
 import threading
 import weakref
@@ -157,14 +158,31 @@ def arena_of(array):
     return _ext.owner_arena(array)
 
 
-@contextlib.contextmanager
+# A policy's match.tag accepts only these names (policy/units.c, dm__name_valid),
+# so tag() refuses the rest rather than tagging what no rule can match (issue 11);
+# tests/python/test_papercuts.py checks both sides agree.
+_TAG_PATTERN = "[A-Za-z_][A-Za-z0-9_-]*"
+_TAG = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,62}")
+
+
 def tag(*names):
     """Tags the allocations made inside the block (and inside tasks it creates:
     the tag rides on NumPy's handler ContextVar, so it follows await and
-    asyncio tasks and stays isolated between tasks). Nested tags accumulate."""
+    asyncio tasks and stays isolated between tasks). Nested tags accumulate.
+    A name a policy's match.tag could not hold (see _TAG_PATTERN) raises
+    ValueError here, at the call."""
     for n in names:
-        if not isinstance(n, str) or not n:
-            raise TypeError("tag names must be non-empty strings")
+        if not isinstance(n, str):
+            raise TypeError("tag names must be strings, got %r" % (n,))
+        if not _TAG.fullmatch(n):
+            raise ValueError("invalid tag %r: no rule could ever match it; tags match %s "
+                             "and are 1 to 63 bytes (the policy's match.tag grammar)"
+                             % (n, _TAG_PATTERN))
+    return _tagged(names)
+
+
+@contextlib.contextmanager
+def _tagged(names):
     if not _ext.active():
         yield
         return
