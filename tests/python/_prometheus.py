@@ -53,6 +53,15 @@ def free_port():
         return s.getsockname()[1]
 
 
+def tool_env():
+    """The environment for a helper program (Prometheus, a browser): the test's own,
+    without the sanitizer runtimes scripts/asan-python.sh preloads into Python."""
+    env = dict(os.environ)
+    for k in ("LD_PRELOAD", "ASAN_OPTIONS", "UBSAN_OPTIONS", "TSAN_OPTIONS"):
+        env.pop(k, None)
+    return env
+
+
 def _yaml_str(s):
     return json.dumps(str(s))  # a JSON string is a valid YAML flow scalar
 
@@ -131,7 +140,7 @@ class Prometheus:
                  "--web.listen-address=127.0.0.1:%d" % self.port,
                  "--log.level=warn"],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                cwd=self.dir)
+                cwd=self.dir, env=tool_env())
             log.close()
             deadline = time.monotonic() + self.start_timeout
             while time.monotonic() < deadline:
@@ -241,4 +250,5 @@ def promtool(*args, timeout=60):
     exe = shutil.which(PROMTOOL)
     if exe is None:
         raise PrometheusError("promtool is not installed (Debian's prometheus package has it)")
-    return subprocess.run([exe, *args], capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([exe, *args], capture_output=True, text=True, timeout=timeout,
+                          env=tool_env())

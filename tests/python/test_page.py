@@ -24,6 +24,7 @@ import urllib.request
 
 import pytest
 
+from _prometheus import tool_env
 from conftest import CONFIGS, ROOT
 
 PAGE = os.path.join(ROOT, "runtime", "page", "index.html")
@@ -192,7 +193,7 @@ def browse(tmp_path, url, *args):
     cmd = [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
            "--disable-extensions", "--hide-scrollbars", "--user-data-dir=%s" % (tmp_path / "profile"),
            "--virtual-time-budget=6000", *args, url]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=90)
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=90, env=tool_env())
     assert r.returncode == 0, r.stderr[-2000:]
     return r.stdout
 
