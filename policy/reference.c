@@ -99,13 +99,18 @@ static void put_units(FILE *f) {
     fprintf(f, "\n## Sizes\n\nA whole number of bytes (`4096`), or a whole number "
                "and a unit, with or without a space (`64KiB`, `8 MiB`). Units are "
                "case-sensitive; no others (`k`, `kb`, `M`) are accepted. Sizes "
-               "that do not fit in 64 bits are errors.\n\n| Unit | Bytes |\n|---|---|\n");
+               "that do not fit in 64 bits are errors. A decimal unit gets a "
+               "warning, since the binary one is almost always meant (`4MB is "
+               "4,000,000 bytes; did you mean 4MiB?`); write the bytes (`4000000`) "
+               "to keep a decimal size without it.\n\n| Unit | Bytes |\n|---|---|\n");
 #define DM_UNIT_DOC(suffix, mult)                                              \
     fprintf(f, "| `%s` | %llu |\n", suffix, (unsigned long long)(mult));
     DM_SIZE_UNITS(DM_UNIT_DOC)
     fprintf(f, "\n## Durations\n\nWhole milliseconds (`250`), or a number and a "
                "unit: `250ms`, `10s`, `1.5s` (a fraction of a second must come to "
-               "whole milliseconds). Where accepted, `never` or `-1` means never.\n\n"
+               "whole milliseconds). Where accepted, `never` or `-1` means never. "
+               "A bare number other than 0 gets a warning (`dirty: 10` is 10 ms, "
+               "where 10 s was likelier meant): write the unit.\n\n"
                "| Unit | Milliseconds |\n|---|---|\n");
     DM_DURATION_UNITS(DM_UNIT_DOC)
 #undef DM_UNIT_DOC
@@ -130,7 +135,26 @@ static void put_rest(FILE *f) {
     fprintf(f, "\n## Names, globs and tags\n\nArena, rule and tag names match "
                "`[A-Za-z_][A-Za-z0-9_-]*` and are 1 to %d bytes. Thread globs use "
                "fnmatch(3) syntax (`*`, `?`, `[...]`, `\\` escapes); an unclosed "
-               "`[` is an error.\n", DM_NAME_MAX - 1);
+               "`[` is an error. `datamem.tag()` refuses a name outside this "
+               "pattern (ValueError), since no rule could match it.\n",
+            DM_NAME_MAX - 1);
+    fprintf(f, "\n## Thread names\n\nA `thread` glob matches the Python thread's "
+               "name, and Python's own names are easy to get wrong:\n\n"
+               "| Threads | Named | Glob |\n|---|---|---|\n"
+               "| `threading.Thread(target=f)` | `Thread-1 (f)`, `Thread-2 (f)` | "
+               "`Thread-*` |\n"
+               "| `ThreadPoolExecutor(thread_name_prefix=\"etl\")` | `etl_0`, `etl_1` | "
+               "`etl_*` |\n"
+               "| `ThreadPoolExecutor()` | `ThreadPoolExecutor-0_0`, ... | "
+               "`ThreadPoolExecutor-*` |\n"
+               "| asyncio's default executor (`run_in_executor(None, ...)`, "
+               "`asyncio.to_thread`) | `asyncio_0`, `asyncio_1` | `asyncio_*` |\n"
+               "| threads not started by `threading` | `Dummy-1`, ... | `Dummy-*` |\n"
+               "\n`etl-*` matches no thread of a pool with prefix `etl`. "
+               "`python -m datamem check` and `explain` warn about such a glob "
+               "(`X-*` for any X but `Thread`, `ThreadPoolExecutor` and `Dummy`); "
+               "start-up does not, because a job may name its own threads `etl-1`. "
+               "For those, `etl-[0-9]*` says so and is not warned about.\n");
     fprintf(f, "\n## Matching\n\nRules are tried in order; the first whose every "
                "given part matches wins, and an allocation no rule matches goes to "
                "`default`. A rule matches when `size.min <= size <= size.max`, the "
@@ -140,9 +164,16 @@ static void put_rest(FILE *f) {
                "`file:line:column: error: key.path: message`, followed by the "
                "line and a caret; all are reported in one pass. Refused outright: "
                "files over %u bytes, text that is not UTF-8, several documents, "
-               "anchors and aliases, nesting deeper than %d levels. A policy "
-               "without errors may still get warnings: a rule that an earlier rule "
-               "fully shadows, an arena that nothing uses.\n",
+               "anchors and aliases, nesting deeper than %d levels, a tab in "
+               "the indentation (YAML allows only spaces there), and a path that "
+               "is not a regular file (a FIFO, directory, device or socket: "
+               "symbolic links are followed). One cause at many places is one "
+               "diagnostic with a count, `(and N more like this)`. Warnings "
+               "(`warning:`) do not stop a policy from loading; start-up prints "
+               "them once to stderr: a rule that an earlier rule fully shadows, "
+               "an arena that nothing uses, a decimal size unit, a duration "
+               "without a unit. `check` and `explain` add advice that may not "
+               "apply to every job (see Thread names).\n",
             DM_POLICY_FILE_MAX, DM__YDEPTH_MAX);
     fprintf(f, "\n## Example\n\n```yaml\n%s```\n", dm__policy_example);
 }
