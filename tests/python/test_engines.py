@@ -1,0 +1,235 @@
+"""datamem under the engines people move to when one process is not enough
+(issue 14): Dask (`distributed`, a real LocalCluster of worker processes), Ray (a
+local cluster) and joblib/loky. Each test runs its engine in a fresh interpreter,
+as a user would, and skips with the reason when the engine is not installed
+(scripts/test.sh installs them in its "Dask, Ray and joblib workers" stage)."""
+import importlib.util
+import json
+import os
+
+import pytest
+
+from conftest import run_py
+
+POLICY = """version: 1
+default: general
+arenas:
+  general: {alignment: 64}
+  tasks: {alignment: 4096}
+rules:
+  - name: task-arrays            # exactly the arrays the tasks below make
+    match: {size: {min: 1000000, max: 1000000}}
+    arena: tasks
+"""
+
+
+def need(module, extra):
+    if importlib.util.find_spec(module) is None:
+        pytest.skip("%s is not installed (pip install 'datamem[%s]'; scripts/test.sh installs "
+                    "it in the 'Dask, Ray and joblib workers' stage)" % (module, extra))
+
+
+def last_json(r):
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-6000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+# Made in the tasks: 1,000,000 bytes, which only the rule "task-arrays" matches.
+TASK = r"""
+def task(i):
+    import os, numpy as np, datamem
+    try:
+        from numpy._core.multiarray import get_handler_name
+    except ImportError:
+        from numpy.core.multiarray import get_handler_name
+    a = np.empty(125000)
+    a[:] = i
+    return os.getpid(), get_handler_name(a), datamem.arena_of(a), float(a.sum())
+"""
+
+# ---- Dask -------------------------------------------------------------------------------------
+
+DASK = TASK + r"""
+import json, os, sys, time, urllib.request
+from dask.distributed import Client, LocalCluster
+import datamem.dask
+
+def counts(c):
+    return {w: s["rules"]["task-arrays"]["allocations"] for w, s in datamem.dask.stats(c).items()}
+
+def metrics_of(c):
+    out = {}
+    for addr, w in c.scheduler_info(n_workers=-1)["workers"].items():
+        url = "http://%s:%d/metrics" % (w["host"], w["services"]["dashboard"])
+        text = urllib.request.urlopen(url, timeout=10).read().decode()
+        out[addr] = [l for l in text.splitlines()
+                     if l.startswith("datamem_rule_allocations_total{")
+                     and 'rule="task-arrays"' in l]
+    return out
+
+if __name__ == "__main__":
+    policy, n = sys.argv[1], int(sys.argv[2])
+    out = {}
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                      dashboard_address="127.0.0.1:0", host="127.0.0.1") as cluster, \
+            Client(cluster) as c:
+        out["before"] = sorted({r[1] for r in c.gather(c.map(task, range(4), pure=False))})
+        c.register_plugin(datamem.dask.Policy(policy))
+        res = c.gather(c.map(task, range(n), pure=False))
+        out["handlers"] = sorted({(r[1], r[2]) for r in res})
+        out["sums_ok"] = all(r[3] == 125000.0 * i for i, r in enumerate(res))
+        out["task_pids"] = len({r[0] for r in res})
+        out["counted"] = sum(counts(c).values())       # through datamem's own stats
+        out["n"] = n
+        out["metrics"] = metrics_of(c)
+        # A worker killed: its nanny starts a new process, under the policy.
+        pid = c.run(os.getpid)
+        victim = sorted(pid)[0]
+        os.kill(pid[victim], 9)
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            info = c.scheduler_info(n_workers=-1)["workers"]
+            if len(info) == 2 and victim not in info:
+                break
+            time.sleep(0.1)
+        c.wait_for_workers(2, timeout=60)
+        res = c.gather(c.map(task, range(6), pure=False))
+        out["after_restart"] = sorted({(r[1], r[2]) for r in res})
+        out["workers_after"] = all(c.run(datamem.current_policy).values())
+        # A new worker joins: the scheduler gives its nanny the plugin first.
+        cluster.scale(3)
+        c.wait_for_workers(3, timeout=60)
+        out["joined"] = sorted(c.run(datamem.current_policy).values())
+        # Reload from the client: every worker, no restart.
+        pids = c.run(os.getpid)
+        with open(policy) as f:
+            text = f.read()
+        new = policy + ".v2"
+        with open(new, "w") as f:
+            f.write(text.replace("min: 1000000, max: 1000000", "min: 999999, max: 1000001"))
+        out["reload"] = sorted(r["ok"] for r in datamem.dask.reload(c, new).values())
+        out["same_pids"] = c.run(os.getpid) == pids
+        out["hashes"] = len(set(s["policy_hash"] for s in datamem.dask.stats(c).values()))
+        res = c.gather(c.map(task, range(3), pure=False))
+        out["after_reload"] = sorted({(r[1], r[2]) for r in res})
+    print(json.dumps(out))
+"""
+
+
+def test_dask_workers_run_the_policy(tmp_path):
+    need("distributed", "dask")
+    # No shared file system assumed: the policy lives where only the client reads
+    # it; the plugin carries its text.
+    pol = tmp_path / "client-only" / "policy.yaml"
+    pol.parent.mkdir()
+    pol.write_text(POLICY)
+    script = tmp_path / "dask_job.py"
+    script.write_text(DASK)
+    r = run_py("import runpy, sys; sys.argv = ['dask_job.py', %r, '40']; "
+               "runpy.run_path(%r, run_name='__main__')" % (str(pol), str(script)), timeout=240)
+    out = last_json(r)
+    assert out["before"] == ["default_allocator"]        # no policy before registering
+    assert out["handlers"] == [["datamem", "tasks"]] and out["sums_ok"]
+    assert out["task_pids"] == 2
+    assert out["counted"] == out["n"] == 40               # 100% of the task arrays
+    # Each worker's datamem metrics on the worker's own /metrics (the dashboard port).
+    assert len(out["metrics"]) == 2
+    assert sum(float(v[0].split()[-1]) for v in out["metrics"].values()) == 40
+    assert out["after_restart"] == [["datamem", "tasks"]] and out["workers_after"]
+    assert len(out["joined"]) == 3 and all(out["joined"])
+    assert out["reload"] == [True, True, True] and out["same_pids"] and out["hashes"] == 1
+    assert out["after_reload"] == [["datamem", "tasks"]]
+
+
+def test_dask_policy_refuses_a_bad_policy_on_the_client(tmp_path):
+    need("distributed", "dask")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("version: 1\ndefault: nowhere\narenas:\n  general: {}\n")
+    r = run_py("import datamem, datamem.dask\n"
+               "try:\n    datamem.dask.Policy(%r)\n"
+               "except datamem.PolicyError as e:\n    print('refused:', e)\n" % str(bad))
+    assert r.returncode == 0, r.stderr
+    assert "refused:" in r.stdout and "bad.yaml:2:" in r.stdout
+
+
+# ---- joblib / loky ------------------------------------------------------------------------------
+
+JOBLIB = TASK + r"""
+import json, os
+from joblib import Parallel, delayed
+if __name__ == "__main__":
+    res = Parallel(n_jobs=2, backend="loky")(delayed(task)(i) for i in range(12))
+    print(json.dumps({"handlers": sorted({(r[1], r[2]) for r in res}),
+                      "pids": len({r[0] for r in res}), "me": os.getpid() in {r[0] for r in res}}))
+"""
+
+
+def test_joblib_loky_workers_run_the_policy(tmp_path):
+    need("joblib", "joblib")
+    pol = tmp_path / "policy.yaml"
+    pol.write_text(POLICY)
+    script = tmp_path / "joblib_job.py"
+    script.write_text(JOBLIB)
+    r = run_py("import runpy; runpy.run_path(%r, run_name='__main__')" % str(script),
+               config=str(pol), timeout=180)
+    out = last_json(r)
+    assert out["handlers"] == [["datamem", "tasks"]]
+    assert out["pids"] >= 1 and not out["me"]            # really other processes
+
+
+# ---- Ray ----------------------------------------------------------------------------------------
+
+RAY = TASK + r"""
+import json, os, sys, urllib.request
+import ray, datamem.ray
+if __name__ == "__main__":
+    env = datamem.ray.runtime_env(sys.argv[1], stats_http="127.0.0.1:0")
+    ray.init(num_cpus=2, include_dashboard=False, runtime_env=env, log_to_driver=False)
+    try:
+        @ray.remote
+        def remote_task(i):
+            import datamem
+            return task(i) + (datamem.stats_url(), datamem.current_policy())
+
+        @ray.remote
+        class Holder:
+            def make(self):
+                import datamem
+                self.a = [task(i) for i in range(3)]
+                return [r[1:3] for r in self.a], datamem.stats_url()
+
+        res = ray.get([remote_task.remote(i) for i in range(6)])
+        h = Holder.remote()
+        actor, actor_url = ray.get(h.make.remote())
+        urls = {r[4] for r in res} | {actor_url}
+        scraped = {}
+        for u in urls:
+            text = urllib.request.urlopen(u, timeout=10).read().decode()
+            scraped[u] = [l for l in text.splitlines()
+                          if l.startswith("datamem_rule_allocations_total{")
+                     and 'rule="task-arrays"' in l]
+        print(json.dumps({"tasks": sorted({(r[1], r[2]) for r in res}),
+                          "actor": sorted({tuple(x) for x in actor}),
+                          "policies": sorted({os.path.basename(r[5]) for r in res}),
+                          "scraped": scraped}))
+    finally:
+        ray.shutdown()
+"""
+
+
+def test_ray_tasks_and_actors_run_the_policy(tmp_path):
+    need("ray", "ray")
+    pol = tmp_path / "client-only.yaml"
+    pol.write_text(POLICY)
+    script = tmp_path / "ray_job.py"
+    script.write_text(RAY)
+    r = run_py("import runpy, sys; sys.argv = ['ray_job.py', %r]; "
+               "runpy.run_path(%r, run_name='__main__')" % (str(pol), str(script)),
+               env={"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}, timeout=240)
+    out = last_json(r)
+    assert out["tasks"] == [["datamem", "tasks"]]
+    assert out["actor"] == [["datamem", "tasks"]]
+    assert out["policies"] == ["datamem-policy.yaml"]    # the copy shipped with the job
+    # Every worker's metrics are reachable and count its task arrays.
+    assert out["scraped"] and all(v and float(v[0].split()[-1]) >= 1
+                                  for v in out["scraped"].values())
