@@ -233,3 +233,89 @@ def test_ray_tasks_and_actors_run_the_policy(tmp_path):
     # Every worker's metrics are reachable and count its task arrays.
     assert out["scraped"] and all(v and float(v[0].split()[-1]) >= 1
                                   for v in out["scraped"].values())
+
+
+# ---- 4 Dask workers in one Prometheus query --------------------------------------------------
+
+DASK4 = TASK + r"""
+import json, sys
+from dask.distributed import Client, LocalCluster
+import datamem.dask
+if __name__ == "__main__":
+    policy, n = sys.argv[1], int(sys.argv[2])
+    with LocalCluster(n_workers=4, threads_per_worker=1, processes=True,
+                      dashboard_address="127.0.0.1:0", host="127.0.0.1") as cluster, \
+            Client(cluster) as c:
+        # stats_http: each worker also serves datamem's own endpoint and is listed in
+        # DATAMEM_STATS_DIR (inherited), for `ls --prometheus-sd`.
+        c.register_plugin(datamem.dask.Policy(policy, stats_http="127.0.0.1:0"))
+        res = c.gather(c.map(task, range(n), pure=False))
+        stats = datamem.dask.stats(c)
+        workers = c.scheduler_info(n_workers=-1)["workers"].values()
+        print(json.dumps({
+            "handlers": sorted({(r[1], r[2]) for r in res}),
+            "pids": sorted(c.run(__import__("os").getpid).values()),
+            "counted": {a: s["rules"]["task-arrays"]["allocations"] for a, s in stats.items()},
+            "dask_targets": ["%s:%d" % (w["host"], w["services"]["dashboard"]) for w in workers]}),
+            flush=True)
+        sys.stdin.readline()                      # scraped meanwhile
+"""
+
+
+def test_four_dask_workers_in_one_prometheus_query(tmp_path):
+    need("distributed", "dask")
+    import subprocess
+    import sys
+    from conftest import ROOT
+    from _prometheus import Prometheus, skip_reason
+    if skip_reason():
+        pytest.skip(skip_reason())
+    pol = tmp_path / "policy.yaml"
+    pol.write_text(POLICY)
+    script = tmp_path / "dask4.py"
+    script.write_text(DASK4)
+    disc = tmp_path / "discovery"
+    env = dict(os.environ, DATAMEM_STATS_DIR=str(disc))
+    env.pop("DATAMEM_CONFIG", None)
+    n = 100
+    p = subprocess.Popen([sys.executable, str(script), str(pol), str(n)], env=env, cwd=ROOT,
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    try:
+        line = p.stdout.readline()
+        if not line:
+            raise AssertionError(p.communicate(timeout=60)[1][-6000:])
+        out = json.loads(line)
+        assert out["handlers"] == [["datamem", "tasks"]]
+        assert len(out["counted"]) == 4 and all(v > 0 for v in out["counted"].values())
+        assert sum(out["counted"].values()) == n          # 100% of task arrays, by the stats
+        # The datamem endpoints of the same 4 workers, as file_sd targets.
+        sd = tmp_path / "datamem-sd.json"
+        r = subprocess.run([sys.executable, "-m", "datamem", "ls", "--prometheus-sd", str(sd),
+                            "--once"], env=env, cwd=ROOT, capture_output=True, text=True,
+                           timeout=60)
+        assert r.returncode == 0, r.stderr
+        groups = [g for g in json.loads(sd.read_text())
+                  if int(g["labels"]["pid"]) in out["pids"]]
+        assert len(groups) == 4, groups
+        with Prometheus(tmp_path, targets=out["dask_targets"], labels={"via": "dask"},
+                        file_sd=groups) as prom:
+            q = 'datamem_rule_allocations_total{rule="task-arrays",via%s"dask"}'
+            # One query, all 4 workers, through the Dask worker endpoints ...
+            prom.wait_for("count(%s) == 4" % (q % "="), timeout=30)
+            total = prom.query("sum(%s)" % (q % "="))
+            assert float(total[0]["value"][1]) == n
+            # ... and through the file_sd targets, one series per pid label.
+            res = prom.wait_for("count by (pid) (%s)" % (q % "!="), timeout=30,
+                                ok=lambda r: len(r) == 4)
+            assert sorted(int(s["metric"]["pid"]) for s in res) == out["pids"]
+            total = prom.query("sum(%s)" % (q % "!="))
+            assert float(total[0]["value"][1]) == n
+    finally:
+        if p.poll() is None:
+            p.stdin.close()
+            try:
+                p.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
