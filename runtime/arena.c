@@ -61,12 +61,33 @@ static bool fault_fire(_Atomic int64_t *budget) {
 
 static size_t align_up(size_t x, size_t a) { return (x + a - 1) & ~(a - 1); }
 
-/* Reserves a fresh region of at least `need` bytes and marks its segments. */
+/* Once per process: why address space ran out, naming RLIMIT_AS when set. */
+static void log_reserve_failure(const dm_arena_t *a, size_t len) {
+    static _Atomic bool said;
+    if (atomic_exchange_explicit(&said, true, memory_order_relaxed))
+        return;
+    uint64_t lim = dm__os_as_limit();
+    if (lim)
+        dm__log("datamem: arena '%s': cannot reserve %zu MiB of address space: the address-space "
+                "limit RLIMIT_AS (ulimit -v, prlimit --as) is %llu MiB and is reached; datamem "
+                "reserves address space in 1 GiB segments per arena in use. Allocations that "
+                "do not fit fail with MemoryError.", a->name, len >> 20,
+                (unsigned long long)(lim >> 20));
+    else
+        dm__log("datamem: arena '%s': cannot reserve %zu MiB of address space: %s", a->name,
+                len >> 20, strerror(errno));
+}
+
+/* Reserves a fresh region of at least `need` bytes and marks its segments. The
+ * old region's unused whole segments go back to the kernel (their owner entries
+ * cleared first): under an RLIMIT_AS they are address space the job needs. */
 static bool region_grow(je_arena_t *ja, size_t need) {
     size_t len = align_up(need > DM_SEG_SIZE ? need : DM_SEG_SIZE, DM_SEG_SIZE);
     char *base = dm__os_reserve(len, DM_SEG_SIZE);
-    if (!base)
+    if (!base) {
+        log_reserve_failure(ja->owner, len);
         return false;
+    }
     uintptr_t first = (uintptr_t)base >> DM_SEG_SHIFT;
     uintptr_t last = ((uintptr_t)base + len - 1) >> DM_SEG_SHIFT;
     if (last >= (1u << (DM_VA_BITS - DM_SEG_SHIFT)))
@@ -80,12 +101,31 @@ static bool region_grow(je_arena_t *ja, size_t need) {
             ja->old[ja->nold][1] = ja->cur;
         }
         ja->nold++;
+        char *unused = (char *)align_up((size_t)ja->cur, DM_SEG_SIZE);
+        if (unused < ja->end) {
+            for (uintptr_t s = (uintptr_t)unused >> DM_SEG_SHIFT;
+                 s <= ((uintptr_t)ja->end - 1) >> DM_SEG_SHIFT; s++)
+                atomic_store_explicit(&dm__seg_owner[s], 0, memory_order_release);
+            dm__os_release(unused, (size_t)(ja->end - unused));
+            ja->reserved -= (size_t)(ja->end - unused);
+        }
     }
     ja->base = base;
-    ja->cur = base; /* the rest of the old region is abandoned (address space only) */
+    ja->cur = base;
     ja->end = base + len;
     ja->reserved += len;
     return true;
+}
+
+/* Memory jemalloc asks for while it creates an arena (its metadata): mapped
+ * on its own, outside every segment, so an arena costs no address space until
+ * it serves an array (a policy with several arenas used to need 1 GiB each at
+ * start-up: `prlimit --as=5GiB` refused demo.yaml). No array is ever there. */
+static void *meta_alloc(size_t size, size_t alignment) {
+    char *p = dm__os_reserve(align_up(size, dm__os_page_size()), alignment);
+    if (p && dm__os_commit(p, size) != 0)
+        p = NULL; /* the reservation stays: a few MiB, once */
+    return p;
 }
 
 static void place(je_arena_t *ja, void *p, size_t size) {
@@ -125,6 +165,14 @@ static void *hook_alloc(extent_hooks_t *h, void *new_addr, size_t size,
         size >= ((size_t)2 << 20) && alignment < ((size_t)2 << 20))
         alignment = (size_t)2 << 20;
 
+    if (DM_UNLIKELY(ja->creating) && !new_addr) {
+        void *m = meta_alloc(size, alignment);
+        if (m) {
+            *zero = true;
+            *commit = true;
+        }
+        return m;
+    }
     pthread_mutex_lock(&ja->mu);
     char *p = NULL;
     if (new_addr) { /* in-place growth: only right after our last extent */
@@ -248,7 +296,18 @@ static je_arena_t *je_create(dm_arena_t *owner, int node, const dm_arena_spec_t 
     dm__je[nje] = ja;
     extent_hooks_t *hp = &ja->hooks;
     size_t sz = sizeof(ja->index);
-    if (dmje_mallctl("arenas.create", &ja->index, &sz, &hp, sizeof(hp)) != 0) {
+    ja->creating = true; /* under dm__mu: no other arena is being created */
+    int rc = dmje_mallctl("arenas.create", &ja->index, &sz, &hp, sizeof(hp));
+    ja->creating = false;
+    if (rc != 0) {
+        uint64_t lim = dm__os_as_limit();
+        if (lim)
+            dm__log("datamem: arena '%s': jemalloc cannot create an arena (%s); the "
+                    "address-space limit RLIMIT_AS is %llu MiB", owner->name, strerror(rc),
+                    (unsigned long long)(lim >> 20));
+        else
+            dm__log("datamem: arena '%s': jemalloc cannot create an arena (%s)", owner->name,
+                    strerror(rc));
         dm__je[nje] = NULL;
         dmje_dallocx(ja, MALLOCX_TCACHE_NONE);
         return NULL;
@@ -261,6 +320,16 @@ static je_arena_t *je_create(dm_arena_t *owner, int node, const dm_arena_spec_t 
         ja->purge_mib[0] = 0; /* no purge on growth */
     if (je_settings(ja, spec) != 0)
         dm__log("datamem: arena '%s': cannot apply decay settings", owner->name);
+    /* jemalloc grows an arena's retained memory geometrically (the next extent
+     * it asks the hooks for doubles, up to the whole address space): committed,
+     * hence accounted and counted in RLIMIT_AS, long before it is used. With
+     * 100 MiB arrays under `prlimit --as=8GiB` that stopped a job at 3.7 GiB
+     * where NumPy's default reached 8 GiB. Growing by at most 128 MiB beyond the
+     * request keeps commitment close to use. */
+    size_t grow = (size_t)128 << 20;
+    snprintf(name, sizeof(name), "arena.%u.retain_grow_limit", ja->index);
+    if (dmje_mallctl(name, NULL, NULL, &grow, sizeof(grow)) != 0)
+        dm__log("datamem: arena '%s': cannot limit retained growth", owner->name);
     return ja;
 }
 

@@ -71,6 +71,7 @@ typedef struct je_arena {
      * ranges committed again) since dm__arena_after_growth last looked. */
     _Atomic uint64_t grown;
     size_t purge_mib[3];         /* "arena.<index>.purge" */
+    bool creating;               /* inside arenas.create (under dm__mu) */
 } je_arena_t;
 
 typedef struct dm_arena {

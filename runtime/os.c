@@ -16,6 +16,7 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "policy/policy.h"
@@ -26,7 +27,50 @@
 
 static _Atomic uint64_t fake_nodes; /* tests only */
 
+/* Where the last reservation started: the next is tried just below it (the
+ * kernel maps top-down), which is usually free and aligned, so no overshoot. */
+static _Atomic uintptr_t reserve_hint;
+
+/* mmap of exactly `size` at `want`; kept only if the kernel put it there. */
+static void *reserve_at(uintptr_t want, size_t size, size_t align) {
+    char *p = mmap((void *)want, size, PROT_NONE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED)
+        return NULL;
+    if (((uintptr_t)p & (align - 1)) == 0)
+        return p;
+    munmap(p, size);
+    return NULL;
+}
+
 void *dm__os_reserve(size_t size, size_t align) {
+    /* First try exactly `size` at aligned hints: reserving size + align and
+     * trimming would need twice the address space for a moment, which fails
+     * under an RLIMIT_AS that the reservation itself fits in (issue 11). The
+     * hints: below the last reservation, then below where the kernel would put
+     * `size` now (it maps top-down). */
+    uintptr_t hints[4] = {atomic_load_explicit(&reserve_hint, memory_order_relaxed)};
+    char *probe = mmap(NULL, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (probe != MAP_FAILED) {
+        if (((uintptr_t)probe & (align - 1)) == 0) {
+            atomic_store_explicit(&reserve_hint, (uintptr_t)probe, memory_order_relaxed);
+            return probe;
+        }
+        munmap(probe, size);
+        uintptr_t top = ((uintptr_t)probe + size) & ~(uintptr_t)(align - 1);
+        hints[1] = top;
+        hints[2] = top - align;
+        hints[3] = top - 2 * align;
+    }
+    for (int i = 0; i < 4; i++) {
+        if (hints[i] <= size + align)
+            continue;
+        void *p = reserve_at((hints[i] - size) & ~(uintptr_t)(align - 1), size, align);
+        if (p) {
+            atomic_store_explicit(&reserve_hint, (uintptr_t)p, memory_order_relaxed);
+            return p;
+        }
+    }
     size_t len = size + align;
     if (len < size)
         return NULL;
@@ -41,11 +85,28 @@ void *dm__os_reserve(size_t size, size_t align) {
         munmap(raw, head);
     if (tail)
         munmap((char *)start + size, tail);
+    atomic_store_explicit(&reserve_hint, start, memory_order_relaxed);
     return (void *)start;
 }
 
+void dm__os_release(void *p, size_t n) { munmap(p, n); }
+
+/* Commits by mapping the range again without MAP_NORESERVE, so the kernel
+ * accounts it as NumPy's default allocator's memory is: under the default
+ * heuristic overcommit an impossible request (np.zeros(2**45)) fails here and
+ * NumPy raises MemoryError at once, and with vm.overcommit_memory=2 the commit
+ * limit applies. (mprotect of a MAP_NORESERVE reservation is never accounted:
+ * such requests succeeded and the job was OOM-killed later, issue 11.) */
 int dm__os_commit(void *p, size_t n) {
-    return mprotect(p, n, PROT_READ | PROT_WRITE) == 0 ? 0 : -errno;
+    void *q = mmap(p, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+    return q == p ? 0 : -errno;
+}
+
+uint64_t dm__os_as_limit(void) {
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_AS, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY)
+        return 0;
+    return (uint64_t)rl.rlim_cur;
 }
 
 int dm__os_thp(void *p, size_t n, int mode) {

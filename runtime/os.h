@@ -16,8 +16,13 @@
 /* Reserves `size` bytes of address space aligned to `align` (PROT_NONE, nothing
  * committed). Returns NULL on failure. */
 void *dm__os_reserve(size_t size, size_t align);
-/* Makes [p, p+n) readable and writable (commits it). 0 or -errno. */
+/* Makes [p, p+n) readable and writable (commits it, with the kernel's
+ * overcommit accounting). 0 or -errno. */
 int dm__os_commit(void *p, size_t n);
+/* Gives reserved address space back. */
+void dm__os_release(void *p, size_t n);
+/* RLIMIT_AS in bytes, 0 when unlimited. */
+uint64_t dm__os_as_limit(void);
 /* Hugepage advice: mode is a dm_thp_t. 0 or -errno. */
 int dm__os_thp(void *p, size_t n, int mode);
 /* NUMA policy for a range: mode is a dm_numa_mode_t, nodes a bitmask. */

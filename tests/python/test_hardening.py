@@ -247,3 +247,76 @@ def test_ports_do_not_wrap(tmp_path, addr):
     r = run_py("import datamem\ntry:\n    datamem.serve_stats(%r)\nexcept OSError as e:"
                "\n    print('refused')" % addr, env={"DATAMEM_STATS_DIR": str(tmp_path)})
     assert r.stdout.strip() == "refused", r.stdout + r.stderr
+
+
+# ---- sizes the machine cannot give, address-space limits ---------------------------------------
+
+def test_impossible_sizes_raise_memoryerror_at_once():
+    """np.zeros(2**45) (32 TiB) on a 24 GiB machine used to
+    succeed (MAP_NORESERVE reservations committed with mprotect were never
+    accounted) and the job was OOM-killed later; NumPy's default raises."""
+    code = r"""
+import numpy as np, datamem
+for make, n in ((np.zeros, 2**45), (np.empty, 2**40), (np.ones, 2**38)):
+    try:
+        make(n, np.uint8)
+        print("allocated", make.__name__, n)
+    except MemoryError:
+        print("MemoryError", make.__name__, n)
+a = np.ones(1 << 20)        # the job goes on
+print("after", datamem.arena_of(a), float(a.sum()))
+"""
+    r = run_py(code, config=os.path.join(ROOT, "configs", "minimal.yaml"))
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[:3] == ["MemoryError zeros 35184372088832", "MemoryError empty 1099511627776",
+                         "MemoryError ones 274877906944"], r.stdout
+    assert lines[3].startswith("after ") and lines[3].endswith(" 1048576.0")
+    assert "None" not in lines[3]
+
+
+def _limited(gib):
+    import resource
+
+    def set_limit():
+        resource.setrlimit(resource.RLIMIT_AS, (gib << 30, gib << 30))
+    return set_limit
+
+
+GROW = r"""
+import numpy as np, datamem
+keep, n = [], 0
+try:
+    while n < 20000:
+        keep.append(np.ones(100 << 17)); n += 100     # 100 MiB each
+except MemoryError:
+    pass
+print(n, datamem.arena_of(keep[0]) if keep else None)
+"""
+
+
+@pytest.mark.parametrize("policy,gib", [("demo.yaml", 5), ("minimal.yaml", 2)])
+def test_jobs_start_under_an_address_space_limit(policy, gib):
+    """`prlimit --as=5GiB` (what HPC schedulers set) stopped demo.yaml at start-up
+    ("cannot create arenas: cannot create arena"): every arena reserved 1 GiB
+    when created. Now an arena costs address space only once it serves arrays."""
+    e = dict(os.environ, DATAMEM_CONFIG=os.path.join(ROOT, "configs", policy))
+    r = subprocess.run([sys.executable, "-c", GROW], env=e, capture_output=True, text=True,
+                       timeout=120, cwd=ROOT, preexec_fn=_limited(gib))
+    assert r.returncode == 0, r.stderr
+    reached, arena = r.stdout.split()
+    assert int(reached) >= 500 and arena != "None", r.stdout
+    # Where it stops, the message names the limit.
+    assert "RLIMIT_AS" in r.stderr and "%d MiB" % (gib << 10) in r.stderr, r.stderr
+
+
+def test_an_address_space_limit_is_mostly_usable():
+    """At 8 GiB NumPy's default reaches ~8000 MiB of 100 MiB arrays; datamem used
+    to stop at 3700 (jemalloc's geometric retained growth committed far ahead of
+    use, and every reservation briefly needed twice its size). What remains is
+    jemalloc's size-class rounding (100 MiB is served from a 112 MiB class)."""
+    e = dict(os.environ, DATAMEM_CONFIG=os.path.join(ROOT, "configs", "minimal.yaml"))
+    r = subprocess.run([sys.executable, "-c", GROW], env=e, capture_output=True, text=True,
+                       timeout=120, cwd=ROOT, preexec_fn=_limited(8))
+    assert r.returncode == 0, r.stderr
+    assert int(r.stdout.split()[0]) >= 5200, r.stdout
