@@ -60,7 +60,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     dm_policy_t *p;
     dm_table_t *t;
     fuzz_values(data, size);
-    int rc = dm_policy_parse((const char *)data, size, "fuzz.yaml", &topo, &p, &d);
+    /* with the lint: its checks are a superset of start-up's */
+    int rc = dm_policy_parse_ex((const char *)data, size, "fuzz.yaml", &topo,
+                                DM_PARSE_LINT, &p, &d);
     dm_diags_format_all(&d, text, sizeof text);
     if ((rc == 0) != (p != NULL) || (rc == 0 && d.nerrors) || (rc && !d.nerrors))
         abort(); /* success and errors must agree */
