@@ -5,7 +5,9 @@
  */
 #include <fcntl.h>
 #include <stdlib.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include "policy/internal.h"
@@ -312,6 +314,16 @@ static void test_not_regular(void) {
     EXPECT_INT_EQ(dm_policy_load("/dev/null", NULL, &p, &d), DM_EIO, "a device");
     dm_diags_format_all(&d, text, sizeof text);
     EXPECT_CONTAINS(text, "error: not a regular file (a character device)", "device");
+    /* a socket: open() itself fails (ENXIO); the message still says what it is */
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    snprintf(sa.sun_path, sizeof sa.sun_path, "%s/sock.yaml", dir);
+    int sfd = socket(AF_UNIX, SOCK_STREAM, 0);
+    EXPECT_INT_EQ(bind(sfd, (struct sockaddr *)&sa, sizeof sa), 0, "bind");
+    EXPECT_INT_EQ(dm_policy_load(sa.sun_path, NULL, &p, &d), DM_EIO, "a socket");
+    dm_diags_format_all(&d, text, sizeof text);
+    EXPECT_CONTAINS(text, "error: not a regular file (a socket)", "socket");
+    close(sfd);
+    unlink(sa.sun_path);
     /* a symbolic link to a regular file (the ConfigMap pattern) still loads */
     EXPECT_INT_EQ(dm_policy_load(link, NULL, &p, &d), 0, "a symlink to a file");
     dm_policy_free(p);
