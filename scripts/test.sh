@@ -39,6 +39,17 @@ python3 -m pytest -q tests/python
 stage "Python tests with the extension built under ASan+UBSan"
 bash scripts/asan-python.sh
 
+stage "Dask, Ray and joblib workers (their own virtual environment)"
+# Engines go into a venv that sees the main site-packages (numpy, pytest, the
+# installed wheel), so the main interpreter and the ASan stage stay without them.
+venv=.venv-engines
+if [ ! -x "$venv/bin/python" ]; then
+  python3 -m venv --system-site-packages "$venv"
+fi
+"$venv/bin/python" -m pip install -q --disable-pip-version-check "distributed>=2023.4" \
+  "ray>=2.9" "joblib>=1.3"
+"$venv/bin/python" -m pytest -q tests/python/test_engines.py
+
 stage "Python tests under NumPy 1.26 (same wheel)"
 venv=.venv-numpy126
 if [ ! -x "$venv/bin/python" ]; then
