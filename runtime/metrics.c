@@ -206,7 +206,7 @@ static const rule_metric_t rule_metrics[] = {
     RM("failures_total", "failures", counts.nfail, "Allocations routed by the rule that failed."),
     RM("fallbacks_total", "fallbacks", counts.nfallback,
        "Failed allocations of the rule served by the fallback arena."),
-    RM("dtype_known_total", "dtype_known", counts.ndtype_known,
+    RM("dtype_known_allocations_total", "dtype_known", counts.ndtype_known,
        "Allocations of the rule whose dtype was known."),
 };
 

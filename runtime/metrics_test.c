@@ -155,7 +155,7 @@ static void test_text(void) {
     EXPECT_LINE(t, "datamem_rule_reallocs_total{rule=\"huge\",arena=\"big\"} 2");
     EXPECT_LINE(t, "datamem_rule_failures_total{rule=\"huge\",arena=\"big\"} 1");
     EXPECT_LINE(t, "datamem_rule_fallbacks_total{rule=\"huge\",arena=\"big\"} 1");
-    EXPECT_LINE(t, "datamem_rule_dtype_known_total{rule=\"huge\",arena=\"big\"} 5");
+    EXPECT_LINE(t, "datamem_rule_dtype_known_allocations_total{rule=\"huge\",arena=\"big\"} 5");
 
     /* Structure: every sample's family was announced by HELP then TYPE, each
      * family once; counters end in _total; nothing else is on a line. */

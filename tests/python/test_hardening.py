@@ -320,3 +320,41 @@ def test_an_address_space_limit_is_mostly_usable():
                        timeout=120, cwd=ROOT, preexec_fn=_limited(8))
     assert r.returncode == 0, r.stderr
     assert int(r.stdout.split()[0]) >= 5200, r.stdout
+
+
+# ---- gauges that agree ------------------------------------------------------------------------
+
+def test_hugepage_bytes_never_exceed_resident_bytes(write_policy):
+    """Freed hugepage-backed memory purged lazily (MADV_FREE) stays resident and
+    THP-mapped until the kernel needs it, but jemalloc no longer counts it
+    resident: top showed hugepage bytes above resident bytes."""
+    pol = write_policy("version: 1\ndefault: big\narenas:\n"
+                       "  big: {hugepages: on, alignment: 2MiB, decay: {dirty: 0ms, muzzy: never}}\n")
+    code = r"""
+import json, numpy as np, datamem
+rows = []
+a = np.ones(64 << 20, np.uint8)
+rows.append(datamem.stats()["arenas"]["big"])
+del a
+b = np.ones(4 << 20, np.uint8)
+rows.append(datamem.stats()["arenas"]["big"])
+print(json.dumps([(r["hugepage_bytes"], r["resident_bytes"]) for r in rows]))
+text = datamem.metrics()
+"""
+    r = run_py(code, config=pol)
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)
+    if rows[0][0] == 0:
+        pytest.skip("SKIP: the kernel gave no hugepages (THP off or memory fragmented)")
+    for huge, resident in rows:
+        assert huge <= resident, rows
+
+
+def test_one_name_for_dtype_known_counters():
+    r = run_py("import numpy as np, datamem\na = np.ones(10)\nprint(datamem.metrics())",
+               config=os.path.join(ROOT, "configs", "dtype.yaml"))
+    assert r.returncode == 0, r.stderr
+    names = {l.split("{")[0].split()[0] for l in r.stdout.splitlines() if "dtype_known" in l
+             and not l.startswith("#")}
+    assert names == {"datamem_arena_dtype_known_allocations_total",
+                     "datamem_rule_dtype_known_allocations_total"}, names
