@@ -53,7 +53,13 @@ def main():
     entries.append((dist + "/METADATA", (
         "Metadata-Version: 2.1\nName: %s\nVersion: %s\n"
         "Summary: Declarative memory policy for NumPy arrays (NEP 49 handler on jemalloc arenas)\n"
-        "Requires-Python: >=3.9\nRequires-Dist: numpy>=1.22\n" % (NAME, a.version)).encode()))
+        "Requires-Python: >=3.9\nRequires-Dist: numpy>=1.22\n"
+        # Extras for the engines of docs/operations.md, never hard dependencies.
+        "Provides-Extra: dask\nRequires-Dist: distributed>=2023.4; extra == 'dask'\n"
+        "Requires-Dist: prometheus_client>=0.17; extra == 'dask'\n"
+        "Provides-Extra: ray\nRequires-Dist: ray>=2.9; extra == 'ray'\n"
+        "Provides-Extra: joblib\nRequires-Dist: joblib>=1.3; extra == 'joblib'\n"
+        % (NAME, a.version)).encode()))
     entries.append((dist + "/WHEEL", (
         "Wheel-Version: 1.0\nGenerator: datamem-build-wheel\nRoot-Is-Purelib: false\n"
         "Tag: %s\n" % tag).encode()))
