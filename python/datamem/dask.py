@@ -10,8 +10,8 @@
 
 How the policy reaches a worker process. DATAMEM_CONFIG must be in a process's
 environment when the interpreter starts: the start-up hook (datamem.pth) installs
-the handler before NumPy can allocate anything. In distributed 2023.4 and later a
-nanny starts its worker with multiprocessing's `spawn` and has two environments:
+the handler before NumPy can allocate anything. A nanny (checked with distributed
+2026.8) starts its worker with multiprocessing's `spawn` and has two environments:
 `nanny.env` (config `distributed.nanny.environ`, and what distributed's own
 `Environ` plugin sets) is applied *inside* the worker after it has started, too
 late for the hook; `nanny.pre_spawn_env` (`distributed.nanny.pre-spawn-environ`)
