@@ -30,6 +30,9 @@
 #include <stdio.h>
 #include <string.h>
 
+#include <jemalloc/jemalloc.h>
+
+#include "dm_build_info.h" /* NumPy and Python versions built against (@local_python) */
 #include "policy/policy.h"
 #include "runtime/datamem.h"
 
@@ -294,6 +297,16 @@ static PyObject *py_set_thread_name(PyObject *self, PyObject *name) {
 
 static PyObject *py_active(PyObject *self, PyObject *unused) {
     return PyBool_FromLong(dm_runtime_active());
+}
+
+/* `python -m datamem --version`: the jemalloc linked in, from its own "version"
+ * mallctl (what runs, not what a header said). */
+static PyObject *py_jemalloc_version(PyObject *self, PyObject *unused) {
+    const char *v = NULL;
+    size_t n = sizeof v;
+    if (dmje_mallctl("version", (void *)&v, &n, NULL, 0) != 0 || !v)
+        Py_RETURN_NONE;
+    return PyUnicode_FromString(v);
 }
 
 static PyObject *py_owner_arena(PyObject *self, PyObject *arr) {
@@ -693,6 +706,7 @@ static PyMethodDef methods[] = {
     {"get_handler", py_get_handler, METH_NOARGS, "get_handler() -> the current context's handler"},
     {"set_thread_name", py_set_thread_name, METH_O, "set_thread_name(name): for thread rules"},
     {"active", py_active, METH_NOARGS, "active() -> True once a policy is in force"},
+    {"jemalloc_version", py_jemalloc_version, METH_NOARGS, "jemalloc_version() -> version of the jemalloc linked in"},
     {"owner_arena", py_owner_arena, METH_O, "owner_arena(arr) -> name of the arena holding arr's data"},
     {"stats", py_stats, METH_NOARGS, "stats() -> dict of per-arena and per-rule numbers"},
     {"fault_extent_alloc", py_fault_extent_alloc, METH_O, "testing: fail the next n extent allocations"},
@@ -724,6 +738,8 @@ PyMODINIT_FUNC PyInit__ext(void) {
     }
     PyModule_AddStringConstant(m, "HANDLER_NAME", HANDLER_NAME);
     PyModule_AddStringConstant(m, "VERSION", DM_VERSION_STRING);
+    PyModule_AddStringConstant(m, "BUILD_NUMPY_VERSION", DM_BUILD_NUMPY_VERSION);
+    PyModule_AddStringConstant(m, "BUILD_PYTHON_VERSION", DM_BUILD_PYTHON_VERSION);
     /* The dtype names explain() accepts (policy.h's DM_DTYPE_LIST), so that
      * the command line can list them without keeping a copy. */
     PyObject *dtypes = PyTuple_New(DM_DT_COUNT);

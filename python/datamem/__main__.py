@@ -72,9 +72,21 @@ def reload_pid(pid):
     return 0
 
 
+def version_text():
+    """`python -m datamem --version`: datamem, the jemalloc linked in, and the NumPy
+    and Python it runs under next to those it was built against."""
+    import platform
+    import numpy
+    return ("datamem %s\njemalloc %s\nNumPy %s (built against %s)\nPython %s %s (built against %s)"
+            % (_ext.VERSION, _ext.jemalloc_version(), numpy.__version__, _ext.BUILD_NUMPY_VERSION,
+               platform.python_implementation(), platform.python_version(),
+               _ext.BUILD_PYTHON_VERSION))
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m datamem", description=__doc__ + _stats_cli.USAGE,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--version", action="version", version=version_text())
     sub = ap.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("check", help="validate a policy")
     c.add_argument("policy")

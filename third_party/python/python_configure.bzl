@@ -11,6 +11,11 @@ try:
     import numpy
 except ImportError:
     sys.exit("numpy is not installed for " + sys.executable + ": run scripts/setup.sh")
+if sysconfig.get_config_var("Py_GIL_DISABLED"):
+    sys.exit("datamem does not support free-threaded CPython yet: " + sys.executable +
+             " is built without the GIL, and datamem's handler and Python package rely on"
+             " it (docs/design.md, 'Free-threaded CPython'). Build with a regular CPython"
+             " 3.10-3.13 (DATAMEM_PYTHON=/path/to/python3).")
 if int(numpy.__version__.split(".")[0]) < 2:
     sys.exit("datamem builds against NumPy >= 2 headers (found %s)" % numpy.__version__)
 print(sysconfig.get_paths()["include"])
@@ -20,6 +25,7 @@ print("cp%d%d" % sys.version_info[:2])
 print(sysconfig.get_config_var("EXT_SUFFIX"))
 print(sysconfig.get_platform().replace("-", "_").replace(".", "_"))
 print(numpy.__version__)
+print(sys.version.split()[0])
 """
 
 def _python_configure_impl(rctx):
@@ -38,6 +44,12 @@ def _python_configure_impl(rctx):
         "ext_suffix=" + lines[4],
         "platform=" + lines[5],
         "numpy=" + lines[6],
+        "python=" + lines[7],
+    ]) + "\n")
+    # What the extension was built against, for `python -m datamem --version`.
+    rctx.file("dm_build_info.h", "\n".join([
+        "#define DM_BUILD_NUMPY_VERSION \"%s\"" % lines[6],
+        "#define DM_BUILD_PYTHON_VERSION \"%s\"" % lines[7],
     ]) + "\n")
     rctx.symlink(rctx.attr.build_file, "BUILD.bazel")
     rctx.file("WORKSPACE", "workspace(name = \"local_python\")\n")
