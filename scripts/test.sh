@@ -60,6 +60,15 @@ fi
 "$venv/bin/python" -m pip install -q --disable-pip-version-check --force-reinstall --no-deps dist/datamem-*.whl
 "$venv/bin/python" -m pytest -q tests/python
 
+stage "manylinux wheels for every CPython 3.10-3.13 found (scripts/wheels.sh)"
+bash scripts/wheels.sh
+
+stage "the CPython 3.13 wheel: Python tests in a fresh virtual environment"
+bash scripts/wheel-venv-test.sh 3.13
+
+stage "each wheel: only glibc outside it (ldd), imports with system libyaml/libnuma hidden"
+python3 tools/check_wheels.py dist/datamem-*-manylinux_*.whl
+
 stage "NumPy's own test suite (slice) under datamem vs the default allocator"
 python3 tools/numpy_suite.py   # the whole suite: python3 tools/numpy_suite.py --full
 

@@ -1,0 +1,49 @@
+"""Packaging (issue #18): what the installed extension asks of the machine, and
+`python -m datamem --version`."""
+import os
+import platform
+import re
+import subprocess
+import sys
+
+import numpy
+import pytest
+
+import datamem
+from datamem import _ext
+
+GLIBC = {"linux-vdso.so.1", "libc.so.6", "libm.so.6", "libpthread.so.0", "libdl.so.2",
+         "librt.so.1", "ld-linux-x86-64.so.2"}
+
+
+def test_version_cli_names_every_component():
+    out = subprocess.run([sys.executable, "-m", "datamem", "--version"], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == "datamem " + datamem.__version__
+    assert re.fullmatch(r"jemalloc 5\.3\.0-\S+", lines[1]), lines[1]
+    assert lines[2] == "NumPy %s (built against %s)" % (numpy.__version__, _ext.BUILD_NUMPY_VERSION)
+    assert re.fullmatch(r"\d+\.\d+\.\d+\S*", _ext.BUILD_NUMPY_VERSION)
+    assert lines[3] == "Python CPython %s (built against %s)" % (
+        platform.python_version(), _ext.BUILD_PYTHON_VERSION)
+    # A wheel is per minor version: built against the same 3.X that runs it.
+    assert _ext.BUILD_PYTHON_VERSION.split(".")[:2] == platform.python_version().split(".")[:2]
+
+
+@pytest.mark.skipif("libasan" in os.environ.get("LD_PRELOAD", ""),
+                    reason="sanitizer build: links the sanitizer runtimes")
+def test_extension_needs_only_glibc_and_its_own_library():
+    pkg = os.path.dirname(os.path.realpath(_ext.__file__))
+    for so in (_ext.__file__, os.path.join(pkg, "libdatamem_tls.so")):
+        out = subprocess.run(["ldd", so], capture_output=True, text=True, check=True).stdout
+        for line in out.splitlines():
+            if "statically linked" in line:
+                continue
+            parts = line.split()
+            lib = os.path.basename(parts[0])
+            assert "not found" not in line, line
+            if lib in GLIBC:
+                continue
+            path = os.path.realpath(parts[2])
+            assert os.path.dirname(path) == pkg, "%s needs %s from the system" % (so, line.strip())
