@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include "runtime/datamem.h"
+#include "service/datamem_service.h"
 
 static double now_s(void) {
     struct timespec ts;

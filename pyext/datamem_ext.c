@@ -35,6 +35,7 @@
 #include "dm_build_info.h" /* NumPy and Python versions built against (@local_python) */
 #include "policy/policy.h"
 #include "runtime/datamem.h"
+#include "service/datamem_service.h"
 
 #define HANDLER_NAME "datamem"
 

@@ -137,48 +137,33 @@ DM_API void dm_stats_release(dm_stats_t *s);
 /* Records a failed reload attempt (counted in stats). */
 DM_API void dm_runtime_note_reload_failure(void);
 
-/* Reloads done by the file watcher, and file events skipped because the
- * content hash had not changed. */
-DM_API void dm_watch_counts(uint64_t *reloads, uint64_t *skipped);
-
 /* Call in a forked child (Python: os.register_at_fork) to restart the
  * runtime's threads (policy watcher) that did not survive the fork. */
 DM_API void dm_runtime_after_fork_child(void);
 
-/* ---- stats export (runtime/metrics.c, export.c, http.c) ----------------- */
+/* ---- for the services (service/): what they observe ----------------------
+ *
+ * The engine calls no service. Services (stats export, the file watcher)
+ * register here and the engine tells them about installs and forks. */
 
-enum { DM_STATS_PROMETHEUS = 0, DM_STATS_JSON = 1 };
+/* After every successful install, outside the runtime's lock, on the
+ * installing thread: `p` is the policy now in force (valid for the call only),
+ * `seq` the install's sequence number (a later install has a larger one). */
+typedef void (*dm_install_hook_t)(const dm_policy_t *p, uint64_t seq, void *arg);
+/* From dm_runtime_after_fork_child, in the child. */
+typedef void (*dm_fork_hook_t)(void *arg);
+#define DM_OBSERVERS_MAX 8
+/* Registers an observer (either hook may be NULL); DM_ERANGE when full. */
+DM_API int dm_runtime_observe(dm_install_hook_t on_install, dm_fork_hook_t on_fork_child,
+                              void *arg);
 
-/* Renders `s` as Prometheus text exposition 0.0.4 or as JSON (the keys of
- * datamem.stats()) into a malloc'ed, NUL-terminated buffer: free(*out). */
-DM_API int dm_stats_render(const dm_stats_t *s, int format, char **out, size_t *len);
-/* A fresh snapshot, with hugepage bytes, rendered. */
-DM_API int dm_stats_render_current(int format, char **out, size_t *len);
-/* Fills arenas[].hugepage_bytes from /proc/self/smaps (AnonHugePages in each
- * arena's address ranges). The walk costs more as the process maps more, so
- * results are reused for up to DM_HUGEPAGE_MAX_AGE_MS. */
-#define DM_HUGEPAGE_MAX_AGE_MS 2000
-DM_API int dm_stats_hugepages(dm_stats_t *s);
+/* Each arena's THP-backed bytes, by arena index as in dm_stats_t (cap must be
+ * DM_STATS_ARENAS_MAX): PAGEMAP_SCAN over the arenas' committed ranges, or
+ * /proc/self/smaps. Costs a walk: callers cache. */
+DM_API int dm_runtime_hugepages(uint64_t *out, int cap);
 
-/* Serves /metrics and /stats.json from a C thread. `http` is "host:port" (port 0:
- * any free port), `unix_socket` a path ("{pid}" is replaced by the pid); NULL
- * leaves the policy's `stats:` setting in force, "" turns it off. The policy's
- * settings apply on every install; these override them. A failure to listen is
- * logged and returned; nothing else changes. */
-DM_API int dm_stats_serve(const char *http, const char *unix_socket);
-/* The endpoint's URL ("http://127.0.0.1:PORT/metrics") and Unix socket path,
- * "" when not serving. */
-DM_API void dm_stats_endpoint(char *url, size_t url_cap, char *unix_path, size_t unix_cap);
-/* Writes the Prometheus text to `path` atomically (a temporary file created
- * with O_EXCL under an unpredictable name, then rename). */
-DM_API int dm_stats_textfile_write(const char *path);
-/* Removes the textfiles of dead processes for a template with "{pid}" in its
- * file name: files whose pid does not exist here, owned by this user and not
- * modified for `min_age_ms`. Returns how many were removed, or an error. */
-DM_API int dm_stats_textfile_sweep(const char *tmpl, int64_t min_age_ms);
-/* Stops serving: a last textfile write, the discovery file and Unix socket
- * removed. Also runs at exit (atexit) in the process that started serving. */
-DM_API void dm_stats_export_stop(void);
+/* datamem's log line (stderr, a newline added). Never on the fast path. */
+DM_API void dm_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* ---- testing hooks (fault injection) ------------------------------------ */
 

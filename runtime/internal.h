@@ -205,15 +205,6 @@ static inline je_arena_t *dm__owner_of(const void *p) {
     return s ? dm__je[s - 1] : NULL;
 }
 
-/* watch.c */
-void dm__watch_configure(const char *path, bool enabled, int64_t debounce_ms);
-void dm__watch_after_fork_child(void);
-
-/* export.c: the policy's stats section after each install (outside dm__mu);
- * the child's own endpoint after fork. */
-void dm__export_configure(const dm_stats_spec_t *spec, uint64_t seq);
-void dm__export_restart_in_child(void);
-
 /* runtime.c */
 extern pthread_mutex_t dm__mu;
 /* The size class a block's tag records, or -1 when it has none (tests). */

@@ -94,6 +94,43 @@ void dm__log(const char *fmt, ...) {
     fputc('\n', stderr);
 }
 
+void dm_log(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+}
+
+/* ---- observers: the services' seam (datamem.h) -----------------------------
+ * Registered once at start-up (a constructor in service/), never removed: a
+ * slot is filled, then published by the release-increment of the count. */
+
+static struct {
+    dm_install_hook_t on_install;
+    dm_fork_hook_t on_fork_child;
+    void *arg;
+} observers[DM_OBSERVERS_MAX];
+static _Atomic int nobservers;
+static pthread_mutex_t observers_mu = PTHREAD_MUTEX_INITIALIZER;
+
+int dm_runtime_observe(dm_install_hook_t on_install, dm_fork_hook_t on_fork_child, void *arg) {
+    pthread_mutex_lock(&observers_mu);
+    int n = atomic_load_explicit(&nobservers, memory_order_relaxed);
+    if (n >= DM_OBSERVERS_MAX) {
+        pthread_mutex_unlock(&observers_mu);
+        return DM_ERANGE;
+    }
+    observers[n].on_install = on_install;
+    observers[n].on_fork_child = on_fork_child;
+    observers[n].arg = arg;
+    atomic_store_explicit(&nobservers, n + 1, memory_order_release);
+    pthread_mutex_unlock(&observers_mu);
+    return 0;
+}
+
+int dm_runtime_hugepages(uint64_t *out, int cap) { return dm__arena_hugepages(out, cap); }
+
 /* ---- the block cache: tags ------------------------------------------------
  *
  * Most of what NumPy allocates is small and short-lived, and jemalloc's own
@@ -763,17 +800,13 @@ const char *dm_owner_arena(const void *p) {
 
 static void atfork_prepare(void) { pthread_mutex_lock(&dm__mu); }
 static void atfork_parent(void) { pthread_mutex_unlock(&dm__mu); }
-static void atfork_child(void) {
-    pthread_mutex_unlock(&dm__mu);
-    dm__watch_after_fork_child();
-}
+static void atfork_child(void) { pthread_mutex_unlock(&dm__mu); }
 
 void dm_runtime_after_fork_child(void) {
-    dm_policy_t *p = dm_runtime_policy_copy();
-    if (p && p->path[0])
-        dm__watch_configure(p->path, p->reload.watch, p->reload.debounce_ms);
-    dm_policy_free(p);
-    dm__export_restart_in_child();
+    int nobs = atomic_load_explicit(&nobservers, memory_order_acquire);
+    for (int i = 0; i < nobs; i++)
+        if (observers[i].on_fork_child)
+            observers[i].on_fork_child(observers[i].arg);
 }
 
 static void init_once_fn(void) {
@@ -877,18 +910,18 @@ int dm_runtime_install(dm_policy_t *p, dm_diags_t *d) {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     last_reload_time = (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-    dm_stats_spec_t stats = p->stats; /* p may be retired once dm__mu is dropped */
     uint64_t seq = reloads;
-    bool watch = p->reload.watch && p->path[0];
-    char path[sizeof(p->path)];
-    memcpy(path, p->path, sizeof(path));
-    int64_t debounce = p->reload.debounce_ms;
+    /* Observers read the policy outside dm__mu: our reference keeps it alive
+     * even if another install retires the table meanwhile. */
+    atomic_fetch_add_explicit(&tab->refs, 1, memory_order_relaxed);
     pthread_mutex_unlock(&dm__mu);
     if (old)
         table_release(old);
-    if (path[0])
-        dm__watch_configure(path, watch, debounce);
-    dm__export_configure(&stats, seq);
+    int nobs = atomic_load_explicit(&nobservers, memory_order_acquire);
+    for (int i = 0; i < nobs; i++)
+        if (observers[i].on_install)
+            observers[i].on_install(tab->policy, seq, observers[i].arg);
+    table_release(tab);
     return 0;
 }
 

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "runtime/datamem.h"
+#include "service/datamem_service.h"
 
 #define NTHREADS 4
 #define NRELOADS 300

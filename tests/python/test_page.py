@@ -27,7 +27,7 @@ import pytest
 from _prometheus import tool_env
 from conftest import CONFIGS, ROOT
 
-PAGE = os.path.join(ROOT, "runtime", "page", "index.html")
+PAGE = os.path.join(ROOT, "service", "page", "index.html")
 
 JOB = r"""
 import json, os, sys, threading

@@ -36,6 +36,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,8 +46,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "runtime/export.h"
-#include "runtime/internal.h"
+#include "service/export.h"
 
 typedef struct cfg {
     char http[128];
@@ -111,7 +111,7 @@ static void expand_pid(char *dst, size_t cap, const char *src) {
 /* ---- hugepages ----------------------------------------------------------- */
 
 static pthread_mutex_t hp_mu = PTHREAD_MUTEX_INITIALIZER;
-static uint64_t hp_cache[DM_RT_ARENAS_MAX];
+static uint64_t hp_cache[DM_STATS_ARENAS_MAX];
 static struct timespec hp_when;
 static bool hp_valid;
 
@@ -123,15 +123,15 @@ int dm_stats_hugepages(dm_stats_t *s) {
     int64_t age_ms = (now.tv_sec - hp_when.tv_sec) * 1000 +
                      (now.tv_nsec - hp_when.tv_nsec) / 1000000;
     if (!hp_valid || age_ms > DM_HUGEPAGE_MAX_AGE_MS || age_ms < 0) {
-        uint64_t fresh[DM_RT_ARENAS_MAX] = {0};
-        rc = dm__arena_hugepages(fresh, DM_RT_ARENAS_MAX);
+        uint64_t fresh[DM_STATS_ARENAS_MAX] = {0};
+        rc = dm_runtime_hugepages(fresh, DM_STATS_ARENAS_MAX);
         if (rc == 0) {
             memcpy(hp_cache, fresh, sizeof(hp_cache));
             hp_when = now;
             hp_valid = true;
         }
     }
-    for (int i = 0; i < s->narenas && i < DM_RT_ARENAS_MAX; i++) {
+    for (int i = 0; i < s->narenas && i < DM_STATS_ARENAS_MAX; i++) {
         s->arenas[i].hugepage_bytes = hp_cache[i];
         /* jemalloc's `resident` is its own page accounting; a transparent
          * hugepage backs all 2 MiB of its range, pages jemalloc never touched
@@ -233,7 +233,7 @@ static void textfile_remove_own(const char *tmpl) {
     char path[256];
     expand_pid(path, sizeof(path), tmpl);
     if (unlink(path) != 0 && errno != ENOENT)
-        dm__log("datamem: stats: cannot remove textfile %s: %s", path, strerror(errno));
+        dm_log("datamem: stats: cannot remove textfile %s: %s", path, strerror(errno));
 }
 
 int dm_stats_textfile_sweep(const char *tmpl, int64_t min_age_ms) {
@@ -294,12 +294,12 @@ static const char *stats_dir(char *buf, size_t cap) {
  * sits in /tmp by default). */
 static bool stats_dir_ok(const char *dir) {
     if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
-        dm__log("datamem: stats: cannot create %s: %s (process not listed)", dir, strerror(errno));
+        dm_log("datamem: stats: cannot create %s: %s (process not listed)", dir, strerror(errno));
         return false;
     }
     struct stat st;
     if (lstat(dir, &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != getuid()) {
-        dm__log("datamem: stats: %s is not a directory owned by this user; "
+        dm_log("datamem: stats: %s is not a directory owned by this user; "
                 "set DATAMEM_STATS_DIR (process not listed)", dir);
         return false;
     }
@@ -382,7 +382,7 @@ static void discovery_update(void) {
     char *text = NULL;
     size_t len = 0;
     if (dm__buf_finish(&b, &text, &len) != 0 || write_atomic(discovery, text, len, 0600) != 0)
-        dm__log("datamem: stats: cannot write %s: %s", discovery, strerror(errno));
+        dm_log("datamem: stats: cannot write %s: %s", discovery, strerror(errno));
     free(text);
 }
 
@@ -396,7 +396,7 @@ static void *tf_main(void *arg) {
         copy(path, sizeof(path), t->path);
         pthread_mutex_unlock(&t->mu);
         if (textfile_write(path) != 0)
-            dm__log("datamem: stats: cannot write textfile %s: %s", path, strerror(errno));
+            dm_log("datamem: stats: cannot write textfile %s: %s", path, strerror(errno));
         if (strstr(path, "{pid}")) /* files of dead workers, unchanged for 3 periods */
             dm_stats_textfile_sweep(path, 3 * (t->interval_ms > 10000 ? t->interval_ms : 10000));
         pthread_mutex_lock(&t->mu);
@@ -442,7 +442,7 @@ static textfile_t *tf_start(const char *path, int64_t interval_ms) {
     copy(t->path, sizeof(t->path), path);
     t->interval_ms = interval_ms;
     if (thread_start(&t->thread, tf_main, t) != 0) {
-        dm__log("datamem: stats: cannot start the textfile thread");
+        dm_log("datamem: stats: cannot start the textfile thread");
         free(t);
         return NULL;
     }
@@ -466,7 +466,7 @@ static void retired_run(retired_t *r) {
         if (strstr(r->tf->path, "{pid}"))
             textfile_remove_own(r->tf->path);
         else if (r->final_write && textfile_write(r->tf->path) != 0)
-            dm__log("datamem: stats: cannot write textfile %s: %s", r->tf->path, strerror(errno));
+            dm_log("datamem: stats: cannot write textfile %s: %s", r->tf->path, strerror(errno));
         pthread_mutex_destroy(&r->tf->mu);
         pthread_cond_destroy(&r->tf->cv);
         free(r->tf);
@@ -551,7 +551,7 @@ static int apply(retired_t *r) {
         tcp = NULL;
         url[0] = 0;
         if (want.http[0] && (rc = tcp_start(want.http)) != 0)
-            dm__log("datamem: stats: endpoint off (http: \"%s\"); the job runs on", want.http);
+            dm_log("datamem: stats: endpoint off (http: \"%s\"); the job runs on", want.http);
         copy(running.http, sizeof(running.http), want.http);
         changed = true;
     }
@@ -561,7 +561,7 @@ static int apply(retired_t *r) {
         unix_path[0] = 0;
         int urc = 0;
         if (want.unix_socket[0] && (urc = unx_start(want.unix_socket, false)) != 0)
-            dm__log("datamem: stats: endpoint off (unix_socket: \"%s\"); the job runs on",
+            dm_log("datamem: stats: endpoint off (unix_socket: \"%s\"); the job runs on",
                     want.unix_socket);
         if (!rc)
             rc = urc;
@@ -626,12 +626,12 @@ int dm_stats_serve(const char *http, const char *unix_socket) {
         bool loopback = false;
         int rc = dm__http_check_address(http, &loopback);
         if (rc == DM_ERANGE) {
-            dm__log("datamem: stats: cannot listen on \"%s\": expected host:port with a port "
+            dm_log("datamem: stats: cannot listen on \"%s\": expected host:port with a port "
                     "from 0 to 65535", http);
             return DM_ERANGE;
         }
         if (rc != 0 || !loopback) {
-            dm__log("datamem: stats: refusing to listen on %s: %s; from DATAMEM_STATS_HTTP or "
+            dm_log("datamem: stats: refusing to listen on %s: %s; from DATAMEM_STATS_HTTP or "
                     "serve_stats() only loopback addresses are served (127.0.0.1, [::1], "
                     "localhost). To expose metrics beyond this machine, write the address in "
                     "the policy (stats.http)", http,
@@ -700,10 +700,10 @@ void dm__export_restart_in_child(void) {
         int hostlen = colon ? (int)(colon - running.http) : (int)strlen(running.http);
         snprintf(hp, sizeof(hp), "%.*s:0", hostlen, running.http);
         if (tcp_start(hp) != 0)
-            dm__log("datamem: stats: endpoint off in child %d; the job runs on", (int)getpid());
+            dm_log("datamem: stats: endpoint off in child %d; the job runs on", (int)getpid());
     }
     if (running.unix_socket[0] && unx_start(running.unix_socket, true) != 0)
-        dm__log("datamem: stats: Unix socket endpoint off in child %d; the job runs on",
+        dm_log("datamem: stats: Unix socket endpoint off in child %d; the job runs on",
                 (int)getpid());
     if (tcp || unx) {
         owner = getpid();

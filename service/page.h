@@ -1,5 +1,5 @@
 /*
- * page.h: the stats endpoint's page (runtime/page/index.html), compiled into the
+ * page.h: the stats endpoint's page (service/page/index.html), compiled into the
  * library by tools/embed_page.py (the generated page_html.c). Internal.
  *
  * Thread safety: constant data.

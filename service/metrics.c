@@ -18,7 +18,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "runtime/export.h"
+#include "service/export.h"
 
 /* ---- buffer -------------------------------------------------------------- */
 

@@ -6,13 +6,13 @@
  * Thread safety: the buffer functions work on caller-owned buffers; the
  * renderers read a caller-owned dm_stats_t and touch no shared state.
  */
-#ifndef DM_RUNTIME_EXPORT_H
-#define DM_RUNTIME_EXPORT_H
+#ifndef DM_SERVICE_EXPORT_H
+#define DM_SERVICE_EXPORT_H
 
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "runtime/datamem.h"
+#include "service/datamem_service.h"
 
 /* A growable, NUL-terminated text buffer (malloc'ed); `failed` latches on out of
  * memory, so renderers write without checking each step. */
@@ -58,6 +58,16 @@ void dm__http_stop(dm_http_t *h);
  * handle without touching the daemon (its few other fds stay open). */
 void dm__http_forget_in_child(dm_http_t *h);
 
+/* export.c: the policy's stats section after each install (outside the
+ * engine's lock); the child's own endpoint after fork. */
+void dm__export_configure(const dm_stats_spec_t *spec, uint64_t seq);
+void dm__export_restart_in_child(void);
+
+/* watch.c: the policy file watcher, told of installs and forks. */
+void dm__watch_init(void);
+void dm__watch_on_install(const dm_policy_t *p);
+void dm__watch_on_fork_child(void);
+
 /* The endpoint's own counters (all endpoints of the process): responses by
  * status code, connections dropped by reason. */
 #define DM_HTTP_CODES {200, 400, 404, 405, 408, 414, 431, 500, 503}
@@ -74,4 +84,4 @@ void dm__http_counters(dm_http_counters_t *c);
 void dm__metrics_http_text(const dm_http_counters_t *c, const char *const_labels, dm_buf_t *out);
 void dm__metrics_http_json(const dm_http_counters_t *c, dm_buf_t *out);
 
-#endif /* DM_RUNTIME_EXPORT_H */
+#endif /* DM_SERVICE_EXPORT_H */

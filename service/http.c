@@ -49,9 +49,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "runtime/export.h"
-#include "runtime/internal.h"
-#include "runtime/page.h"
+#include "service/export.h"
+#include "service/page.h"
 
 #define HTTP_REQ_MAX 8192                 /* request line + headers */
 #define HTTP_CONN_MAX 64                  /* open connections per endpoint */
@@ -128,11 +127,11 @@ static void log_bad(const char *why) {
     log_suppressed = 0;
     pthread_mutex_unlock(&log_mu);
     if (before)
-        dm__log("datamem: stats: bad request: %s (and %llu more since the last report; at "
+        dm_log("datamem: stats: bad request: %s (and %llu more since the last report; at "
                 "most one line per %d s, all counted in datamem_http_requests_total)",
                 why, (unsigned long long)before, HTTP_LOG_INTERVAL_S);
     else
-        dm__log("datamem: stats: bad request: %s (further ones: at most one line per %d s, "
+        dm_log("datamem: stats: bad request: %s (further ones: at most one line per %d s, "
                 "all counted in datamem_http_requests_total)", why, HTTP_LOG_INTERVAL_S);
 }
 
@@ -403,7 +402,7 @@ static void *serve(void *arg) {
         if (poll(pfd, (nfds_t)nfds, (int)wait) < 0) {
             if (errno == EINTR)
                 continue;
-            dm__log("datamem: stats: poll: %s; endpoint stopped", strerror(errno));
+            dm_log("datamem: stats: poll: %s; endpoint stopped", strerror(errno));
             break;
         }
         if (pfd[0].revents)
@@ -492,7 +491,7 @@ int dm__http_check_address(const char *hostport, bool *loopback) {
 static int listen_tcp(const char *hostport, char *url, size_t cap) {
     char host[128], port[16];
     if (split_hostport(hostport, host, sizeof(host), port, sizeof(port)) != 0) {
-        dm__log("datamem: stats: cannot listen on \"%s\": expected host:port with a port "
+        dm_log("datamem: stats: cannot listen on \"%s\": expected host:port with a port "
                 "from 0 to 65535", hostport);
         return -1;
     }
@@ -501,7 +500,7 @@ static int listen_tcp(const char *hostport, char *url, size_t cap) {
     struct addrinfo *res = NULL;
     int gai = getaddrinfo(host, port, &hints, &res);
     if (gai != 0) {
-        dm__log("datamem: stats: cannot listen on %s: %s", hostport, gai_strerror(gai));
+        dm_log("datamem: stats: cannot listen on %s: %s", hostport, gai_strerror(gai));
         return -1;
     }
     int fd = -1, err = 0;
@@ -522,7 +521,7 @@ static int listen_tcp(const char *hostport, char *url, size_t cap) {
     }
     freeaddrinfo(res);
     if (fd < 0) {
-        dm__log("datamem: stats: cannot listen on %s: %s%s", hostport, strerror(err),
+        dm_log("datamem: stats: cannot listen on %s: %s%s", hostport, strerror(err),
                 err == EADDRINUSE ? " (another process has it: use port 0 and "
                                     "`python -m datamem ls` for multi-process jobs)"
                                   : "");
@@ -539,7 +538,7 @@ static int listen_tcp(const char *hostport, char *url, size_t cap) {
     bool v6 = ss.ss_family == AF_INET6;
     snprintf(url, cap, v6 ? "http://[%s]:%s/metrics" : "http://%s:%s/metrics", num, serv);
     if (!addr_loopback((struct sockaddr *)&ss))
-        dm__log("datamem: stats: WARNING: the stats endpoint listens on %s:%s, reachable from "
+        dm_log("datamem: stats: WARNING: the stats endpoint listens on %s:%s, reachable from "
                 "other machines: anyone who can connect reads this job's metrics (command "
                 "line, policy path). Put a firewall or a loopback address in front of it.",
                 num, serv);
@@ -551,7 +550,7 @@ static int listen_tcp(const char *hostport, char *url, size_t cap) {
 static int listen_unix(const char *path) {
     struct sockaddr_un sa = {.sun_family = AF_UNIX};
     if (strlen(path) >= sizeof(sa.sun_path)) {
-        dm__log("datamem: stats: Unix socket path too long (at most %zu bytes): %s",
+        dm_log("datamem: stats: Unix socket path too long (at most %zu bytes): %s",
                 sizeof(sa.sun_path) - 1, path);
         return -1;
     }
@@ -559,7 +558,7 @@ static int listen_unix(const char *path) {
     struct stat st;
     if (lstat(path, &st) == 0) {
         if (!S_ISSOCK(st.st_mode)) {
-            dm__log("datamem: stats: cannot listen on %s: a file that is not a socket is there",
+            dm_log("datamem: stats: cannot listen on %s: a file that is not a socket is there",
                     path);
             return -1;
         }
@@ -568,7 +567,7 @@ static int listen_unix(const char *path) {
         if (probe >= 0)
             close(probe);
         if (live) {
-            dm__log("datamem: stats: cannot listen on %s: Address already in use "
+            dm_log("datamem: stats: cannot listen on %s: Address already in use "
                     "(another process serves it)", path);
             return -1;
         }
@@ -576,14 +575,14 @@ static int listen_unix(const char *path) {
     }
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
-        dm__log("datamem: stats: cannot listen on %s: %s", path, strerror(errno));
+        dm_log("datamem: stats: cannot listen on %s: %s", path, strerror(errno));
         if (fd >= 0)
             close(fd);
         return -1;
     }
     /* Before listen(), nobody can connect: no window with a wider mode. */
     if (chmod(path, 0600) != 0 || listen(fd, HTTP_BACKLOG) != 0) {
-        dm__log("datamem: stats: cannot listen on %s: %s", path, strerror(errno));
+        dm_log("datamem: stats: cannot listen on %s: %s", path, strerror(errno));
         close(fd);
         unlink(path);
         return -1;
@@ -611,7 +610,7 @@ static int start(int fd, const char *unix_path, dm_http_t **out) {
     int rc = h->wake < 0 ? errno : pthread_create(&h->thread, NULL, serve, h);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     if (rc != 0) {
-        dm__log("datamem: stats: cannot start the endpoint's thread: %s", strerror(rc));
+        dm_log("datamem: stats: cannot start the endpoint's thread: %s", strerror(rc));
         if (h->wake >= 0)
             close(h->wake);
         close(fd);
@@ -639,7 +638,7 @@ void dm__http_stop(dm_http_t *h) {
         return;
     uint64_t one = 1;
     if (write(h->wake, &one, sizeof(one)) != sizeof(one))
-        dm__log("datamem: stats: cannot wake the endpoint's thread: %s", strerror(errno));
+        dm_log("datamem: stats: cannot wake the endpoint's thread: %s", strerror(errno));
     pthread_join(h->thread, NULL);
     close(h->wake);
     close(h->fd);

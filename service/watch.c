@@ -31,9 +31,12 @@
 #include <sys/eventfd.h>
 #include <sys/inotify.h>
 #include <time.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <unistd.h>
 
-#include "runtime/internal.h"
+#include "service/export.h"
+
 
 static pthread_mutex_t watch_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct {
@@ -100,7 +103,7 @@ static bool file_hash(const char *path, uint64_t *h) {
 static void reload_now(const char *path) {
     uint64_t h;
     if (!file_hash(path, &h)) {
-        dm__log("datamem: policy %s cannot be read (%s); keeping the last good policy",
+        dm_log("datamem: policy %s cannot be read (%s); keeping the last good policy",
                 path, strerror(errno));
         return;
     }
@@ -120,7 +123,7 @@ static void reload_now(const char *path) {
         char *msg = malloc(16384);
         if (msg) {
             dm_diags_format_all(d, msg, 16384);
-            dm__log("datamem: reload of %s failed; keeping the last good policy:\n%s", path, msg);
+            dm_log("datamem: reload of %s failed; keeping the last good policy:\n%s", path, msg);
             free(msg);
         }
     } else {
@@ -128,7 +131,7 @@ static void reload_now(const char *path) {
         if (d->nwarnings) {
             char msg[4096];
             dm_diags_format_all(d, msg, sizeof(msg));
-            dm__log("datamem: reloaded %s with warnings:\n%s", path, msg);
+            dm_log("datamem: reloaded %s with warnings:\n%s", path, msg);
         }
     }
     free(d);
@@ -202,8 +205,7 @@ static void *watch_main(void *arg) {
     return arg;
 }
 
-/* Called by dm_runtime_install (without dm__mu) with the policy now in force. */
-void dm__watch_configure(const char *path, bool enabled, int64_t debounce_ms) {
+static void watch_configure(const char *path, bool enabled, int64_t debounce_ms) {
     pthread_mutex_lock(&watch_mu);
     bool changed = cfg.enabled != enabled || strcmp(cfg.path, path) != 0 ||
                    cfg.debounce_ms != debounce_ms;
@@ -223,7 +225,7 @@ void dm__watch_configure(const char *path, bool enabled, int64_t debounce_ms) {
         if (cfg.wake_fd >= 0 && pthread_create(&th, &attr, watch_main, NULL) == 0)
             cfg.started = true;
         else
-            dm__log("datamem: cannot start the policy watcher; reload with datamem.reload()");
+            dm_log("datamem: cannot start the policy watcher; reload with datamem.reload()");
         pthread_attr_destroy(&attr);
     } else if (changed && cfg.started) {
         uint64_t one = 1;
@@ -234,11 +236,27 @@ void dm__watch_configure(const char *path, bool enabled, int64_t debounce_ms) {
 }
 
 /* pthread_atfork child handler: the thread did not survive the fork. */
-void dm__watch_after_fork_child(void) {
+static void watch_atfork_child(void) {
     pthread_mutex_init(&watch_mu, NULL);
     cfg.started = false;
     cfg.gen++;
 }
+
+/* After every install (the engine's observer), with the policy now in force. */
+void dm__watch_on_install(const dm_policy_t *p) {
+    if (p->path[0])
+        watch_configure(p->path, p->reload.watch, p->reload.debounce_ms);
+}
+
+/* dm_runtime_after_fork_child: the child watches as its parent did. */
+void dm__watch_on_fork_child(void) {
+    dm_policy_t *p = dm_runtime_policy_copy();
+    if (p)
+        dm__watch_on_install(p);
+    dm_policy_free(p);
+}
+
+void dm__watch_init(void) { pthread_atfork(NULL, NULL, watch_atfork_child); }
 
 void dm_watch_counts(uint64_t *reloads, uint64_t *skipped) {
     *reloads = atomic_load(&watch_reloads);

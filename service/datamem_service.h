@@ -1,0 +1,62 @@
+/*
+ * datamem_service.h: the services around the engine — stats rendering, the
+ * stats endpoint and its page, the node_exporter textfile, the policy file
+ * watcher. They use only the engine's public header (runtime/datamem.h) and
+ * learn about installs and forks through dm_runtime_observe; linking this
+ * library registers them (a constructor), so a program that links only the
+ * engine gets none of their threads or files.
+ *
+ * Thread safety: every function may be called from any thread.
+ */
+#ifndef DATAMEM_SERVICE_H
+#define DATAMEM_SERVICE_H
+
+#include "runtime/datamem.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- stats export (metrics.c, export.c, http.c) ---------------------------- */
+
+enum { DM_STATS_PROMETHEUS = 0, DM_STATS_JSON = 1 };
+
+/* Renders `s` as Prometheus text exposition 0.0.4 or as JSON (the keys of
+ * datamem.stats()) into a malloc'ed, NUL-terminated buffer: free(*out). */
+DM_API int dm_stats_render(const dm_stats_t *s, int format, char **out, size_t *len);
+/* A fresh snapshot, with hugepage bytes, rendered. */
+DM_API int dm_stats_render_current(int format, char **out, size_t *len);
+/* Fills arenas[].hugepage_bytes from /proc/self/smaps (AnonHugePages in each
+ * arena's address ranges). The walk costs more as the process maps more, so
+ * results are reused for up to DM_HUGEPAGE_MAX_AGE_MS. */
+#define DM_HUGEPAGE_MAX_AGE_MS 2000
+DM_API int dm_stats_hugepages(dm_stats_t *s);
+
+/* Serves /metrics and /stats.json from a C thread. `http` is "host:port" (port 0:
+ * any free port), `unix_socket` a path ("{pid}" is replaced by the pid); NULL
+ * leaves the policy's `stats:` setting in force, "" turns it off. The policy's
+ * settings apply on every install; these override them. A failure to listen is
+ * logged and returned; nothing else changes. */
+DM_API int dm_stats_serve(const char *http, const char *unix_socket);
+/* The endpoint's URL ("http://127.0.0.1:PORT/metrics") and Unix socket path,
+ * "" when not serving. */
+DM_API void dm_stats_endpoint(char *url, size_t url_cap, char *unix_path, size_t unix_cap);
+/* Writes the Prometheus text to `path` atomically (a temporary file created
+ * with O_EXCL under an unpredictable name, then rename). */
+DM_API int dm_stats_textfile_write(const char *path);
+/* Removes the textfiles of dead processes for a template with "{pid}" in its
+ * file name: files whose pid does not exist here, owned by this user and not
+ * modified for `min_age_ms`. Returns how many were removed, or an error. */
+DM_API int dm_stats_textfile_sweep(const char *tmpl, int64_t min_age_ms);
+/* Stops serving: a last textfile write, the discovery file and Unix socket
+ * removed. Also runs at exit (atexit) in the process that started serving. */
+DM_API void dm_stats_export_stop(void);
+
+/* Reloads done by the file watcher, and file events skipped because the
+ * content hash had not changed. */
+DM_API void dm_watch_counts(uint64_t *reloads, uint64_t *skipped);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DATAMEM_SERVICE_H */
