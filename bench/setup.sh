@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Set-up for bench/ only (not needed by the tests): the allocators that
-# bench/run.py compares against through LD_PRELOAD, and matplotlib for the plot.
+# bench/run.py and bench/jobs.py compare against through LD_PRELOAD, matplotlib
+# for the plots, and the libraries the real jobs use (pandas, scikit-learn,
+# SciPy: bench/jobs/). Never part of CI's test requirements.
 # Idempotent; Debian bookworm, root or sudo.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,3 +19,5 @@ if [ "${#need[@]}" -gt 0 ]; then
 fi
 python3 -c "import matplotlib" 2>/dev/null ||
   python3 -m pip install -q --disable-pip-version-check "matplotlib>=3.5"
+python3 -c "import pandas, sklearn, scipy" 2>/dev/null ||
+  python3 -m pip install -q --disable-pip-version-check "pandas>=2" "scikit-learn>=1.3" "scipy>=1.10"

@@ -1,0 +1,285 @@
+"""Real jobs under each allocator: datamem's policies against what users have today.
+
+    python3 bench/jobs.py [--quick] [--reps N] [--only J1,J2] [--configs C1,C2]
+                          [--variant NAME:VAR=VAL;...] [--out docs/performance-jobs.json]
+                          [--plot docs/performance-jobs.png]
+
+The discipline of bench/run.py, on whole jobs (bench/jobs/*.py): every (job,
+configuration) runs in a fresh process (bench/jobs/child.py), the order of
+jobs and of configurations is reshuffled every repetition, and the table shows
+medians with ratios to NumPy's default allocator measured in the same
+invocation. Each child checks that it ran with the handler, the preloaded
+library and the policy it was meant to, and every configuration must produce
+the same checksum as the default (to 1e-6 relative): an allocator must not
+change results.
+
+Reported per job: wall time and CPU time of the job itself (imports excluded),
+peak RSS of the process (ru_maxrss, interpreter and libraries included), minor
+faults during the job, and with datamem each arena's dirty and retained bytes
+at the end. The children run with OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE unset and
+one BLAS/OpenMP thread, identically for every configuration.
+
+Nothing here is a test; nothing asserts a time. Needs bench/setup.sh (pandas,
+scikit-learn, SciPy and the peer allocators).
+"""
+import argparse
+import json
+import os
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+from run import CONFIGS as RUN_CONFIGS, child_env  # noqa: E402  one definition of the peers
+
+CONFIGS = dict(RUN_CONFIGS)
+CONFIGS["dm-demo"] = ({"DATAMEM_CONFIG": os.path.join(ROOT, "configs/demo.yaml")}, None)
+DEFAULT_CONFIGS = ["default", "glibc-tuned", "jemalloc", "jemalloc-tuned", "tcmalloc", "mimalloc",
+                   "dm-minimal", "dm-throughput", "dm-demo"]
+PEERS = ["glibc-tuned", "jemalloc", "jemalloc-tuned", "tcmalloc", "mimalloc"]
+JOBS = ["pandas_etl", "sklearn_pipeline", "scipy_cg", "fft_image", "stencil_big", "threadpool"]
+RATIO_METRICS = ["wall_s", "cpu_s", "maxrss_mb"]
+LIBS = {"jemalloc": "jemalloc", "jemalloc-tuned": "jemalloc", "tcmalloc": "tcmalloc",
+        "mimalloc": "mimalloc"}
+
+
+def run_one(job, config, scale, timeout):
+    extra, _ = CONFIGS[config]
+    cmd = [sys.executable, os.path.join(HERE, "jobs", "child.py"), job, "--scale", str(scale)]
+    p = subprocess.run(cmd, env=child_env(extra), capture_output=True, text=True,
+                       timeout=timeout, cwd=ROOT)
+    if p.returncode != 0:
+        raise RuntimeError("%s/%s failed (%d): %s" % (job, config, p.returncode,
+                                                      p.stderr.strip()[-2000:]))
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    want_dm = config.startswith("dm-")
+    if (out["handler"] == "datamem") != want_dm:
+        raise RuntimeError("%s/%s ran with handler %r" % (job, config, out["handler"]))
+    want_policy = extra.get("DATAMEM_CONFIG")
+    if want_dm and (not out["policy"] or
+                    os.path.realpath(out["policy"]) != os.path.realpath(want_policy)):
+        raise RuntimeError("%s/%s ran under policy %r" % (job, config, out["policy"]))
+    lib = LIBS.get(config)
+    if lib and lib not in out["preloaded"]:
+        raise RuntimeError("%s/%s: LD_PRELOAD did not take" % (job, config))
+    if not lib and out["preloaded"]:
+        raise RuntimeError("%s/%s: unexpected allocator %s" % (job, config, out["preloaded"]))
+    return out
+
+
+def metrics(out):
+    m = {k: out[k] for k in ("wall_s", "cpu_s", "maxrss_mb", "faults", "thp_mb")}
+    m.update(out.get("extra") or {})
+    if out.get("arenas"):
+        m["dm_dirty_mb"] = sum(a["dirty_bytes"] for n, a in out["arenas"].items()
+                               if not n.startswith("_")) / 1e6
+        m["dm_retained_mb"] = sum(a["retained_bytes"] for n, a in out["arenas"].items()
+                                  if not n.startswith("_")) / 1e6
+    return m
+
+
+def summarize(raw):
+    med, ratio = {}, {}
+    for job, per in raw.items():
+        med[job], ratio[job] = {}, {}
+        for c, runs in per.items():
+            if runs:
+                keys = set().union(*(r.keys() for r in runs))
+                med[job][c] = {k: statistics.median(r[k] for r in runs if k in r) for k in keys}
+        base = med[job].get("default")
+        for c, vals in med[job].items():
+            if base:
+                ratio[job][c] = {k: vals[k] / base[k] for k in RATIO_METRICS
+                                 if base.get(k) and k in vals}
+    return med, ratio
+
+
+def check_checksums(samples):
+    """Every configuration's checksum matches the default's for that job."""
+    ref = {}
+    for s in samples:
+        if s["config"] == "default":
+            ref.setdefault(s["job"], s["checksum"])
+    bad = []
+    for s in samples:
+        r = ref.get(s["job"])
+        if r is not None and abs(s["checksum"] - r) > 1e-6 * max(1.0, abs(r)):
+            bad.append("%s/%s: %r != %r" % (s["job"], s["config"], s["checksum"], r))
+    return bad
+
+
+def print_table(med, ratio, configs, file=sys.stdout):
+    print("%-26s" % "job/metric" + "".join("%15s" % c for c in configs), file=file)
+    for job in med:
+        if "default" not in med[job]:
+            continue
+        for k in ["wall_s", "cpu_s", "maxrss_mb", "faults", "thp_mb", "thp_live_mb",
+                  "dm_dirty_mb", "dm_retained_mb"]:
+            if not any(k in med[job].get(c, {}) for c in configs):
+                continue
+            row = "%-26s" % ("%s %s" % (job, k))
+            for c in configs:
+                v = med[job].get(c, {}).get(k)
+                if v is None:
+                    row += "%15s" % "-"
+                elif k in RATIO_METRICS and c != "default":
+                    row += "%15s" % ("%.3fx" % ratio[job][c][k])
+                else:
+                    row += "%15s" % ("%.4g" % v)
+            print(row, file=file)
+    print("(default column and faults/THP/dm_* rows: absolute; wall, CPU and peak RSS of "
+          "other columns: ratio to default)", file=file)
+
+
+def markdown(med, ratio, configs):
+    """The results table of docs/performance.md: time and peak RSS ratios per job."""
+    lines = ["| job | default: wall s, peak RSS MB | " +
+             " | ".join(c for c in configs if c != "default") + " |",
+             "|---|---|" + "---|" * (len(configs) - 1)]
+    for job in med:
+        if "default" not in med[job]:
+            continue
+        d = med[job]["default"]
+        cells = []
+        for c in configs:
+            if c == "default":
+                continue
+            r = ratio[job].get(c)
+            cells.append("-" if not r else "%.2fx / %.2fx" % (r["wall_s"], r["maxrss_mb"]))
+        lines.append("| %s | %.2f, %.0f | %s |" % (job, d["wall_s"], d["maxrss_mb"],
+                                                  " | ".join(cells)))
+    return "\n".join(lines)
+
+
+def plot(med, ratio, configs, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    jobs = [j for j in JOBS if j in ratio and "default" in ratio[j]]
+    shown = [c for c in configs if c != "default"]
+    fig, axes = plt.subplots(1, 2, figsize=(12, 0.55 * len(jobs) * len(shown) / 4 + 2),
+                             sharey=True)
+    colors = plt.get_cmap("tab10")
+    h = 0.8 / max(1, len(shown))
+    for ax, metric, label in ((axes[0], "wall_s", "wall time"),
+                              (axes[1], "maxrss_mb", "peak RSS")):
+        for j, c in enumerate(shown):
+            ys = [i + j * h for i in range(len(jobs))]
+            xs = [ratio[job].get(c, {}).get(metric, 0) for job in jobs]
+            ax.barh(ys, xs, height=h, label=c, color=colors(j),
+                    edgecolor="black" if c.startswith("dm-") else None, linewidth=0.5)
+        ax.axvline(1.0, color="black", linewidth=0.8)
+        ax.set_xlabel("%s relative to NumPy's default (< 1 is better)" % label)
+        ax.grid(axis="x", alpha=0.3)
+        ax.set_xlim(0.4, 1.6)
+    axes[0].set_yticks([i + 0.4 - h / 2 for i in range(len(jobs))])
+    axes[0].set_yticklabels(jobs, fontsize=9)
+    axes[0].invert_yaxis()
+    axes[1].legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="jobs at 0.4 scale, 2 repetitions")
+    ap.add_argument("--reps", type=int, help="repetitions (default 2 quick, 3 full)")
+    ap.add_argument("--scale", type=float, help="job size factor (default 1, 0.4 quick)")
+    ap.add_argument("--only", help="comma-separated jobs (%s)" % ",".join(JOBS))
+    ap.add_argument("--configs", help="comma-separated configurations (%s)" % ",".join(CONFIGS))
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME:VAR=VAL[;VAR=VAL]",
+                    help="an extra configuration, as in bench/run.py (names of datamem "
+                         "variants start with dm-)")
+    ap.add_argument("--out", help="write raw samples, medians and ratios as JSON")
+    ap.add_argument("--plot", help="write a PNG of the ratios (needs matplotlib)")
+    ap.add_argument("--replot", metavar="JSON", help="only redraw --plot (and print the "
+                    "markdown table) from a result file")
+    ap.add_argument("--seed", type=int)
+    args = ap.parse_args()
+    if args.replot:
+        d = json.load(open(args.replot))
+        configs = d["meta"]["config_order"]
+        print(markdown(d["medians"], d["ratios"], configs))
+        if args.plot:
+            plot(d["medians"], d["ratios"], configs, args.plot)
+        return
+    for v in args.variant:
+        name, _, spec = v.partition(":")
+        env = dict(kv.split("=", 1) for kv in spec.split(";") if kv)
+        if "DATAMEM_CONFIG" in env:
+            env["DATAMEM_CONFIG"] = os.path.join(ROOT, env["DATAMEM_CONFIG"])
+        CONFIGS[name] = (env, None)
+    reps = args.reps or (2 if args.quick else 3)
+    scale = args.scale or (0.4 if args.quick else 1.0)
+    jobs = args.only.split(",") if args.only else list(JOBS)
+    configs = args.configs.split(",") if args.configs else list(DEFAULT_CONFIGS)
+    configs += [v.partition(":")[0] for v in args.variant if v.partition(":")[0] not in configs]
+    if "default" not in configs:
+        configs.insert(0, "default")
+    for j in jobs:
+        if j not in JOBS:
+            sys.exit("unknown job %r" % j)
+    skipped = []
+    for c in list(configs):
+        if c not in CONFIGS:
+            sys.exit("unknown configuration %r" % c)
+        lib = CONFIGS[c][1]
+        if lib and not os.path.exists(lib):
+            skipped.append("%s (%s missing: run bench/setup.sh)" % (c, lib))
+            configs.remove(c)
+    for s in skipped:
+        print("skipping " + s, file=sys.stderr)
+
+    rng = random.Random(args.seed)
+    raw = {j: {c: [] for c in configs} for j in jobs}
+    samples = []
+    t_start = time.time()
+    for rep in range(reps):
+        order_j = list(jobs)
+        rng.shuffle(order_j)
+        for j in order_j:
+            order_c = list(configs)
+            rng.shuffle(order_c)
+            for c in order_c:
+                out = run_one(j, c, scale, 600)
+                raw[j][c].append(metrics(out))
+                samples.append({"rep": rep, "config": c, **out})
+        print("repetition %d/%d done, %.0f s, load %.2f" % (rep + 1, reps, time.time() - t_start,
+                                                             os.getloadavg()[0]), file=sys.stderr)
+    bad = check_checksums(samples)
+    med, ratio = summarize(raw)
+    print_table(med, ratio, configs)
+    print()
+    print(markdown(med, ratio, configs))
+    meta = {
+        "quick": args.quick, "reps": reps, "scale": scale, "seconds": round(time.time() - t_start),
+        "python": platform.python_version(), "cpus": os.cpu_count(), "kernel": platform.release(),
+        "configs": {c: CONFIGS[c][0] for c in configs}, "config_order": configs,
+        "skipped": skipped, "checksum_mismatches": bad, "load_end": os.getloadavg(),
+    }
+    try:
+        import numpy
+        meta["numpy"] = numpy.__version__
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            meta["thp"] = f.read().strip()
+    except (ImportError, OSError):
+        pass
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"meta": meta, "medians": med, "ratios": ratio, "samples": samples},
+                      f, indent=1, sort_keys=True)
+        print("wrote " + args.out, file=sys.stderr)
+    if args.plot:
+        plot(med, ratio, configs, args.plot)
+        print("wrote " + args.plot, file=sys.stderr)
+    if bad:
+        sys.exit("checksums differ from the default's:\n  " + "\n  ".join(bad))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Real jobs for bench/jobs.py: one module per job, each with run(scale) -> checksum."""

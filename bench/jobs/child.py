@@ -1,0 +1,112 @@
+"""One real job in this process: `python3 bench/jobs/child.py JOB [--scale S] [--expect CFG]`.
+
+bench/jobs.py starts this once per (job, configuration) with the configuration's
+environment. Prints one JSON object on stdout: wall and CPU time of the job
+itself (imports excluded), minor faults during it, peak RSS of the process
+(ru_maxrss: interpreter, libraries and job), AnonHugePages at the end, the
+handler NumPy used, the allocator libraries mapped in (LD_PRELOAD check), the
+datamem policy in force, and with datamem each arena's bytes at the end.
+"""
+import argparse
+import importlib
+import json
+import os
+import resource
+import sys
+import time
+
+JOBS = ["pandas_etl", "sklearn_pipeline", "scipy_cg", "fft_image", "stencil_big", "threadpool"]
+# Libraries each job needs, imported before the clock starts (import time and
+# import-time allocations are the same for every configuration).
+PRELOAD = {"pandas_etl": ["pandas"], "sklearn_pipeline": ["sklearn.cluster", "sklearn.decomposition"],
+           "scipy_cg": ["scipy.sparse.linalg", "scipy.ndimage"]}
+
+
+def preloaded():
+    found = set()
+    with open("/proc/self/maps") as f:
+        for line in f:
+            path = line.split()[-1]
+            for lib in ("libjemalloc", "libtcmalloc", "libmimalloc"):
+                if lib in path:
+                    found.add(lib[3:])
+    return sorted(found)
+
+
+def anon_huge_mb():
+    try:
+        with open("/proc/self/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("AnonHugePages:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def handler_name():
+    import numpy as np
+    try:
+        from numpy._core.multiarray import get_handler_name
+    except ImportError:  # NumPy 1.x
+        from numpy.core.multiarray import get_handler_name
+    return get_handler_name(np.empty(1))
+
+
+def blas():
+    try:
+        from threadpoolctl import threadpool_info
+    except ImportError:
+        return None
+    return [{k: i.get(k) for k in ("internal_api", "architecture", "num_threads")}
+            for i in threadpool_info() if i.get("user_api") == "blas"]
+
+
+def datamem_arenas():
+    try:
+        import datamem
+    except ImportError:
+        return None, None
+    if not datamem.current_policy():
+        return None, None
+    s = datamem.stats()
+    keys = ("active_bytes", "dirty_bytes", "muzzy_bytes", "retained_bytes", "resident_bytes",
+            "mapped_bytes", "hugepage_bytes", "growth_purges")
+    return datamem.current_policy(), {
+        name: {k: a.get(k) for k in keys} for name, a in s["arenas"].items()
+        if a.get("allocations") or a.get("mapped_bytes")} | {
+        "_thread_cache_bytes": s.get("thread_cache_bytes")}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("job", choices=JOBS)
+    ap.add_argument("--scale", type=float, default=1.0)
+    args = ap.parse_args()
+    for mod in PRELOAD.get(args.job, []):
+        importlib.import_module(mod)
+    job = importlib.import_module(args.job)
+    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    c0, t0 = time.process_time(), time.perf_counter()
+    checksum = job.run(args.scale)
+    extra = {}
+    if isinstance(checksum, tuple):  # (checksum, {metric: value}) measured inside the job
+        checksum, extra = checksum
+    wall = time.perf_counter() - t0
+    cpu = time.process_time() - c0
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    policy, arenas = datamem_arenas()
+    print(json.dumps({
+        "job": args.job, "wall_s": wall, "cpu_s": cpu, "faults": ru.ru_minflt - f0,
+        "maxrss_mb": ru.ru_maxrss / 1024, "rss_before_mb": rss0 / 1024,
+        "thp_mb": anon_huge_mb(), "checksum": checksum, "handler": handler_name(),
+        "preloaded": preloaded(), "policy": policy, "arenas": arenas, "blas": blas(),
+        "extra": extra,
+        "env": {k: os.environ.get(k) for k in ("OPENBLAS_CORETYPE", "OPENBLAS_NUM_THREADS",
+                                              "OMP_NUM_THREADS")},
+    }))
+
+
+if __name__ == "__main__":
+    main()
