@@ -288,6 +288,15 @@ static PyObject *py_get_handler(PyObject *self, PyObject *unused) {
     return PyDataMem_GetHandler();
 }
 
+/* set_numpy_hugepages(on): NumPy's own hugepage setting, read at install */
+static PyObject *py_set_numpy_hugepages(PyObject *self, PyObject *on) {
+    int v = PyObject_IsTrue(on);
+    if (v < 0)
+        return NULL;
+    dm_runtime_set_numpy_hugepages(v != 0);
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_set_thread_name(PyObject *self, PyObject *name) {
     const char *s = PyUnicode_AsUTF8(name);
     if (!s)
@@ -707,6 +716,7 @@ static PyMethodDef methods[] = {
     {"get_handler", py_get_handler, METH_NOARGS, "get_handler() -> the current context's handler"},
     {"set_thread_name", py_set_thread_name, METH_O, "set_thread_name(name): for thread rules"},
     {"active", py_active, METH_NOARGS, "active() -> True once a policy is in force"},
+    {"set_numpy_hugepages", py_set_numpy_hugepages, METH_O, "set_numpy_hugepages(on): NumPy's madvise-hugepage setting, for arenas at hugepages: system"},
     {"jemalloc_version", py_jemalloc_version, METH_NOARGS, "jemalloc_version() -> version of the jemalloc linked in"},
     {"owner_arena", py_owner_arena, METH_O, "owner_arena(arr) -> name of the arena holding arr's data"},
     {"stats", py_stats, METH_NOARGS, "stats() -> dict of per-arena and per-rule numbers"},

@@ -53,6 +53,13 @@ DM_API dm_policy_t *dm_runtime_policy_copy(void);
 /* The machine's NUMA topology, as the validator sees it. */
 DM_API void dm_runtime_topology(dm_topology_t *out);
 
+/* What NumPy's default allocator does about hugepages (NumPy advises
+ * MADV_HUGEPAGE on arrays >= 4 MiB unless NUMPY_MADVISE_HUGEPAGE=0 or
+ * np._core.multiarray._set_madvise_hugepage(False)); arenas at `hugepages:
+ * system` follow it for blocks >= 4 MiB. On by default; the Python layer sets
+ * it from NumPy's own setting at every install. */
+DM_API void dm_runtime_set_numpy_hugepages(bool on);
+
 DM_API const dm_ctx_t *dm_ctx_root(void);
 /* Returns the context with `base`'s tags plus `tag` (interned; lives forever).
  * NULL if too many distinct contexts exist (DM_CTX_MAX). */

@@ -28,6 +28,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "runtime/bigblock.h"
 #include "runtime/internal.h"
 #include "runtime/os.h"
 
@@ -683,9 +684,27 @@ static inline __attribute__((always_inline)) void *alloc_impl(const dm_ctx_t *c,
     return alloc_slow(t, c, size, dt, zero);
 }
 
-void *dm_alloc(const dm_ctx_t *c, size_t size, int dt) { return alloc_impl(c, size, dt, 0); }
+/* Blocks of 4 MiB and more: NumPy's hugepage advice, and from 32 MiB zeroing by
+ * giving pages back (bigblock.c). Out of line: one compare on the fast path. */
+static __attribute__((noinline)) void *alloc_big(const dm_ctx_t *c, size_t size, int dt,
+                                                 bool zero) {
+    bool purge = zero && size >= DM_BIG_ZERO_PURGE_MIN;
+    void *p = alloc_impl(c, size, dt, zero && !purge ? MALLOCX_ZERO : 0);
+    if (DM_UNLIKELY(!p))
+        return NULL;
+    dm__big_advise(p, size);
+    return purge ? dm__big_zero(p, size) : p;
+}
+
+void *dm_alloc(const dm_ctx_t *c, size_t size, int dt) {
+    if (DM_UNLIKELY(size >= DM_BIG_THP_MIN))
+        return alloc_big(c, size, dt, false);
+    return alloc_impl(c, size, dt, 0);
+}
 
 void *dm_calloc(const dm_ctx_t *c, size_t size, int dt) {
+    if (DM_UNLIKELY(size >= DM_BIG_THP_MIN))
+        return alloc_big(c, size, dt, true);
     return alloc_impl(c, size, dt, MALLOCX_ZERO);
 }
 

@@ -213,9 +213,23 @@ def _on_sighup(signum, frame):
         sys.stderr.write("datamem: reload on SIGHUP failed; keeping the last good policy:\n%s\n" % e)
 
 
+def _numpy_hugepages():
+    """NumPy's own hugepage setting (NUMPY_MADVISE_HUGEPAGE, _set_madvise_hugepage):
+    arenas at `hugepages: system` advise blocks >= 4 MiB as NumPy's default
+    handler advises arrays >= 4 MiB (docs/performance.md, "Real jobs")."""
+    import numpy as np
+    for mod in ("_core", "core"):  # NumPy 2.x, 1.x
+        get = getattr(getattr(getattr(np, mod, None), "multiarray", None),
+                      "_get_madvise_hugepage", None)
+        if get is not None:
+            return bool(get())
+    return os.environ.get("NUMPY_MADVISE_HUGEPAGE", "1") != "0"
+
+
 def _apply_settings():
     """Called with _lock held after every successful load."""
     import signal
+    _ext.set_numpy_hugepages(_numpy_hugepages())
     settings = _ext.policy_settings() or {}
     want = bool(settings.get("reload_signal"))
     if threading.current_thread() is not threading.main_thread():

@@ -1,0 +1,38 @@
+/*
+ * bigblock.h: what NumPy's default allocator does for big arrays, done for the
+ * blocks datamem serves (bigblock.c): hugepage advice from 4 MiB while NumPy's
+ * own setting asks for it, and zeroing by giving pages back from 32 MiB.
+ *
+ * Thread safety: every function may be called from any thread, lock-free.
+ */
+#ifndef DM_RUNTIME_BIGBLOCK_H
+#define DM_RUNTIME_BIGBLOCK_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+/* NumPy advises MADV_HUGEPAGE on every array of this size or more
+ * (numpy/_core/src/multiarray/alloc.c). */
+#define DM_BIG_THP_MIN ((size_t)4 << 20)
+/* From this size calloc gives the block's pages back instead of clearing them:
+ * glibc's largest mmap threshold (DEFAULT_MMAP_THRESHOLD_MAX on 64-bit), from
+ * which NumPy's default always gets fresh, never-touched pages. */
+#define DM_BIG_ZERO_PURGE_MIN ((size_t)32 << 20)
+
+/* A block of n >= DM_BIG_THP_MIN bytes was handed out: if its arena is at
+ * `hugepages: system` and NumPy's setting is on, the whole 2 MiB frames inside
+ * it are advised MADV_HUGEPAGE (once: later blocks at the same place cost a
+ * bitmap look-up). */
+void dm__big_advise(void *p, size_t n);
+
+/* Makes [p, p+n) read as zeros: whole pages are given back to the kernel
+ * (MADV_DONTNEED: zero pages on next touch), the partial pages at the ends
+ * cleared; memset where the pages cannot be given back (mlock). Returns p. */
+void *dm__big_zero(void *p, size_t n);
+
+/* What NumPy's default handler does (np._core.multiarray._get_madvise_hugepage();
+ * NUMPY_MADVISE_HUGEPAGE). On until told otherwise, as in NumPy. */
+void dm__big_set_numpy_thp(bool on);
+bool dm__big_numpy_thp(void);
+
+#endif /* DM_RUNTIME_BIGBLOCK_H */
