@@ -14,6 +14,11 @@
  *     built; malloc checks it really is that array (no data yet, byte count
  *     matches its shape and dtype) before trusting it, and a tp_dealloc wrapper
  *     forgets it, so a remembered pointer can never be read after it is freed.
+ *   - the recording handlers (issue 13), used instead of the plain ones while
+ *     an allocation profile is recorded (DATAMEM_PROFILE): they sample by
+ *     bytes (or take every allocation), capture the Python call site through a
+ *     per-code-object cache, and hand records to the writer
+ *     (service/datamem_profile.h). The plain handlers do not change.
  *   - thin wrappers over runtime/datamem.h for Python (load, stats, explain...).
  *
  * The handler functions run with or without the GIL (NumPy calls realloc
@@ -26,15 +31,18 @@
 #define NPY_TARGET_VERSION NPY_1_22_API_VERSION
 #include <numpy/arrayobject.h>
 
+#include <math.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include <jemalloc/jemalloc.h>
 
 #include "dm_build_info.h" /* NumPy and Python versions built against (@local_python) */
 #include "policy/policy.h"
 #include "runtime/datamem.h"
+#include "service/datamem_profile.h"
 #include "service/datamem_service.h"
 
 #define HANDLER_NAME "datamem"
@@ -144,6 +152,319 @@ static void *h_realloc(void *ctx, void *ptr, size_t size) {
 /* NumPy's size here is a guess (NEP 49); dm_free never uses it. */
 static void h_free(void *ctx, void *ptr, size_t size) { dm_free(ptr); }
 
+/* ---- recording handlers (allocation profiles, issue 13) ----------------------
+ *
+ * Used instead of the functions above while a profile is recorded, so that
+ * the plain handler costs nothing extra. Sampling is by bytes, like jemalloc's
+ * prof and tcmalloc's sampler: each thread counts down an exponentially
+ * distributed number of bytes (mean: the sample interval); the allocation
+ * that crosses zero is sampled. An allocation of `size` bytes is then sampled
+ * with probability p = 1 - exp(-size / mean), independently of the others
+ * (the exponential is memoryless), and its record carries the weight 1 / p:
+ * sums of weight and weight * size are unbiased estimates of the counts and
+ * bytes of all allocations. Full mode records everything with weight 1.
+ *
+ * The call site is captured only with the GIL held (PyGILState_Check): NumPy
+ * reallocs without it in fromfile/fromstring, and those records say "no GIL"
+ * and have no site. Capturing calls Python (frame objects, code attributes),
+ * which can allocate arrays (a finalizer run by the cyclic GC): such nested
+ * allocations are not sampled (`busy`). Frees are recorded before the block is
+ * released, so that no other thread can be handed the address first. */
+
+static bool prof_on;         /* new handlers record (set with the GIL) */
+static unsigned prof_flags;  /* DM_PROF_*; set before the handlers are used */
+static PyObject *name_key;   /* "__name__", interned */
+static double prof_mean;     /* sampled mode: mean bytes between samples */
+
+typedef struct prof_tls {
+    int64_t left;            /* bytes to the next sample */
+    uint64_t rng;            /* xorshift64* state; 0 = not seeded */
+    bool busy;               /* capturing a sample on this thread */
+    char thread[DM_NAME_MAX]; /* set with the runtime's (py_set_thread_name) */
+} prof_tls_t;
+
+static __thread prof_tls_t ptls;
+
+static double prof_uniform(prof_tls_t *s) { /* (0, 1] */
+    s->rng ^= s->rng >> 12;
+    s->rng ^= s->rng << 25;
+    s->rng ^= s->rng >> 27;
+    return (double)(((s->rng * 0x2545F4914F6CDD1Dull) >> 11) + 1) * 0x1.0p-53;
+}
+
+static int64_t prof_gap(prof_tls_t *s) {
+    double g = -log(prof_uniform(s)) * prof_mean;
+    return g >= 9.0e18 ? INT64_MAX : (int64_t)g + 1;
+}
+
+static __attribute__((noinline)) bool prof_sample_slow(prof_tls_t *s, size_t size, double *w) {
+    if (!s->rng) { /* first allocation on this thread: start the count-down */
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        s->rng = ((uint64_t)ts.tv_nsec * 0x9E3779B97F4A7C15ull) ^ (uint64_t)(uintptr_t)s ^
+                 ((uint64_t)ts.tv_sec << 32) ^ 1;
+        s->left = prof_gap(s) - (int64_t)size;
+        if (s->left > 0)
+            return false;
+    }
+    s->left = prof_gap(s);
+    double p = -expm1(-(double)size / prof_mean);
+    *w = p > 0 ? 1.0 / p : 1.0;
+    return true;
+}
+
+static inline bool prof_sample(size_t size, double *w) {
+    if (prof_flags & DM_PROF_FULL) {
+        *w = 1.0;
+        return true;
+    }
+    prof_tls_t *s = &ptls;
+    if (__builtin_expect((s->left -= (int64_t)size) > 0, 1))
+        return false;
+    return prof_sample_slow(s, size, w);
+}
+
+/* Call sites: one entry per code object, made on first sight and kept for the
+ * process together with a reference to the code object (so its address is
+ * never reused by another). Guarded by the GIL. The module is the frame's
+ * globals' __name__ when the entry is made (code run with other globals, as
+ * by exec, keeps the first one). */
+typedef struct code_entry {
+    PyObject *code;
+    char *module, *function, *file; /* function: module.qualname */
+    bool internal;                  /* numpy, pandas, scipy, sklearn, datamem */
+} code_entry_t;
+
+static code_entry_t **code_tab;
+static size_t code_cap, code_n;
+
+/* Packages whose frames are not "the user's code": the call site is the
+ * innermost frame outside them (docs/find-your-policy.md). */
+static const char *const internal_packages[] = {"numpy", "pandas", "scipy", "sklearn",
+                                                "datamem"};
+
+static bool module_internal(const char *m) {
+    for (size_t i = 0; i < sizeof(internal_packages) / sizeof(internal_packages[0]); i++) {
+        size_t n = strlen(internal_packages[i]);
+        if (strncmp(m, internal_packages[i], n) == 0 && (m[n] == 0 || m[n] == '.'))
+            return true;
+    }
+    return false;
+}
+
+static char *str_of(PyObject *o, const char *dflt) {
+    const char *s = o && PyUnicode_Check(o) ? PyUnicode_AsUTF8(o) : NULL;
+    if (!s) {
+        PyErr_Clear();
+        s = dflt;
+    }
+    size_t n = strlen(s);
+    char *c = PyMem_RawMalloc(n + 1);
+    if (c)
+        memcpy(c, s, n + 1);
+    return c;
+}
+
+static size_t code_slot(PyObject *co) {
+    return (size_t)(((uint64_t)(uintptr_t)co * 0x9E3779B97F4A7C15ull) >> 20) & (code_cap - 1);
+}
+
+static code_entry_t *code_entry_new(PyObject *co, PyFrameObject *f) {
+#if PY_VERSION_HEX >= 0x030B0000
+    PyObject *globals = PyFrame_GetGlobals(f);
+#else
+    PyObject *globals = Py_XNewRef(f->f_globals);
+#endif
+    PyObject *name = globals && PyDict_Check(globals)
+                         ? PyDict_GetItemWithError(globals, name_key) : NULL;
+    PyErr_Clear();
+    char *module = str_of(name, "?");
+    Py_XDECREF(globals);
+#if PY_VERSION_HEX >= 0x030B0000
+    PyObject *qual = PyObject_GetAttrString(co, "co_qualname");
+#else
+    PyObject *qual = PyObject_GetAttrString(co, "co_name");
+#endif
+    PyErr_Clear();
+    PyObject *file = PyObject_GetAttrString(co, "co_filename");
+    PyErr_Clear();
+    char *q = str_of(qual, "?");
+    code_entry_t *e = PyMem_RawCalloc(1, sizeof(*e));
+    if (e && module && q) {
+        size_t n = strlen(module) + strlen(q) + 2;
+        if ((e->function = PyMem_RawMalloc(n)))
+            snprintf(e->function, n, "%s.%s", module, q);
+        e->file = str_of(file, "?");
+    }
+    Py_XDECREF(qual);
+    Py_XDECREF(file);
+    PyMem_RawFree(q);
+    if (!e || !module || !e->function || !e->file) {
+        if (e) {
+            PyMem_RawFree(e->function);
+            PyMem_RawFree(e->file);
+        }
+        PyMem_RawFree(e);
+        PyMem_RawFree(module);
+        return NULL;
+    }
+    e->module = module;
+    e->internal = module_internal(module);
+    e->code = Py_NewRef(co);
+    return e;
+}
+
+static code_entry_t *code_lookup(PyObject *co, PyFrameObject *f) {
+    if ((code_n + 1) * 2 > code_cap) {
+        size_t cap = code_cap ? code_cap * 2 : 1024;
+        code_entry_t **t = PyMem_RawCalloc(cap, sizeof(*t));
+        if (!t)
+            return NULL;
+        size_t old_cap = code_cap;
+        code_entry_t **old = code_tab;
+        code_tab = t;
+        code_cap = cap;
+        for (size_t i = 0; i < old_cap; i++) {
+            if (!old[i])
+                continue;
+            size_t j = code_slot(old[i]->code);
+            while (code_tab[j])
+                j = (j + 1) & (code_cap - 1);
+            code_tab[j] = old[i];
+        }
+        PyMem_RawFree(old);
+    }
+    size_t j = code_slot(co);
+    for (; code_tab[j]; j = (j + 1) & (code_cap - 1))
+        if (code_tab[j]->code == co)
+            return code_tab[j];
+    code_entry_t *e = code_entry_new(co, f);
+    if (!e)
+        return NULL;
+    j = code_slot(co); /* code_entry_new ran Python: the table may have grown */
+    while (code_tab[j])
+        j = (j + 1) & (code_cap - 1);
+    code_tab[j] = e;
+    code_n++;
+    return e;
+}
+
+/* Walks the Python stack (GIL held): frames innermost first, up to the call
+ * site (the innermost frame outside internal_packages) or, with stacks, all
+ * of them. Returns the number of frames; *site is the call site's index (the
+ * innermost frame when every frame is internal), -1 when there is none. */
+static int prof_capture(dm_prof_frame_t *out, int max, int *site) {
+    PyFrameObject *f = PyEval_GetFrame();
+    Py_XINCREF(f);
+    bool stacks = (prof_flags & DM_PROF_STACKS) != 0;
+    int n = 0;
+    *site = -1;
+    while (f && n < max) {
+        PyCodeObject *co = PyFrame_GetCode(f);
+        code_entry_t *e = co ? code_lookup((PyObject *)co, f) : NULL;
+        Py_XDECREF(co);
+        if (e) {
+            int line = PyFrame_GetLineNumber(f);
+            out[n] = (dm_prof_frame_t){e, line > 0 ? (uint32_t)line : 0, e->module,
+                                       e->function, e->file};
+            if (*site < 0 && !e->internal)
+                *site = n;
+            n++;
+            if (*site >= 0 && !stacks)
+                break;
+        }
+        PyFrameObject *back = PyFrame_GetBack(f);
+        Py_DECREF(f);
+        f = back;
+    }
+    Py_XDECREF(f);
+    if (*site < 0 && n > 0)
+        *site = 0;
+    return n;
+}
+
+static __attribute__((noinline)) void prof_record(const dm_ctx_t *ctx, void *p, size_t size,
+                                                  int dt, int route_dt, double w,
+                                                  uint8_t flags) {
+    prof_tls_t *s = &ptls;
+    if (s->busy || !dm_prof_active())
+        return;
+    s->busy = true;
+    dm_prof_alloc_t a = {.t_ns = dm_prof_now(), .ptr = p, .size = size, .weight = w,
+                         .site = -1, .dtype = (uint8_t)dt, .flags = flags};
+    a.thread = s->thread[0] ? s->thread : NULL;
+    const char *tagv[64];
+    char tags[1024] = "";
+    int ntags = dm_ctx_tags(ctx, tagv, 64);
+    for (int i = 0, off = 0; i < ntags && i < 64 && off < (int)sizeof(tags); i++)
+        off += snprintf(tags + off, sizeof(tags) - (size_t)off, "%s%s", i ? "," : "", tagv[i]);
+    a.tags = tags[0] ? tags : NULL;
+    char rule[DM_NAME_MAX] = "";
+    const char *r = dm_runtime_rule_of(ctx, size, route_dt);
+    if (r) {
+        snprintf(rule, sizeof(rule), "%s", r);
+        a.rule = rule;
+    }
+    a.arena = dm_owner_arena(p); /* arenas live for the process */
+    dm_prof_frame_t frames[DM_PROF_FRAMES_MAX];
+    if (PyGILState_Check()) {
+        PyObject *et, *ev, *tb;
+        PyErr_Fetch(&et, &ev, &tb); /* an allocation may happen while one is set */
+        a.nframes = prof_capture(frames, DM_PROF_FRAMES_MAX, &a.site);
+        a.frames = frames;
+        PyErr_Restore(et, ev, tb);
+    } else {
+        a.flags |= DM_PROF_NOGIL;
+    }
+    dm_prof_record_alloc(&a);
+    s->busy = false;
+}
+
+static inline int prof_route_dt(int dt) {
+    return dt != DM_DT_UNKNOWN && dm_runtime_wants_dtype() ? dt : DM_DT_UNKNOWN;
+}
+
+static void *h_malloc_prof(void *ctx, size_t size) {
+    int dt = probe_dtype(size), rdt = prof_route_dt(dt);
+    void *p = dm_alloc(ctx, size, rdt);
+    double w;
+    if (p && prof_sample(size, &w))
+        prof_record(ctx, p, size, dt, rdt, w, 0);
+    return p;
+}
+
+static void *h_calloc_prof(void *ctx, size_t nelem, size_t elsize) {
+    if (elsize && nelem > SIZE_MAX / elsize)
+        return NULL;
+    size_t size = nelem * elsize;
+    int dt = probe_dtype(size), rdt = prof_route_dt(dt);
+    void *p = dm_calloc(ctx, size, rdt);
+    double w;
+    if (p && prof_sample(size, &w))
+        prof_record(ctx, p, size, dt, rdt, w, DM_PROF_CALLOC);
+    return p;
+}
+
+static inline void prof_free(void *ptr) {
+    if (ptr && ((prof_flags & DM_PROF_FULL) || dm_prof_maybe_live(ptr)))
+        dm_prof_record_free(ptr, dm_prof_now());
+}
+
+/* A realloc ends the old block's record and starts a new one, flagged. */
+static void *h_realloc_prof(void *ctx, void *ptr, size_t size) {
+    prof_free(ptr);
+    void *q = dm_realloc(ctx, ptr, size);
+    double w;
+    if (q && prof_sample(size, &w))
+        prof_record(ctx, q, size, DM_DT_UNKNOWN, DM_DT_UNKNOWN, w, DM_PROF_REALLOC);
+    return q;
+}
+
+static void h_free_prof(void *ctx, void *ptr, size_t size) {
+    prof_free(ptr);
+    dm_free(ptr);
+}
+
 /* NumPy strcmp()s the capsule's name with its own "mem_handler" on every
  * allocation and free. glibc's vector strcmp costs least when both strings sit
  * at the same offset in a vector, as they do for NumPy's default handler, whose
@@ -169,6 +490,13 @@ typedef struct handler_entry {
 
 static handler_entry_t *handlers; /* guarded by the GIL */
 
+static void handler_set_functions(PyDataMem_Handler *h, bool recording) {
+    h->allocator.malloc = recording ? h_malloc_prof : h_malloc;
+    h->allocator.calloc = recording ? h_calloc_prof : h_calloc;
+    h->allocator.realloc = recording ? h_realloc_prof : h_realloc;
+    h->allocator.free = recording ? h_free_prof : h_free;
+}
+
 static PyObject *capsule_for(const dm_ctx_t *ctx) {
     for (handler_entry_t *e = handlers; e; e = e->next)
         if (e->ctx == ctx)
@@ -179,10 +507,7 @@ static PyObject *capsule_for(const dm_ctx_t *ctx) {
     snprintf(e->handler.name, sizeof(e->handler.name), "%s", HANDLER_NAME);
     e->handler.version = 1;
     e->handler.allocator.ctx = (void *)ctx;
-    e->handler.allocator.malloc = h_malloc;
-    e->handler.allocator.calloc = h_calloc;
-    e->handler.allocator.realloc = h_realloc;
-    e->handler.allocator.free = h_free;
+    handler_set_functions(&e->handler, prof_on);
     e->ctx = ctx;
     e->capsule = PyCapsule_New(&e->handler, capsule_name, NULL);
     if (!e->capsule) {
@@ -270,7 +595,7 @@ static PyObject *py_handler_tags(PyObject *self, PyObject *cap) {
     if (!PyCapsule_IsValid(cap, "mem_handler"))
         Py_RETURN_NONE;
     PyDataMem_Handler *h = PyCapsule_GetPointer(cap, "mem_handler");
-    if (!h || h->allocator.malloc != h_malloc)
+    if (!h || (h->allocator.malloc != h_malloc && h->allocator.malloc != h_malloc_prof))
         Py_RETURN_NONE;
     const char *tags[256];
     int n = dm_ctx_tags(h->allocator.ctx, tags, 256);
@@ -302,6 +627,7 @@ static PyObject *py_set_thread_name(PyObject *self, PyObject *name) {
     if (!s)
         return NULL;
     dm_thread_set_name(s);
+    snprintf(ptls.thread, sizeof(ptls.thread), "%s", s);
     Py_RETURN_NONE;
 }
 
@@ -698,7 +1024,78 @@ static PyObject *py_stats_textfile_sweep(PyObject *self, PyObject *args) {
     return PyLong_FromLong(rc);
 }
 
+/* ---- allocation profiles ---------------------------------------------------- */
+
+/* profile_start(dir, sample_bytes, full, stacks, meta) -> path of this process's file.
+ * Every datamem handler, existing or made later, records from now on. */
+static PyObject *py_profile_start(PyObject *self, PyObject *args) {
+    const char *dir, *meta;
+    unsigned long long sample;
+    int full, stacks;
+    if (!PyArg_ParseTuple(args, "sKpps", &dir, &sample, &full, &stacks, &meta))
+        return NULL;
+    if (!full && sample == 0) {
+        PyErr_SetString(PyExc_ValueError, "sample interval must be at least 1 byte");
+        return NULL;
+    }
+    unsigned flags = (full ? DM_PROF_FULL : 0) | (stacks ? DM_PROF_STACKS : 0);
+    if (!name_key && !(name_key = PyUnicode_InternFromString("__name__")))
+        return NULL;
+    prof_mean = (double)sample;
+    prof_flags = flags; /* before the file opens: a fork child sees both */
+    int rc = dm_prof_start(dir, sample, flags, meta);
+    if (rc == DM_ESTATE) {
+        PyErr_SetString(PyExc_RuntimeError, "datamem: already recording a profile");
+        return NULL;
+    }
+    if (rc) {
+        PyErr_Format(PyExc_OSError, "datamem: cannot record a profile in %s: %s", dir,
+                     dm_strerror(rc));
+        return NULL;
+    }
+    prof_on = true;
+    dtype_hooks_enable();       /* the records carry the dtype */
+    for (handler_entry_t *e = handlers; e; e = e->next)
+        handler_set_functions(&e->handler, true);
+    char path[4200];
+    dm_prof_path(path, sizeof(path));
+    return PyUnicode_FromString(path);
+}
+
+static PyObject *py_profile_flush(PyObject *self, PyObject *unused) {
+    Py_BEGIN_ALLOW_THREADS
+    dm_prof_flush();
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_profile_mark_exit(PyObject *self, PyObject *unused) {
+    dm_prof_mark_exit();
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_profile_stop(PyObject *self, PyObject *unused) {
+    Py_BEGIN_ALLOW_THREADS
+    dm_prof_stop();
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+/* profile_info() -> (path or "", samples, bytes written) */
+static PyObject *py_profile_info(PyObject *self, PyObject *unused) {
+    char path[4200];
+    uint64_t samples, bytes;
+    dm_prof_path(path, sizeof(path));
+    dm_prof_counts(&samples, &bytes);
+    return Py_BuildValue("(sKK)", path, (unsigned long long)samples, (unsigned long long)bytes);
+}
+
 static PyMethodDef methods[] = {
+    {"profile_start", py_profile_start, METH_VARARGS, "profile_start(dir, sample_bytes, full, stacks, meta) -> file"},
+    {"profile_flush", py_profile_flush, METH_NOARGS, "write the profile's buffered records"},
+    {"profile_mark_exit", py_profile_mark_exit, METH_NOARGS, "mark the start of interpreter exit in the profile"},
+    {"profile_stop", py_profile_stop, METH_NOARGS, "flush and close the profile"},
+    {"profile_info", py_profile_info, METH_NOARGS, "profile_info() -> (file, samples, bytes)"},
     {"stats_textfile_sweep", py_stats_textfile_sweep, METH_VARARGS, "stats_textfile_sweep(template, min_age_ms) -> files removed"},
     {"metrics", py_metrics, METH_VARARGS, "metrics(json=False) -> Prometheus text (or JSON)"},
     {"stats_serve", py_stats_serve, METH_VARARGS, "stats_serve(http, unix_socket) -> 0 or error code"},

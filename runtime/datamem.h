@@ -82,6 +82,13 @@ DM_API bool dm_runtime_wants_dtype(void);
 /* Which arena owns `p` (name), or NULL if datamem does not own it. */
 DM_API const char *dm_owner_arena(const void *p);
 
+/* The rule that serves (size, dt) for the calling thread in context `c` now,
+ * as the allocation path picks it: its name, "default" for the default arena,
+ * NULL when no policy is in force. For the profiler (pyext's recording
+ * handler), never on the allocation path: it may bind the thread. The name is
+ * the table's: copy it before the thread's next allocation. */
+DM_API const char *dm_runtime_rule_of(const dm_ctx_t *c, size_t size, int dt);
+
 /* ---- stats -------------------------------------------------------------- */
 
 #define DM_STATS_ARENAS_MAX 256

@@ -815,6 +815,15 @@ const char *dm_owner_arena(const void *p) {
     return ja ? ja->owner->name : NULL;
 }
 
+const char *dm_runtime_rule_of(const dm_ctx_t *c, size_t size, int dt) {
+    dm_tls_t *t = tls_self();
+    int r;
+    if (!route(t, c, size, dt, &r))
+        return NULL;
+    const char *name = dm_table_rule_name(t->table->table, r);
+    return name ? name : "default";
+}
+
 /* ---- init, fork ------------------------------------------------------------ */
 
 static void atfork_prepare(void) { pthread_mutex_lock(&dm__mu); }

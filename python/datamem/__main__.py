@@ -6,6 +6,11 @@
   explain POLICY --size 8MiB [--dtype float32] [--thread NAME] [--tag T ...] [--table]
                                       which rule and arena serve an allocation, and why
                                       each earlier rule did not match
+  profile [--out DIR] [--sample BYTES | --full] [--stacks] [--policy P] -- CMD ...
+                                      run CMD recording an allocation profile (every
+                                      process: DIR/<pid>.dmprof; DATAMEM_PROFILE=DIR)
+  report DIR [--html OUT] [--json]    top call sites, sizes, lifetimes, peak, threads, tags
+  suggest DIR                         a policy for the profiled job, with its numbers
 """
 import argparse
 import os
@@ -83,6 +88,52 @@ def version_text():
                _ext.BUILD_PYTHON_VERSION))
 
 
+def profile_commands(a, pr):
+    """profile / report / suggest (issue 13)."""
+    from . import _profile
+    if a.cmd == "profile":
+        cmd = a.command[1:] if a.command[:1] == ["--"] else a.command
+        if not cmd:
+            pr.error("no command to run: python -m datamem profile [options] -- python job.py")
+        if a.full and a.sample is not None:
+            pr.error("--full and --sample exclude each other")
+        out = a.out or "datamem-profile-%d" % os.getpid()
+        if os.path.isdir(out) and any(n.endswith(".dmprof") for n in os.listdir(out)):
+            pr.error("%s already holds a profile (.dmprof files); give another --out" % out)
+        if a.policy:
+            ok, text, _ = check(a.policy)
+            if not ok:
+                sys.stderr.write(text)
+                return 2
+        sample = 0 if a.full else (a.sample or _profile.DEFAULT_SAMPLE)
+        rc = _profile.run(cmd, out, sample, a.stacks, a.policy)
+        files = [n for n in os.listdir(out) if n.endswith(".dmprof")] if os.path.isdir(out) else []
+        size = sum(os.path.getsize(os.path.join(out, n)) for n in files)
+        sys.stderr.write("datamem: profile of %d process%s in %s (%.1f MB); "
+                         "python -m datamem report %s\n"
+                         % (len(files), "" if len(files) == 1 else "es", out, size / 1e6, out))
+        return rc
+    try:
+        prof = _profile.load(a.dir)
+    except (OSError, _profile.ProfileError) as e:
+        sys.stderr.write("datamem: %s\n" % e)
+        return 1
+    if a.cmd == "suggest":
+        from . import _suggest
+        sys.stdout.write(_suggest.suggest(prof))
+        return 0
+    from . import _report
+    s = _report.summarize(prof, top=a.top)
+    if a.html:
+        with open(a.html, "w") as f:
+            f.write(_report.html(prof, s))
+    if a.json:
+        sys.stdout.write(_report.to_json(s) + "\n")
+    elif not a.html:
+        sys.stdout.write(_report.text(s))
+    return 0
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m datamem", description=__doc__ + _stats_cli.USAGE,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -103,8 +154,27 @@ def main(argv=None):
                    help="every datamem process of this user that handles SIGHUP")
     r.add_argument("--match", metavar="TEXT",
                    help="with --all: only processes whose command line contains TEXT")
+    pr = sub.add_parser("profile", help="run a command recording an allocation profile")
+    pr.add_argument("--out", metavar="DIR", help="where the profile goes (default: "
+                    "./datamem-profile-PID; must hold no .dmprof files)")
+    pr.add_argument("--sample", type=parse_size, default=None, metavar="BYTES",
+                    help="mean bytes between samples (default 512KiB)")
+    pr.add_argument("--full", action="store_true", help="record every allocation (short jobs)")
+    pr.add_argument("--stacks", action="store_true", default=None,
+                    help="record whole Python stacks (default: with --full)")
+    pr.add_argument("--policy", help="run under this policy (default: one pass-through arena)")
+    pr.add_argument("command", nargs=argparse.REMAINDER, help="-- python job.py ARGS...")
+    rp = sub.add_parser("report", help="summarize an allocation profile")
+    rp.add_argument("dir")
+    rp.add_argument("--html", metavar="OUT", help="write one self-contained HTML page")
+    rp.add_argument("--json", action="store_true", help="print JSON for tools")
+    rp.add_argument("--top", type=int, default=10, help="call sites listed (default 10)")
+    sg = sub.add_parser("suggest", help="propose a policy from an allocation profile")
+    sg.add_argument("dir")
     _stats_cli.add_commands(sub)
     a = ap.parse_args(argv)
+    if a.cmd in ("profile", "report", "suggest"):
+        return profile_commands(a, pr)
     if a.cmd in _stats_cli.COMMANDS:
         return _stats_cli.run(a)
     if a.cmd == "reload":

@@ -1,4 +1,5 @@
-"""Imported by datamem.pth at interpreter start when DATAMEM_CONFIG is set.
+"""Imported by datamem.pth at interpreter start when DATAMEM_CONFIG or
+DATAMEM_PROFILE (record an allocation profile: _profile.py) is set.
 
 Installs datamem before the job's first line runs. A bad or missing policy stops
 the process here, with the diagnostics and exit status 2, before any job code
@@ -11,11 +12,18 @@ import sys
 def _activate():
     path = os.environ.get("DATAMEM_CONFIG", "")
     try:
+        if os.environ.get("DATAMEM_PROFILE"):  # record an allocation profile (issue 13)
+            from datamem import _profile
+            path = _profile.activate_from_env()
+            return
         import datamem
         datamem.install(path)
     except Exception as e:  # PolicyError, or an import failure
         msg = str(e) if str(e) else type(e).__name__
-        sys.stderr.write("datamem: cannot activate (DATAMEM_CONFIG=%s):\n%s\n" % (path, msg))
+        what = "DATAMEM_CONFIG=%s" % path
+        if os.environ.get("DATAMEM_PROFILE"):
+            what += ", DATAMEM_PROFILE=%s" % os.environ["DATAMEM_PROFILE"]
+        sys.stderr.write("datamem: cannot activate (%s):\n%s\n" % (what, msg))
         sys.stderr.flush()
         os._exit(2)
 

@@ -1,0 +1,424 @@
+"""`python -m datamem report DIR`: what a recorded profile says (issue 13).
+
+summarize(profile) computes everything once, as plain data (what --json
+prints); text() and html() render it. Sampled profiles are estimates: every
+count and byte figure is a sum of the records' weights (see _profile.py), so
+"allocations" and "bytes" are estimates of all allocations, not of the samples.
+
+Medians are by bytes (half of a site's bytes were in arrays at most this big,
+or freed at most this soon): what matters for placement is where the bytes
+are, not the many tiny arrays (a 0-d fill value) a line also makes.
+
+Lifetime classes: short (freed within SHORT seconds: the temporaries of an
+expression or a loop iteration), long (LONG seconds or more, or still live when
+the process ended), medium in between.
+"""
+import html as _html
+import json
+import math
+
+import numpy as np
+
+SHORT = 0.1
+LONG = 1.0
+SIZE_EDGES = [0, 1 << 10, 16 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20,
+              256 << 20, 1 << 30]
+LIFE_EDGES = [0.0, 1e-3, 1e-2, 0.1, 1.0, 10.0, 100.0]
+
+
+def fmt_bytes(n):
+    n = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return ("%.0f %s" if unit == "B" else "%.1f %s") % (n, unit)
+        n /= 1024
+    return "%.1f TiB" % n
+
+
+def fmt_size_edge(n):
+    for unit, k in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= k and n % k == 0:
+            return "%d %s" % (n // k, unit)
+    return "%d B" % n
+
+
+def fmt_time(s):
+    if s != s:  # nan
+        return "-"
+    if s < 1e-3:
+        return "%.0f us" % (s * 1e6)
+    if s < 1:
+        return "%.1f ms" % (s * 1e3)
+    return "%.2f s" % s
+
+
+def fmt_count(n):
+    return "{:,}".format(int(round(n)))
+
+
+def _wmedian(values, weights):
+    if len(values) == 0:
+        return float("nan")
+    order = np.argsort(values, kind="stable")
+    cw = np.cumsum(weights[order])
+    return float(values[order][np.searchsorted(cw, cw[-1] / 2.0)])
+
+
+def _group(p, key, names, mask=None):
+    """Per value of `key`: estimated allocations, bytes, and shares."""
+    w, b = p.weight, p.weight * p.size
+    if mask is not None:
+        w, b, key = w[mask], b[mask], key[mask]
+    out = []
+    if len(key) == 0:
+        return out
+    nb, nw = np.bincount(key, b), np.bincount(key, w)
+    for i in np.argsort(-nb):
+        if nw[i] > 0:
+            out.append({"name": names[i], "allocations": float(nw[i]), "bytes": float(nb[i])})
+    return out
+
+
+def live_series(p, mask=None, grid=None):
+    """Live bytes over time (step function): (times, live bytes after each event)."""
+    sel = np.ones(len(p), bool) if mask is None else mask
+    b = (p.weight * p.size)[sel]
+    t0, t1 = p.t0[sel], p.t1[sel]
+    freed = ~np.isnan(t1)
+    times = np.concatenate([t0, t1[freed]])
+    deltas = np.concatenate([b, -b[freed]])
+    order = np.argsort(times, kind="stable")
+    times, live = times[order], np.cumsum(deltas[order])
+    if grid is None:
+        return times, live
+    if len(times) == 0:
+        return grid, np.zeros_like(grid)
+    idx = np.searchsorted(times, grid, side="right") - 1
+    return grid, np.where(idx >= 0, live[np.maximum(idx, 0)], 0.0)
+
+
+def summarize(p, top=10):
+    n = len(p)
+    w, size = p.weight, p.size
+    b = w * size
+    life = p.lifetime
+    live_end = p.live_at_end
+    total_b, total_n = float(b.sum()), float(w.sum())
+    short = ~live_end & (life < SHORT)
+    long_ = live_end | (life >= LONG)
+    duration = max([q["end"] for q in p.processes] + [0.0])
+
+    sites = []
+    if n:
+        nsite = len(p.sites) + 1
+        key = np.where(p.site >= 0, p.site, nsite - 1)
+        sb, sw = np.bincount(key, b, nsite), np.bincount(key, w, nsite)
+        for i in range(nsite):
+            if sw[i] <= 0:
+                continue
+            m = key == i
+            site = p.sites[i] if i < len(p.sites) else ("?", "?", "?", 0)
+            lm = life[m]
+            sites.append({
+                "site": p.site_label(i if i < len(p.sites) else -1),
+                "module": site[0], "function": site[1], "file": site[2], "line": site[3],
+                "allocations": float(sw[i]), "bytes": float(sb[i]),
+                "records": int(m.sum()),
+                "median_size": _wmedian(size[m], b[m]),
+                "max_size": float(size[m].max()),
+                "median_lifetime": _wmedian(lm, b[m]),
+                "short_bytes": float(b[m & short].sum()),
+                "long_bytes": float(b[m & long_].sum()),
+                "live_at_end_bytes": float(b[m & live_end].sum()),
+                "threads": sorted({p.labels["thread"][t] for t in np.unique(p.thread[m])}),
+                "dtypes": sorted({p.dtype_names[d] for d in np.unique(p.dtype[m])}),
+                "arenas": sorted({p.labels["arena"][a] for a in np.unique(p.arena[m])}),
+                "rules": sorted({p.labels["rule"][r] for r in np.unique(p.rule[m])}),
+                "index": i if i < len(p.sites) else -1,
+            })
+    by_bytes = sorted(sites, key=lambda s: -s["bytes"])
+    by_count = sorted(sites, key=lambda s: -s["allocations"])
+
+    size_hist = []
+    for lo, hi in zip(SIZE_EDGES, SIZE_EDGES[1:] + [float("inf")]):
+        m = (size >= lo) & (size < hi)
+        if m.any():
+            size_hist.append({"min": lo, "max": hi if hi != float("inf") else None,
+                              "label": "%s - %s" % (fmt_size_edge(lo), fmt_size_edge(hi))
+                              if hi != float("inf") else ">= %s" % fmt_size_edge(lo),
+                              "allocations": float(w[m].sum()), "bytes": float(b[m].sum()),
+                              "median_lifetime": _wmedian(life[m], b[m])})
+    life_hist = []
+    for lo, hi in zip(LIFE_EDGES, LIFE_EDGES[1:] + [float("inf")]):
+        m = ~live_end & (life >= lo) & (life < hi)
+        if m.any():
+            life_hist.append({"min": lo, "max": hi if hi != float("inf") else None,
+                              "label": "%s - %s" % (fmt_time(lo), fmt_time(hi))
+                              if hi != float("inf") else ">= %s" % fmt_time(lo),
+                              "allocations": float(w[m].sum()), "bytes": float(b[m].sum())})
+    if live_end.any():
+        life_hist.append({"min": None, "max": None, "label": "live at exit",
+                          "allocations": float(w[live_end].sum()),
+                          "bytes": float(b[live_end].sum())})
+
+    peak = {"bytes": 0.0, "time": 0.0, "sites": []}
+    if n:
+        times, live = live_series(p)
+        k = int(np.argmax(live))
+        tp = float(times[k])
+        at = (p.t0 <= tp) & (live_end | (p.t1 > tp))
+        peak = {"bytes": float(live[k]), "time": tp,
+                "sites": [dict(s, name=p.site_label(i if i < len(p.sites) else -1))
+                          for s, i in _peak_sites(p, at)][:top]}
+
+    return {
+        "directory": p.directory,
+        "mode": "full" if p.full else "sampled",
+        "sample_bytes": p.sample_bytes,
+        "records": n,
+        "processes": [{k: q[k] for k in ("pid", "ppid", "argv", "file", "file_bytes", "records",
+                                          "policy", "start", "end", "max_rss",
+                                          "unmatched_frees")} for q in p.processes],
+        "duration": duration,
+        "allocations": total_n,
+        "bytes": total_b,
+        "short_bytes": float(b[short].sum()),
+        "long_bytes": float(b[long_].sum()),
+        "live_at_end_bytes": float(b[live_end].sum()),
+        "no_gil_records": int(((p.flags & 4) != 0).sum()),
+        "realloc_records": int(((p.flags & 2) != 0).sum()),
+        "peak": peak,
+        "max_rss": max([q["max_rss"] for q in p.processes] + [0]),
+        "sites_by_bytes": by_bytes[:top],
+        "sites_by_count": by_count[:top],
+        "sites": by_bytes,
+        "size_histogram": size_hist,
+        "lifetime_histogram": life_hist,
+        "by_thread": _group(p, p.thread, p.labels["thread"]),
+        "by_tag": _group(p, p.tags, [t or "(no tag)" for t in p.labels["tags"]]),
+        "by_arena": _group(p, p.arena, p.labels["arena"]),
+        "by_rule": _group(p, p.rule, p.labels["rule"]),
+        "by_dtype": _group(p, p.dtype, p.dtype_names),
+        "thresholds": {"short": SHORT, "long": LONG},
+    }
+
+
+def _peak_sites(p, at):
+    b = p.weight * p.size
+    key = np.where(p.site >= 0, p.site, len(p.sites))
+    sb = np.bincount(key[at], b[at], len(p.sites) + 1)
+    sw = np.bincount(key[at], p.weight[at], len(p.sites) + 1)
+    for i in np.argsort(-sb):
+        if sb[i] > 0:
+            yield {"bytes": float(sb[i]), "allocations": float(sw[i])}, int(i)
+
+
+# ---- text -----------------------------------------------------------------------
+
+def _table(rows, head):
+    widths = [max(len(str(r[i])) for r in rows + [head]) for i in range(len(head))]
+    out = []
+    for r in [head] + rows:
+        cells = []
+        for i, c in enumerate(r):
+            c = str(c)
+            cells.append(c.ljust(widths[i]) if i == len(r) - 1 else c.rjust(widths[i]))
+        out.append("  " + "  ".join(cells).rstrip())
+    return out
+
+
+def text(s):
+    est = "" if s["mode"] == "full" else " (estimated)"
+    lines = ["datamem profile: %s" % s["directory"]]
+    if s["mode"] == "full":
+        lines.append("mode: full (every allocation; %s records)" % fmt_count(s["records"]))
+    else:
+        lines.append("mode: sampled, one sample per %s allocated on average (%s samples); "
+                     "counts and bytes are unbiased estimates"
+                     % (fmt_bytes(s["sample_bytes"]), fmt_count(s["records"])))
+    for q in s["processes"]:
+        lines.append("process %d (parent %s): %s  [%s records, %.2f s, max RSS %s]"
+                     % (q["pid"], q["ppid"], " ".join(q["argv"])[:100], fmt_count(q["records"]),
+                        q["end"] - q["start"], fmt_bytes(q["max_rss"])))
+    tb = s["bytes"] or 1.0
+    lines.append("")
+    lines.append("allocated%s: %s in %s allocations over %.2f s"
+                 % (est, fmt_bytes(s["bytes"]), fmt_count(s["allocations"]), s["duration"]))
+    lines.append("  short-lived (< %s): %s (%.0f%%); long-lived (>= %s or live at exit): %s "
+                 "(%.0f%%); live at exit: %s"
+                 % (fmt_time(s["thresholds"]["short"]), fmt_bytes(s["short_bytes"]),
+                    100 * s["short_bytes"] / tb, fmt_time(s["thresholds"]["long"]),
+                    fmt_bytes(s["long_bytes"]), 100 * s["long_bytes"] / tb,
+                    fmt_bytes(s["live_at_end_bytes"])))
+    lines.append("peak live NumPy bytes%s: %s at %.3f s (max RSS of any process: %s)"
+                 % (est, fmt_bytes(s["peak"]["bytes"]), s["peak"]["time"], fmt_bytes(s["max_rss"])))
+    if s["no_gil_records"]:
+        lines.append("  %d records without the GIL (NumPy's realloc in fromfile/fromstring): "
+                     "no call site" % s["no_gil_records"])
+
+    def site_rows(lst):
+        return [[fmt_bytes(x["bytes"]), "%.0f%%" % (100 * x["bytes"] / tb),
+                 fmt_count(x["allocations"]), fmt_bytes(x["median_size"]),
+                 fmt_time(x["median_lifetime"]), x["site"]] for x in lst]
+    head = ["bytes", "%", "count", "median size", "median life", "call site"]
+    lines += ["", "top call sites by bytes:"] + _table(site_rows(s["sites_by_bytes"]), head)
+    lines += ["", "top call sites by count:"] + _table(site_rows(s["sites_by_count"]), head)
+    lines += ["", "sizes:"] + _table(
+        [[h["label"], fmt_count(h["allocations"]), fmt_bytes(h["bytes"]),
+          "%.0f%%" % (100 * h["bytes"] / tb), fmt_time(h["median_lifetime"])]
+         for h in s["size_histogram"]], ["size", "count", "bytes", "%", "median life"])
+    lines += ["", "lifetimes:"] + _table(
+        [[h["label"], fmt_count(h["allocations"]), fmt_bytes(h["bytes"]),
+          "%.0f%%" % (100 * h["bytes"] / tb)] for h in s["lifetime_histogram"]],
+        ["lifetime", "count", "bytes", "%"])
+    pk = s["peak"]["bytes"] or 1.0
+    lines += ["", "what made up the peak (%s):" % fmt_bytes(s["peak"]["bytes"])] + _table(
+        [[fmt_bytes(x["bytes"]), "%.0f%%" % (100 * x["bytes"] / pk), fmt_count(x["allocations"]),
+          x["name"]] for x in s["peak"]["sites"]], ["bytes", "%", "live arrays", "call site"])
+    for title, key in (("by thread", "by_thread"), ("by tag", "by_tag"),
+                       ("by arena", "by_arena"), ("by rule", "by_rule"),
+                       ("by dtype", "by_dtype")):
+        lines += ["", title + ":"] + _table(
+            [[fmt_bytes(g["bytes"]), "%.0f%%" % (100 * g["bytes"] / tb),
+              fmt_count(g["allocations"]), g["name"]] for g in s[key][:10]],
+            ["bytes", "%", "count", key[3:]])
+    return "\n".join(lines) + "\n"
+
+
+# ---- html -----------------------------------------------------------------------
+
+PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
+           "#17becf"]
+
+
+def _scatter_svg(p, sites, width=760, height=380):
+    """Size x lifetime, one dot per record (at most 4000, chosen at random),
+    coloured by call site; live-at-exit blocks on the right edge."""
+    pad_l, pad_b, pad_t, pad_r = 70, 40, 10, 20
+    n = len(p)
+    idx = np.arange(n)
+    if n > 4000:
+        idx = np.random.default_rng(0).choice(n, 4000, replace=False)
+    life = np.maximum(p.lifetime[idx], 1e-6)
+    size = np.maximum(p.size[idx], 1)
+    lx0, lx1 = -6.0, max(1.0, math.ceil(math.log10(life.max() + 1e-9)))
+    ly0, ly1 = 0.0, max(3.0, math.ceil(math.log2(size.max() + 1)))
+    W, H = width - pad_l - pad_r, height - pad_t - pad_b
+
+    def x(v):
+        return pad_l + (np.log10(v) - lx0) / (lx1 - lx0) * W
+
+    def y(v):
+        return pad_t + H - (np.log2(v) - ly0) / (ly1 - ly0) * H
+    colour = {s["index"]: PALETTE[i % len(PALETTE)] for i, s in enumerate(sites[:8])}
+    out = ['<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" role="img" '
+           'aria-label="size by lifetime">' % (width, height),
+           '<rect x="%d" y="%d" width="%d" height="%d" fill="none" stroke="#999"/>'
+           % (pad_l, pad_t, W, H)]
+    for e in range(int(lx0), int(lx1) + 1):
+        xx = pad_l + (e - lx0) / (lx1 - lx0) * W
+        out.append('<text x="%.1f" y="%d" font-size="10" text-anchor="middle">%s</text>'
+                   % (xx, height - pad_b + 14, _html.escape(fmt_time(10.0 ** e))))
+    for e in range(int(ly0), int(ly1) + 1, 4):
+        yy = pad_t + H - (e - ly0) / (ly1 - ly0) * H
+        out.append('<text x="%d" y="%.1f" font-size="10" text-anchor="end">%s</text>'
+                   % (pad_l - 4, yy + 3, _html.escape(fmt_bytes(2 ** e))))
+    out.append('<text x="%d" y="%d" font-size="11" text-anchor="middle">lifetime '
+               '(live at exit: to the end of the process)</text>' % (pad_l + W // 2, height - 4))
+    for i, j in enumerate(idx):
+        c = colour.get(int(p.site[j]), "#bbb")
+        out.append('<circle cx="%.1f" cy="%.1f" r="2.2" fill="%s" fill-opacity="0.6"/>'
+                   % (x(life[i]), y(size[i]), c))
+    out.append("</svg>")
+    return "\n".join(out)
+
+
+def _live_svg(p, sites, width=760, height=300):
+    """Live bytes over time, stacked by call site (top 8, the rest grey)."""
+    pad_l, pad_b, pad_t, pad_r = 70, 30, 10, 20
+    W, H = width - pad_l - pad_r, height - pad_t - pad_b
+    if len(p) == 0:
+        return ""
+    end = max(float(np.nanmax(p.end)), 1e-6)
+    grid = np.linspace(0, end, 300)
+    layers, rest = [], np.ones(len(p), bool)
+    for s in sites[:8]:
+        m = p.site == s["index"]
+        rest &= ~m
+        layers.append((live_series(p, m, grid)[1], s))
+    layers.append((live_series(p, rest, grid)[1], None))
+    total = np.sum([l for l, _ in layers], axis=0)
+    top = max(float(total.max()), 1.0)
+    out = ['<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" role="img" '
+           'aria-label="live bytes over time">' % (width, height),
+           '<rect x="%d" y="%d" width="%d" height="%d" fill="none" stroke="#999"/>'
+           % (pad_l, pad_t, W, H)]
+    base = np.zeros_like(grid)
+    for i, (l, s) in enumerate(layers):
+        lo, hi = base, base + l
+        pts = ["%.1f,%.1f" % (pad_l + t / end * W, pad_t + H - v / top * H)
+               for t, v in zip(grid, hi)]
+        pts += ["%.1f,%.1f" % (pad_l + t / end * W, pad_t + H - v / top * H)
+                for t, v in zip(grid[::-1], lo[::-1])]
+        out.append('<polygon points="%s" fill="%s" fill-opacity="0.8"><title>%s</title></polygon>'
+                   % (" ".join(pts), PALETTE[i % len(PALETTE)] if s else "#bbb",
+                      _html.escape(s["site"] if s else "other sites")))
+        base = hi
+    out.append('<text x="%d" y="%d" font-size="10" text-anchor="end">%s</text>'
+               % (pad_l - 4, pad_t + 8, _html.escape(fmt_bytes(top))))
+    out.append('<text x="%d" y="%d" font-size="10" text-anchor="end">0</text>'
+               % (pad_l - 4, pad_t + H))
+    out.append('<text x="%d" y="%d" font-size="10" text-anchor="end">%.2f s</text>'
+               % (pad_l + W, height - 12, end))
+    out.append("</svg>")
+    return "\n".join(out)
+
+
+def html(p, s):
+    esc = _html.escape
+    tb = s["bytes"] or 1.0
+    legend = "".join('<li><span style="background:%s"></span>%s</li>'
+                     % (PALETTE[i % len(PALETTE)], esc(x["site"]))
+                     for i, x in enumerate(s["sites"][:8]))
+    rows = "".join("<tr><td>%s</td><td>%.0f%%</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td></tr>"
+                   % (esc(fmt_bytes(x["bytes"])), 100 * x["bytes"] / tb,
+                      esc(fmt_count(x["allocations"])), esc(fmt_bytes(x["median_size"])),
+                      esc(fmt_time(x["median_lifetime"])), esc(x["site"]))
+                   for x in s["sites"][:30])
+    return """<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>datamem profile</title>
+<style>
+body{font:14px system-ui,sans-serif;margin:1.5em;max-width:60em;color:#222}
+table{border-collapse:collapse}td,th{padding:2px 8px;text-align:right}
+td:last-child,th:last-child{text-align:left}tr:nth-child(even){background:#f4f4f4}
+ul.legend{list-style:none;padding:0}ul.legend span{display:inline-block;width:12px;height:12px;margin-right:6px}
+pre{background:#f8f8f8;padding:1em;overflow:auto}
+</style></head><body>
+<h1>datamem allocation profile</h1>
+<p>%s</p>
+<h2>Size by lifetime</h2>%s
+<ul class="legend">%s</ul>
+<h2>Live bytes over time, by call site</h2>%s
+<h2>Call sites</h2>
+<table><tr><th>bytes</th><th>%%</th><th>count</th><th>median size</th><th>median life</th><th>call site</th></tr>%s</table>
+<h2>Summary</h2><pre>%s</pre>
+</body></html>
+""" % (esc(s["directory"]), _scatter_svg(p, s["sites"]), legend, _live_svg(p, s["sites"]), rows,
+       esc(text(s)))
+
+
+def _clean(v):
+    if isinstance(v, dict):
+        return {k: _clean(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_clean(x) for x in v]
+    if isinstance(v, (float, np.floating)):
+        return None if v != v or v in (float("inf"), float("-inf")) else float(v)
+    if isinstance(v, np.integer):
+        return int(v)
+    return v
+
+
+def to_json(s):
+    """JSON for tools: unknown numbers (a median of nothing) are null."""
+    return json.dumps(_clean(s), indent=1, allow_nan=False)

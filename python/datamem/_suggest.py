@@ -1,0 +1,205 @@
+"""`python -m datamem suggest DIR > policy.yaml`: a policy from a profile (issue 13).
+
+The proposal follows what the allocator benchmark measured
+(docs/performance.md, configs/throughput.yaml), scaled to the job's own
+numbers:
+
+- Big arrays that are freed soon (temporaries) are where a NEP 49 handler wins
+  most: NumPy's default allocator (glibc) gives blocks above its mmap threshold
+  back to the kernel and refaults every page on the next iteration (temporaries
+  8 MiB: 0.45x the default's time, 64 MiB: 0.73x, zero faults per iteration).
+  They get a `reuse` arena: page-aligned, `hugepages: on`, freed pages kept
+  (`dirty: never`; with steady loops time-based decay still purged a block now
+  and then) and the footprint bounded by `decay.budget` sized from the job's
+  own peak of live temporaries (purge on growth: mixed-size runs kept 1.09x the
+  default's peak RSS with a budget, 1.39x without).
+- Big arrays that live long (or to the end) get their own `resident` arena
+  (hugepages for random access: gather 0.92x), when a size bound or a call site
+  separates them from the temporaries, so their pages never sit among the
+  temporaries' dirty ones.
+- Tiny arrays (<= 1 KiB) go to a 16-byte-aligned arena, everything else to a
+  64-byte-aligned default arena, as in throughput.yaml.
+Every rule is preceded by a comment with the numbers behind it.
+"""
+import numpy as np
+
+from ._report import LONG, SHORT, fmt_bytes, fmt_count, fmt_time, _wmedian
+
+MIB = 1 << 20
+
+
+def _pow2_ceil(n):
+    p = 1
+    while p < n:
+        p <<= 1
+    return p
+
+
+def _size_text(n):
+    for unit, k in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= k and n % k == 0:
+            return "%d%s" % (n // k, unit)
+    return str(int(n))
+
+
+def _top_sites(p, mask, b, limit=3):
+    key = np.where(p.site >= 0, p.site, len(p.sites))
+    sb = np.bincount(key[mask], b[mask], len(p.sites) + 1)
+    total = sb.sum() or 1.0
+    out = []
+    for i in np.argsort(-sb)[:limit]:
+        if sb[i] > 0:
+            out.append("%s (%.0f%%)" % (p.site_label(int(i) if i < len(p.sites) else -1, True),
+                                        100 * sb[i] / total))
+    return out, int((sb > 0).sum())
+
+
+def _live_peak(p, mask, b):
+    if not mask.any():
+        return 0.0
+    t0, t1, bb = p.t0[mask], p.t1[mask], b[mask]
+    freed = ~np.isnan(t1)
+    times = np.concatenate([t0, t1[freed]])
+    deltas = np.concatenate([bb, -bb[freed]])
+    order = np.argsort(times, kind="stable")
+    return float(np.cumsum(deltas[order]).max())
+
+
+def suggest(p, call_site_rules=False):
+    """Returns the policy text (YAML with comments)."""
+    w, size = p.weight, p.size
+    b = w * size
+    total = float(b.sum()) or 1.0
+    life = p.lifetime
+    live_end = p.live_at_end
+    long_ = live_end | (life >= LONG)
+    short = ~live_end & (life < SHORT)
+    freed_soon = ~long_
+    out = []
+    est = "" if p.full else " (estimated from samples)"
+
+    def pct(x):
+        return "%.0f%%" % (100.0 * x / total)
+
+    # The size from which arrays are "big": 4 MiB as in throughput.yaml (THP
+    # needs 2 MiB extents), or 2 MiB when temporaries of 2-4 MiB carry >= 10%.
+    mid = (size >= 2 * MIB) & (size < 4 * MIB) & freed_soon
+    big_min = 2 * MIB if b[mid].sum() >= 0.1 * total else 4 * MIB
+    big = size >= big_min
+    temp = big & freed_soon
+    resident = big & long_
+
+    head = ["# Suggested by `python -m datamem suggest %s`" % p.directory,
+            "# from %s%s: %s allocated in %s arrays over %.2f s, %d process%s."
+            % ("every allocation" if p.full else
+               "%s samples (one per %s allocated)" % (fmt_count(len(p)), fmt_bytes(p.sample_bytes)),
+               est, fmt_bytes(total), fmt_count(w.sum()),
+               max([q["end"] for q in p.processes] + [0.0]), len(p.processes),
+               "" if len(p.processes) == 1 else "es"),
+            "# Check it: python -m datamem check policy.yaml; see where an array goes:",
+            "# python -m datamem explain policy.yaml --size 8MiB"]
+
+    arenas = ["arenas:", "  general: {alignment: 64}"]
+    rules = ["rules:"]
+    estimate = ["#", "# What it changes (estimate):"]
+
+    # -- long-lived big arrays: their own arena, if something separates them
+    sep = None
+    if resident.any() and b[resident].sum() >= 0.05 * total:
+        r_min, t_max = size[resident].min(), size[temp].max() if temp.any() else 0
+        t_min, r_max = size[temp].min() if temp.any() else 0, size[resident].max()
+        if not temp.any() or r_min > t_max:
+            bound = max(big_min, _pow2_ceil(int(t_max) + 1) if temp.any() else big_min)
+            if bound <= r_min:
+                sep = ("size_min", bound)
+        elif r_max < t_min:
+            sep = ("size_max_below", int(t_min))
+    if resident.any() and b[resident].sum() >= 0.05 * total:
+        sites, nsites = _top_sites(p, resident, b)
+        comment = ["  # long-lived big arrays: sizes >= %s freed after %s or never: %s (%s of bytes),"
+                   % (fmt_bytes(big_min), fmt_time(LONG), fmt_bytes(b[resident].sum()),
+                      pct(b[resident].sum())),
+                   "  # %s arrays, from %d site%s: %s"
+                   % (fmt_count(w[resident].sum()), nsites, "" if nsites == 1 else "s",
+                      ", ".join(sites))]
+        if sep is None:
+            rules_note = ("  # not separable from the temporaries by size (they overlap: %s-%s "
+                          "against %s-%s)%s; they share the reuse arena"
+                          % (fmt_bytes(size[resident].min()), fmt_bytes(size[resident].max()),
+                             fmt_bytes(size[temp].min()), fmt_bytes(size[temp].max()),
+                             "" if call_site_rules else " and this policy uses no call-site rules"))
+            rules += comment + [rules_note]
+        else:
+            arenas.append("  resident: {alignment: 4096, hugepages: on}")
+            if sep[0] == "size_min":
+                match = "{size: {min: %s}}" % _size_text(sep[1])
+            else:
+                match = "{size: {min: %s, max: %d}}" % (_size_text(big_min), sep[1] - 1)
+            rules += comment + ["  # -> their own hugepage arena, away from the temporaries' "
+                                "dirty pages",
+                                "  - name: resident",
+                                "    match: %s" % match,
+                                "    arena: resident"]
+            estimate.append("#   resident: %s of long-lived arrays on hugepages (random access: "
+                            "0.92x the default's time in the benchmark's gather)"
+                            % fmt_bytes(b[resident].sum()))
+
+    # -- big temporaries: the reuse arena
+    if temp.any():
+        peak_t = _live_peak(p, temp, b)
+        budget = min(max(16 * MIB, _pow2_ceil(int(peak_t))), 1 << 30)
+        sites, nsites = _top_sites(p, temp, b)
+        med = _wmedian(life[temp], b[temp])
+        arenas.append("  reuse: {alignment: 4096, hugepages: on, "
+                      "decay: {dirty: never, muzzy: 0ms, budget: %s}}" % _size_text(budget))
+        rules += ["  # big temporaries: sizes >= %s freed within %s: %s (%s of bytes), "
+                  "median lifetime %s,"
+                  % (fmt_bytes(big_min), fmt_time(LONG), fmt_bytes(b[temp].sum()),
+                     pct(b[temp].sum()), fmt_time(med)),
+                  "  # %s arrays (%s freed within %s), peak %s live at once, from %d site%s: %s"
+                  % (fmt_count(w[temp].sum()), pct(b[temp & short].sum()), fmt_time(SHORT),
+                     fmt_bytes(peak_t), nsites, "" if nsites == 1 else "s", ", ".join(sites)),
+                  "  # -> reuse arena: pages kept for the next iteration (dirty: never), hugepages,",
+                  "  #    at most budget %s + 1/16 of active bytes of freed pages kept when it grows"
+                  % _size_text(budget),
+                  "  - name: temporaries",
+                  "    match: {size: {min: %s}}" % _size_text(big_min),
+                  "    arena: reuse"]
+        faults = b[temp].sum() / 4096
+        estimate += ["#   temporaries: %s in %s arrays reused instead of mapped afresh: up to %s "
+                     "minor page faults" % (fmt_bytes(b[temp].sum()), fmt_count(w[temp].sum()),
+                                            fmt_count(faults)),
+                     "#     avoided (NumPy's default returns blocks this big to the kernel); "
+                     "benchmark: temporaries",
+                     "#     8 MiB 0.45x, 64 MiB 0.73x of the default's time "
+                     "(docs/performance.md)",
+                     "#   memory: freed temporaries kept: at most %s + 1/16 of the arena's "
+                     "active bytes" % fmt_bytes(budget)]
+    else:
+        rules.append("  # no big temporaries (>= %s freed within %s): no reuse arena"
+                     % (fmt_bytes(big_min), fmt_time(LONG)))
+
+    # -- tiny arrays
+    tiny = size <= 1024
+    if tiny.any():
+        arenas.insert(1, "  tiny: {alignment: 16}")
+        sites, nsites = _top_sites(p, tiny, b)
+        rules += ["  # tiny arrays <= 1 KiB: %s arrays (%.0f%% of the count), %s; from %d site%s: %s"
+                  % (fmt_count(w[tiny].sum()), 100.0 * w[tiny].sum() / (w.sum() or 1),
+                     fmt_bytes(b[tiny].sum()), nsites, "" if nsites == 1 else "s",
+                     ", ".join(sites)),
+                  "  # -> 16-byte alignment, NumPy's own (throughput.yaml's `tiny`)",
+                  "  - name: tiny",
+                  "    match: {size: {max: 1KiB}}",
+                  "    arena: tiny"]
+    rest = ~tiny & ~big
+    estimate.append("#   everything else (%s, %s of bytes): the 64-byte-aligned default arena, "
+                    "served by datamem's block cache up to 256 KiB"
+                    % (fmt_bytes(b[rest].sum()), pct(b[rest].sum())))
+    policies = sorted({q["policy"] for q in p.processes if q["policy"]})
+    if policies:
+        estimate.append("#   recorded under: %s" % ", ".join(policies))
+    if not any(r.startswith("  - name:") for r in rules):
+        rules = rules[1:] + ["rules: []"]
+    return "\n".join(head + estimate + ["", "version: 1", "default: general", ""] + arenas +
+                     [""] + rules) + "\n"

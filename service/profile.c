@@ -1,0 +1,505 @@
+/*
+ * profile.c: the allocation profile writer (datamem_profile.h, issue 13).
+ *
+ * Owns the process's profile file, the record buffer, the intern tables
+ * (strings, call sites, stacks: each written once, as a definition record,
+ * before its first use) and, in sampled mode, the set of sampled blocks still
+ * live. Everything is guarded by `mu`; the only lock-free part is the counting
+ * filter dm__prof_filter, which lets a free that is certainly not of a sampled
+ * block skip the lock (one load). Memory comes from libc, never from NumPy.
+ *
+ * A fork child keeps recording into its own file: the atfork child handler
+ * drops what the parent had buffered (the parent writes it), forgets the
+ * intern tables (the new file needs its own definitions) and the live set
+ * (the parent's blocks are not the child's samples), and opens DIR/<pid>.dmprof.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "service/datamem_profile.h"
+
+#define BUF_CAP ((size_t)1 << 20)
+#define FLUSH_NS 1000000000ull /* at least every second while allocating */
+#define STR_MAX 1024           /* longer strings are cut */
+
+_Atomic uint32_t dm__prof_filter[1u << DM_PROF_FILTER_BITS];
+
+/* ---- intern tables: byte-string key -> id (open addressing) -------------- */
+
+typedef struct ient {
+    uint64_t hash;
+    uint32_t id, len; /* id 0 = empty slot */
+    unsigned char *key;
+} ient_t;
+
+typedef struct itab {
+    ient_t *slots;
+    uint32_t cap, n;
+} itab_t;
+
+static uint64_t hash_bytes(const void *p, size_t n) {
+    const unsigned char *b = p;
+    uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a */
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ b[i]) * 0x100000001b3ull;
+    return h;
+}
+
+static void itab_clear(itab_t *t) {
+    for (uint32_t i = 0; i < t->cap; i++)
+        free(t->slots[i].key);
+    free(t->slots);
+    t->slots = NULL;
+    t->cap = t->n = 0;
+}
+
+static bool itab_grow(itab_t *t) {
+    uint32_t cap = t->cap ? t->cap * 2 : 256;
+    ient_t *s = calloc(cap, sizeof(*s));
+    if (!s)
+        return false;
+    for (uint32_t i = 0; i < t->cap; i++) {
+        if (!t->slots[i].id)
+            continue;
+        uint32_t j = (uint32_t)t->slots[i].hash & (cap - 1);
+        while (s[j].id)
+            j = (j + 1) & (cap - 1);
+        s[j] = t->slots[i];
+    }
+    free(t->slots);
+    t->slots = s;
+    t->cap = cap;
+    return true;
+}
+
+/* The id of `key`; *fresh says it was just added (the caller writes its
+ * definition). 0 when out of memory. */
+static uint32_t itab_intern(itab_t *t, const void *key, uint32_t len, bool *fresh) {
+    *fresh = false;
+    if ((t->n + 1) * 2 > t->cap && !itab_grow(t))
+        return 0;
+    uint64_t h = hash_bytes(key, len);
+    uint32_t j = (uint32_t)h & (t->cap - 1);
+    for (; t->slots[j].id; j = (j + 1) & (t->cap - 1))
+        if (t->slots[j].hash == h && t->slots[j].len == len &&
+            memcmp(t->slots[j].key, key, len) == 0)
+            return t->slots[j].id;
+    unsigned char *k = malloc(len ? len : 1);
+    if (!k)
+        return 0;
+    memcpy(k, key, len);
+    t->slots[j] = (ient_t){h, ++t->n, len, k};
+    *fresh = true;
+    return t->n;
+}
+
+/* ---- the live set (sampled mode): addresses of sampled blocks ------------- */
+
+#define LIVE_TOMB ((uintptr_t)1)
+
+static struct {
+    uintptr_t *slots;
+    uint32_t cap, used, live; /* used counts tombstones too */
+} live;
+
+static inline uint32_t live_hash(uintptr_t p) {
+    return (uint32_t)((p * 0x9E3779B97F4A7C15ull) >> 32);
+}
+
+static bool live_rehash(uint32_t cap) {
+    uintptr_t *s = calloc(cap, sizeof(*s));
+    if (!s)
+        return false;
+    for (uint32_t i = 0; i < live.cap; i++) {
+        uintptr_t p = live.slots[i];
+        if (p <= LIVE_TOMB)
+            continue;
+        uint32_t j = live_hash(p) & (cap - 1);
+        while (s[j])
+            j = (j + 1) & (cap - 1);
+        s[j] = p;
+    }
+    free(live.slots);
+    live.slots = s;
+    live.cap = cap;
+    live.used = live.live;
+    return true;
+}
+
+static bool live_add(uintptr_t p) {
+    if ((live.used + 1) * 4 > live.cap * 3) {
+        uint32_t cap = live.cap ? live.cap : 1024;
+        while ((live.live + 1) * 2 > cap)
+            cap *= 2;
+        if (!live_rehash(cap))
+            return false;
+    }
+    uint32_t j = live_hash(p) & (live.cap - 1);
+    while (live.slots[j] > LIVE_TOMB) {
+        if (live.slots[j] == p)
+            return true;
+        j = (j + 1) & (live.cap - 1);
+    }
+    if (live.slots[j] == 0)
+        live.used++;
+    live.slots[j] = p;
+    live.live++;
+    atomic_fetch_add_explicit(&dm__prof_filter[dm__prof_filter_index((void *)p)], 1,
+                              memory_order_relaxed);
+    return true;
+}
+
+static bool live_remove(uintptr_t p) {
+    if (!live.cap)
+        return false;
+    for (uint32_t j = live_hash(p) & (live.cap - 1); live.slots[j];
+         j = (j + 1) & (live.cap - 1)) {
+        if (live.slots[j] != p)
+            continue;
+        live.slots[j] = LIVE_TOMB;
+        live.live--;
+        atomic_fetch_sub_explicit(&dm__prof_filter[dm__prof_filter_index((void *)p)], 1,
+                                  memory_order_relaxed);
+        return true;
+    }
+    return false;
+}
+
+static void live_clear(void) {
+    free(live.slots);
+    memset(&live, 0, sizeof(live));
+    for (size_t i = 0; i < (1u << DM_PROF_FILTER_BITS); i++)
+        atomic_store_explicit(&dm__prof_filter[i], 0, memory_order_relaxed);
+}
+
+/* ---- the writer ------------------------------------------------------------ */
+
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static _Atomic bool active;
+static struct {
+    int fd;
+    unsigned flags;
+    uint64_t sample;
+    char dir[4096], path[4160];
+    char *meta;               /* the caller's JSON object text */
+    unsigned char buf[BUF_CAP];
+    size_t len;
+    uint64_t last_flush;
+    uint64_t samples, written;
+    itab_t strings, sites, stacks;
+    bool write_failed;
+} w = {.fd = -1};
+
+uint64_t dm_prof_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* Called with mu held. */
+static void flush_locked(void) {
+    size_t off = 0;
+    while (off < w.len && w.fd >= 0 && !w.write_failed) {
+        ssize_t n = write(w.fd, w.buf + off, w.len - off);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0) {
+            dm_log("datamem: profile: cannot write %s (%s); recording stops", w.path,
+                   strerror(errno));
+            w.write_failed = true;
+            atomic_store_explicit(&active, false, memory_order_relaxed);
+            break;
+        }
+        off += (size_t)n;
+        w.written += (uint64_t)n;
+    }
+    w.len = 0;
+}
+
+static void put(const void *p, size_t n) {
+    memcpy(w.buf + w.len, p, n);
+    w.len += n;
+}
+static void put8(uint8_t v) { put(&v, 1); }
+static void put32(uint32_t v) { put(&v, 4); } /* x86-64 and aarch64: little-endian */
+static void put64(uint64_t v) { put(&v, 8); }
+static void putf64(double v) { put(&v, 8); }
+
+/* Room for `n` more bytes (flushing first if needed). Called with mu held. */
+static void reserve(size_t n) {
+    if (w.len + n > BUF_CAP)
+        flush_locked();
+}
+
+static void put_process_record(uint64_t t) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    reserve(25);
+    put8('P');
+    put64(t);
+    put64((uint64_t)ru.ru_maxrss * 1024);
+    put64(w.samples);
+}
+
+static uint32_t intern_string(const char *s) {
+    if (!s)
+        return 0;
+    size_t n = strnlen(s, STR_MAX);
+    bool fresh;
+    uint32_t id = itab_intern(&w.strings, s, (uint32_t)n, &fresh);
+    if (fresh) {
+        reserve(9 + n);
+        put8('S');
+        put32(id);
+        put32((uint32_t)n);
+        put(s, n);
+    }
+    return id;
+}
+
+static uint32_t intern_site(const dm_prof_frame_t *f) {
+    struct {
+        const void *key;
+        uint32_t line, pad;
+    } k = {f->key, f->line, 0};
+    bool fresh;
+    uint32_t id = itab_intern(&w.sites, &k, sizeof(k), &fresh);
+    if (fresh) {
+        uint32_t m = intern_string(f->module), fn = intern_string(f->function),
+                 file = intern_string(f->file);
+        reserve(21);
+        put8('C');
+        put32(id);
+        put32(m);
+        put32(fn);
+        put32(file);
+        put32(f->line);
+    }
+    return id;
+}
+
+static uint32_t intern_stack(const dm_prof_frame_t *frames, int n) {
+    uint32_t ids[DM_PROF_FRAMES_MAX];
+    if (n > DM_PROF_FRAMES_MAX)
+        n = DM_PROF_FRAMES_MAX;
+    for (int i = 0; i < n; i++)
+        ids[i] = intern_site(&frames[i]);
+    bool fresh;
+    uint32_t id = itab_intern(&w.stacks, ids, (uint32_t)n * 4, &fresh);
+    if (fresh) {
+        reserve(9 + (size_t)n * 4);
+        put8('K');
+        put32(id);
+        put32((uint32_t)n);
+        put(ids, (size_t)n * 4);
+    }
+    return id;
+}
+
+/* Called with mu held, in a new file. */
+static void put_header(void) {
+    char head[8192];
+    int n = snprintf(head, sizeof(head),
+                     "{\"format\": 1, \"pid\": %d, \"ppid\": %d, \"sample_bytes\": %llu, "
+                     "\"full\": %s, \"stacks\": %s, \"t0_ns\": %llu, \"unix_time\": %.6f%s%s}",
+                     (int)getpid(), (int)getppid(), (unsigned long long)w.sample,
+                     (w.flags & DM_PROF_FULL) ? "true" : "false",
+                     (w.flags & DM_PROF_STACKS) ? "true" : "false",
+                     (unsigned long long)dm_prof_now(), (double)time(NULL),
+                     w.meta && w.meta[0] ? ", " : "", w.meta ? w.meta : "");
+    if (n < 0 || (size_t)n >= sizeof(head))
+        n = snprintf(head, sizeof(head), "{\"format\": 1, \"pid\": %d, \"truncated\": true}",
+                     (int)getpid());
+    put("DMPROF1\n", 8);
+    put8('H');
+    put32((uint32_t)n);
+    put(head, (size_t)n);
+    w.last_flush = dm_prof_now();
+}
+
+/* Called with mu held. */
+static int open_file(void) {
+    snprintf(w.path, sizeof(w.path), "%s/%d.dmprof", w.dir, (int)getpid());
+    w.fd = open(w.path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (w.fd < 0) {
+        dm_log("datamem: profile: cannot open %s: %s", w.path, strerror(errno));
+        return DM_EIO;
+    }
+    w.len = 0;
+    w.write_failed = false;
+    put_header();
+    return 0;
+}
+
+static void maybe_flush(uint64_t t) {
+    if (w.len > BUF_CAP - 4096 || t - w.last_flush > FLUSH_NS) {
+        put_process_record(t);
+        flush_locked();
+        w.last_flush = t;
+    }
+}
+
+void dm_prof_record_alloc(const dm_prof_alloc_t *a) {
+    if (!atomic_load_explicit(&active, memory_order_relaxed))
+        return;
+    pthread_mutex_lock(&mu);
+    if (!atomic_load_explicit(&active, memory_order_relaxed))
+        goto out;
+    uint32_t th = intern_string(a->thread), tg = intern_string(a->tags),
+             ru = intern_string(a->rule), ar = intern_string(a->arena);
+    uint32_t site = a->site >= 0 && a->site < a->nframes ? intern_site(&a->frames[a->site]) : 0;
+    uint32_t stack = (w.flags & DM_PROF_STACKS) && a->nframes > 0
+                         ? intern_stack(a->frames, a->nframes)
+                         : 0;
+    if (!(w.flags & DM_PROF_FULL) && !live_add((uintptr_t)a->ptr))
+        goto out; /* out of memory: an allocation whose free we could not match */
+    reserve(59);
+    put8('A');
+    put64(a->t_ns);
+    put64((uint64_t)(uintptr_t)a->ptr);
+    put64(a->size);
+    putf64(a->weight);
+    put32(th);
+    put32(tg);
+    put32(ru);
+    put32(ar);
+    put32(site);
+    put32(stack);
+    put8(a->dtype);
+    put8(a->flags);
+    w.samples++;
+    maybe_flush(a->t_ns);
+out:
+    pthread_mutex_unlock(&mu);
+}
+
+void dm_prof_record_free(const void *p, uint64_t t_ns) {
+    if (!p || !atomic_load_explicit(&active, memory_order_relaxed))
+        return;
+    pthread_mutex_lock(&mu);
+    if (atomic_load_explicit(&active, memory_order_relaxed) &&
+        ((w.flags & DM_PROF_FULL) || live_remove((uintptr_t)p))) {
+        reserve(17);
+        put8('F');
+        put64(t_ns);
+        put64((uint64_t)(uintptr_t)p);
+        maybe_flush(t_ns);
+    }
+    pthread_mutex_unlock(&mu);
+}
+
+void dm_prof_mark_exit(void) {
+    pthread_mutex_lock(&mu);
+    if (atomic_load_explicit(&active, memory_order_relaxed)) {
+        reserve(9);
+        put8('X');
+        put64(dm_prof_now());
+    }
+    pthread_mutex_unlock(&mu);
+}
+
+void dm_prof_flush(void) {
+    pthread_mutex_lock(&mu);
+    if (atomic_load_explicit(&active, memory_order_relaxed)) {
+        uint64_t t = dm_prof_now();
+        put_process_record(t);
+        flush_locked();
+        w.last_flush = t;
+    }
+    pthread_mutex_unlock(&mu);
+}
+
+void dm_prof_stop(void) {
+    pthread_mutex_lock(&mu);
+    if (atomic_load_explicit(&active, memory_order_relaxed)) {
+        put_process_record(dm_prof_now());
+        flush_locked();
+        atomic_store_explicit(&active, false, memory_order_relaxed);
+    }
+    if (w.fd >= 0)
+        close(w.fd);
+    w.fd = -1;
+    pthread_mutex_unlock(&mu);
+}
+
+bool dm_prof_active(void) { return atomic_load_explicit(&active, memory_order_relaxed); }
+
+void dm_prof_path(char *out, size_t cap) {
+    pthread_mutex_lock(&mu);
+    snprintf(out, cap, "%s", atomic_load(&active) ? w.path : "");
+    pthread_mutex_unlock(&mu);
+}
+
+void dm_prof_counts(uint64_t *samples, uint64_t *bytes) {
+    pthread_mutex_lock(&mu);
+    *samples = w.samples;
+    *bytes = w.written + w.len;
+    pthread_mutex_unlock(&mu);
+}
+
+static void atfork_prepare(void) { pthread_mutex_lock(&mu); }
+static void atfork_parent(void) { pthread_mutex_unlock(&mu); }
+
+static void atfork_child(void) {
+    pthread_mutex_init(&mu, NULL);
+    if (!atomic_load_explicit(&active, memory_order_relaxed))
+        return;
+    if (w.fd >= 0)
+        close(w.fd);
+    w.fd = -1;
+    w.len = 0; /* the parent writes what it had buffered */
+    w.samples = w.written = 0;
+    itab_clear(&w.strings);
+    itab_clear(&w.sites);
+    itab_clear(&w.stacks);
+    live_clear();
+    if (open_file() != 0)
+        atomic_store_explicit(&active, false, memory_order_relaxed);
+}
+
+static void at_exit(void) { dm_prof_stop(); }
+
+int dm_prof_start(const char *dir, uint64_t sample_bytes, unsigned flags,
+                  const char *meta_json) {
+    static bool registered;
+    int rc = 0;
+    pthread_mutex_lock(&mu);
+    if (atomic_load_explicit(&active, memory_order_relaxed)) {
+        rc = DM_ESTATE;
+        goto out;
+    }
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
+        dm_log("datamem: profile: cannot create %s: %s", dir, strerror(errno));
+        rc = DM_EIO;
+        goto out;
+    }
+    free(w.meta);
+    w.meta = strdup(meta_json ? meta_json : "");
+    if (!w.meta) {
+        rc = DM_ENOMEM;
+        goto out;
+    }
+    snprintf(w.dir, sizeof(w.dir), "%s", dir);
+    w.flags = flags;
+    w.sample = sample_bytes;
+    w.samples = w.written = 0;
+    if ((rc = open_file()) != 0)
+        goto out;
+    if (!registered) {
+        pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
+        atexit(at_exit);
+        registered = true;
+    }
+    atomic_store_explicit(&active, true, memory_order_relaxed);
+out:
+    pthread_mutex_unlock(&mu);
+    return rc;
+}
