@@ -97,9 +97,17 @@ static void dump_arena(dm__sbuf_t *b, const dm_arena_spec_t *a, int i) {
                   a->per_node ? "true" : "false", (long long)a->dirty_decay_ms,
                   (long long)a->muzzy_decay_ms);
     if (a->dirty_budget == SIZE_MAX)
-        dm__sb_printf(b, " budget never\n");
+        dm__sb_printf(b, " budget never");
     else
-        dm__sb_printf(b, " budget %zu\n", a->dirty_budget);
+        dm__sb_printf(b, " budget %zu", a->dirty_budget);
+    /* Only when set: tables of policies without them read as before. */
+    if (a->limit != SIZE_MAX)
+        dm__sb_printf(b, ", limit %zu", a->limit);
+    if (a->lock)
+        dm__sb_printf(b, ", lock");
+    if (a->pinned == DM_PIN_CUDA)
+        dm__sb_printf(b, ", pinned cuda");
+    dm__sb_printf(b, "\n");
 }
 
 static void dump_rule(dm__sbuf_t *b, const dm_table_t *t, int i) {

@@ -100,6 +100,11 @@ typedef enum {
 } dm_thp_t;
 
 typedef enum {
+    DM_PIN_NONE = 0,   /* ordinary pageable memory */
+    DM_PIN_CUDA,       /* extents registered with cudaHostRegister */
+} dm_pin_t;
+
+typedef enum {
     DM_NUMA_NONE = 0,   /* no placement: the kernel's default (first touch) */
     DM_NUMA_LOCAL,      /* MPOL_LOCAL: the node of the CPU that first touches */
     DM_NUMA_BIND,       /* MPOL_BIND to `nodes` */
@@ -118,6 +123,9 @@ typedef struct dm_arena_spec {
     int64_t dirty_decay_ms; /* -1 = never purge */
     int64_t muzzy_decay_ms; /* -1 = never purge */
     size_t dirty_budget;    /* purge on growth above this; SIZE_MAX = never */
+    size_t limit;           /* live bytes at most; SIZE_MAX = no limit */
+    bool lock;              /* mlock extents */
+    dm_pin_t pinned;        /* register extents with a GPU runtime */
     int line, col;          /* where it was declared (1-based) */
 } dm_arena_spec_t;
 

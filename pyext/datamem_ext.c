@@ -723,6 +723,7 @@ static int set_counts(PyObject *d, const dm_counts_t *c, bool frees) {
     SET_U64(d, "fallbacks", c->nfallback);
     SET_U64(d, "dtype_known", c->ndtype_known);
     SET_U64(d, "bytes_requested", c->bytes_requested);
+    SET_U64(d, "limit_hits", c->nlimit);
     return 0;
 fail:
     return -1;
@@ -754,6 +755,17 @@ static PyObject *arena_dict(const dm_arena_stats_t *a) {
     SET_U64(d, "jemalloc_frees", a->je_ndalloc);
     SET_U64(d, "reserved_bytes", a->reserved);
     SET_U64(d, "hugepage_bytes", a->hugepage_bytes);
+    if (a->limit == UINT64_MAX) {
+        Py_INCREF(Py_None);
+        SET_OBJ(d, "limit_bytes", Py_None);
+    } else {
+        SET_U64(d, "limit_bytes", a->limit);
+    }
+    SET_U64(d, "live_bytes", a->live);
+    SET_OBJ(d, "lock", PyBool_FromLong(a->lock));
+    SET_OBJ(d, "pinned", PyUnicode_FromString(a->pinned == DM_PIN_CUDA ? "cuda" : "none"));
+    SET_U64(d, "locked_bytes", a->locked_bytes);
+    SET_U64(d, "pinned_bytes", a->pinned_bytes);
     return d;
 fail:
     Py_DECREF(d);
@@ -1011,6 +1023,38 @@ static PyObject *py_stats_textfile_write(PyObject *self, PyObject *args) {
     return PyLong_FromLong(rc);
 }
 
+/* last_failure() -> dict of the calling thread's last allocation refused by an
+ * arena's limit, or None */
+static PyObject *py_last_failure(PyObject *self, PyObject *unused) {
+    dm_failure_t f;
+    dm_runtime_last_failure(&f);
+    if (!f.seq)
+        Py_RETURN_NONE;
+    return Py_BuildValue("{s:s,s:s,s:K,s:K,s:K,s:O,s:K}", "arena", f.arena, "rule", f.rule,
+                         "request", (unsigned long long)f.request, "limit",
+                         (unsigned long long)f.limit, "live", (unsigned long long)f.live,
+                         "fallback_tried", f.fallback_tried ? Py_True : Py_False, "count",
+                         (unsigned long long)f.seq);
+}
+
+/* set_cudart(path): where libcudart is, for `pinned: cuda` (DATAMEM_CUDART) */
+static PyObject *py_set_cudart(PyObject *self, PyObject *args) {
+    const char *path = NULL;
+    if (!PyArg_ParseTuple(args, "z", &path))
+        return NULL;
+    dm_runtime_set_cudart(path);
+    Py_RETURN_NONE;
+}
+
+/* fault_lock(n): the next n page-locks fail (tests) */
+static PyObject *py_fault_lock(PyObject *self, PyObject *args) {
+    long long n;
+    if (!PyArg_ParseTuple(args, "L", &n))
+        return NULL;
+    dm_fault_lock((int64_t)n);
+    Py_RETURN_NONE;
+}
+
 /* stats_textfile_sweep(template, min_age_ms) -> files removed, or a negative code */
 static PyObject *py_stats_textfile_sweep(PyObject *self, PyObject *args) {
     const char *tmpl;
@@ -1091,6 +1135,9 @@ static PyObject *py_profile_info(PyObject *self, PyObject *unused) {
 }
 
 static PyMethodDef methods[] = {
+    {"last_failure", py_last_failure, METH_NOARGS, "last_failure() -> the thread's last limit refusal, or None"},
+    {"set_cudart", py_set_cudart, METH_VARARGS, "set_cudart(path): the CUDA runtime for pinned: cuda"},
+    {"fault_lock", py_fault_lock, METH_VARARGS, "fault_lock(n): the next n page-locks fail (tests)"},
     {"profile_start", py_profile_start, METH_VARARGS, "profile_start(dir, sample_bytes, full, stacks, meta) -> file"},
     {"profile_flush", py_profile_flush, METH_NOARGS, "write the profile's buffered records"},
     {"profile_mark_exit", py_profile_mark_exit, METH_NOARGS, "mark the start of interpreter exit in the profile"},

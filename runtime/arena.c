@@ -152,6 +152,71 @@ static void place(je_arena_t *ja, void *p, size_t size) {
                 a->name, strerror(errno));
 }
 
+/* ---- lock and pinned ------------------------------------------------------
+ * `lock`: an extent is mlock'ed as it starts to serve (a fresh extent, or a
+ * decommitted range committed again) and munlock'ed just before its pages go
+ * back to the kernel (purge, decommit: madvise refuses locked pages anyway).
+ * `pinned: cuda`: a fresh extent is registered with cudaHostRegister. The CUDA
+ * runtime unregisters only whole registrations, while jemalloc purges parts of
+ * extents, so a pinned arena never gives pages back (its purge and decommit
+ * hooks decline): registered memory stays registered and resident for the
+ * process, as in the CUDA caching host allocators. A failure (RLIMIT_MEMLOCK,
+ * the CUDA runtime's error) is counted in placement_errors, logged once per
+ * arena, and the memory served as ordinary pageable memory. */
+
+static _Atomic int64_t fault_locks; /* tests: the next n locks fail (ENOMEM) */
+
+void dm_fault_lock(int64_t n) { atomic_store_explicit(&fault_locks, n, memory_order_relaxed); }
+
+static void pin_failed(dm_arena_t *a, const char *what, const char *why) {
+    if (atomic_fetch_add_explicit(&a->placement_errors, 1, memory_order_relaxed) != 0)
+        return;
+    uint64_t lim = dm__os_memlock_limit();
+    char limtext[64] = "unlimited";
+    if (lim != UINT64_MAX)
+        snprintf(limtext, sizeof(limtext), "%llu KiB", (unsigned long long)(lim >> 10));
+    dm__log("datamem: arena '%s': cannot %s new memory (%s; RLIMIT_MEMLOCK, ulimit -l, is %s); "
+            "serving it as ordinary pageable memory, counting in placement_errors",
+            a->name, what, why, limtext);
+}
+
+static void pin_range(je_arena_t *ja, void *p, size_t size, bool fresh) {
+    dm_arena_t *a = ja->owner;
+    if (atomic_load_explicit(&a->lock, memory_order_relaxed)) {
+        int rc = fault_fire(&fault_locks) ? -ENOMEM : dm__os_lock(p, size);
+        if (rc == 0) {
+            atomic_fetch_add_explicit(&a->locked_bytes, size, memory_order_relaxed);
+            ja->ever_locked = true;
+        } else {
+            pin_failed(a, "page-lock (mlock)", strerror(-rc));
+        }
+    }
+    if (fresh && atomic_load_explicit(&a->pinned, memory_order_relaxed) == DM_PIN_CUDA) {
+        char why[160];
+        if (dm__os_gpu_register(p, size, why, sizeof(why)) == 0) {
+            atomic_fetch_add_explicit(&a->pinned_bytes, size, memory_order_relaxed);
+            ja->ever_pinned = true;
+        } else {
+            pin_failed(a, "register with the CUDA runtime (cudaHostRegister)", why);
+        }
+    }
+}
+
+/* Before [p, p+len) goes back to the kernel. False: the pages must stay. */
+static bool unpin_range(je_arena_t *ja, void *p, size_t len) {
+    if (ja->ever_pinned)
+        return false;
+    if (ja->ever_locked && dm__os_unlock(p, len) == 0) {
+        dm_arena_t *a = ja->owner;
+        uint64_t cur = atomic_load_explicit(&a->locked_bytes, memory_order_relaxed);
+        while (!atomic_compare_exchange_weak_explicit(&a->locked_bytes, &cur,
+                                                      cur > len ? cur - len : 0,
+                                                      memory_order_relaxed, memory_order_relaxed))
+            ;
+    }
+    return true;
+}
+
 static void *hook_alloc(extent_hooks_t *h, void *new_addr, size_t size,
                         size_t alignment, bool *zero, bool *commit,
                         unsigned arena_ind) {
@@ -198,6 +263,7 @@ static void *hook_alloc(extent_hooks_t *h, void *new_addr, size_t size,
     if (!p)
         return NULL;
     place(ja, p, size);
+    pin_range(ja, p, size, true);
     atomic_fetch_add_explicit(&ja->grown, size, memory_order_relaxed);
     *zero = true; /* never handed out before: fresh anonymous pages */
     *commit = true;
@@ -221,22 +287,33 @@ static void hook_destroy(extent_hooks_t *h, void *addr, size_t size,
  * in anew. The pages read as zeros, as commit promises. */
 static bool hook_commit(extent_hooks_t *h, void *addr, size_t size,
                         size_t offset, size_t length, unsigned arena_ind) {
-    atomic_fetch_add_explicit(&((je_arena_t *)h)->grown, length, memory_order_relaxed);
+    je_arena_t *ja = (je_arena_t *)h;
+    atomic_fetch_add_explicit(&ja->grown, length, memory_order_relaxed);
+    pin_range(ja, (char *)addr + offset, length, false);
     return false;
 }
 
 static bool hook_decommit(extent_hooks_t *h, void *addr, size_t size,
                           size_t offset, size_t length, unsigned arena_ind) {
+    je_arena_t *ja = (je_arena_t *)h;
+    if (!unpin_range(ja, (char *)addr + offset, length))
+        return true; /* declined: the pages stay committed */
     return dm__os_purge((char *)addr + offset, length, true) != 0;
 }
 
 static bool hook_purge_lazy(extent_hooks_t *h, void *addr, size_t size,
                             size_t offset, size_t length, unsigned arena_ind) {
+    je_arena_t *ja = (je_arena_t *)h;
+    if (!unpin_range(ja, (char *)addr + offset, length))
+        return true;
     return dm__os_purge((char *)addr + offset, length, false) != 0;
 }
 
 static bool hook_purge_forced(extent_hooks_t *h, void *addr, size_t size,
                               size_t offset, size_t length, unsigned arena_ind) {
+    je_arena_t *ja = (je_arena_t *)h;
+    if (!unpin_range(ja, (char *)addr + offset, length))
+        return true;
     return dm__os_purge((char *)addr + offset, length, true) != 0;
 }
 
@@ -274,10 +351,15 @@ static int je_settings(je_arena_t *ja, const dm_arena_spec_t *spec) {
     size_t never = (size_t)1 << 62;
     snprintf(name, sizeof(name), "arena.%u.oversize_threshold", ja->index);
     int rc = dmje_mallctl(name, NULL, NULL, &never, sizeof(never));
+    /* A pinned arena never gives pages back (see lock and pinned below): no
+     * decay that would only try, and be declined, again and again. */
+    bool keep = spec->pinned != DM_PIN_NONE;
     if (rc == 0)
-        rc = mallctl_arena_ssize(ja->index, "dirty_decay_ms", (ssize_t)spec->dirty_decay_ms);
+        rc = mallctl_arena_ssize(ja->index, "dirty_decay_ms",
+                                 keep ? -1 : (ssize_t)spec->dirty_decay_ms);
     if (rc == 0)
-        rc = mallctl_arena_ssize(ja->index, "muzzy_decay_ms", (ssize_t)spec->muzzy_decay_ms);
+        rc = mallctl_arena_ssize(ja->index, "muzzy_decay_ms",
+                                 keep ? -1 : (ssize_t)spec->muzzy_decay_ms);
     return rc == 0 ? 0 : DM_EARENA;
 }
 
@@ -341,6 +423,9 @@ static void store_settings(dm_arena_t *a, const dm_arena_spec_t *spec) {
     atomic_store_explicit(&a->alignment, spec->alignment, memory_order_relaxed);
     atomic_store_explicit(&a->per_node, spec->per_node, memory_order_relaxed);
     atomic_store_explicit(&a->dirty_budget, spec->dirty_budget, memory_order_relaxed);
+    atomic_store_explicit(&a->limit, spec->limit, memory_order_relaxed);
+    atomic_store_explicit(&a->lock, spec->lock, memory_order_relaxed);
+    atomic_store_explicit(&a->pinned, (int)spec->pinned, memory_order_relaxed);
     atomic_store_explicit(&a->in_policy, true, memory_order_relaxed);
 }
 
@@ -372,9 +457,34 @@ int dm__arena_ensure(dm_arena_t *a, const dm_arena_spec_t *spec) {
     return 0;
 }
 
+static uint64_t stat_zu(unsigned idx, const char *leaf);
+
+/* Called with dm__mu held, before a table with a limit on `a` is published:
+ * from now on the arena counts its live bytes. Blocks made before are counted
+ * from jemalloc's "allocated" (which also counts blocks sitting in threads'
+ * caches, so the count may err high by what those hold: at most 2.3 MiB of
+ * block cache and 26 MiB of jemalloc cache per thread; docs/operations.md). */
+static void track_start(dm_arena_t *a) {
+    if (atomic_load_explicit(&a->tracked, memory_order_relaxed))
+        return;
+    uint64_t epoch = 1, sum = 0;
+    size_t esz = sizeof(epoch);
+    dmje_mallctl("epoch", &epoch, &esz, &epoch, esz);
+    je_arena_t *ja = je_get(&a->single);
+    if (ja)
+        sum += stat_zu(ja->index, "small.allocated") + stat_zu(ja->index, "large.allocated");
+    for (int n = 0; n < DM_NODES_MAX; n++)
+        if ((ja = je_get(&a->by_node[n])))
+            sum += stat_zu(ja->index, "small.allocated") + stat_zu(ja->index, "large.allocated");
+    atomic_store_explicit(&a->live, sum, memory_order_relaxed);
+    atomic_store_explicit(&a->tracked, true, memory_order_release);
+}
+
 /* Called with dm__mu held: new settings for new extents and decay. */
 void dm__arena_apply(dm_arena_t *a, const dm_arena_spec_t *spec) {
     store_settings(a, spec);
+    if (spec->limit != SIZE_MAX)
+        track_start(a);
     je_arena_t *ja = je_get(&a->single);
     if (ja && je_settings(ja, spec) != 0)
         dm__log("datamem: arena '%s': cannot apply decay settings", a->name);

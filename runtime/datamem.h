@@ -79,6 +79,24 @@ DM_API void dm_free(void *p);
  * discovery when not). One acquire-load. */
 DM_API bool dm_runtime_wants_dtype(void);
 
+/* The calling thread's last allocation refused by an arena's `limit` (the
+ * fast path returns NULL and NumPy raises MemoryError; this says why).
+ * `seq` counts refusals on this thread: 0 = none yet. */
+typedef struct dm_failure {
+    uint64_t seq;
+    char arena[DM_NAME_MAX];
+    char rule[DM_NAME_MAX];   /* "default" when no rule matched */
+    uint64_t request;         /* bytes asked for */
+    uint64_t limit, live;     /* the arena's limit and live bytes at the refusal */
+    bool fallback_tried;      /* `fallback` was tried and had no room either */
+} dm_failure_t;
+DM_API void dm_runtime_last_failure(dm_failure_t *out);
+
+/* Where the CUDA runtime is (`pinned: cuda`), e.g. from DATAMEM_CUDART; NULL or
+ * "" tries libcudart.so and its usual versions. Takes effect at the next
+ * install that needs it. */
+DM_API void dm_runtime_set_cudart(const char *path);
+
 /* Which arena owns `p` (name), or NULL if datamem does not own it. */
 DM_API const char *dm_owner_arena(const void *p);
 
@@ -98,6 +116,7 @@ DM_API const char *dm_runtime_rule_of(const dm_ctx_t *c, size_t size, int dt);
 typedef struct dm_counts {
     uint64_t nalloc, nfree, nrealloc, nfail, nfallback, ndtype_known;
     uint64_t bytes_requested; /* sum of sizes asked for */
+    uint64_t nlimit;          /* allocations refused by the arena's limit */
 } dm_counts_t;
 
 typedef struct dm_arena_stats {
@@ -117,6 +136,13 @@ typedef struct dm_arena_stats {
     uint64_t je_nmalloc, je_ndalloc;
     uint64_t reserved;        /* address space reserved for the arena */
     uint64_t hugepage_bytes;  /* THP-backed bytes in its ranges (dm_stats_hugepages) */
+    uint64_t limit;           /* `limit`; UINT64_MAX = none */
+    bool tracked;             /* live bytes counted (the arena has had a limit) */
+    uint64_t live;            /* bytes of live blocks (usable sizes) when tracked */
+    bool lock;                /* `lock` */
+    int pinned;               /* dm_pin_t */
+    uint64_t locked_bytes;    /* bytes mlock'ed now */
+    uint64_t pinned_bytes;    /* bytes registered with the GPU runtime now */
 } dm_arena_stats_t;
 
 typedef struct dm_rule_stats {
@@ -185,6 +211,8 @@ DM_API void dm_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 DM_API void dm_fault_extent_alloc(int64_t n);
 /* The next `n` placements (mbind/madvise of a new extent) count as failed. */
 DM_API void dm_fault_placement(int64_t n);
+/* The next `n` page-locks (mlock of a new extent, `lock: true`) fail with ENOMEM. */
+DM_API void dm_fault_lock(int64_t n);
 
 #ifdef __cplusplus
 }

@@ -50,7 +50,7 @@ typedef _Atomic uint64_t dm_ctr_t;
 #define DM_CTR_GET(c) atomic_load_explicit(&(c), memory_order_relaxed)
 
 typedef struct dm_arena_ctrs {
-    dm_ctr_t nalloc, nfree, nrealloc, nfail, nfallback, ndtype_known, bytes;
+    dm_ctr_t nalloc, nfree, nrealloc, nfail, nfallback, ndtype_known, bytes, nlimit;
 } dm_arena_ctrs_t;
 
 typedef struct je_arena {
@@ -72,6 +72,9 @@ typedef struct je_arena {
     _Atomic uint64_t grown;
     size_t purge_mib[3];         /* "arena.<index>.purge" */
     bool creating;               /* inside arenas.create (under dm__mu) */
+    /* Some extent was mlock'ed / registered with the GPU runtime: purges
+     * unlock first / are declined (arena.c). Only ever set to true. */
+    _Atomic bool ever_locked, ever_pinned;
 } je_arena_t;
 
 typedef struct dm_arena {
@@ -88,6 +91,18 @@ typedef struct dm_arena {
     je_arena_t *_Atomic by_node[DM_NODES_MAX];
     dm_ctr_t placement_errors;
     dm_ctr_t growth_purges;          /* purges by decay.budget */
+    /* `limit` (reloadable; SIZE_MAX = none). An arena counts its live bytes
+     * (usable sizes, one atomic add per allocation and free) from the first
+     * install that gives it a limit, for the rest of the process; untracked
+     * arenas pay nothing. */
+    _Atomic size_t limit;
+    _Atomic bool tracked;
+    _Atomic uint64_t live;
+    /* lock / pinned: settings for new extents, and bytes currently locked or
+     * registered (extent hooks). */
+    _Atomic bool lock;
+    _Atomic int pinned;              /* dm_pin_t */
+    _Atomic uint64_t locked_bytes, pinned_bytes;
     dm_arena_ctrs_t dead;            /* counters of threads that exited */
 } dm_arena_t;
 
@@ -98,6 +113,7 @@ typedef struct rt_slot {
     dm_arena_t *arena;
     je_arena_t *je;     /* NULL when per_node: chosen per call */
     uint16_t arena_id;
+    bool tracked;       /* the arena counts live bytes (a limit): never cached */
 } rt_slot_t;
 
 typedef struct rt_view_entry {
@@ -164,6 +180,8 @@ typedef struct dm_tls {
     unsigned tcache[DM_JE_MAX];
     dm_arena_ctrs_t ctrs[DM_RT_ARENAS_MAX];
     char thread_name[DM_NAME_MAX];
+    dm_failure_t last_failure;   /* the thread's last allocation refused by a limit */
+    bool limit_refused;          /* set by the tracked path, read by alloc_failed */
     bool registered, exiting;
     struct dm_tls *next, *prev;  /* registry, under the runtime mutex */
 } dm_tls_t;

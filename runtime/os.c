@@ -6,7 +6,9 @@
  */
 #include "runtime/os.h"
 
+#include <dlfcn.h>
 #include <errno.h>
+#include <pthread.h>
 #include <fcntl.h>
 #include <numa.h>
 #include <numaif.h>
@@ -248,4 +250,76 @@ int dm__os_huge_bytes(const uintptr_t (*r)[2], int n, uint64_t *out) {
     }
     close(fd);
     return rc;
+}
+
+/* ---- page-locking and GPU registration ------------------------------------ */
+
+int dm__os_lock(void *p, size_t n) { return mlock(p, n) == 0 ? 0 : -errno; }
+
+int dm__os_unlock(void *p, size_t n) { return munlock(p, n) == 0 ? 0 : -errno; }
+
+uint64_t dm__os_memlock_limit(void) {
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_MEMLOCK, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY)
+        return UINT64_MAX;
+    return (uint64_t)rl.rlim_cur;
+}
+
+/* The three entry points of the CUDA runtime we use, by their C ABI
+ * (cudaError_t is an int enum; cudaHostRegisterPortable is 1). No CUDA header
+ * or library is needed to build or install datamem. */
+static struct {
+    pthread_mutex_t mu;
+    _Atomic bool ok;    /* set once, before a policy with pinned: cuda is in force */
+    int (*host_register)(void *, size_t, unsigned int);
+    int (*host_unregister)(void *);
+    const char *(*error_string)(int);
+    char why[200];
+} gpu = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+int dm__os_gpu_load(const char *path, char *why, size_t cap) {
+    static const char *const names[] = {"libcudart.so", "libcudart.so.13", "libcudart.so.12",
+                                        "libcudart.so.11.0"};
+    pthread_mutex_lock(&gpu.mu);
+    if (!gpu.ok) {
+        void *h = NULL;
+        if (path && *path) {
+            h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+            if (!h)
+                snprintf(gpu.why, sizeof(gpu.why), "%s", dlerror());
+        } else {
+            for (size_t i = 0; !h && i < sizeof(names) / sizeof(names[0]); i++)
+                h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+            if (!h)
+                snprintf(gpu.why, sizeof(gpu.why),
+                         "no CUDA runtime found (libcudart.so, .13, .12, .11.0)");
+        }
+        if (h) {
+            *(void **)&gpu.host_register = dlsym(h, "cudaHostRegister");
+            *(void **)&gpu.host_unregister = dlsym(h, "cudaHostUnregister");
+            *(void **)&gpu.error_string = dlsym(h, "cudaGetErrorString");
+            gpu.ok = gpu.host_register && gpu.host_unregister;
+            if (!gpu.ok)
+                snprintf(gpu.why, sizeof(gpu.why), "%s has no cudaHostRegister",
+                         path && *path ? path : "libcudart");
+        }
+    }
+    bool ok = gpu.ok;
+    if (!ok && why)
+        snprintf(why, cap, "%s", gpu.why);
+    pthread_mutex_unlock(&gpu.mu);
+    return ok ? 0 : -ENOENT;
+}
+
+int dm__os_gpu_register(void *p, size_t n, char *why, size_t cap) {
+    if (!gpu.ok) { /* loaded before any policy with pinned: cuda is installed */
+        snprintf(why, cap, "the CUDA runtime is not loaded");
+        return -ENOENT;
+    }
+    int rc = gpu.host_register(p, n, 1u /* cudaHostRegisterPortable */);
+    if (rc == 0)
+        return 0;
+    snprintf(why, cap, "cudaHostRegister: %s (%d)",
+             gpu.error_string ? gpu.error_string(rc) : "error", rc);
+    return -EIO;
 }

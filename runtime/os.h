@@ -23,6 +23,17 @@ int dm__os_commit(void *p, size_t n);
 void dm__os_release(void *p, size_t n);
 /* RLIMIT_AS in bytes, 0 when unlimited. */
 uint64_t dm__os_as_limit(void);
+/* mlock / munlock: 0 or -errno. */
+int dm__os_lock(void *p, size_t n);
+int dm__os_unlock(void *p, size_t n);
+/* RLIMIT_MEMLOCK in bytes, UINT64_MAX when unlimited. */
+uint64_t dm__os_memlock_limit(void);
+/* The CUDA runtime, loaded with dlopen on first need: `path` (NULL: the usual
+ * names of libcudart). 0, or an error with the reason in `why`. Idempotent;
+ * call before any dm__os_gpu_register. */
+int dm__os_gpu_load(const char *path, char *why, size_t cap);
+/* cudaHostRegister(p, n, portable): 0, or an error with the reason in `why`. */
+int dm__os_gpu_register(void *p, size_t n, char *why, size_t cap);
 /* Hugepage advice: mode is a dm_thp_t. 0 or -errno. */
 int dm__os_thp(void *p, size_t n, int mode);
 /* NUMA policy for a range: mode is a dm_numa_mode_t, nodes a bitmask. */

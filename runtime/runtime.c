@@ -113,6 +113,9 @@ static struct {
     void *arg;
 } observers[DM_OBSERVERS_MAX];
 static _Atomic int nobservers;
+/* DATAMEM_CUDART, handed down by the Python layer (the runtime never calls
+ * getenv); "" = the usual names. Read at install. */
+static char cudart_path[256];
 static pthread_mutex_t observers_mu = PTHREAD_MUTEX_INITIALIZER;
 
 int dm_runtime_observe(dm_install_hook_t on_install, dm_fork_hook_t on_fork_child, void *arg) {
@@ -226,6 +229,7 @@ static void ctrs_add(dm_arena_ctrs_t *dst, const dm_arena_ctrs_t *src) {
     DM_CTR_ADD(dst->nfallback, DM_CTR_GET(src->nfallback));
     DM_CTR_ADD(dst->ndtype_known, DM_CTR_GET(src->ndtype_known));
     DM_CTR_ADD(dst->bytes, DM_CTR_GET(src->bytes));
+    DM_CTR_ADD(dst->nlimit, DM_CTR_GET(src->nlimit));
 }
 
 /* pthread key destructor: the thread is exiting. */
@@ -380,6 +384,7 @@ static void slot_init(rt_slot_t *s, dm_arena_t *a, const dm_arena_spec_t *spec) 
     s->arena = a;
     s->arena_id = (uint16_t)a->id;
     s->je = spec->per_node ? NULL : atomic_load_explicit(&a->single, memory_order_relaxed);
+    s->tracked = atomic_load_explicit(&a->tracked, memory_order_relaxed);
     /* Alignment <= 64: round the size up instead of MALLOCX_ALIGN, which sends
      * requests above ~14 KiB past the thread cache (340-375 ns instead of ~100 ns
      * for 16 KiB; performance-baseline). jemalloc's size classes that are
@@ -531,8 +536,12 @@ static inline je_arena_t *slot_je(const rt_slot_t *s) {
                                     : dm__arena_je_for_node(s->arena, dm__os_current_node());
 }
 
+static void *slot_alloc_tracked(dm_tls_t *t, const rt_slot_t *s, size_t size, int zero);
+
 static inline __attribute__((always_inline)) void *
 slot_alloc(dm_tls_t *t, const rt_slot_t *s, size_t size, int zero) {
+    if (DM_UNLIKELY(s->tracked))
+        return slot_alloc_tracked(t, s, size, zero);
     size_t n = size ? size : 1; /* mallocx(0) is undefined */
     n = (n + s->round) & ~s->round;
     if (DM_UNLIKELY(n < size))
@@ -552,22 +561,134 @@ slot_alloc(dm_tls_t *t, const rt_slot_t *s, size_t size, int zero) {
     return p;
 }
 
+/* Adds `usable` bytes to a tracked arena's live count unless that would pass
+ * its limit; then the refusal is recorded for the thread (dm_runtime_last_failure;
+ * the caller's caller names the rule) and nothing changes. */
+static bool live_reserve(dm_tls_t *t, dm_arena_t *a, size_t usable, size_t request) {
+    size_t limit = atomic_load_explicit(&a->limit, memory_order_relaxed);
+    uint64_t before = atomic_fetch_add_explicit(&a->live, usable, memory_order_relaxed);
+    if (DM_LIKELY(before + usable <= limit && before + usable >= before))
+        return true;
+    atomic_fetch_sub_explicit(&a->live, usable, memory_order_relaxed);
+    dm_failure_t *f = &t->last_failure;
+    f->seq++;
+    memcpy(f->arena, a->name, sizeof(f->arena));
+    f->rule[0] = 0;
+    f->request = request;
+    f->limit = limit;
+    f->live = before;
+    f->fallback_tried = false;
+    t->limit_refused = true;
+    return false;
+}
+
+/* An arena with a limit (`s->tracked`): the block's usable size is added to
+ * the arena's live bytes *before* it is allocated and taken back if that went
+ * over the limit, so concurrent threads can never take the arena past it (one
+ * of them may be refused a block that would have fit a moment later, when the
+ * other's reservation failed too). Frees (free_slow) subtract the same usable
+ * size. No block cache: its blocks are never tagged. */
+static __attribute__((noinline)) void *slot_alloc_tracked(dm_tls_t *t, const rt_slot_t *s,
+                                                          size_t size, int zero) {
+    size_t n = size ? size : 1;
+    n = (n + s->round) & ~s->round;
+    if (DM_UNLIKELY(n < size))
+        return NULL;
+    je_arena_t *ja = slot_je(s);
+    if (DM_UNLIKELY(!ja))
+        return NULL;
+    int flags = (int)((unsigned)s->flags | (unsigned)MALLOCX_ARENA(ja->index));
+    size_t usable = dmje_nallocx(n, flags);
+    if (DM_UNLIKELY(usable == 0))
+        return NULL;
+    dm_arena_t *a = s->arena;
+    if (!live_reserve(t, a, usable, size))
+        return NULL;
+    TSAN_ACQUIRE();
+    void *p = dmje_mallocx(n, (int)((unsigned)flags | (unsigned)zero | tcache_flags(t, ja)));
+    if (DM_UNLIKELY(!p))
+        atomic_fetch_sub_explicit(&a->live, usable, memory_order_relaxed);
+    else if (n > DM_SC_MAX)
+        dm__arena_check_growth(ja);
+    return p;
+}
+
+/* NumPy's MemoryError text is fixed ("Unable to allocate ... for an array with
+ * shape ..."), so a refusal by a limit also says, on stderr, which arena, rule,
+ * limit and request it was: at most one line a second (a job that catches
+ * MemoryError in a loop is not flooded), with the number not shown. Failure
+ * path only; datamem.last_failure() gives the same for the calling thread. */
+static void limit_log(const dm_failure_t *f) {
+    static _Atomic int64_t last_s;
+    static _Atomic uint64_t quiet;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    int64_t prev = atomic_load_explicit(&last_s, memory_order_relaxed);
+    if ((prev && ts.tv_sec - prev < 1) ||
+        !atomic_compare_exchange_strong_explicit(&last_s, &prev, (int64_t)ts.tv_sec,
+                                                 memory_order_relaxed, memory_order_relaxed)) {
+        atomic_fetch_add_explicit(&quiet, 1, memory_order_relaxed);
+        return;
+    }
+    uint64_t more = atomic_exchange_explicit(&quiet, 0, memory_order_relaxed);
+    char more_text[64] = "";
+    if (more)
+        snprintf(more_text, sizeof(more_text), " (%llu more refusals not shown)",
+                 (unsigned long long)more);
+    dm__log("datamem: MemoryError: arena '%s' (rule '%s') is at its limit of %.1f MiB with "
+            "%.1f MiB live: a request of %.1f MiB was refused%s%s",
+            f->arena, f->rule, (double)f->limit / 1048576.0, (double)f->live / 1048576.0,
+            (double)f->request / 1048576.0,
+            f->fallback_tried ? "; the fallback arena had no room either" : "", more_text);
+}
+
+/* A tracked arena's block goes: its usable size leaves the arena's count. */
+static inline void untrack(je_arena_t *ja, const void *p) {
+    if (DM_UNLIKELY(atomic_load_explicit(&ja->owner->tracked, memory_order_relaxed)))
+        atomic_fetch_sub_explicit(&ja->owner->live, dmje_sallocx(p, 0), memory_order_relaxed);
+}
+
 static __attribute__((noinline)) void *alloc_failed(dm_tls_t *t, rt_table_t *tab,
                                                     const rt_slot_t *s, int rule,
                                                     size_t size, int zero) {
+    bool limited = t->limit_refused;
+    t->limit_refused = false;
+    const dm_policy_t *pol = tab->policy;
+    const char *rule_name = rule < pol->nrules ? pol->rules[rule].name : "default";
     DM_CTR_ADD(t->ctrs[s->arena_id].nfail, 1);
     DM_CTR_ADD(t->rule_ctrs[rule].nfail, 1);
-    if (tab->fallback < 0 || tab->fallback_slot.arena == s->arena)
+    if (limited) {
+        snprintf(t->last_failure.rule, sizeof(t->last_failure.rule), "%s", rule_name);
+        DM_CTR_ADD(t->ctrs[s->arena_id].nlimit, 1);
+        DM_CTR_ADD(t->rule_ctrs[rule].nlimit, 1);
+    }
+    if (tab->fallback < 0 || tab->fallback_slot.arena == s->arena) {
+        if (limited)
+            limit_log(&t->last_failure);
         return NULL;
+    }
     const rt_slot_t *f = &tab->fallback_slot;
+    dm_failure_t first = t->last_failure;
     void *p = slot_alloc(t, f, size, zero);
     if (p) {
         DM_CTR_ADD(t->ctrs[f->arena_id].nfallback, 1);
         DM_CTR_ADD(t->rule_ctrs[rule].nfallback, 1);
-    } else {
-        DM_CTR_ADD(t->ctrs[f->arena_id].nfail, 1);
+        return p;
     }
-    return p;
+    DM_CTR_ADD(t->ctrs[f->arena_id].nfail, 1);
+    if (t->limit_refused) { /* the fallback's own limit */
+        t->limit_refused = false;
+        DM_CTR_ADD(t->ctrs[f->arena_id].nlimit, 1);
+        snprintf(t->last_failure.rule, sizeof(t->last_failure.rule), "%s", rule_name);
+    }
+    if (limited) { /* report the rule's own arena, noting the fallback had no room */
+        first.seq = t->last_failure.seq;
+        first.fallback_tried = true;
+        t->last_failure = first;
+    }
+    if (limited || t->last_failure.seq != first.seq)
+        limit_log(&t->last_failure);
+    return NULL;
 }
 
 /* Returns the slot for (size, dt) in the caller's context, binding if needed. */
@@ -600,7 +721,8 @@ static void memo_fill(dm_tls_t *t, unsigned k) {
     int r = v->slots[row * v->row_width];
     const rt_slot_t *s = &t->table->slots[r];
     unsigned bin = dm_sc_index((hi + s->round) & ~s->round);
-    if (!s->je || s->flags != 0 || bin != dm_sc_index((lo + s->round) & ~s->round))
+    if (!s->je || s->flags != 0 || s->tracked ||
+        bin != dm_sc_index((lo + s->round) & ~s->round))
         return;
     m->bin = &t->bins[bin];
     m->tag = (uint32_t)s->je->slot + 1;
@@ -720,6 +842,7 @@ static __attribute__((noinline)) void free_slow(dm_tls_t *t, void *p, _Atomic ui
         return;
     }
     DM_CTR_ADD(t->ctrs[ja->owner->id].nfree, 1);
+    untrack(ja, p);
     TSAN_RELEASE();
     if (ja == t->auto_je)
         dmje_free(p); /* jemalloc's fast path; the block is the bound arena's */
@@ -779,10 +902,35 @@ void *dm_realloc(const dm_ctx_t *c, void *p, size_t size) {
     if (ja == old) {
         size_t n = size ? size : 1;
         n = (n + s->round) & ~s->round;
-        if (n >= size)
-            q = dmje_rallocx(p, n, (int)((unsigned)s->flags |
-                                         (unsigned)MALLOCX_ARENA(ja->index) |
-                                         tcache_flags(t, ja)));
+        int flags = (int)((unsigned)s->flags | (unsigned)MALLOCX_ARENA(ja->index));
+        /* A tracked arena: reserve what the block grows by, settle after. */
+        dm_arena_t *a = ja->owner;
+        bool tracked = atomic_load_explicit(&a->tracked, memory_order_relaxed);
+        size_t had = 0, grow = 0;
+        if (DM_UNLIKELY(tracked) && n >= size) {
+            had = dmje_sallocx(p, 0);
+            size_t want = dmje_nallocx(n, flags);
+            grow = want > had ? want - had : 0;
+            if (grow && !live_reserve(t, a, grow, size)) {
+                n = 0; /* refused: fails below, the old block stays */
+                t->limit_refused = false;
+                snprintf(t->last_failure.rule, sizeof(t->last_failure.rule), "%s",
+                         r < t->table->policy->nrules ? t->table->policy->rules[r].name
+                                                      : "default");
+                DM_CTR_ADD(t->ctrs[s->arena_id].nlimit, 1);
+                DM_CTR_ADD(t->rule_ctrs[r].nlimit, 1);
+                limit_log(&t->last_failure);
+            }
+        }
+        if (n >= size && n != 0)
+            q = dmje_rallocx(p, n, (int)((unsigned)flags | tcache_flags(t, ja)));
+        if (DM_UNLIKELY(tracked) && n != 0) {
+            if (!q) /* the old block stays as it was */
+                atomic_fetch_sub_explicit(&a->live, grow, memory_order_relaxed);
+            else /* settle: the count now holds had + grow; make it the new size */
+                atomic_fetch_add_explicit(&a->live, (uint64_t)dmje_sallocx(q, 0) - had - grow,
+                                          memory_order_relaxed);
+        }
     } else {
         q = slot_alloc(t, s, size, 0);
         if (q) {
@@ -790,7 +938,15 @@ void *dm_realloc(const dm_ctx_t *c, void *p, size_t size) {
             memcpy(q, p, have < size ? have : size);
             DM_CTR_ADD(t->ctrs[old->owner->id].nfree, 1);
             DM_CTR_ADD(t->ctrs[s->arena_id].nalloc, 1);
+            untrack(old, p);
             dmje_dallocx(p, (int)tcache_flags(t, old));
+        } else if (t->limit_refused) {
+            t->limit_refused = false;
+            snprintf(t->last_failure.rule, sizeof(t->last_failure.rule), "%s",
+                     r < t->table->policy->nrules ? t->table->policy->rules[r].name : "default");
+            DM_CTR_ADD(t->ctrs[s->arena_id].nlimit, 1);
+            DM_CTR_ADD(t->rule_ctrs[r].nlimit, 1);
+            limit_log(&t->last_failure);
         }
     }
     if (DM_UNLIKELY(!q)) {
@@ -804,6 +960,8 @@ void *dm_realloc(const dm_ctx_t *c, void *p, size_t size) {
     DM_CTR_ADD(t->rule_ctrs[r].bytes, size);
     return q;
 }
+
+void dm_runtime_last_failure(dm_failure_t *out) { *out = tls_self()->last_failure; }
 
 bool dm_runtime_wants_dtype(void) {
     rt_table_t *tab = atomic_load_explicit(&g_table, memory_order_acquire);
@@ -844,6 +1002,12 @@ static void init_once_fn(void) {
     }
     pthread_key_create(&tls_key, tls_exit);
     pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
+}
+
+void dm_runtime_set_cudart(const char *path) {
+    pthread_mutex_lock(&dm__mu);
+    snprintf(cudart_path, sizeof(cudart_path), "%s", path ? path : "");
+    pthread_mutex_unlock(&dm__mu);
 }
 
 int dm_runtime_init(void) {
@@ -913,6 +1077,26 @@ int dm_runtime_install(dm_policy_t *p, dm_diags_t *d) {
     tab->rule_ctrs = rc_ctr;
     atomic_store_explicit(&tab->refs, 1, memory_order_relaxed);
 
+    /* pinned: cuda needs the CUDA runtime before any of its extents exist. */
+    for (int i = 0; i < p->narenas; i++) {
+        char why[200];
+        if (p->arenas[i].pinned != DM_PIN_CUDA || dm__os_gpu_load(cudart_path, why, sizeof(why)) == 0)
+            continue;
+        if (d && d->n < DM_DIAG_MAX) {
+            dm_diag_t *e = &d->items[d->n++];
+            memset(e, 0, sizeof(*e));
+            e->severity = DM_SEV_ERROR;
+            e->line = p->arenas[i].line;
+            e->col = p->arenas[i].col;
+            snprintf(e->path, sizeof(e->path), "arenas.%s.pinned", p->arenas[i].name);
+            snprintf(e->msg, sizeof(e->msg),
+                     "cuda: %s; install the CUDA runtime (libcudart), set DATAMEM_CUDART to its "
+                     "path, or use `lock: true` for page-locked memory without a GPU", why);
+            d->nerrors++;
+        }
+        table_destroy(tab);
+        return DM_EINVALID;
+    }
     dm_arena_t *byspec[DM_ARENAS_MAX];
     pthread_mutex_lock(&dm__mu);
     rc = ensure_arenas(p, byspec);
@@ -1000,6 +1184,7 @@ static void counts_add(dm_counts_t *o, const dm_arena_ctrs_t *c) {
     o->nfallback += DM_CTR_GET(c->nfallback);
     o->ndtype_known += DM_CTR_GET(c->ndtype_known);
     o->bytes_requested += DM_CTR_GET(c->bytes);
+    o->nlimit += DM_CTR_GET(c->nlimit);
 }
 
 int dm_stats_snapshot(dm_stats_t *out) {
@@ -1024,6 +1209,14 @@ int dm_stats_snapshot(dm_stats_t *out) {
         o->per_node = atomic_load_explicit(&a->per_node, memory_order_relaxed);
         o->nplacement_errors = DM_CTR_GET(a->placement_errors);
         o->ngrowth_purges = DM_CTR_GET(a->growth_purges);
+        size_t limit = atomic_load_explicit(&a->limit, memory_order_relaxed);
+        o->limit = limit == SIZE_MAX ? UINT64_MAX : (uint64_t)limit;
+        o->tracked = atomic_load_explicit(&a->tracked, memory_order_acquire);
+        o->live = o->tracked ? atomic_load_explicit(&a->live, memory_order_relaxed) : 0;
+        o->lock = atomic_load_explicit(&a->lock, memory_order_relaxed);
+        o->pinned = atomic_load_explicit(&a->pinned, memory_order_relaxed);
+        o->locked_bytes = atomic_load_explicit(&a->locked_bytes, memory_order_relaxed);
+        o->pinned_bytes = atomic_load_explicit(&a->pinned_bytes, memory_order_relaxed);
         counts_add(&o->counts, &a->dead);
         for (dm_tls_t *t = registry; t; t = t->next)
             counts_add(&o->counts, &t->ctrs[i]);

@@ -177,6 +177,14 @@ static const arena_metric_t arena_metrics[] = {
        "Allocations jemalloc made in the arena (small + large nmalloc)."),
     AM("jemalloc_frees_total", "counter", "jemalloc_frees", je_ndalloc,
        "Frees jemalloc made in the arena (small + large ndalloc)."),
+    AM("limit_hits_total", "counter", "limit_hits", counts.nlimit,
+       "Allocations the arena's limit refused."),
+    AM("live_bytes", "gauge", "live_bytes", live,
+       "Bytes of live blocks counted against the limit (0 for an arena that never had one)."),
+    AM("locked_bytes", "gauge", "locked_bytes", locked_bytes,
+       "Bytes page-locked (mlock) for the arena's `lock: true`."),
+    AM("pinned_bytes", "gauge", "pinned_bytes", pinned_bytes,
+       "Bytes registered with the CUDA runtime for the arena's `pinned: cuda`."),
 };
 
 #define NARENA_METRICS (sizeof(arena_metrics) / sizeof(arena_metrics[0]))
@@ -208,6 +216,8 @@ static const rule_metric_t rule_metrics[] = {
        "Failed allocations of the rule served by the fallback arena."),
     RM("dtype_known_allocations_total", "dtype_known", counts.ndtype_known,
        "Allocations of the rule whose dtype was known."),
+    RM("limit_hits_total", "limit_hits", counts.nlimit,
+       "Allocations of the rule refused by an arena's limit."),
 };
 
 #define NRULE_METRICS (sizeof(rule_metrics) / sizeof(rule_metrics[0]))
@@ -366,6 +376,17 @@ void dm__metrics_text(const dm_stats_t *st, const char *cl, dm_buf_t *b) {
         }
     }
 
+    /* Only arenas with a limit have a sample: "no limit" is no number. */
+    family(b, "datamem_", "arena_limit_bytes", "gauge",
+           "The arena's `limit`: live bytes it may hold (arenas without one have no sample).");
+    for (int i = 0; i < st->narenas; i++) {
+        if (st->arenas[i].limit == UINT64_MAX)
+            continue;
+        s = sample_begin(b, "datamem_", "arena_limit_bytes");
+        label(&s, "arena", st->arenas[i].name);
+        value_u64(&s, cl, st->arenas[i].limit);
+    }
+
     for (size_t m = 0; m < NRULE_METRICS; m++) {
         const rule_metric_t *rm = &rule_metrics[m];
         family(b, "datamem_rule_", rm->name, "counter", rm->help);
@@ -446,6 +467,13 @@ void dm__metrics_json(const dm_stats_t *st, const dm_http_counters_t *http, dm_b
         dm__buf_put(b, "]", 1);
         json_bool(b, &k, "per_node", a->per_node);
         json_u64(b, &k, "jemalloc_arenas", (uint64_t)a->njemalloc);
+        json_key(b, &k, "limit_bytes");
+        if (a->limit == UINT64_MAX)
+            dm__buf_puts(b, "null");
+        else
+            dm__buf_printf(b, "%llu", (unsigned long long)a->limit);
+        json_bool(b, &k, "lock", a->lock);
+        json_strv(b, &k, "pinned", a->pinned ? "cuda" : "none");
         for (size_t m = 0; m < NARENA_METRICS; m++)
             json_u64(b, &k, arena_metrics[m].key, arena_u64(a, &arena_metrics[m]));
         dm__buf_put(b, "}", 1);

@@ -59,6 +59,7 @@ static dm_stats_t *sample_stats(void) {
     a->retained = 1073741824;
     a->dirty = 12288;
     a->reserved = UINT64_C(1) << 30;
+    a->limit = UINT64_MAX; /* none */
     a = &s.arenas[1];
     snprintf(a->name, sizeof(a->name), "big");
     a->alignment = 4096;
@@ -70,6 +71,12 @@ static dm_stats_t *sample_stats(void) {
     a->hugepage_bytes = 4194304;
     a->counts.nfallback = 3;
     a->je_nmalloc = UINT64_C(18446744073709551615); /* u64 max prints exactly */
+    a->limit = UINT64_C(8) << 30;
+    a->tracked = true;
+    a->live = 3 << 20;
+    a->counts.nlimit = 4;
+    a->lock = true;
+    a->locked_bytes = 2 << 20;
     s.nrules = 2;
     s.rules = rules;
     snprintf(rules[0].name, sizeof(rules[0].name), "huge");
@@ -80,6 +87,7 @@ static dm_stats_t *sample_stats(void) {
     rules[0].counts.nfail = 1;
     rules[0].counts.nfallback = 1;
     rules[0].counts.ndtype_known = 5;
+    rules[0].counts.nlimit = 4;
     snprintf(rules[1].name, sizeof(rules[1].name), "default");
     snprintf(rules[1].arena, sizeof(rules[1].arena), "general");
     rules[1].counts.nalloc = 993;
@@ -188,9 +196,17 @@ static void test_text(void) {
             TEST_FAIL_("sample outside its family (%s): %s", last_type, buf);
     }
     /* 10 process families (one sample each), 3 arena families outside the table,
-     * 20 in it (2 arenas each), 6 rule families (2 rules each). */
-    EXPECT_INT_EQ(families, 10 + 3 + 20 + 6, "families");
-    EXPECT_INT_EQ(samples, 10 + 2 * (3 + 20) + 2 * 6, "samples");
+     * 24 in it (2 arenas each), the limit (a sample only for the arena with
+     * one), 7 rule families (2 rules each). */
+    EXPECT_INT_EQ(families, 10 + 3 + 24 + 1 + 7, "families");
+    EXPECT_INT_EQ(samples, 10 + 2 * (3 + 24) + 1 + 2 * 7, "samples");
+    EXPECT_LINE(t, "datamem_arena_limit_bytes{arena=\"big\"} 8589934592");
+    EXPECT_LINE(t, "datamem_arena_live_bytes{arena=\"big\"} 3145728");
+    EXPECT_LINE(t, "datamem_arena_limit_hits_total{arena=\"big\"} 4");
+    EXPECT_LINE(t, "datamem_rule_limit_hits_total{rule=\"huge\",arena=\"big\"} 4");
+    EXPECT_LINE(t, "datamem_arena_locked_bytes{arena=\"big\"} 2097152");
+    EXPECT_TRUE(!strstr(t, "datamem_arena_limit_bytes{arena=\"general\"}"),
+                "no limit, no limit sample");
     free(t);
 
     /* No policy yet: no policy_info; successful until a load fails. */
@@ -222,7 +238,10 @@ static void test_json(void) {
     EXPECT_CONTAINS(j, "\"hugepage_bytes\":4194304", "hugepages");
     EXPECT_CONTAINS(j, "\"rules\":{\"huge\":{\"arena\":\"big\",\"allocations\":7,"
                        "\"bytes_requested\":7340032,\"reallocs\":2,\"failures\":1,"
-                       "\"fallbacks\":1,\"dtype_known\":5},\"default\":", "rules");
+                       "\"fallbacks\":1,\"dtype_known\":5,\"limit_hits\":4},\"default\":", "rules");
+    EXPECT_CONTAINS(j, "\"jemalloc_arenas\":2,\"limit_bytes\":8589934592,\"lock\":true,"
+                       "\"pinned\":\"none\",", "limit and lock");
+    EXPECT_CONTAINS(j, "\"jemalloc_arenas\":1,\"limit_bytes\":null,", "no limit: null");
     EXPECT_TRUE(j[0] == '{' && strcmp(j + len - 2, "}\n") == 0, "one object");
     free(j);
 }

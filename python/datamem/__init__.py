@@ -25,7 +25,7 @@ from ._ext import PolicyError
 
 __all__ = ["install", "uninstall", "reload", "tag", "stats", "current_policy",
            "arena_of", "check", "explain", "PolicyError", "HANDLER_NAME", "__version__",
-           "metrics", "stats_url", "serve_stats", "sweep_textfiles"]
+           "metrics", "stats_url", "serve_stats", "sweep_textfiles", "last_failure"]
 
 HANDLER_NAME = _ext.HANDLER_NAME
 __version__ = _ext.VERSION
@@ -47,6 +47,7 @@ def install(policy):
     path = os.path.abspath(os.fspath(policy))  # the watcher must survive chdir
     with _lock:
         _stats_from_env()
+        _ext.set_cudart(os.environ.get("DATAMEM_CUDART") or None)  # pinned: cuda
         _warn(_ext.load(path))
         _state["path"] = path
         _ext.set_thread_name(threading.current_thread().name)
@@ -103,6 +104,21 @@ def stats():
     s["threads_not_covered"] = sorted(t.name for t in threading.enumerate()
                                       if t not in _covered) if _ext.active() else []
     return s
+
+
+def last_failure():
+    """Why the calling thread's last allocation failed, when an arena's `limit`
+    refused it: {"arena", "rule", "request", "limit", "live", "fallback_tried",
+    "count"} (bytes; count = refusals so far on this thread), or None. NumPy's
+    MemoryError text cannot carry this; datamem also logs it on stderr, at most
+    once a second:
+
+        try:
+            batch = np.empty(n)
+        except MemoryError:
+            print(datamem.last_failure())
+    """
+    return _ext.last_failure()
 
 
 def metrics():

@@ -1,0 +1,380 @@
+"""Issue 16: byte limits that raise MemoryError, page-locked (`lock`) and
+CUDA-registered (`pinned: cuda`) arenas.
+
+Each job runs in its own interpreter. The CUDA runtime is replaced by a stand-in
+(a small C library compiled here, named by DATAMEM_CUDART) that records every
+cudaHostRegister call: no GPU or CUDA install is needed to check the logic.
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from conftest import ROOT, run_py
+
+MiB = 1 << 20
+
+LIMITED = textwrap.dedent("""\
+    version: 1
+    default: general
+    fallback: {fallback}
+    arenas:
+      general: {{}}
+      loader: {{limit: {limit}}}
+      spare: {{limit: {spare}}}
+    rules:
+      - name: loader
+        match: {{thread: "loader*"}}
+        arena: loader
+""")
+
+
+def limited(write_policy, limit="64MiB", fallback='""', spare="never"):
+    return write_policy(LIMITED.format(limit=limit, fallback=fallback, spare=spare))
+
+
+def test_a_leaking_loader_gets_memoryerror_while_the_main_thread_works(write_policy):
+    pol = limited(write_policy)
+    code = r"""
+import json, threading, numpy as np, datamem
+out = {}
+def loader():
+    leak = []
+    try:
+        while True:
+            leak.append(np.empty(4 << 20, np.uint8))  # 4 MiB a batch, never freed
+    except MemoryError as e:
+        out["n"] = len(leak)
+        out["numpy"] = str(e)
+        out["why"] = datamem.last_failure()
+        out["live"] = datamem.stats()["arenas"]["loader"]["live_bytes"]
+t = threading.Thread(target=loader, name="loader-1"); t.start(); t.join()
+main = [np.ones(16 << 20, np.uint8) for _ in range(8)]   # 128 MiB, past the loader's limit
+s = datamem.stats()
+out["main_arena"] = datamem.arena_of(main[0])
+out["main_why"] = datamem.last_failure()
+out["limit_hits"] = s["arenas"]["loader"]["limit_hits"]
+out["rule_hits"] = s["rules"]["loader"]["limit_hits"]
+out["limit_bytes"] = s["arenas"]["loader"]["limit_bytes"]
+out["general_limit"] = s["arenas"]["general"]["limit_bytes"]
+print(json.dumps(out))
+"""
+    r = run_py(code, config=pol)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    # 64 MiB of 4 MiB blocks (usable size 4 MiB): 16 fit, the 17th is refused.
+    assert out["n"] == 16, out
+    assert out["live"] <= 64 * MiB, out
+    assert out["why"]["arena"] == "loader" and out["why"]["rule"] == "loader", out
+    assert out["why"]["request"] == 4 * MiB and out["why"]["limit"] == 64 * MiB, out
+    assert out["why"]["live"] + 4 * MiB > 64 * MiB and not out["why"]["fallback_tried"], out
+    assert "Unable to allocate" in out["numpy"]  # NumPy's own MemoryError
+    assert out["main_arena"] == "general" and out["main_why"] is None, out  # per thread
+    assert out["limit_hits"] == 1 and out["rule_hits"] == 1, out
+    assert out["limit_bytes"] == 64 * MiB and out["general_limit"] is None, out
+    # The line a user sees next to NumPy's message names arena, rule, limit, request.
+    assert ("datamem: MemoryError: arena 'loader' (rule 'loader') is at its limit of "
+            "64.0 MiB") in r.stderr and "a request of 4.0 MiB was refused" in r.stderr, r.stderr
+
+
+def test_fallback_absorbs_a_burst_until_it_is_full_too(write_policy):
+    pol = limited(write_policy, limit="32MiB", fallback="spare", spare="32MiB")
+    code = r"""
+import json, threading, numpy as np, datamem
+out = {}
+def burst():
+    keep = []
+    try:
+        while True:
+            keep.append(np.empty(8 << 20, np.uint8))
+    except MemoryError:
+        out["n"] = len(keep)
+        out["arenas"] = sorted(set(datamem.arena_of(a) for a in keep))
+        out["why"] = datamem.last_failure()
+    del keep
+    out["after"] = datamem.arena_of(np.ones(8 << 20, np.uint8))   # room again
+t = threading.Thread(target=burst, name="loader-burst"); t.start(); t.join()
+s = datamem.stats()["arenas"]
+out["fallbacks"] = s["spare"]["fallbacks"]
+out["live"] = {a: s[a]["live_bytes"] for a in ("loader", "spare")}
+print(json.dumps(out))
+"""
+    r = run_py(code, config=pol)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["n"] == 8 and out["arenas"] == ["loader", "spare"], out  # 4 + 4 blocks
+    assert out["fallbacks"] == 4, out
+    assert out["why"]["arena"] == "loader" and out["why"]["fallback_tried"], out
+    assert out["after"] == "loader", out
+    assert out["live"] == {"loader": 0, "spare": 0}, out  # all freed: the counts are back at 0
+    assert "the fallback arena had no room either" in r.stderr
+
+
+def test_a_reload_below_current_use_refuses_new_blocks_and_keeps_live_ones(write_policy,
+                                                                              tmp_path):
+    pol = limited(write_policy, limit="256MiB")
+    low = str(tmp_path / "low.yaml")
+    with open(low, "w") as f:
+        f.write(LIMITED.format(limit="16MiB", fallback='""', spare="never"))
+    code = r"""
+import json, sys, threading, numpy as np, datamem
+out = {}
+keep = []
+def loader():
+    keep.extend(np.full(8 << 20, 7, np.uint8) for _ in range(8))   # 64 MiB live
+    datamem.reload(sys.argv[1])                                  # limit now 16 MiB
+    try:
+        np.empty(1 << 20, np.uint8)
+        out["refused"] = False
+    except MemoryError:
+        out["refused"] = True
+t = threading.Thread(target=loader, name="loader-2"); t.start(); t.join()
+# Checked from the main thread (the loader's arena refuses even temporaries now).
+out["intact"] = all(int(a.sum()) == 7 * (8 << 20) for a in keep)
+out["live"] = datamem.stats()["arenas"]["loader"]["live_bytes"]
+del keep[:7]                                                     # down to 8 MiB
+def again():
+    out["after_free"] = datamem.arena_of(np.empty(4 << 20, np.uint8))
+t = threading.Thread(target=again, name="loader-3"); t.start(); t.join()
+print(json.dumps(out))
+"""
+    r = subprocess.run([sys.executable, "-c", code, low], env=dict(os.environ, DATAMEM_CONFIG=pol),
+                       capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out == {"refused": True, "intact": True, "live": 64 * MiB,
+                   "after_free": "loader"}, out
+
+
+def test_the_limit_holds_under_threads(write_policy):
+    """8 threads race for a 64 MiB arena with 1 MiB blocks: never more than 64
+    blocks live at once (the count reserves before it allocates)."""
+    pol = limited(write_policy)
+    code = r"""
+import json, threading, numpy as np, datamem
+lock = threading.Lock(); held = []; peak = [0]; refused = [0]
+def loader():
+    mine = []
+    for _ in range(400):
+        try:
+            mine.append(np.empty(1 << 20, np.uint8))
+        except MemoryError:
+            refused[0] += 1
+            if mine:
+                mine.pop()
+        live = datamem.stats()["arenas"]["loader"]["live_bytes"] if len(mine) % 16 == 0 else 0
+        with lock:
+            peak[0] = max(peak[0], live)
+ts = [threading.Thread(target=loader, name="loader-%d" % i) for i in range(8)]
+[t.start() for t in ts]; [t.join() for t in ts]
+s = datamem.stats()["arenas"]["loader"]
+print(json.dumps({"peak": peak[0], "refused": refused[0], "hits": s["limit_hits"],
+                  "live_end": s["live_bytes"]}))
+"""
+    r = run_py(code, config=pol)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert 0 < out["peak"] <= 64 * MiB, out
+    assert out["refused"] == out["hits"] > 0, out
+    assert out["live_end"] == 0, out  # every block freed: the count comes back to zero
+
+
+def test_an_arena_without_a_limit_counts_nothing(write_policy):
+    pol = limited(write_policy)
+    r = run_py("import json, numpy as np, datamem\nkeep = [np.ones(1 << 20) for _ in range(4)]\n"
+               "a = datamem.stats()['arenas']\n"
+               "print(json.dumps([a['general']['live_bytes'], a['general']['limit_bytes']]))",
+               config=pol)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == [0, None]
+
+
+# ---- lock: true ----------------------------------------------------------------------------
+
+LOCKED = "version: 1\ndefault: general\narenas:\n  general: {}\n  locked: {lock: true}\n" \
+         "rules:\n  - name: big\n    match: {size: {min: 1MiB}}\n    arena: locked\n"
+
+LOCK_JOB = r"""
+import json, re, numpy as np, datamem
+def vmlck():
+    return int(re.search(r"VmLck:\s+(\d+)", open("/proc/self/status").read()).group(1)) << 10
+def smaps_locked(lo, n):
+    # Locked bytes of the mappings over [lo, lo + n) (per-extent mlock may
+    # split the range over several), each capped at its overlap.
+    total, cur = 0, None
+    for l in open("/proc/self/smaps").read().splitlines():
+        m = re.match(r"([0-9a-f]+)-([0-9a-f]+) ", l)
+        if m:
+            s, e = int(m.group(1), 16), int(m.group(2), 16)
+            cur = max(0, min(e, lo + n) - max(s, lo))
+        elif l.startswith("Locked:") and cur:
+            total += min(cur, int(l.split()[1]) << 10)
+    return total
+before = vmlck()
+a = np.ones(32 << 20, np.uint8)
+out = {"arena": datamem.arena_of(a), "vmlck": vmlck() - before,
+       "smaps": smaps_locked(a.ctypes.data, a.nbytes),
+       "stats": datamem.stats()["arenas"]["locked"]["locked_bytes"],
+       "errors": datamem.stats()["arenas"]["locked"]["placement_errors"]}
+small = np.ones(1000)
+out["small_smaps"] = smaps_locked(small.ctypes.data, small.nbytes)
+print(json.dumps(out))
+"""
+
+
+def test_lock_page_locks_the_arena_and_only_it(write_policy):
+    pol = write_policy(LOCKED)
+    r = run_py(LOCK_JOB, config=pol)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["arena"] == "locked" and out["errors"] == 0, out
+    assert out["vmlck"] >= 32 * MiB and out["smaps"] >= 32 * MiB, out
+    assert out["stats"] >= 32 * MiB, out
+    assert out["small_smaps"] == 0, out  # the general arena is not locked
+
+
+def test_lock_returns_pages_unlocked(write_policy):
+    """Decay gives freed pages back: they are unlocked first (madvise refuses
+    locked pages, so they would otherwise stay resident and locked)."""
+    pol = write_policy(LOCKED.replace("{lock: true}", "{lock: true, decay: {dirty: 0ms}}"))
+    code = r"""
+import json, re, numpy as np, datamem
+def vmlck():
+    return int(re.search(r"VmLck:\s+(\d+)", open("/proc/self/status").read()).group(1)) << 10
+a = np.ones(64 << 20, np.uint8); held = vmlck(); del a
+b = np.ones(1 << 20, np.uint8)     # an allocation lets decay run
+print(json.dumps({"held": held, "after": vmlck(),
+                  "stats": datamem.stats()["arenas"]["locked"]["locked_bytes"]}))
+"""
+    r = run_py(code, config=pol)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    # The 64 MiB array's pages were unlocked before they went back (what stays
+    # locked is the extent serving the 1 MiB array).
+    assert out["held"] >= 64 * MiB and out["after"] <= out["held"] - 60 * MiB, out
+    assert out["stats"] <= out["held"] - 60 * MiB, out
+
+
+def test_lock_failure_is_counted_and_memory_served(write_policy):
+    """A failing mlock (RLIMIT_MEMLOCK without CAP_IPC_LOCK; injected here, as
+    tests run as root) is counted and logged once; the array is served."""
+    pol = write_policy(LOCKED)
+    code = r"""
+import json, numpy as np, datamem
+from datamem import _ext
+_ext.fault_lock(-1)
+a = np.ones(8 << 20, np.uint8); b = np.ones(8 << 20, np.uint8)
+s = datamem.stats()["arenas"]["locked"]
+print(json.dumps({"arena": datamem.arena_of(a), "sum": int(a.sum()),
+                  "errors": s["placement_errors"], "locked": s["locked_bytes"]}))
+"""
+    r = run_py(code, config=pol)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["arena"] == "locked" and out["sum"] == 8 << 20, out
+    assert out["errors"] >= 1 and out["locked"] == 0, out
+    assert r.stderr.count("cannot page-lock (mlock)") == 1 and "RLIMIT_MEMLOCK" in r.stderr
+
+
+def test_lock_under_a_real_memlock_limit_without_the_capability(write_policy):
+    setpriv = shutil.which("setpriv")
+    if os.geteuid() != 0 or not setpriv:
+        pytest.skip("SKIP: needs root and setpriv to drop CAP_IPC_LOCK")
+    pol = write_policy(LOCKED)
+    env = dict(os.environ, DATAMEM_CONFIG=pol)
+    cmd = ["prlimit", "--memlock=1048576", setpriv, "--inh-caps=-ipc_lock",
+           "--bounding-set=-ipc_lock", sys.executable, "-c", LOCK_JOB]
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    if r.returncode != 0 and "setpriv" in r.stderr:
+        pytest.skip("SKIP: setpriv cannot drop capabilities here: " + r.stderr.strip())
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["arena"] == "locked" and out["errors"] >= 1, out
+    assert "RLIMIT_MEMLOCK, ulimit -l, is 1024 KiB" in r.stderr, r.stderr
+
+
+# ---- pinned: cuda ------------------------------------------------------------------------------
+
+FAKE_CUDART = r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include <stddef.h>
+/* A stand-in for libcudart: records registrations in $FAKE_CUDART_LOG; fails
+ * them with error 2 when $FAKE_CUDART_FAIL is set. */
+static void note(const char *what, void *p, size_t n) {
+    const char *path = getenv("FAKE_CUDART_LOG");
+    FILE *f = path ? fopen(path, "a") : NULL;
+    if (f) { fprintf(f, "%s %lu %lu\n", what, (unsigned long)p, (unsigned long)n); fclose(f); }
+}
+int cudaHostRegister(void *p, size_t n, unsigned int flags) {
+    if (getenv("FAKE_CUDART_FAIL")) return 2;
+    note(flags == 1 ? "register-portable" : "register", p, n);
+    return 0;
+}
+int cudaHostUnregister(void *p) { note("unregister", p, 0); return 0; }
+const char *cudaGetErrorString(int e) { return e == 2 ? "out of memory" : "unknown"; }
+"""
+
+PINNED = "version: 1\ndefault: general\narenas:\n  general: {}\n  gpu: {pinned: cuda}\n" \
+         "rules:\n  - name: big\n    match: {size: {min: 1MiB}}\n    arena: gpu\n"
+
+
+@pytest.fixture(scope="module")
+def fake_cudart(tmp_path_factory):
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        pytest.skip("SKIP: no C compiler to build the CUDA stand-in")
+    d = tmp_path_factory.mktemp("cudart")
+    src = d / "fake_cudart.c"
+    src.write_text(FAKE_CUDART)
+    lib = d / "libcudart.so"
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
+    return str(lib)
+
+
+def test_pinned_registers_every_extent_that_serves_arrays(write_policy, tmp_path, fake_cudart):
+    pol = write_policy(PINNED)
+    log = tmp_path / "cuda.log"
+    code = r"""
+import json, numpy as np, datamem
+a = np.ones(16 << 20, np.uint8)
+small = np.ones(100)
+s = datamem.stats()["arenas"]
+print(json.dumps({"a": a.ctypes.data, "n": a.nbytes, "arena": datamem.arena_of(a),
+                  "pinned": s["gpu"]["pinned_bytes"], "general": s["general"]["pinned_bytes"],
+                  "small": small.ctypes.data, "setting": s["gpu"]["pinned"]}))
+"""
+    r = run_py(code, config=pol, env={"DATAMEM_CUDART": fake_cudart, "FAKE_CUDART_LOG": str(log)})
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    regs = [tuple(map(int, l.split()[1:])) for l in log.read_text().splitlines()
+            if l.startswith("register-portable ")]
+    assert any(p <= out["a"] and out["a"] + out["n"] <= p + n for p, n in regs), (regs, out)
+    assert not any(p <= out["small"] < p + n for p, n in regs), "general arena not registered"
+    assert out["arena"] == "gpu" and out["setting"] == "cuda", out
+    assert out["pinned"] >= 16 * MiB and out["general"] == 0, out
+
+
+def test_pinned_without_a_cuda_runtime_is_a_policy_error(write_policy):
+    pol = write_policy(PINNED)
+    r = run_py("import numpy", config=pol,
+               env={"DATAMEM_CUDART": "/nonexistent/libcudart.so"})
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert "policy.yaml:5:3: error: arenas.gpu.pinned: cuda:" in r.stderr, r.stderr
+    assert "lock: true" in r.stderr  # says what to do without a GPU
+
+
+def test_pinned_registration_failure_is_counted_and_memory_served(write_policy, fake_cudart):
+    pol = write_policy(PINNED)
+    r = run_py("import json, numpy as np, datamem\na = np.ones(4 << 20, np.uint8)\n"
+               "s = datamem.stats()['arenas']['gpu']\n"
+               "print(json.dumps([datamem.arena_of(a), s['placement_errors'], s['pinned_bytes']]))",
+               config=pol, env={"DATAMEM_CUDART": fake_cudart, "FAKE_CUDART_FAIL": "1"})
+    assert r.returncode == 0, r.stderr
+    arena, errors, pinned = json.loads(r.stdout)
+    assert arena == "gpu" and errors >= 1 and pinned == 0
+    assert "cudaHostRegister: out of memory (2)" in r.stderr
