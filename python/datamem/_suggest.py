@@ -103,17 +103,22 @@ def suggest(p, call_site_rules=False):
     rules = ["rules:"]
     estimate = ["#", "# What it changes (estimate):"]
 
-    # -- long-lived big arrays: their own arena, if something separates them
+    # -- long-lived big arrays: their own arena, if a size bound separates them
+    # from the temporaries (a power of two, misplacing at most 10% of their bytes)
     sep = None
     if resident.any() and b[resident].sum() >= 0.05 * total:
-        r_min, t_max = size[resident].min(), size[temp].max() if temp.any() else 0
-        t_min, r_max = size[temp].min() if temp.any() else 0, size[resident].max()
-        if not temp.any() or r_min > t_max:
-            bound = max(big_min, _pow2_ceil(int(t_max) + 1) if temp.any() else big_min)
-            if bound <= r_min:
-                sep = ("size_min", bound)
-        elif r_max < t_min:
-            sep = ("size_max_below", int(t_min))
+        best = None
+        for e in range(int(np.log2(big_min)), 41):
+            bound = 1 << e
+            above = (b[resident & (size < bound)].sum() + b[temp & (size >= bound)].sum(),
+                     "size_min", bound)
+            below = (b[resident & (size >= bound)].sum() + b[temp & (size < bound)].sum(),
+                     "size_max_below", bound)
+            for cand in (above, below):
+                if (cand[2] > big_min or cand[1] == "size_min") and (best is None or cand[0] < best[0]):
+                    best = cand
+        if best and best[0] <= 0.1 * b[big].sum():
+            sep = best[1:]
     if resident.any() and b[resident].sum() >= 0.05 * total:
         sites, nsites = _top_sites(p, resident, b)
         comment = ["  # long-lived big arrays: sizes >= %s freed after %s or never: %s (%s of bytes),"
@@ -123,11 +128,9 @@ def suggest(p, call_site_rules=False):
                    % (fmt_count(w[resident].sum()), nsites, "" if nsites == 1 else "s",
                       ", ".join(sites))]
         if sep is None:
-            rules_note = ("  # not separable from the temporaries by size (they overlap: %s-%s "
-                          "against %s-%s)%s; they share the reuse arena"
-                          % (fmt_bytes(size[resident].min()), fmt_bytes(size[resident].max()),
-                             fmt_bytes(size[temp].min()), fmt_bytes(size[temp].max()),
-                             "" if call_site_rules else " and this policy uses no call-site rules"))
+            rules_note = ("  # no size bound separates them from the temporaries%s; they share "
+                          "the reuse arena" % ("" if call_site_rules else
+                                               " (and this policy uses no call-site rules)"))
             rules += comment + [rules_note]
         else:
             arenas.append("  resident: {alignment: 4096, hugepages: on}")
@@ -135,6 +138,13 @@ def suggest(p, call_site_rules=False):
                 match = "{size: {min: %s}}" % _size_text(sep[1])
             else:
                 match = "{size: {min: %s, max: %d}}" % (_size_text(big_min), sep[1] - 1)
+            misplaced = (b[resident & (size < sep[1])].sum() + b[temp & (size >= sep[1])].sum()
+                         if sep[0] == "size_min" else
+                         b[resident & (size >= sep[1])].sum() + b[temp & (size < sep[1])].sum())
+            comment.append("  # %s %s separates them from the temporaries (%s of big bytes "
+                           "on the other side)" % ("size >=" if sep[0] == "size_min" else "size <",
+                                                   _size_text(sep[1]),
+                                                   "%.0f%%" % (100 * misplaced / b[big].sum())))
             rules += comment + ["  # -> their own hugepage arena, away from the temporaries' "
                                 "dirty pages",
                                 "  - name: resident",
@@ -157,7 +167,8 @@ def suggest(p, call_site_rules=False):
                   % (fmt_bytes(big_min), fmt_time(LONG), fmt_bytes(b[temp].sum()),
                      pct(b[temp].sum()), fmt_time(med)),
                   "  # %s arrays (%s freed within %s), peak %s live at once, from %d site%s: %s"
-                  % (fmt_count(w[temp].sum()), pct(b[temp & short].sum()), fmt_time(SHORT),
+                  % (fmt_count(w[temp].sum()),
+                     "%.0f%%" % (100.0 * b[temp & short].sum() / b[temp].sum()), fmt_time(SHORT),
                      fmt_bytes(peak_t), nsites, "" if nsites == 1 else "s", ", ".join(sites)),
                   "  # -> reuse arena: pages kept for the next iteration (dirty: never), hugepages,",
                   "  #    at most budget %s + 1/16 of active bytes of freed pages kept when it grows"

@@ -1,0 +1,260 @@
+"""Allocation profiles (issue 13): recording (full and sampled, DATAMEM_PROFILE
+and `python -m datamem profile`, multiprocessing children), report, suggest.
+
+Every job runs in a fresh interpreter: recording starts at interpreter start.
+"""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from conftest import ROOT
+
+JOB = textwrap.dedent('''
+    import multiprocessing as mp
+    import sys
+    import threading
+
+    import numpy as np
+    import datamem
+
+    KEEP = []
+
+    def make_temps(n):
+        s = 0.0
+        for _ in range(n):
+            t = np.ones(512 * 1024)         # line 14: 4 MiB temporaries
+            s += float(t[0])
+        return s
+
+    def keep_small(n):
+        for _ in range(n):
+            KEEP.append(np.zeros(16))       # line 20: 128 B, live to the end
+
+    def child():
+        make_temps(20)
+
+    if __name__ == "__main__":
+        make_temps(int(sys.argv[1]))
+        keep_small(int(sys.argv[2]))
+        th = threading.Thread(target=make_temps, args=(10,), name="loader-1")
+        th.start(); th.join()
+        with datamem.tag("ingest"):
+            make_temps(5)
+        if len(sys.argv) > 3:
+            p = mp.get_context(sys.argv[3]).Process(target=child)
+            p.start(); p.join()
+            assert p.exitcode == 0
+''')
+
+
+def _env(extra=None):
+    e = dict(os.environ)
+    for k in ("DATAMEM_CONFIG", "DATAMEM_PROFILE", "DATAMEM_PROFILE_SAMPLE",
+              "DATAMEM_PROFILE_STACKS"):
+        e.pop(k, None)
+    e.update(extra or {})
+    return e
+
+
+def _run(args, env=None, timeout=180, **kw):
+    r = subprocess.run(args, env=_env(env), capture_output=True, text=True, timeout=timeout,
+                       **kw)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return r
+
+
+def _datamem(*args, **kw):
+    return _run([sys.executable, "-m", "datamem"] + list(args), **kw)
+
+
+def _report(d):
+    return json.loads(_datamem("report", str(d), "--json").stdout)
+
+
+def _site(report, function, line=None):
+    for s in report["sites"]:
+        if s["function"].endswith(function) and (line is None or s["line"] == line):
+            return s
+    raise AssertionError("no site %s:%s in %s" % (function, line,
+                                                   [(s["function"], s["line"]) for s in report["sites"]]))
+
+
+@pytest.fixture
+def job(tmp_path):
+    p = tmp_path / "job.py"
+    p.write_text(JOB)
+    return str(p)
+
+
+def test_full_profile_finds_sites_lines_and_lifetimes(job, tmp_path):
+    out = tmp_path / "prof"
+    _run([sys.executable, job, "50", "500"],
+         env={"DATAMEM_PROFILE": str(out), "DATAMEM_PROFILE_SAMPLE": "full"})
+    files = [n for n in os.listdir(out) if n.endswith(".dmprof")]
+    assert len(files) == 1
+    rep = _report(out)
+    assert rep["mode"] == "full"
+    temps = _site(rep, "__main__.make_temps", 14)
+    small = _site(rep, "__main__.keep_small", 20)
+    # 50 + 10 + 5 temporaries of 4 MiB (np.ones also makes a 0-d fill value, 8 B)
+    assert temps["bytes"] >= 65 * (4 << 20) and temps["bytes"] < 65 * (4 << 20) + 4096
+    assert temps["median_size"] == 4 << 20
+    assert temps["median_lifetime"] < 0.1 and temps["live_at_end_bytes"] < 4096
+    assert small["allocations"] == 500 and small["bytes"] == 500 * 128
+    assert small["live_at_end_bytes"] == 500 * 128  # freed only at interpreter exit
+    assert rep["sites_by_bytes"][0]["function"] == "__main__.make_temps"
+    assert rep["sites_by_count"][0]["function"] == "__main__.keep_small"
+    assert small["dtypes"] == ["float64"]
+    threads = {g["name"]: g["bytes"] for g in rep["by_thread"]}
+    assert threads["loader-1"] >= 10 * (4 << 20) and "MainThread" in threads
+    tags = {g["name"]: g["bytes"] for g in rep["by_tag"]}
+    assert tags["ingest"] >= 5 * (4 << 20)
+    assert {g["name"] for g in rep["by_arena"]} == {"default"}  # the pass-through policy
+    assert rep["peak"]["bytes"] >= 500 * 128 + (4 << 20)
+    # full mode keeps whole stacks: the temporaries' stack ends in the module body
+    text = _datamem("report", str(out)).stdout
+    assert "top call sites by bytes" in text and "job.py:14" in text
+    html = tmp_path / "r.html"
+    _datamem("report", str(out), "--html", str(html))
+    page = html.read_text()
+    assert page.count("<svg") == 2 and "http" not in page.split("<body>", 1)[1].replace(
+        "http://www.w3.org/2000/svg", "")
+
+
+def test_sampled_estimate_is_unbiased(tmp_path):
+    """Random sizes 1 KiB-1 MiB, 256 KiB mean between samples: the estimate of
+    total bytes is within 10% of the truth (expected relative deviation
+    sqrt(mean / total) ~ 3.5%), and of the count within 15%."""
+    job = tmp_path / "sizes.py"
+    job.write_text(textwrap.dedent('''
+        import numpy as np, sys
+        rng = np.random.default_rng(7)
+        sizes = (2 ** rng.uniform(10, 20, 4000)).astype(np.int64)
+        for s in sizes.tolist():
+            a = np.empty(s, np.uint8)
+            del a
+        print(int(sizes.sum()), len(sizes))
+    '''))
+    out = tmp_path / "prof"
+    r = _run([sys.executable, str(job)],
+             env={"DATAMEM_PROFILE": str(out), "DATAMEM_PROFILE_SAMPLE": "256KiB"})
+    truth_bytes, truth_n = map(int, r.stdout.split())
+    rep = _report(out)
+    assert rep["mode"] == "sampled" and rep["sample_bytes"] == 256 << 10
+    site = _site(rep, "__main__.<module>")
+    assert rep["records"] < truth_n / 2  # it did sample
+    assert abs(site["bytes"] / truth_bytes - 1) < 0.10, (site["bytes"], truth_bytes)
+    assert abs(site["allocations"] / truth_n - 1) < 0.15, (site["allocations"], truth_n)
+
+
+def test_profile_command_and_multiprocessing_children(job, tmp_path):
+    out = tmp_path / "prof"
+    _datamem("profile", "--out", str(out), "--full", "--", sys.executable, job, "5", "10",
+             "fork")
+    pids = sorted(int(n.split(".")[0]) for n in os.listdir(out) if n.endswith(".dmprof"))
+    assert len(pids) == 2
+    rep = _report(out)
+    assert sorted(p["pid"] for p in rep["processes"]) == pids
+    child = [p for p in rep["processes"] if p["ppid"] in pids][0]
+    assert child["records"] >= 20  # the child's 20 temporaries, flushed at os._exit
+    temps = _site(rep, "__main__.make_temps", 14)
+    assert temps["bytes"] >= (5 + 10 + 5 + 20) * (4 << 20)
+    # a profile directory is not overwritten
+    r = subprocess.run([sys.executable, "-m", "datamem", "profile", "--out", str(out), "--",
+                        sys.executable, job, "1", "1"], env=_env(), capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 2 and "already holds a profile" in r.stderr
+
+
+def test_spawned_children_record_too(job, tmp_path):
+    out = tmp_path / "prof"
+    _run([sys.executable, job, "2", "2", "spawn"],
+         env={"DATAMEM_PROFILE": str(out), "DATAMEM_PROFILE_SAMPLE": "full"})
+    rep = _report(out)
+    assert len(rep["processes"]) >= 2  # spawn: the child and the resource tracker may record
+
+
+def test_profile_under_a_policy_records_rules_and_arenas(job, tmp_path):
+    out = tmp_path / "prof"
+    policy = os.path.join(ROOT, "configs", "throughput.yaml")
+    _datamem("profile", "--out", str(out), "--full", "--policy", policy, "--",
+             sys.executable, job, "5", "10")
+    rep = _report(out)
+    temps = _site(rep, "__main__.make_temps", 14)
+    assert "big" in temps["arenas"] and "huge" in temps["rules"]
+    small = _site(rep, "__main__.keep_small", 20)
+    assert small["arenas"] == ["small"] and small["rules"] == ["tiny"]
+
+
+def test_realloc_without_the_gil_has_no_site(tmp_path):
+    """np.fromstring(sep=...) reallocs with the GIL released: recorded, flagged,
+    no Python frame read."""
+    job = tmp_path / "fs.py"
+    job.write_text("import numpy as np\n"
+                   "a = np.fromstring(' '.join(['1.5'] * 200000), sep=' ')\n"
+                   "assert a.size == 200000\n")
+    out = tmp_path / "prof"
+    _run([sys.executable, str(job)],
+         env={"DATAMEM_PROFILE": str(out), "DATAMEM_PROFILE_SAMPLE": "full"})
+    rep = _report(out)
+    assert rep["realloc_records"] > 0 and rep["no_gil_records"] > 0
+    assert any(s["index"] == -1 for s in rep["sites"])
+
+
+def test_suggest_passes_check_and_routes_temporaries(job, tmp_path):
+    out = tmp_path / "prof"
+    _run([sys.executable, job, "40", "2000"], env={"DATAMEM_PROFILE": str(out)})
+    policy = _datamem("suggest", str(out)).stdout
+    path = tmp_path / "policy.yaml"
+    path.write_text(policy)
+    r = _datamem("check", str(path))
+    assert "ok" in r.stdout and "warning" not in r.stderr, r.stderr
+    assert "# big temporaries: sizes >= 4.0 MiB" in policy
+    assert "__main__.make_temps:14 (100%)" in policy
+    assert "dirty: never" in policy and "hugepages: on" in policy
+    ex = _datamem("explain", str(path), "--size", "4MiB").stdout
+    assert "rule 'temporaries'" in ex and "arena 'reuse'" in ex
+    ex = _datamem("explain", str(path), "--size", "128").stdout
+    assert "arena 'reuse'" not in ex
+    # and a job runs under it
+    _run([sys.executable, job, "3", "3"], env={"DATAMEM_CONFIG": str(path)})
+
+
+def test_suggest_gives_long_lived_big_arrays_their_own_arena(tmp_path):
+    job = tmp_path / "resident.py"
+    job.write_text(textwrap.dedent('''
+        import numpy as np
+        table = np.ones(16 << 20)            # 128 MiB, lives to the end
+        for _ in range(30):
+            t = np.ones(1 << 20)             # 8 MiB temporaries
+            t += 1
+    '''))
+    out = tmp_path / "prof"
+    _run([sys.executable, str(job)], env={"DATAMEM_PROFILE": str(out),
+                                          "DATAMEM_PROFILE_SAMPLE": "full"})
+    path = tmp_path / "policy.yaml"
+    path.write_text(_datamem("suggest", str(out)).stdout)
+    assert "ok" in _datamem("check", str(path)).stdout
+    assert "arena 'resident'" in _datamem("explain", str(path), "--size", "128MiB").stdout
+    assert "arena 'reuse'" in _datamem("explain", str(path), "--size", "8MiB").stdout
+
+
+def test_no_profile_without_the_variable():
+    r = _run([sys.executable, "-c", "import numpy as np, datamem._ext as e; np.ones(10);"
+              "print(repr(e.profile_info()[0]))"],
+             env={"DATAMEM_CONFIG": os.path.join(ROOT, "configs", "minimal.yaml")})
+    assert r.stdout.strip() == "''"
+
+
+def test_bad_profile_directory_stops_at_start(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    r = subprocess.run([sys.executable, "-c", "print('job ran')"],
+                       env=_env({"DATAMEM_PROFILE": str(blocker / "sub")}),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "job ran" not in r.stdout
+    assert "DATAMEM_PROFILE=" in r.stderr
