@@ -1037,6 +1037,33 @@ static PyObject *py_last_failure(PyObject *self, PyObject *unused) {
                          (unsigned long long)f.seq);
 }
 
+/* set_threads_not_covered(names): for /metrics and /stats.json */
+static PyObject *py_set_threads_not_covered(PyObject *self, PyObject *arg) {
+    PyObject *seq = PySequence_Fast(arg, "set_threads_not_covered: expected a sequence");
+    if (!seq)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    if (n > 4096)
+        n = 4096;
+    const char **names = PyMem_RawCalloc((size_t)n + 1, sizeof(char *));
+    if (!names) {
+        Py_DECREF(seq);
+        return PyErr_NoMemory();
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *o = PySequence_Fast_GET_ITEM(seq, i);
+        names[i] = PyUnicode_Check(o) ? PyUnicode_AsUTF8(o) : NULL;
+        if (!names[i]) {
+            PyErr_Clear();
+            names[i] = "?";
+        }
+    }
+    dm_stats_set_threads_not_covered(names, (int)n);
+    PyMem_RawFree(names);
+    Py_DECREF(seq);
+    Py_RETURN_NONE;
+}
+
 /* set_cudart(path): where libcudart is, for `pinned: cuda` (DATAMEM_CUDART) */
 static PyObject *py_set_cudart(PyObject *self, PyObject *args) {
     const char *path = NULL;
@@ -1136,6 +1163,7 @@ static PyObject *py_profile_info(PyObject *self, PyObject *unused) {
 
 static PyMethodDef methods[] = {
     {"last_failure", py_last_failure, METH_NOARGS, "last_failure() -> the thread's last limit refusal, or None"},
+    {"set_threads_not_covered", py_set_threads_not_covered, METH_O, "set_threads_not_covered(names)"},
     {"set_cudart", py_set_cudart, METH_VARARGS, "set_cudart(path): the CUDA runtime for pinned: cuda"},
     {"fault_lock", py_fault_lock, METH_VARARGS, "fault_lock(n): the next n page-locks fail (tests)"},
     {"profile_start", py_profile_start, METH_VARARGS, "profile_start(dir, sample_bytes, full, stacks, meta) -> file"},

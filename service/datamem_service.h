@@ -56,6 +56,12 @@ DM_API void dm_stats_export_stop(void);
  * content hash had not changed. */
 DM_API void dm_watch_counts(uint64_t *reloads, uint64_t *skipped);
 
+/* The Python threads that do not allocate through datamem, as the Python layer
+ * last counted them (at install, when a threading thread starts or ends, on
+ * datamem.stats()): datamem_threads_not_covered and /stats.json's
+ * "threads_not_covered" (names, cut at 1 KiB; the count stays exact). */
+DM_API void dm_stats_set_threads_not_covered(const char *const *names, int n);
+
 #ifdef __cplusplus
 }
 #endif

@@ -152,19 +152,51 @@ int dm__export_render(int format, const char *const_labels, char **out, size_t *
     if (rc == 0) {
         dm_stats_hugepages(s);
         dm_buf_t b = {0};
-        dm_http_counters_t http;
-        dm__http_counters(&http);
+        dm_svc_stats_t svc;
+        dm__svc_stats(&svc);
         if (format == DM_STATS_JSON) {
-            dm__metrics_json(s, &http, &b);
+            dm__metrics_json(s, &svc, &b);
         } else {
             dm__metrics_text(s, const_labels, &b);
-            dm__metrics_http_text(&http, const_labels, &b);
+            dm__metrics_service_text(&svc, const_labels, &b);
         }
         rc = dm__buf_finish(&b, out, len);
     }
     dm_stats_release(s);
     free(s);
     return rc;
+}
+
+/* ---- threads not covered (told by the Python layer) ----------------------- */
+
+static pthread_mutex_t uncovered_mu = PTHREAD_MUTEX_INITIALIZER;
+static int uncovered_n;
+static char uncovered_names[DM_UNCOVERED_NAMES_MAX];
+
+void dm_stats_set_threads_not_covered(const char *const *names, int n) {
+    pthread_mutex_lock(&uncovered_mu);
+    size_t off = 0;
+    int kept = 0;
+    for (int i = 0; i < n; i++) {
+        size_t l = strlen(names[i]);
+        if (off + l + 2 > sizeof(uncovered_names))
+            break; /* the count stays exact; the list is cut */
+        memcpy(uncovered_names + off, names[i], l + 1);
+        off += l + 1;
+        kept++;
+    }
+    uncovered_names[off] = 0;
+    uncovered_n = n;
+    (void)kept;
+    pthread_mutex_unlock(&uncovered_mu);
+}
+
+void dm__svc_stats(dm_svc_stats_t *out) {
+    dm__http_counters(&out->http);
+    pthread_mutex_lock(&uncovered_mu);
+    out->threads_not_covered = uncovered_n;
+    memcpy(out->uncovered_names, uncovered_names, sizeof(uncovered_names));
+    pthread_mutex_unlock(&uncovered_mu);
 }
 
 int dm_stats_render_current(int format, char **out, size_t *len) {

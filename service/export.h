@@ -34,9 +34,10 @@ int dm__buf_finish(dm_buf_t *b, char **out, size_t *len);
  * added to every sample: the textfile uses it when several processes write
  * next to each other. */
 void dm__metrics_text(const dm_stats_t *s, const char *const_labels, dm_buf_t *out);
-typedef struct dm_http_counters dm_http_counters_t;
-/* `http` (or NULL) adds the endpoint's counters as "http". */
-void dm__metrics_json(const dm_stats_t *s, const struct dm_http_counters *http, dm_buf_t *out);
+typedef struct dm_svc_stats dm_svc_stats_t;
+/* `svc` (or NULL) adds what the services know: "http" (the endpoint's
+ * counters) and "threads_not_covered". */
+void dm__metrics_json(const dm_stats_t *s, const dm_svc_stats_t *svc, dm_buf_t *out);
 
 /* export.c: a fresh snapshot (with hugepage bytes) rendered in `format`. */
 int dm__export_render(int format, const char *const_labels, char **out, size_t *len);
@@ -73,15 +74,23 @@ void dm__watch_on_fork_child(void);
 #define DM_HTTP_CODES {200, 400, 404, 405, 408, 414, 431, 500, 503}
 #define DM_HTTP_NCODES 9
 enum { DM_HTTP_DROP_DEADLINE, DM_HTTP_DROP_EVICTED, DM_HTTP_DROP_REFUSED, DM_HTTP_NDROP };
-struct dm_http_counters {
+typedef struct dm_http_counters {
     int code[DM_HTTP_NCODES];
     uint64_t requests[DM_HTTP_NCODES];
     uint64_t dropped[DM_HTTP_NDROP];
-};
+} dm_http_counters_t;
 void dm__http_counters(dm_http_counters_t *c);
-/* metrics.c: the counters as families datamem_http_* (text) or an "http"
- * object (JSON). */
-void dm__metrics_http_text(const dm_http_counters_t *c, const char *const_labels, dm_buf_t *out);
-void dm__metrics_http_json(const dm_http_counters_t *c, dm_buf_t *out);
+
+/* What the services add to a snapshot: the endpoint's counters and the Python
+ * threads that do not allocate through datamem (dm_stats_set_threads_not_covered). */
+#define DM_UNCOVERED_NAMES_MAX 1024
+struct dm_svc_stats {
+    dm_http_counters_t http;
+    int threads_not_covered;
+    char uncovered_names[DM_UNCOVERED_NAMES_MAX]; /* NUL-separated, at most this */
+};
+void dm__svc_stats(dm_svc_stats_t *out);
+/* metrics.c: families datamem_http_* and datamem_threads_not_covered. */
+void dm__metrics_service_text(const dm_svc_stats_t *svc, const char *const_labels, dm_buf_t *out);
 
 #endif /* DM_SERVICE_EXPORT_H */

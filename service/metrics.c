@@ -423,7 +423,9 @@ static void json_strv(dm_buf_t *b, int *n, const char *key, const char *v) {
     dm__buf_json_str(b, v);
 }
 
-void dm__metrics_json(const dm_stats_t *st, const dm_http_counters_t *http, dm_buf_t *b) {
+static void metrics_http_json(const dm_http_counters_t *c, dm_buf_t *b);
+
+void dm__metrics_json(const dm_stats_t *st, const dm_svc_stats_t *svc, dm_buf_t *b) {
     int n = 0;
     char hash[17];
     snprintf(hash, sizeof(hash), "%016llx", (unsigned long long)st->policy_hash);
@@ -494,17 +496,33 @@ void dm__metrics_json(const dm_stats_t *st, const dm_http_counters_t *http, dm_b
         dm__buf_put(b, "}", 1);
     }
     dm__buf_put(b, "}", 1);
-    if (http) {
+    if (svc) {
         json_key(b, &n, "http");
-        dm__metrics_http_json(http, b);
+        metrics_http_json(&svc->http, b);
+        json_key(b, &n, "threads_not_covered");
+        dm__buf_put(b, "[", 1);
+        int i = 0;
+        for (const char *p = svc->uncovered_names; *p && i < svc->threads_not_covered;
+             p += strlen(p) + 1, i++) {
+            if (i)
+                dm__buf_put(b, ",", 1);
+            dm__buf_json_str(b, p);
+        }
+        dm__buf_put(b, "]", 1);
+        json_u64(b, &n, "threads_not_covered_count", (uint64_t)svc->threads_not_covered);
     }
     dm__buf_put(b, "}\n", 2);
 }
 
 static const char *const drop_reason[DM_HTTP_NDROP] = {"deadline", "evicted", "refused"};
 
-void dm__metrics_http_text(const dm_http_counters_t *c, const char *cl, dm_buf_t *b) {
+void dm__metrics_service_text(const dm_svc_stats_t *svc, const char *cl, dm_buf_t *b) {
+    const dm_http_counters_t *c = &svc->http;
     char code[8];
+    process_u64(b, cl, "threads_not_covered", "gauge",
+                "Live Python threads that do not allocate through datamem (started before it "
+                "was installed, or outside threading), as the Python layer last counted them.",
+                (uint64_t)svc->threads_not_covered);
     family(b, "datamem_", "http_requests_total", "counter",
            "Requests the stats endpoint answered, by status code (4xx: bad requests).");
     for (int i = 0; i < DM_HTTP_NCODES; i++) {
@@ -523,7 +541,7 @@ void dm__metrics_http_text(const dm_http_counters_t *c, const char *cl, dm_buf_t
     }
 }
 
-void dm__metrics_http_json(const dm_http_counters_t *c, dm_buf_t *b) {
+static void metrics_http_json(const dm_http_counters_t *c, dm_buf_t *b) {
     char code[8];
     int n = 0, k = 0;
     dm__buf_put(b, "{", 1);

@@ -55,6 +55,7 @@ def install(policy):
         _ext.set_handler(_ext.handler())
         _patch_threads()
         _apply_settings()
+        _publish_uncovered()
 
 
 def reload(policy=None):
@@ -101,9 +102,18 @@ def stats():
     names live Python threads that do not allocate through datamem (started
     before datamem was installed, or created outside `threading`)."""
     s = _ext.stats()
-    s["threads_not_covered"] = sorted(t.name for t in threading.enumerate()
-                                      if t not in _covered) if _ext.active() else []
+    s["threads_not_covered"] = _publish_uncovered()
     return s
+
+
+def _publish_uncovered():
+    """The live threads not covered, told to C for /metrics and /stats.json (the
+    endpoint's thread never touches Python). Called at install, when a thread
+    started through threading starts or ends, and by stats()."""
+    names = sorted(t.name for t in threading.enumerate()
+                   if t not in _covered) if _ext.active() else []
+    _ext.set_threads_not_covered(names)
+    return names
 
 
 def last_failure():
@@ -293,7 +303,13 @@ def _patch_threads():
             _thread_setup(self)
         except Exception as e:  # never stop a thread from starting
             _warn("datamem: thread %r not covered: %s" % (self.name, e))
-        return orig(self)
+        try:
+            return orig(self)
+        finally:  # the thread has left threading's list: an uncovered one may be gone
+            try:
+                _publish_uncovered()
+            except Exception:  # interpreter shutdown
+                pass
 
     _state["orig_bootstrap"] = orig
     threading.Thread._bootstrap_inner = _bootstrap_inner

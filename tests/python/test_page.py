@@ -55,7 +55,10 @@ sys.stdin.readline()
 
 
 def write_policy(tmp_path, unix_socket=None):
-    text = open(os.path.join(CONFIGS, "demo.yaml")).read()
+    # demo.yaml, with a limit on one arena (the page shows live / limit).
+    text = open(os.path.join(CONFIGS, "demo.yaml")).read().replace(
+        "  ingest:\n    alignment: 64\n", "  ingest:\n    alignment: 64\n    limit: 1GiB\n")
+    assert "limit: 1GiB" in text
     if unix_socket:
         text += "\nstats: {unix_socket: %s}\n" % json.dumps(unix_socket)
     p = tmp_path / "policy.yaml"
@@ -257,10 +260,17 @@ def test_page_in_headless_chromium(tmp_path):
         for field in ("allocated_bytes", "resident_bytes", "dirty_bytes", "hugepage_bytes"):
             assert close_bytes(cells[k + field], [s["arenas"][name][field] for s in both]), \
                 (name, field, cells[k + field], [s["arenas"][name][field] for s in both])
+        if a["limit_bytes"] is None:
+            assert cells[k + "limit"] == "-", (name, cells[k + "limit"])
+        else:
+            live, limit = cells[k + "limit"].split(" / ")
+            assert close_bytes(live, [s["arenas"][name]["live_bytes"] for s in both])
+            assert close_bytes(limit, [a["limit_bytes"]]), cells[k + "limit"]
         assert cells[k + "allocations"] == format(a["allocations"], ","), (name, cells)
         assert cells[k + "failures"] == format(a["failures"], ",")
         assert cells[k + "alloc_rate"] == "0/s"  # an idle job, rates from two polls
     assert after["arenas"]["big"]["failures"] >= 1
+    assert after["arenas"]["ingest"]["limit_bytes"] == 1 << 30
     for rule, r in after["rules"].items():
         k = "rule:%s:" % rule
         assert cells[k + "arena"] == r["arena"]
