@@ -205,6 +205,23 @@ _RATES = [  # header, counter key, formatter
 ]
 # `top --all` adds a PID column and so drops ACTIVE as well.
 _ALL_COLUMNS = [c for c in _COLUMNS if c[0] != "ACTIVE"]
+# When an arena has a `limit`, LIMIT (live bytes as a share of it; "-" for
+# arenas without one) takes ACTIVE's place.
+_LIMIT_COLUMN = ("LIMIT", None, None)
+
+
+def _limit_cell(a):
+    limit = a.get("limit_bytes")
+    if not limit:
+        return "-"
+    return "%d%%" % min(999, round(100.0 * a.get("live_bytes", 0) / limit))
+
+
+def _with_limit(columns, arenas):
+    if not any(a.get("limit_bytes") for a in arenas):
+        return columns
+    cols = [c for c in columns if c[0] != "ACTIVE"]
+    return cols[:1] + [_LIMIT_COLUMN] + cols[1:]
 
 
 def fit(text, width):
@@ -245,7 +262,7 @@ def render(head, rows, flex=0, lead=1, width=WIDTH):
 
 
 def _arena_cells(a, pa, dt, columns):
-    row = [fmt(a.get(key, 0)) for _, key, fmt in columns]
+    row = [_limit_cell(a) if key is None else fmt(a.get(key, 0)) for _, key, fmt in columns]
     for _, key, fmt in _RATES:
         if pa is None or dt <= 0:
             row.append("-")
@@ -257,12 +274,13 @@ def _arena_cells(a, pa, dt, columns):
 def table(cur, prev=None, width=WIDTH):
     """The per-arena table for snapshot `cur`; rates against `prev` (per second)."""
     dt = (cur.get("time", 0) - prev.get("time", 0)) if prev else 0
-    head = ["ARENA"] + [c[0] for c in _COLUMNS] + [r[0] for r in _RATES]
+    columns = _with_limit(_COLUMNS, cur.get("arenas", {}).values())
+    head = ["ARENA"] + [c[0] for c in columns] + [r[0] for r in _RATES]
     rows = []
     for name, a in sorted(cur.get("arenas", {}).items()):
         pa = (prev or {}).get("arenas", {}).get(name)
         rows.append([name + ("" if a.get("in_policy", True) else "*")]
-                    + _arena_cells(a, pa, dt, _COLUMNS))
+                    + _arena_cells(a, pa, dt, columns))
     return "\n".join(render(head, rows, width=width))
 
 

@@ -255,3 +255,22 @@ def test_reload_all_signals_every_process_that_opted_in(tmp_path):
     assert r.returncode == 1 and "no process of this user has datamem loaded" in r.stderr
     r = cli("reload")
     assert r.returncode == 2 and "PID or --all" in r.stderr
+
+
+def test_top_shows_limits_in_80_columns():
+    """Issue 16: an arena with a limit shows its live bytes as a share of it."""
+    prev, cur = _worst_snapshot(1.0), _worst_snapshot(2.0)
+    for snap in (prev, cur):
+        arenas = snap["arenas"]
+        arenas["b"] = dict(arenas["b"], limit_bytes=8 << 30, live_bytes=6 << 30)
+    lines = _stats_cli.table(cur, prev).splitlines()
+    assert all(len(l) <= 80 for l in lines), "\n".join(lines)
+    head = lines[0].split()
+    assert "LIMIT" in head and "ACTIVE" not in head, head
+    col = head.index("LIMIT")
+    rows = {l.split()[0].rstrip("*"): l.split() for l in lines[1:]}
+    assert rows["b"][col] == "75%", rows["b"]
+    other = next(r for n, r in rows.items() if n != "b")
+    assert other[col] == "-", other
+    # No limit anywhere: the usual columns.
+    assert "LIMIT" not in _stats_cli.table(_worst_snapshot(2.0), _worst_snapshot(1.0))
