@@ -94,7 +94,7 @@ static void test_defaults(void) {
     EXPECT_TRUE(!a->per_node && !a->numa_all, "bools");
     EXPECT_INT_EQ(a->dirty_decay_ms, 10000, "dirty");
     EXPECT_INT_EQ(a->muzzy_decay_ms, 0, "muzzy");
-    EXPECT_UINT_EQ(a->dirty_budget, SIZE_MAX, "budget never");
+    EXPECT_UINT_EQ(a->dirty_budget, 0, "budget 0: purge on growth (issue 12)");
     EXPECT_INT_EQ(p->fallback_arena, -1, "no fallback");
     EXPECT_UINT_EQ(p->rules[0].size_min, 0, "min");
     EXPECT_UINT_EQ(p->rules[0].size_max, SIZE_MAX, "max");

@@ -122,3 +122,41 @@ def test_zeros_below_32mib_clears_in_place():
     out = zeros(16 << 20)
     assert out["nonzero"] == 0, out
     assert abs(out["before"] - out["after"]) < (4 << 20), out
+
+
+GROWING = r"""
+import json, resource
+import numpy as np
+import datamem
+
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+
+start = rss()
+peak = 0
+for mib in range(8, 44, 4):          # 8, 12, ... 40 MiB: each too big for the last hole
+    a = np.empty(mib << 20, np.uint8)
+    a[::4096] = 1
+    peak = max(peak, rss() - start)
+    del a
+st = datamem.stats()["arenas"]["main"]
+print(json.dumps({"peak": peak, "purges": st["growth_purges"]}))
+"""
+
+
+def test_default_budget_bounds_dirty_pages(write_policy):
+    """A policy that leaves decay at its defaults purges on growth (decay.budget 0):
+    arrays of growing sizes (216 MiB in all, 40 MiB at most) keep the resident set
+    near the largest one instead of the sum, as NumPy's default would. With
+    `budget: never` (the old default) every freed block stays resident."""
+    r = run_py(GROWING, config=MINIMAL)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["purges"] > 0, out
+    assert out["peak"] < (100 << 20), out
+    never = write_policy("version: 1\ndefault: main\narenas:\n  main: {decay: {budget: never}}\n")
+    r = run_py(GROWING, config=never)
+    assert r.returncode == 0, r.stderr
+    kept = json.loads(r.stdout.strip().splitlines()[-1])
+    assert kept["purges"] == 0 and kept["peak"] > (160 << 20), kept
