@@ -373,6 +373,7 @@ static je_arena_t *je_create(dm_arena_t *owner, int node, const dm_arena_spec_t 
     ja->node = node;
     ja->owner = owner;
     ja->slot = (uint16_t)nje;
+    ja->tracked = atomic_load_explicit(&owner->tracked, memory_order_relaxed);
     pthread_mutex_init(&ja->mu, NULL);
     /* Publish before jemalloc can call the hooks (arenas.create may allocate). */
     dm__je[nje] = ja;
@@ -478,6 +479,11 @@ static void track_start(dm_arena_t *a) {
             sum += stat_zu(ja->index, "small.allocated") + stat_zu(ja->index, "large.allocated");
     atomic_store_explicit(&a->live, sum, memory_order_relaxed);
     atomic_store_explicit(&a->tracked, true, memory_order_release);
+    if ((ja = je_get(&a->single)))
+        atomic_store_explicit(&ja->tracked, true, memory_order_release);
+    for (int n = 0; n < DM_NODES_MAX; n++)
+        if ((ja = je_get(&a->by_node[n])))
+            atomic_store_explicit(&ja->tracked, true, memory_order_release);
 }
 
 /* Called with dm__mu held: new settings for new extents and decay. */

@@ -75,6 +75,9 @@ typedef struct je_arena {
     /* Some extent was mlock'ed / registered with the GPU runtime: purges
      * unlock first / are declined (arena.c). Only ever set to true. */
     _Atomic bool ever_locked, ever_pinned;
+    /* Its owner counts live bytes (a copy of dm_arena_t.tracked, so that a
+     * free, which has `ja` in hand, tests it with one load). */
+    _Atomic bool tracked;
 } je_arena_t;
 
 typedef struct dm_arena {

@@ -643,9 +643,13 @@ static void limit_log(const dm_failure_t *f) {
 }
 
 /* A tracked arena's block goes: its usable size leaves the arena's count. */
+static __attribute__((noinline)) void untrack_slow(je_arena_t *ja, const void *p) {
+    atomic_fetch_sub_explicit(&ja->owner->live, dmje_sallocx(p, 0), memory_order_relaxed);
+}
+
 static inline void untrack(je_arena_t *ja, const void *p) {
-    if (DM_UNLIKELY(atomic_load_explicit(&ja->owner->tracked, memory_order_relaxed)))
-        atomic_fetch_sub_explicit(&ja->owner->live, dmje_sallocx(p, 0), memory_order_relaxed);
+    if (DM_UNLIKELY(atomic_load_explicit(&ja->tracked, memory_order_relaxed)))
+        untrack_slow(ja, p);
 }
 
 static __attribute__((noinline)) void *alloc_failed(dm_tls_t *t, rt_table_t *tab,
