@@ -23,7 +23,7 @@ static int explain(const dm_table_t *t, int argc, char **argv) {
         fprintf(stderr, "bad size '%s' or dtype '%s'\n", argv[0], argv[1]);
         return 2;
     }
-    dm_context_t ctx = {argv[2], (const char *const *)argv + 3, argc - 3};
+    dm_context_t ctx = {argv[2], (const char *const *)argv + 3, argc - 3, NULL, NULL};
     char buf[1 << 16];
     dm_table_explain(t, &ctx, size, dt, buf, sizeof buf);
     fputs(buf, stdout);

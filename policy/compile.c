@@ -23,6 +23,8 @@
 
 struct dm_table {
     dm_policy_t pol;  /* deep copy: pol.rules points into this allocation */
+    int nsite;        /* call-site rules (module / function) */
+    int16_t site_rule[DM_SITE_RULES_MAX]; /* site bit -> rule index, ascending */
     int nctx;         /* context rules */
     int key_words;    /* uint64_t words in a context key */
     bool uses_dtype;  /* some rule names a dtype */
@@ -33,8 +35,13 @@ static bool is_ctx_rule(const dm_rule_spec_t *r) {
     return r->nthreads > 0 || r->ntags > 0;
 }
 
+static bool is_site_rule(const dm_rule_spec_t *r) {
+    return r->nmodules > 0 || r->nfunctions > 0;
+}
+
 /* A compiled table trusts nothing about where the policy came from. */
 static bool policy_sane(const dm_policy_t *p) {
+    int nsite = 0;
     if (p->nrules < 0 || p->nrules > DM_RULES_MAX || (p->nrules && !p->rules) ||
         p->narenas < 1 || p->narenas > DM_ARENAS_MAX ||
         p->default_arena < 0 || p->default_arena >= p->narenas ||
@@ -43,10 +50,13 @@ static bool policy_sane(const dm_policy_t *p) {
     for (int i = 0; i < p->nrules; i++) {
         const dm_rule_spec_t *r = &p->rules[i];
         if (r->arena < 0 || r->arena >= p->narenas || r->nthreads < 0 ||
-            r->nthreads > DM_GLOBS_MAX || r->ntags < 0 || r->ntags > DM_GLOBS_MAX)
+            r->nthreads > DM_GLOBS_MAX || r->ntags < 0 || r->ntags > DM_GLOBS_MAX ||
+            r->nmodules < 0 || r->nmodules > DM_SITE_GLOBS_MAX || r->nfunctions < 0 ||
+            r->nfunctions > DM_SITE_GLOBS_MAX)
             return false;
+        nsite += is_site_rule(r);
     }
-    return true;
+    return nsite <= DM_SITE_RULES_MAX;
 }
 
 int dm_table_compile(const dm_policy_t *p, dm_table_t **out) {
@@ -64,11 +74,14 @@ int dm_table_compile(const dm_policy_t *p, dm_table_t **out) {
     if (n)
         memcpy(t->pol.rules, p->rules, n * sizeof(dm_rule_spec_t));
     t->nctx = 0;
+    t->nsite = 0;
     t->uses_dtype = false;
     for (size_t i = 0; i < n; i++) {
         const dm_rule_spec_t *r = &t->pol.rules[i];
         t->ctx_bit[i] = is_ctx_rule(r) ? (int16_t)t->nctx++ : -1;
         t->uses_dtype |= r->dtypes != 0;
+        if (is_site_rule(r))
+            t->site_rule[t->nsite++] = (int16_t)i;
     }
     t->key_words = (t->nctx + 63) / 64;
     *out = t;
@@ -119,6 +132,50 @@ bool dm__rule_ctx_match(const dm_rule_spec_t *r, const dm_context_t *ctx) {
     for (int i = 0; ok && i < r->ntags; i++)
         ok = dm__ctx_has_tag(ctx, r->tags[i]);
     return ok;
+}
+
+static bool any_glob(const char (*v)[DM_NAME_MAX], int n, const char *s) {
+    bool any = n == 0;
+    for (int i = 0; !any && i < n; i++)
+        any = fnmatch(v[i], s, 0) == 0;
+    return any;
+}
+
+bool dm__rule_site_match(const dm_rule_spec_t *r, const char *module, const char *function) {
+    if (!is_site_rule(r))
+        return true;
+    if (!module || !function) /* unknown site */
+        return false;
+    return any_glob(r->modules, r->nmodules, module) &&
+           any_glob(r->functions, r->nfunctions, function);
+}
+
+/* ---- call sites ------------------------------------------------------------ */
+
+bool dm_table_uses_site(const dm_table_t *t) { return t->nsite > 0; }
+
+uint64_t dm_table_site_mask(const dm_table_t *t, const char *module, const char *function) {
+    uint64_t m = 0;
+    for (int b = 0; b < t->nsite; b++)
+        if (dm__rule_site_match(&t->pol.rules[t->site_rule[b]], module, function))
+            m |= UINT64_C(1) << b;
+    return m;
+}
+
+int dm_table_site_pick(const dm_table_t *t, const dm_view_t *v, uint64_t mask, size_t size,
+                       int dt, int rule) {
+    for (mask &= v->site_ok; mask; mask &= mask - 1) {
+        int i = t->site_rule[__builtin_ctzll(mask)];
+        if (i >= rule) /* bits ascend with rule order: nothing earlier is left */
+            break;
+        const dm_rule_spec_t *r = &t->pol.rules[i];
+        if (size < r->size_min || size > r->size_max)
+            continue;
+        if (r->dtypes && (dt <= DM_DT_UNKNOWN || dt >= 32 || !(r->dtypes >> dt & 1)))
+            continue;
+        return i;
+    }
+    return rule;
 }
 
 void dm_table_ctx_key(const dm_table_t *t, const dm_context_t *ctx,
@@ -184,10 +241,17 @@ dm_view_t *dm_table_view_build(const dm_table_t *t, const uint64_t *key) {
     dm_view_t *v = NULL;
     if (!kept || !tmp)
         goto out;
-    for (int i = 0; i < n; i++) {
+    uint64_t site_ok = 0;
+    for (int i = 0, sb = 0; i < n; i++) {
         int b = t->ctx_bit[i];
-        if (b < 0 || (key && (key[b / 64] >> (b % 64) & 1)))
+        bool ctx_ok = b < 0 || (key && (key[b / 64] >> (b % 64) & 1));
+        if (is_site_rule(&t->pol.rules[i])) { /* decided per allocation, not here */
+            if (ctx_ok)
+                site_ok |= UINT64_C(1) << sb;
+            sb++;
+        } else if (ctx_ok) {
             kept[nkept++] = i;
+        }
     }
     uint32_t nb = collect_bounds(t, kept, nkept, tmp);
     uint32_t width = t->uses_dtype ? DM_DT_SLOTS : 1;
@@ -199,6 +263,7 @@ dm_view_t *dm_table_view_build(const dm_table_t *t, const uint64_t *key) {
     memcpy(bounds, tmp, nb * sizeof *bounds);
     for (uint32_t i = 0; i < nb; i++)
         fill_row(t, kept, nkept, bounds[i], width, slots + (size_t)i * width);
+    v->site_ok = site_ok;
     v->nbounds = nb;
     v->dt_mask = width - 1;
     v->row_width = width;

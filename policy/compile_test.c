@@ -139,7 +139,7 @@ static long checked;
 
 static void check_view(const dm_policy_t *p, const dm_table_t *t, const ctx_t *c,
                        const char *why) {
-    dm_context_t dc = {c->thread, c->tags, c->ntags};
+    dm_context_t dc = {c->thread, c->tags, c->ntags, NULL, NULL};
     uint64_t key[DM_RULES_MAX / 64 + 1];
     size_t sizes[400];
     char msg[160], expl[1 << 14];
@@ -222,7 +222,7 @@ static void test_explain(void) {
     dm_table_t *t = compile_yaml(policy);
     char buf[2048];
     const char *tags[] = {"ingest"};
-    dm_context_t main_ctx = {"main", NULL, 0}, loader = {"loader-3", tags, 1};
+    dm_context_t main_ctx = {"main", NULL, 0, NULL, NULL}, loader = {"loader-3", tags, 1, NULL, NULL};
     if (!t)
         return;
     EXPECT_INT_EQ(dm_table_explain(t, &main_ctx, 1 << 20, DM_DT_FLOAT64, buf, sizeof buf),

@@ -57,6 +57,22 @@ static int why_not(dm__sbuf_t *b, const dm_rule_spec_t *r,
     for (int i = 0; i < r->ntags; i++)
         if (!dm__ctx_has_tag(ctx, r->tags[i]))
             REASON("tag '%s' not set", r->tags[i]);
+    const char *module = ctx ? ctx->module : NULL, *function = ctx ? ctx->function : NULL;
+    if ((r->nmodules || r->nfunctions) && !dm__rule_site_match(r, module, function)) {
+        if (!module || !function) {
+            REASON("call site unknown (give --module and --function)");
+        } else {
+            REASON("call site %s (%s) does not match", function, module);
+            if (r->nmodules) {
+                dm__sb_printf(b, " module ");
+                put_list(b, r->modules, r->nmodules);
+            }
+            if (r->nfunctions) {
+                dm__sb_printf(b, " function ");
+                put_list(b, r->functions, r->nfunctions);
+            }
+        }
+    }
 #undef REASON
     return n;
 }

@@ -151,6 +151,7 @@ void dm__policy_validate(dm__pctx_t *c);
 
 /* Rule matching shared by compile.c and explain.c (ctx may be NULL). */
 bool dm__rule_ctx_match(const dm_rule_spec_t *r, const dm_context_t *ctx);
+bool dm__rule_site_match(const dm_rule_spec_t *r, const char *module, const char *function);
 bool dm__rule_thread_match(const dm_rule_spec_t *r, const char *thread);
 bool dm__ctx_has_tag(const dm_context_t *ctx, const char *tag);
 

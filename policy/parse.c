@@ -644,6 +644,13 @@ static void parse_list_item(dm__pctx_t *c, int row, int node, void *sect) {
     bool glob = r->type == DM_ST_GLOBS;
     int *count = glob ? &rule->nthreads : &rule->ntags;
     char(*dst)[DM_NAME_MAX] = glob ? rule->threads : rule->tags;
+    int cap = DM_GLOBS_MAX;
+    if (row == DM_SK_MATCH_MODULE || row == DM_SK_MATCH_FUNCTION) {
+        bool mod = row == DM_SK_MATCH_MODULE;
+        count = mod ? &rule->nmodules : &rule->nfunctions;
+        dst = mod ? rule->modules : rule->functions;
+        cap = DM_SITE_GLOBS_MAX;
+    }
     if (strlen(s) > r->max)
         ERR(c, node, "%s is %zu bytes long; at most %llu allowed", q, strlen(s),
             (unsigned long long)r->max);
@@ -651,11 +658,11 @@ static void parse_list_item(dm__pctx_t *c, int row, int node, void *sect) {
         ERR(c, node, "invalid glob %s: %s", q, why);
     else if (!glob && !dm__name_valid(s))
         ERR(c, node, "invalid tag %s: tags match [A-Za-z_][A-Za-z0-9_-]*", q);
-    else if (*count == DM_GLOBS_MAX)
-        ERR(c, node, "too many entries: at most %d", DM_GLOBS_MAX);
+    else if (*count == cap)
+        ERR(c, node, "too many entries: at most %d", cap);
     else {
         memcpy(dst[(*count)++], s, strlen(s) + 1);
-        if (glob && c->lint)
+        if (row == DM_SK_MATCH_THREAD && c->lint)
             warn_pool_glob(c, node, s);
     }
 }

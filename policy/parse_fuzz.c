@@ -32,7 +32,13 @@ static void fuzz_values(const uint8_t *data, size_t size) {
 static void fuzz_table(const dm_table_t *t, const uint8_t *data, size_t size) {
     static char buf[1 << 16];
     const char *tags[] = {"ingest", "batch", "a"};
-    const dm_context_t ctxs[] = {{"main", NULL, 0}, {"loader-1", tags, 3}, {NULL, tags, 1}};
+    /* The last two have a call site: the view's answer corrected by the site
+     * rules (dm_table_site_pick) must agree with explain's rule-by-rule walk. */
+    const dm_context_t ctxs[] = {{"main", NULL, 0, NULL, NULL},
+                                 {"loader-1", tags, 3, NULL, NULL},
+                                 {NULL, tags, 1, NULL, NULL},
+                                 {"main", NULL, 0, "mypkg.loader", "mypkg.loader.read_csv"},
+                                 {"loader-1", tags, 2, "app", "app.Job.run"}};
     uint64_t key[DM_RULES_MAX / 64 + 1];
     dm_table_dump(t, buf, sizeof buf);
     for (size_t c = 0; c < sizeof ctxs / sizeof ctxs[0]; c++) {
@@ -45,6 +51,10 @@ static void fuzz_table(const dm_table_t *t, const uint8_t *data, size_t size) {
             memcpy(&sz, data + i, sizeof sz);
             int dt = data[i] % DM_DT_COUNT;
             int got = dm_view_lookup(v, sz, dt);
+            if (ctxs[c].module)
+                got = dm_table_site_pick(t, v,
+                                         dm_table_site_mask(t, ctxs[c].module, ctxs[c].function),
+                                         sz, dt, got);
             int want = dm_table_explain(t, &ctxs[c], sz, dt, buf, sizeof buf);
             if (got != want) /* the view and the slow path must agree */
                 abort();

@@ -28,6 +28,8 @@ extern "C" {
 #define DM_ARENAS_MAX 64        /* arenas in one policy */
 #define DM_RULES_MAX 1024       /* rules in one policy */
 #define DM_GLOBS_MAX 16         /* thread globs / tags in one rule */
+#define DM_SITE_GLOBS_MAX 4     /* module / function globs in one rule */
+#define DM_SITE_RULES_MAX 64    /* rules with a module or function part */
 #define DM_NODES_MAX 64         /* NUMA nodes a policy can name (bitmask) */
 #define DM_POLICY_FILE_MAX (1u << 20) /* policy files larger than 1 MiB are refused */
 
@@ -138,6 +140,14 @@ typedef struct dm_rule_spec {
     char threads[DM_GLOBS_MAX][DM_NAME_MAX];
     int ntags;              /* tags, all must be set; 0 = any context */
     char tags[DM_GLOBS_MAX][DM_NAME_MAX];
+    /* The call site (the innermost Python frame outside NumPy, pandas, SciPy,
+     * scikit-learn and datamem): globs on its module's __name__ and on its
+     * qualified function name "module.qualname"; any one of each list may
+     * match; 0 = any site, known or not. */
+    int nmodules;
+    char modules[DM_SITE_GLOBS_MAX][DM_NAME_MAX];
+    int nfunctions;
+    char functions[DM_SITE_GLOBS_MAX][DM_NAME_MAX];
     int arena;              /* index into dm_policy_t.arenas */
     int line, col;
 } dm_rule_spec_t;
@@ -221,6 +231,8 @@ typedef struct dm_context {
     const char *thread;      /* thread name, "" if unknown */
     const char *const *tags; /* tags set with datamem.tag(), any order */
     int ntags;
+    const char *module;      /* call site (explain only); NULL: unknown */
+    const char *function;    /* "module.qualname"; NULL: unknown */
 } dm_context_t;
 
 /* A view is the table specialised to one context: rules whose thread/tag parts
@@ -231,6 +243,7 @@ typedef struct dm_context {
  * policy has no dtype rule: dt_mask == 0). A slot is a rule index; nrules
  * means "the default arena". */
 typedef struct dm_view {
+    uint64_t site_ok;        /* site rules (by site bit) whose thread/tag parts match */
     uint32_t nbounds;
     uint32_t dt_mask;        /* DM_DT_SLOTS - 1, or 0 when no rule uses dtype */
     uint32_t row_width;      /* DM_DT_SLOTS or 1 */
@@ -256,6 +269,16 @@ int dm_table_rule_arena(const dm_table_t *t, int rule);
 int dm_table_ctx_key_words(const dm_table_t *t);
 void dm_table_ctx_key(const dm_table_t *t, const dm_context_t *ctx,
                       uint64_t *key);
+
+/* Call-site rules (match.module / match.function) are not in views: a view
+ * lookup ignores them. An allocation whose call site is known brings a site
+ * mask (dm_table_site_mask: bit b = site rule b's globs match the site, cached
+ * per code object by the caller), and dm_table_site_pick lets the first such
+ * rule that precedes the view's answer and matches size and dtype win. */
+bool dm_table_uses_site(const dm_table_t *t);
+uint64_t dm_table_site_mask(const dm_table_t *t, const char *module, const char *function);
+int dm_table_site_pick(const dm_table_t *t, const dm_view_t *v, uint64_t mask, size_t size,
+                       int dt, int rule);
 
 /* Builds the view for a context key (malloc'ed; free with dm_view_free).
  * key == NULL means no context rule matches. Returns NULL when out of memory. */

@@ -48,6 +48,8 @@ static bool has_name(const char (*v)[DM_NAME_MAX], int n, const char *s) {
 
 /* Whether rule a matches every allocation that rule b matches. */
 static bool covers(const dm_rule_spec_t *a, const dm_rule_spec_t *b) {
+    if (a->nmodules || a->nfunctions) /* a call-site rule: no claim about b's sites */
+        return false;
     if (a->size_min > b->size_min || a->size_max < b->size_max)
         return false;
     if (a->dtypes && (!b->dtypes || (b->dtypes & ~a->dtypes)))
@@ -104,7 +106,25 @@ static void warn_unused(dm__pctx_t *c) {
     }
 }
 
+/* Call-site rules each own a bit of a 64-bit site mask. */
+static void check_site_rules(dm__pctx_t *c) {
+    const dm_policy_t *p = c->p;
+    int n = 0;
+    for (int i = 0; i < p->nrules; i++) {
+        const dm_rule_spec_t *r = &p->rules[i];
+        if (!(r->nmodules || r->nfunctions) || ++n <= DM_SITE_RULES_MAX)
+            continue;
+        char path[32];
+        snprintf(path, sizeof path, "rules[%d]", i);
+        dm__diag_add(c->ds, DM_SEV_ERROR, r->line, r->col, path,
+                     "too many rules with a module or function part: at most %d",
+                     DM_SITE_RULES_MAX);
+        return;
+    }
+}
+
 void dm__policy_validate(dm__pctx_t *c) {
+    check_site_rules(c);
     for (int i = 0; i < c->nrefs; i++)
         resolve_one(c, &c->refs[i]);
     if (c->ds->d->nerrors || c->nomem)

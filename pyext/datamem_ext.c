@@ -132,17 +132,27 @@ static __attribute__((noinline)) int h_dtype(size_t size) {
     return dm_runtime_wants_dtype() ? probe_dtype(size) : DM_DT_UNKNOWN;
 }
 
+static void *h_alloc_hooked(void *ctx, size_t size, int zero);
+
+/* Whether this allocation needs its dtype or its call site: one load each,
+ * both almost always zero. */
+static inline int h_hooked(void) {
+    return dtype_hooks_on | atomic_load_explicit(&dm_runtime_site_rules, memory_order_relaxed);
+}
+
 static void *h_malloc(void *ctx, size_t size) {
-    int dt = __builtin_expect(dtype_hooks_on, 0) ? h_dtype(size) : DM_DT_UNKNOWN;
-    return dm_alloc(ctx, size, dt);
+    if (__builtin_expect(h_hooked(), 0))
+        return h_alloc_hooked(ctx, size, 0);
+    return dm_alloc(ctx, size, DM_DT_UNKNOWN);
 }
 
 static void *h_calloc(void *ctx, size_t nelem, size_t elsize) {
     if (elsize && nelem > SIZE_MAX / elsize)
         return NULL;
     size_t size = nelem * elsize;
-    int dt = __builtin_expect(dtype_hooks_on, 0) ? h_dtype(size) : DM_DT_UNKNOWN;
-    return dm_calloc(ctx, size, dt);
+    if (__builtin_expect(h_hooked(), 0))
+        return h_alloc_hooked(ctx, size, 1);
+    return dm_calloc(ctx, size, DM_DT_UNKNOWN);
 }
 
 static void *h_realloc(void *ctx, void *ptr, size_t size) {
@@ -233,6 +243,7 @@ typedef struct code_entry {
     PyObject *code;
     char *module, *function, *file; /* function: module.qualname */
     bool internal;                  /* numpy, pandas, scipy, sklearn, datamem */
+    uint64_t site_mask, site_gen;   /* call-site rules matching it, for install site_gen */
 } code_entry_t;
 
 static code_entry_t **code_tab;
@@ -347,6 +358,55 @@ static code_entry_t *code_lookup(PyObject *co, PyFrameObject *f) {
     code_tab[j] = e;
     code_n++;
     return e;
+}
+
+/* ---- call-site rules ---------------------------------------------------------
+ * The call site is the innermost frame outside internal_packages (the same
+ * frame the profile records). Its mask over the policy's site rules is cached
+ * in the code object's entry with the install number it was computed for, so a
+ * warm site costs a frame walk and two compares; a reload makes every entry
+ * recompute once. Without the GIL (NumPy's realloc in fromfile/fromstring, or
+ * any call from a C thread) the site is unknown: mask 0, no Python touched. */
+
+static uint64_t site_mask_now(uint64_t *gen) {
+    if (!PyGILState_Check())
+        return 0;
+    PyObject *et = NULL, *ev = NULL, *tb = NULL;
+    bool had_error = PyErr_Occurred() != NULL; /* an allocation may happen while one is set */
+    if (had_error)
+        PyErr_Fetch(&et, &ev, &tb);
+    uint64_t mask = 0, want = dm_runtime_site_gen();
+    PyFrameObject *f = PyEval_GetFrame();
+    Py_XINCREF(f);
+    while (f) {
+        PyCodeObject *co = PyFrame_GetCode(f);
+        code_entry_t *e = co ? code_lookup((PyObject *)co, f) : NULL;
+        Py_XDECREF(co);
+        if (e && !e->internal) {
+            if (e->site_gen != want || e->site_gen == 0)
+                e->site_mask = dm_runtime_site_mask(e->module, e->function, &e->site_gen);
+            mask = e->site_mask;
+            *gen = e->site_gen;
+            break;
+        }
+        PyFrameObject *back = PyFrame_GetBack(f);
+        Py_DECREF(f);
+        f = back;
+    }
+    Py_XDECREF(f);
+    if (had_error)
+        PyErr_Restore(et, ev, tb);
+    else
+        PyErr_Clear();
+    return mask;
+}
+
+static __attribute__((noinline)) void *h_alloc_hooked(void *ctx, size_t size, int zero) {
+    int dt = dtype_hooks_on ? h_dtype(size) : DM_DT_UNKNOWN;
+    uint64_t gen = 0, mask = 0;
+    if (atomic_load_explicit(&dm_runtime_site_rules, memory_order_relaxed))
+        mask = site_mask_now(&gen);
+    return zero ? dm_calloc_site(ctx, size, dt, mask, gen) : dm_alloc_site(ctx, size, dt, mask, gen);
 }
 
 /* Walks the Python stack (GIL held): frames innermost first, up to the call
@@ -879,11 +939,12 @@ static PyObject *py_check(PyObject *self, PyObject *args) {
 
 /* explain(path, size, dtype_name, thread, tags, table) -> text */
 static PyObject *py_explain(PyObject *self, PyObject *args) {
-    const char *path, *dtype, *thread;
+    const char *path, *dtype, *thread, *module = NULL, *function = NULL;
     unsigned long long size;
     PyObject *tags;
     int table;
-    if (!PyArg_ParseTuple(args, "sKssOp", &path, &size, &dtype, &thread, &tags, &table))
+    if (!PyArg_ParseTuple(args, "sKssOp|zz", &path, &size, &dtype, &thread, &tags, &table,
+                          &module, &function))
         return NULL;
     int dt = -1;
     for (int i = 0; i < DM_DT_COUNT; i++)
@@ -930,7 +991,7 @@ static PyObject *py_explain(PyObject *self, PyObject *args) {
     if (table)
         dm_table_dump(t, buf, cap);
     else {
-        dm_context_t ctx = {thread, tagv, (int)ntags};
+        dm_context_t ctx = {thread, tagv, (int)ntags, module, function};
         dm_table_explain(t, &ctx, (size_t)size, dt, buf, cap);
     }
     res = PyUnicode_FromString(buf);
@@ -1035,6 +1096,11 @@ static PyObject *py_last_failure(PyObject *self, PyObject *unused) {
                          (unsigned long long)f.limit, "live", (unsigned long long)f.live,
                          "fallback_tried", f.fallback_tried ? Py_True : Py_False, "count",
                          (unsigned long long)f.seq);
+}
+
+/* site_rules_active() -> whether the handler looks up call sites */
+static PyObject *py_site_rules_active(PyObject *self, PyObject *unused) {
+    return PyBool_FromLong(atomic_load_explicit(&dm_runtime_site_rules, memory_order_relaxed));
 }
 
 /* set_threads_not_covered(names): for /metrics and /stats.json */
@@ -1163,6 +1229,7 @@ static PyObject *py_profile_info(PyObject *self, PyObject *unused) {
 
 static PyMethodDef methods[] = {
     {"last_failure", py_last_failure, METH_NOARGS, "last_failure() -> the thread's last limit refusal, or None"},
+    {"site_rules_active", py_site_rules_active, METH_NOARGS, "whether call-site rules are in force"},
     {"set_threads_not_covered", py_set_threads_not_covered, METH_O, "set_threads_not_covered(names)"},
     {"set_cudart", py_set_cudart, METH_VARARGS, "set_cudart(path): the CUDA runtime for pinned: cuda"},
     {"fault_lock", py_fault_lock, METH_VARARGS, "fault_lock(n): the next n page-locks fail (tests)"},
@@ -1210,6 +1277,9 @@ PyMODINIT_FUNC PyInit__ext(void) {
         PyErr_SetString(PyExc_RuntimeError, "datamem: runtime initialisation failed");
         return NULL;
     }
+    /* The call-site cache (profiles and call-site rules) keys on this. */
+    if (!name_key && !(name_key = PyUnicode_InternFromString("__name__")))
+        return NULL;
     PyObject *m = PyModule_Create(&module);
     if (!m)
         return NULL;

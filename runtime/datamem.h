@@ -75,6 +75,19 @@ DM_API void *dm_calloc(const dm_ctx_t *c, size_t size, int dt);
 DM_API void *dm_realloc(const dm_ctx_t *c, void *p, size_t size);
 DM_API void dm_free(void *p);
 
+/* Call-site rules (match.module / match.function). The caller knows the site
+ * (the Python layer: the innermost frame outside NumPy and friends) and gets
+ * its mask with dm_runtime_site_mask (slow: takes the runtime mutex; cache it
+ * per code object together with `gen`, recomputed when dm_runtime_site_gen()
+ * moves on). mask == 0 is exactly dm_alloc / dm_calloc. */
+DM_API void *dm_alloc_site(const dm_ctx_t *c, size_t size, int dt, uint64_t mask, uint64_t gen);
+DM_API void *dm_calloc_site(const dm_ctx_t *c, size_t size, int dt, uint64_t mask, uint64_t gen);
+DM_API uint64_t dm_runtime_site_mask(const char *module, const char *function, uint64_t *gen);
+DM_API uint64_t dm_runtime_site_gen(void);
+/* Nonzero while the table in force has call-site rules: one load, for the
+ * handler to skip finding call sites when none is needed. */
+DM_API extern _Atomic int dm_runtime_site_rules;
+
 /* Whether the current table has any dtype rule (the Python layer skips dtype
  * discovery when not). One acquire-load. */
 DM_API bool dm_runtime_wants_dtype(void);

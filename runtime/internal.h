@@ -131,6 +131,7 @@ typedef struct rt_table {
     rt_slot_t *slots;            /* nrules + 1 */
     int nslots;
     bool uses_dtype;
+    uint64_t seq;                /* its install number (site masks name it) */
     int fallback;                /* slot index of the fallback arena, or -1 */
     rt_slot_t fallback_slot;
     _Atomic int refs;

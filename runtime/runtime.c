@@ -406,7 +406,7 @@ static const dm_view_t *view_for(rt_table_t *tab, const dm_ctx_t *c, const char 
     uint64_t *key = words <= 16 ? stack_key : calloc((size_t)words, sizeof(uint64_t));
     if (!key)
         return NULL;
-    dm_context_t ctx = {thread, (const char *const *)c->tags, c->ntags};
+    dm_context_t ctx = {thread, (const char *const *)c->tags, c->ntags, NULL, NULL};
     dm_table_ctx_key(tab->table, &ctx, key);
     const dm_view_t *v = NULL;
     for (rt_view_entry_t *e = tab->views; e && !v; e = e->next)
@@ -737,17 +737,9 @@ static void memo_fill(dm_tls_t *t, unsigned k) {
     m->state = DM_MEMO_CACHED;
 }
 
-static __attribute__((noinline)) void *alloc_slow(dm_tls_t *t, const dm_ctx_t *c, size_t size,
-                                                  int dt, int zero) {
-    int r;
-    const rt_slot_t *s = route(t, c, size, dt, &r);
-    if (DM_UNLIKELY(!s))
-        return NULL;
-    if (size - 1 < DM_SC_MAX) { /* the cached path, next time */
-        unsigned k = dm_sc_index(size);
-        if (t->memo[k].state == DM_MEMO_UNKNOWN)
-            memo_fill(t, k);
-    }
+/* Serves slot `s` (rule `r`) and counts it; a failure goes to alloc_failed. */
+static inline __attribute__((always_inline)) void *
+alloc_counted(dm_tls_t *t, const rt_slot_t *s, int r, size_t size, int dt, int zero) {
     void *p = slot_alloc(t, s, size, zero);
     if (DM_UNLIKELY(!p))
         return alloc_failed(t, t->table, s, r, size, zero);
@@ -760,6 +752,55 @@ static __attribute__((noinline)) void *alloc_slow(dm_tls_t *t, const dm_ctx_t *c
     DM_CTR_ADD(rc->ndtype_known, dt != DM_DT_UNKNOWN);
     return p;
 }
+
+static __attribute__((noinline)) void *alloc_slow(dm_tls_t *t, const dm_ctx_t *c, size_t size,
+                                                  int dt, int zero) {
+    int r;
+    const rt_slot_t *s = route(t, c, size, dt, &r);
+    if (DM_UNLIKELY(!s))
+        return NULL;
+    if (size - 1 < DM_SC_MAX) { /* the cached path, next time */
+        unsigned k = dm_sc_index(size);
+        if (t->memo[k].state == DM_MEMO_UNKNOWN)
+            memo_fill(t, k);
+    }
+    return alloc_counted(t, s, r, size, dt, zero);
+}
+
+/* A call site whose module/function matches some site rule (mask != 0): the
+ * view's answer, then the first earlier site rule that matches size and dtype
+ * (dm_table_site_pick). Never the block cache's memo, which knows sizes only.
+ * The mask was computed against the table of install number `gen`; after a
+ * reload its bits mean other rules, so it is dropped (the allocation is routed
+ * as if its site were unknown, once, until the caller's cache catches up). */
+static __attribute__((noinline)) void *alloc_site(dm_tls_t *t, const dm_ctx_t *c, size_t size,
+                                                  int dt, uint64_t mask, uint64_t gen, int zero) {
+    int r;
+    const rt_slot_t *s = route(t, c, size, dt, &r);
+    if (DM_UNLIKELY(!s))
+        return NULL;
+    if (DM_LIKELY(t->table->seq == gen)) {
+        r = dm_table_site_pick(t->table->table, t->view, mask, size, dt, r);
+        s = &t->table->slots[r];
+    }
+    return alloc_counted(t, s, r, size, dt, zero);
+}
+
+_Atomic int dm_runtime_site_rules;
+static _Atomic uint64_t site_gen; /* install number of the table in force */
+
+uint64_t dm_runtime_site_mask(const char *module, const char *function, uint64_t *gen) {
+    uint64_t m = 0;
+    pthread_mutex_lock(&dm__mu); /* the table in force cannot be retired meanwhile */
+    rt_table_t *tab = atomic_load_explicit(&g_table, memory_order_relaxed);
+    if (tab)
+        m = dm_table_site_mask(tab->table, module, function);
+    *gen = tab ? tab->seq : 0;
+    pthread_mutex_unlock(&dm__mu);
+    return m;
+}
+
+uint64_t dm_runtime_site_gen(void) { return atomic_load_explicit(&site_gen, memory_order_acquire); }
 
 /* A block leaves through the cached path: tag it with its class and arena,
  * and count it. */
@@ -832,6 +873,19 @@ void *dm_calloc(const dm_ctx_t *c, size_t size, int dt) {
     if (DM_UNLIKELY(size >= DM_BIG_THP_MIN))
         return alloc_big(c, size, dt, true);
     return alloc_impl(c, size, dt, MALLOCX_ZERO);
+}
+
+/* With a call site's mask (see datamem.h); mask == 0: dm_alloc / dm_calloc. */
+void *dm_alloc_site(const dm_ctx_t *c, size_t size, int dt, uint64_t mask, uint64_t gen) {
+    if (!mask)
+        return dm_alloc(c, size, dt);
+    return alloc_site(tls_fast(), c, size, dt, mask, gen, 0);
+}
+
+void *dm_calloc_site(const dm_ctx_t *c, size_t size, int dt, uint64_t mask, uint64_t gen) {
+    if (!mask)
+        return dm_calloc(c, size, dt);
+    return alloc_site(tls_fast(), c, size, dt, mask, gen, MALLOCX_ZERO);
 }
 
 static __attribute__((noinline)) void free_slow(dm_tls_t *t, void *p, _Atomic uint64_t *w,
@@ -1120,7 +1174,10 @@ int dm_runtime_install(dm_policy_t *p, dm_diags_t *d) {
     if (p->fallback_arena >= 0)
         slot_init(&tab->fallback_slot, byspec[p->fallback_arena], &p->arenas[p->fallback_arena]);
     rt_table_t *old = atomic_load_explicit(&g_table, memory_order_relaxed);
+    tab->seq = reloads + 1;
     atomic_store_explicit(&g_table, tab, memory_order_release);
+    atomic_store_explicit(&site_gen, tab->seq, memory_order_release);
+    atomic_store_explicit(&dm_runtime_site_rules, dm_table_uses_site(tt), memory_order_release);
     reloads++;
     last_reload_failed = false;
     struct timespec ts;

@@ -91,10 +91,13 @@ def check(policy):
     return _check(os.fspath(policy))
 
 
-def explain(policy, size, dtype="unknown", thread="MainThread", tags=(), table=False):
-    """Which rule and arena would serve an allocation, and why earlier rules did not."""
+def explain(policy, size, dtype="unknown", thread="MainThread", tags=(), table=False,
+            module=None, function=None):
+    """Which rule and arena would serve an allocation, and why earlier rules did not.
+    `module` and `function` ("module.qualname") name the call site for rules with
+    match.module / match.function; None: unknown, as for a realloc."""
     from .__main__ import explain as _explain
-    return _explain(os.fspath(policy), size, dtype, thread, tags, table)
+    return _explain(os.fspath(policy), size, dtype, thread, tags, table, module, function)
 
 
 def stats():

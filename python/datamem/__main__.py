@@ -4,6 +4,7 @@
   reload PID | --all                  ask a running job (or every datamem process of this
                                       user) to reload its policy (SIGHUP, opt-in)
   explain POLICY --size 8MiB [--dtype float32] [--thread NAME] [--tag T ...] [--table]
+          [--module MOD] [--function MOD.QUALNAME]
                                       which rule and arena serve an allocation, and why
                                       each earlier rule did not match
   profile [--out DIR] [--sample BYTES | --full] [--stacks] [--policy P] -- CMD ...
@@ -45,9 +46,13 @@ def check(path):
     return _ext.check(path)
 
 
-def explain(path, size, dtype="unknown", thread="MainThread", tags=(), table=False):
+def explain(path, size, dtype="unknown", thread="MainThread", tags=(), table=False,
+            module=None, function=None):
     """Explains which rule and arena would serve an allocation (or dumps the table)."""
-    return _ext.explain(path, int(size), dtype, thread, list(tags), bool(table))
+    if function is not None and module is None and "." in function:
+        module = function.rsplit(".", 1)[0]  # a plain function's module; give --module for methods
+    return _ext.explain(path, int(size), dtype, thread, list(tags), bool(table), module,
+                        function)
 
 
 def catches_sighup(pid):
@@ -148,6 +153,9 @@ def main(argv=None):
     e.add_argument("--thread", default="MainThread")
     e.add_argument("--tag", action="append", default=[])
     e.add_argument("--table", action="store_true", help="print the compiled table")
+    e.add_argument("--module", help="the call site's module (match.module)")
+    e.add_argument("--function", help="the call site's qualified function, module.qualname "
+                   "(match.function)")
     r = sub.add_parser("reload", help="ask a running process to reload its policy (SIGHUP)")
     r.add_argument("pid", type=int, nargs="?")
     r.add_argument("--all", action="store_true",
@@ -196,7 +204,8 @@ def main(argv=None):
     if not ok:
         return 1
     try:
-        sys.stdout.write(explain(a.policy, a.size or 0, a.dtype, a.thread, a.tag, a.table))
+        sys.stdout.write(explain(a.policy, a.size or 0, a.dtype, a.thread, a.tag, a.table,
+                                 a.module, a.function))
     except _ext.PolicyError as err:
         sys.stderr.write(str(err) + "\n")
         return 1

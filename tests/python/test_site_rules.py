@@ -1,0 +1,159 @@
+"""Call-site rules (issue 13): `match: {module: ...}` and `match: {function: ...}`
+route an array by the code that made it: the innermost Python frame outside
+NumPy, pandas, SciPy, scikit-learn and datamem (the frame a profile records).
+"""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+from conftest import ROOT
+
+LOADER = textwrap.dedent("""\
+    import numpy as np
+
+    def read_batch(n):
+        return np.ones(n)            # np.ones is NumPy's Python code: the site is here
+
+    class Reader:
+        def read(self, n):
+            return np.empty(n)
+
+    def grow(a, n):
+        a.resize(n, refcheck=False)  # NumPy's realloc: the site is not looked at
+        return a
+""")
+
+POLICY = textwrap.dedent("""\
+    version: 1
+    default: general
+    arenas:
+      general: {}
+      loading: {}
+      readers: {}
+    rules:
+      - name: reader
+        match: {function: "mypkg.loader.Reader.*"}
+        arena: readers
+      - name: small
+        match: {size: {max: 512}}
+        arena: general
+      - name: loader
+        match: {module: ["mypkg.*", "other"], thread: "Main*"}
+        arena: loading
+""")
+
+
+def run(tmp_path, code, policy=POLICY, env=None):
+    pkg = tmp_path / "mypkg"
+    pkg.mkdir(exist_ok=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "loader.py").write_text(LOADER)
+    pol = tmp_path / "policy.yaml"
+    pol.write_text(policy)
+    e = dict(os.environ, DATAMEM_CONFIG=str(pol), PYTHONPATH=str(tmp_path))
+    e.update(env or {})
+    return subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True,
+                          timeout=120, cwd=str(tmp_path))
+
+
+def test_rules_route_by_module_and_function(tmp_path):
+    code = r"""
+import json, threading, numpy as np, datamem
+from mypkg.loader import read_batch, Reader, grow
+out = {
+    "loader_big": datamem.arena_of(read_batch(1000)),
+    "loader_small": datamem.arena_of(read_batch(10)),  # the earlier 'small' rule wins
+    "method": datamem.arena_of(Reader().read(1000)),
+    "main": datamem.arena_of(np.ones(1000)),           # __main__ matches no rule
+}
+t = threading.Thread(target=lambda: out.__setitem__("thread", datamem.arena_of(read_batch(1000))),
+                     name="worker")
+t.start(); t.join()                                     # 'loader' wants Main* threads
+a = read_batch(1000)
+out["grown"] = datamem.arena_of(grow(a, 100000))       # realloc: site unknown
+s = datamem.stats()["rules"]
+out["counts"] = {k: v["allocations"] for k, v in s.items() if k != "default"}
+print(json.dumps(out))
+"""
+    r = run(tmp_path, code)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["loader_big"] == "loading" and out["loader_small"] == "general", out
+    assert out["method"] == "readers" and out["main"] == "general", out
+    assert out["thread"] == "general", out
+    assert out["grown"] == "general", out
+    assert out["counts"]["reader"] == 1 and out["counts"]["loader"] == 2, out
+
+
+def test_a_reload_recomputes_cached_sites(tmp_path):
+    swapped = POLICY.replace('function: "mypkg.loader.Reader.*"', 'function: "mypkg.loader.read_*"')
+    code = r"""
+import json, sys, numpy as np, datamem
+from mypkg.loader import read_batch, Reader
+before = [datamem.arena_of(read_batch(1000)), datamem.arena_of(Reader().read(1000))]
+open("swapped.yaml", "w").write(sys.argv[1])
+datamem.reload("swapped.yaml")
+after = [datamem.arena_of(read_batch(1000)), datamem.arena_of(Reader().read(1000))]
+print(json.dumps([before, after]))
+"""
+    pkg = tmp_path / "mypkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "loader.py").write_text(LOADER)
+    pol = tmp_path / "policy.yaml"
+    pol.write_text(POLICY)
+    e = dict(os.environ, DATAMEM_CONFIG=str(pol), PYTHONPATH=str(tmp_path))
+    r = subprocess.run([sys.executable, "-c", code, swapped], env=e, capture_output=True,
+                       text=True, timeout=120, cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    before, after = json.loads(r.stdout)
+    assert before == ["loading", "readers"], before
+    assert after == ["readers", "loading"], after
+
+
+def test_without_site_rules_nothing_looks_at_frames(tmp_path):
+    plain = "version: 1\ndefault: general\narenas:\n  general: {}\n"
+    code = r"""
+import numpy as np, datamem
+from datamem import _ext
+import mypkg.loader as l
+print(_ext.site_rules_active(), datamem.arena_of(l.read_batch(1000)))
+"""
+    r = run(tmp_path, code, policy=plain)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["False", "general"], r.stdout
+
+
+def test_explain_answers_for_a_call_site(tmp_path):
+    pol = tmp_path / "policy.yaml"
+    pol.write_text(POLICY)
+
+    def explain(*args):
+        r = subprocess.run([sys.executable, "-m", "datamem", "explain", str(pol), "--size",
+                            "8KiB"] + list(args), capture_output=True, text=True, timeout=60,
+                           cwd=ROOT)
+        assert r.returncode == 0, r.stderr
+        return r.stdout
+
+    out = explain("--function", "mypkg.loader.read_batch", "--thread", "MainThread")
+    assert out.splitlines()[-1] == "-> rule 'loader' -> arena 'loading'", out
+    assert "call site mypkg.loader.read_batch (mypkg.loader) does not match function " \
+           "'mypkg.loader.Reader.*'" in out
+    out = explain("--module", "mypkg.loader", "--function", "mypkg.loader.Reader.read")
+    assert out.splitlines()[-1] == "-> rule 'reader' -> arena 'readers'", out
+    out = explain()
+    assert "call site unknown" in out and out.splitlines()[-1] == "-> default arena 'general'"
+
+
+def test_bad_site_globs_are_policy_errors(tmp_path):
+    bad = POLICY.replace('module: ["mypkg.*", "other"]', 'module: [a, b, c, d, e]') \
+                .replace('function: "mypkg.loader.Reader.*"', 'function: "mypkg[.loader"')
+    pol = tmp_path / "bad.yaml"
+    pol.write_text(bad)
+    r = subprocess.run([sys.executable, "-m", "datamem", "check", str(pol)],
+                       capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert r.returncode != 0
+    assert "rules[0].match.function: invalid glob" in r.stderr + r.stdout, r.stderr
+    assert "rules[2].match.module: too many entries: at most 4" in r.stderr + r.stdout
