@@ -879,13 +879,21 @@ void *dm_calloc(const dm_ctx_t *c, size_t size, int dt) {
 void *dm_alloc_site(const dm_ctx_t *c, size_t size, int dt, uint64_t mask, uint64_t gen) {
     if (!mask)
         return dm_alloc(c, size, dt);
-    return alloc_site(tls_fast(), c, size, dt, mask, gen, 0);
+    void *p = alloc_site(tls_fast(), c, size, dt, mask, gen, 0);
+    if (p && size >= DM_BIG_THP_MIN) /* big blocks: as dm_alloc does */
+        dm__big_advise(p, size);
+    return p;
 }
 
 void *dm_calloc_site(const dm_ctx_t *c, size_t size, int dt, uint64_t mask, uint64_t gen) {
     if (!mask)
         return dm_calloc(c, size, dt);
-    return alloc_site(tls_fast(), c, size, dt, mask, gen, MALLOCX_ZERO);
+    bool big = size >= DM_BIG_THP_MIN, purge = size >= DM_BIG_ZERO_PURGE_MIN;
+    void *p = alloc_site(tls_fast(), c, size, dt, mask, gen, purge ? 0 : MALLOCX_ZERO);
+    if (!p || !big)
+        return p;
+    dm__big_advise(p, size);
+    return purge ? dm__big_zero(p, size) : p;
 }
 
 static __attribute__((noinline)) void free_slow(dm_tls_t *t, void *p, _Atomic uint64_t *w,

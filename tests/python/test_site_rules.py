@@ -157,3 +157,21 @@ def test_bad_site_globs_are_policy_errors(tmp_path):
     assert r.returncode != 0
     assert "rules[0].match.function: invalid glob" in r.stderr + r.stdout, r.stderr
     assert "rules[2].match.module: too many entries: at most 4" in r.stderr + r.stdout
+
+
+def test_big_zeroed_arrays_from_a_site(tmp_path):
+    """np.zeros of a reused big block through a call-site rule: zero, in the
+    site's arena (the big-block path: hugepage advice, zeroing by purge)."""
+    code = r"""
+import json, numpy as np, datamem
+import mypkg.loader as l
+# A function of mypkg.loader (its globals are the module's): the call site.
+exec(compile("def make2():\n    return np.zeros(64 << 20, np.uint8)\n", "mypkg/loader.py", "exec"),
+     l.__dict__)
+a = l.make2(); a[:] = 7; del a
+b = l.make2()
+print(json.dumps([datamem.arena_of(b), int(b.max()), datamem.arena_of(np.zeros(64 << 20))]))
+"""
+    r = run(tmp_path, code)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == ["loading", 0, "general"], r.stdout
