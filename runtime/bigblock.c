@@ -92,10 +92,14 @@ void *dm__big_zero(void *p, size_t n) {
     uintptr_t page = dm__os_page_size();
     uintptr_t b = (uintptr_t)p, e = b + n;
     uintptr_t lo = (b + page - 1) & ~(page - 1), hi = e & ~(page - 1);
-    if (hi > lo && dm__os_purge((void *)lo, hi - lo, true) == 0) {
+    /* Memory registered with the CUDA runtime (`pinned: cuda`) must keep its
+     * pages: MADV_DONTNEED would swap them under the GPU's mapping. */
+    je_arena_t *ja = dm__owner_of(p);
+    bool keep = ja && atomic_load_explicit(&ja->ever_pinned, memory_order_relaxed);
+    if (!keep && hi > lo && dm__os_purge((void *)lo, hi - lo, true) == 0) {
         memset(p, 0, lo - b);
         memset((void *)hi, 0, e - hi);
-    } else { /* locked pages (EINVAL), or less than a page */
+    } else { /* pinned, locked pages (EINVAL), or less than a page */
         memset(p, 0, n);
     }
     return p;

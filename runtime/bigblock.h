@@ -27,7 +27,8 @@ void dm__big_advise(void *p, size_t n);
 
 /* Makes [p, p+n) read as zeros: whole pages are given back to the kernel
  * (MADV_DONTNEED: zero pages on next touch), the partial pages at the ends
- * cleared; memset where the pages cannot be given back (mlock). Returns p. */
+ * cleared; memset where the pages cannot be given back (mlock, pinned: cuda).
+ * Returns p. */
 void *dm__big_zero(void *p, size_t n);
 
 /* What NumPy's default handler does (np._core.multiarray._get_madvise_hugepage();

@@ -13,6 +13,7 @@ import os
 import pytest
 
 from conftest import CONFIGS, run_py
+from test_arena_powers import fake_cudart  # noqa: F401  (fixture: a CUDA runtime stand-in)
 
 MINIMAL = os.path.join(CONFIGS, "minimal.yaml")
 
@@ -160,3 +161,14 @@ def test_default_budget_bounds_dirty_pages(write_policy):
     assert r.returncode == 0, r.stderr
     kept = json.loads(r.stdout.strip().splitlines()[-1])
     assert kept["purges"] == 0 and kept["peak"] > (160 << 20), kept
+
+
+def test_zeros_in_a_pinned_arena_keeps_its_pages(write_policy, fake_cudart):
+    """Memory registered with the CUDA runtime must keep its pages: np.zeros of a
+    reused big block there is cleared with memset, never given back."""
+    pol = write_policy("version: 1\ndefault: gpu\narenas:\n  gpu: {pinned: cuda}\n")
+    r = run_py(ZEROS % (64 << 20), config=pol, env={"DATAMEM_CUDART": fake_cudart})
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["nonzero"] == 0, out
+    assert out["before"] - out["after"] < (4 << 20), out
