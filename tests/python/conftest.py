@@ -7,6 +7,14 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIGS = os.path.join(ROOT, "configs")
 
+# scripts/asan-python.sh preloads the sanitizer runtimes into every interpreter
+# the tests start. ASan turns mlock into a no-op and reserves terabytes of shadow
+# memory (no address-space limit can hold it), and its quarantine changes RSS.
+UNDER_ASAN = "libasan" in os.environ.get("LD_PRELOAD", "")
+skip_under_asan = pytest.mark.skipif(
+    UNDER_ASAN, reason="SKIP under ASan: mlock is a no-op, RLIMIT_AS cannot hold its "
+                       "shadow memory, RSS includes its quarantine")
+
 
 def run_py(code, config=None, env=None, timeout=120):
     """Runs `code` in a fresh interpreter (what DATAMEM_CONFIG affects happens at

@@ -14,7 +14,7 @@ import textwrap
 
 import pytest
 
-from conftest import ROOT, run_py
+from conftest import ROOT, run_py, skip_under_asan
 
 MiB = 1 << 20
 
@@ -226,6 +226,7 @@ print(json.dumps(out))
 """
 
 
+@skip_under_asan
 def test_lock_page_locks_the_arena_and_only_it(write_policy):
     pol = write_policy(LOCKED)
     r = run_py(LOCK_JOB, config=pol)
@@ -237,6 +238,7 @@ def test_lock_page_locks_the_arena_and_only_it(write_policy):
     assert out["small_smaps"] == 0, out  # the general arena is not locked
 
 
+@skip_under_asan
 def test_lock_returns_pages_unlocked(write_policy):
     """Decay gives freed pages back: they are unlocked first (madvise refuses
     locked pages, so they would otherwise stay resident and locked)."""
@@ -280,6 +282,7 @@ print(json.dumps({"arena": datamem.arena_of(a), "sum": int(a.sum()),
     assert r.stderr.count("cannot page-lock (mlock)") == 1 and "RLIMIT_MEMLOCK" in r.stderr
 
 
+@skip_under_asan
 def test_lock_under_a_real_memlock_limit_without_the_capability(write_policy):
     setpriv = shutil.which("setpriv")
     if os.geteuid() != 0 or not setpriv:

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from conftest import ROOT, run_py
+from conftest import ROOT, UNDER_ASAN, run_py, skip_under_asan
 from test_stats_export import families, get, job, job_env, samples
 
 
@@ -295,6 +295,7 @@ print(n, datamem.arena_of(keep[0]) if keep else None)
 """
 
 
+@skip_under_asan
 @pytest.mark.parametrize("policy,gib", [("demo.yaml", 5), ("minimal.yaml", 2)])
 def test_jobs_start_under_an_address_space_limit(policy, gib):
     """`prlimit --as=5GiB` (what HPC schedulers set) stopped demo.yaml at start-up
@@ -310,6 +311,7 @@ def test_jobs_start_under_an_address_space_limit(policy, gib):
     assert "RLIMIT_AS" in r.stderr and "%d MiB" % (gib << 10) in r.stderr, r.stderr
 
 
+@skip_under_asan
 def test_an_address_space_limit_is_mostly_usable():
     """At 8 GiB NumPy's default reaches ~8000 MiB of 100 MiB arrays; datamem used
     to stop at 3700 (jemalloc's geometric retained growth committed far ahead of
@@ -409,4 +411,5 @@ def test_reloads_under_load_hand_memory_back(write_policy):
     assert out["allocs"] > 100_000, out          # the threads really allocated throughout
     assert out["blocks"] <= 4 and out["allocated"] <= 64 << 10, out
     assert out["tables"] == 1, out
-    assert out["rss_growth"] < 40 << 20, out
+    if not UNDER_ASAN:  # ASan's quarantine holds freed memory on purpose
+        assert out["rss_growth"] < 40 << 20, out
