@@ -125,7 +125,7 @@ def profile_commands(a, pr):
         return 1
     if a.cmd == "suggest":
         from . import _suggest
-        sys.stdout.write(_suggest.suggest(prof))
+        sys.stdout.write(_suggest.suggest(prof, resident_arena=a.resident))
         return 0
     from . import _report
     s = _report.summarize(prof, top=a.top)
@@ -179,6 +179,9 @@ def main(argv=None):
     rp.add_argument("--top", type=int, default=10, help="call sites listed (default 10)")
     sg = sub.add_parser("suggest", help="propose a policy from an allocation profile")
     sg.add_argument("dir")
+    sg.add_argument("--resident", action="store_true",
+                    help="give long-lived big arrays an arena of their own (faster random "
+                         "access on hugepages, more peak RSS)")
     _stats_cli.add_commands(sub)
     a = ap.parse_args(argv)
     if a.cmd in ("profile", "report", "suggest"):

@@ -224,7 +224,7 @@ def test_suggest_passes_check_and_routes_temporaries(job, tmp_path):
     _run([sys.executable, job, "3", "3"], env={"DATAMEM_CONFIG": str(path)})
 
 
-def test_suggest_gives_long_lived_big_arrays_their_own_arena(tmp_path):
+def test_suggest_keeps_long_lived_big_arrays_with_temporaries_unless_asked(tmp_path):
     job = tmp_path / "resident.py"
     job.write_text(textwrap.dedent('''
         import numpy as np
@@ -237,10 +237,15 @@ def test_suggest_gives_long_lived_big_arrays_their_own_arena(tmp_path):
     _run([sys.executable, str(job)], env={"DATAMEM_PROFILE": str(out),
                                           "DATAMEM_PROFILE_SAMPLE": "full"})
     path = tmp_path / "policy.yaml"
-    path.write_text(_datamem("suggest", str(out)).stdout)
+    path.write_text(_datamem("suggest", str(out), "--resident").stdout)
     assert "ok" in _datamem("check", str(path)).stdout
     assert "arena 'resident'" in _datamem("explain", str(path), "--size", "128MiB").stdout
     assert "arena 'reuse'" in _datamem("explain", str(path), "--size", "8MiB").stdout
+    # By default they share the reuse arena (less peak RSS), and the comment says so.
+    text = _datamem("suggest", str(out)).stdout
+    path.write_text(text)
+    assert "arena 'reuse'" in _datamem("explain", str(path), "--size", "128MiB").stdout
+    assert "suggest --resident` separates them at" in text
 
 
 def test_no_profile_without_the_variable():
