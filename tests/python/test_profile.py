@@ -151,6 +151,36 @@ def test_sampled_estimate_is_unbiased(tmp_path):
     assert abs(site["allocations"] / truth_n - 1) < 0.15, (site["allocations"], truth_n)
 
 
+def test_sampled_profiles_stay_small_and_unbiased_at_any_allocation_rate(tmp_path):
+    """A job that allocates terabytes in a few seconds (reused 3 MiB blocks)
+    with a 4 KiB sample mean would take ~10^9 samples; the sampler raises its
+    mean to keep to ~10 samples a second plus ~1000 x ln(duration) (so a profile
+    grows by a few MB an hour at most), and the estimate of total bytes stays
+    unbiased and close."""
+    job = tmp_path / "fast.py"
+    job.write_text(textwrap.dedent('''
+        import numpy as np, time
+        total, n, end = 0, 0, time.monotonic() + 3.0
+        while time.monotonic() < end:
+            for s in (1 << 16, 1 << 20, 3 << 20):
+                a = np.empty(s, np.uint8)
+                total += s; n += 1
+                del a
+        print(total, n)
+    '''))
+    out = tmp_path / "prof"
+    r = _run([sys.executable, str(job)],
+             env={"DATAMEM_PROFILE": str(out), "DATAMEM_PROFILE_SAMPLE": "4KiB"})
+    truth_bytes, truth_n = map(int, r.stdout.split())
+    rep = _report(out)
+    assert truth_bytes > 4 << 30, truth_bytes  # it really allocated fast
+    assert rep["records"] <= 14000, rep["records"]  # 1000 x ln(3 s / 1 ms) + 2000 + 30
+    size = sum(os.path.getsize(out / f) for f in os.listdir(out) if f.endswith(".dmprof"))
+    assert size < 3 << 19, size
+    site = _site(rep, "__main__.<module>")
+    assert abs(site["bytes"] / truth_bytes - 1) < 0.15, (site["bytes"], truth_bytes)
+
+
 def test_profile_command_and_multiprocessing_children(job, tmp_path):
     out = tmp_path / "prof"
     _datamem("profile", "--out", str(out), "--full", "--", sys.executable, job, "5", "10",
