@@ -68,7 +68,7 @@ def test_numpy_madvise_hugepage_0_is_honoured():
 
 def test_set_madvise_hugepage_false_is_honoured():
     """NumPy's switch, turned off before datamem installs: no advice."""
-    pre = ("m = getattr(np, '_core', np.core).multiarray\n"
+    pre = ("m = getattr(getattr(np, '_core', None), 'multiarray', None) or np.core.multiarray\n"
            "m._set_madvise_hugepage(False)\n"
            "datamem.install(%r)\n" % MINIMAL)
     out = flags(pre=pre, config=None)
