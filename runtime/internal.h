@@ -232,6 +232,7 @@ extern pthread_mutex_t dm__mu;
 /* The size class a block's tag records, or -1 when it has none (tests). */
 int dm__tag_class(const void *p);
 
-void dm__log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* The engine logs through the same function it offers the services. */
+#define dm__log dm_log
 
 #endif /* DM_RUNTIME_INTERNAL_H */

@@ -87,14 +87,6 @@ static int ncontexts = 1;
 
 /* ---- logging (never on the fast path) ---------------------------------- */
 
-void dm__log(const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
-    va_end(ap);
-    fputc('\n', stderr);
-}
-
 void dm_log(const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);

@@ -55,13 +55,7 @@ def explain(path, size, dtype="unknown", thread="MainThread", tags=(), table=Fal
                         function)
 
 
-def catches_sighup(pid):
-    """True if process `pid` has a SIGHUP handler (SigCgt in /proc/PID/status)."""
-    with open("/proc/%d/status" % pid) as f:
-        for line in f:
-            if line.startswith("SigCgt:"):
-                return bool(int(line.split()[1], 16) & 1)
-    return False
+catches_sighup = _stats_cli.catches_sighup
 
 
 def reload_pid(pid):
