@@ -558,10 +558,13 @@ slot_alloc(dm_tls_t *t, const rt_slot_t *s, size_t size, int zero) {
  * the caller's caller names the rule) and nothing changes. */
 static bool live_reserve(dm_tls_t *t, dm_arena_t *a, size_t usable, size_t request) {
     size_t limit = atomic_load_explicit(&a->limit, memory_order_relaxed);
-    uint64_t before = atomic_fetch_add_explicit(&a->live, usable, memory_order_relaxed);
-    if (DM_LIKELY(before + usable <= limit && before + usable >= before))
-        return true;
-    atomic_fetch_sub_explicit(&a->live, usable, memory_order_relaxed);
+    /* A compare-and-swap, not add-then-undo: the count itself never passes the
+     * limit, not even for an instant (stats read it while threads race). */
+    uint64_t before = atomic_load_explicit(&a->live, memory_order_relaxed);
+    while (before + usable <= limit && before + usable >= before)
+        if (atomic_compare_exchange_weak_explicit(&a->live, &before, before + usable,
+                                                  memory_order_relaxed, memory_order_relaxed))
+            return true;
     dm_failure_t *f = &t->last_failure;
     f->seq++;
     memcpy(f->arena, a->name, sizeof(f->arena));
@@ -575,10 +578,9 @@ static bool live_reserve(dm_tls_t *t, dm_arena_t *a, size_t usable, size_t reque
 }
 
 /* An arena with a limit (`s->tracked`): the block's usable size is added to
- * the arena's live bytes *before* it is allocated and taken back if that went
- * over the limit, so concurrent threads can never take the arena past it (one
- * of them may be refused a block that would have fit a moment later, when the
- * other's reservation failed too). Frees (free_slow) subtract the same usable
+ * the arena's live bytes (a compare-and-swap that refuses to pass the limit)
+ * *before* it is allocated, and taken back if jemalloc then fails, so
+ * concurrent threads can never take the arena past it. Frees (free_slow) subtract the same usable
  * size. No block cache: its blocks are never tagged. */
 static __attribute__((noinline)) void *slot_alloc_tracked(dm_tls_t *t, const rt_slot_t *s,
                                                           size_t size, int zero) {
