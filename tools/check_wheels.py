@@ -31,6 +31,10 @@ HIDE = ["libyaml-0.so.2", "libnuma.so.1", "libmicrohttpd.so.12"]
 # so without it the job must go on and the error must name Debian's package.
 OPTIONAL = {"libmicrohttpd.so", "libmicrohttpd.so.12"}
 OPTIONAL_PACKAGE = "libmicrohttpd12"
+# The CUDA runtime, dlopen'ed only when a policy asks for `pinned: cuda` (and such
+# a policy fails to load with a clear error where it is missing): never needed to
+# import or run otherwise, and never shipped.
+ON_DEMAND = {"libcudart.so", "libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0"}
 LIBNAME = re.compile(rb"lib[A-Za-z0-9_+-]+\.so(?:\.[0-9]+)*")
 
 IMPORT_CHECK = r"""
@@ -99,7 +103,9 @@ def check(whl):
             for lib in sorted(named & OPTIONAL):
                 print("note: %s names %s (optional, dlopen'ed)" % (rel, lib))
                 uses_optional = True
-            for lib in sorted(named - GLIBC - inside - OPTIONAL):
+            for lib in sorted(named & ON_DEMAND):
+                print("note: %s names %s (dlopen'ed only for pinned: cuda)" % (rel, lib))
+            for lib in sorted(named - GLIBC - inside - OPTIONAL - ON_DEMAND):
                 errors += fail("%s: %s names %s, which the wheel does not carry" % (name, rel, lib))
         py = os.path.join(ROOT, ".venv-wheels", abi, "bin", "python")
         if not os.path.exists(py):
