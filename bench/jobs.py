@@ -35,7 +35,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-from run import CONFIGS as RUN_CONFIGS, child_env  # noqa: E402  one definition of the peers
+from run import CONFIGS as RUN_CONFIGS, child_env, usable_configs  # noqa: E402  one definition of the peers
 
 CONFIGS = dict(RUN_CONFIGS)
 CONFIGS["dm-demo"] = ({"DATAMEM_CONFIG": os.path.join(ROOT, "configs/demo.yaml")}, None)
@@ -224,16 +224,7 @@ def main():
     for j in jobs:
         if j not in JOBS:
             sys.exit("unknown job %r" % j)
-    skipped = []
-    for c in list(configs):
-        if c not in CONFIGS:
-            sys.exit("unknown configuration %r" % c)
-        lib = CONFIGS[c][1]
-        if lib and not os.path.exists(lib):
-            skipped.append("%s (%s missing: run bench/setup.sh)" % (c, lib))
-            configs.remove(c)
-    for s in skipped:
-        print("skipping " + s, file=sys.stderr)
+    skipped = usable_configs(configs, CONFIGS)
 
     rng = random.Random(args.seed)
     raw = {j: {c: [] for c in configs} for j in jobs}

@@ -50,6 +50,23 @@ WORKLOADS = ["empty", "zeros", "touch", "temp1", "temp8", "temp64",
 VALUE_METRICS = {"faults", "peak_live_mb", "thp_mb"}
 
 
+def usable_configs(configs, known):
+    """Drops (with a note on stderr) the configurations whose LD_PRELOAD library is
+    missing; exits on an unknown one. `configs` is changed in place; returns the
+    notes of what was skipped (kept in the results)."""
+    skipped = []
+    for c in list(configs):
+        if c not in known:
+            sys.exit("unknown configuration %r" % c)
+        lib = known[c][1]
+        if lib and not os.path.exists(lib):
+            skipped.append("%s (%s missing: run bench/setup.sh)" % (c, lib))
+            configs.remove(c)
+    for s in skipped:
+        print("skipping " + s, file=sys.stderr)
+    return skipped
+
+
 def child_env(extra):
     env = dict(os.environ)
     for k in ("DATAMEM_CONFIG", "LD_PRELOAD", "MALLOC_CONF", "GLIBC_TUNABLES",
@@ -232,16 +249,7 @@ def main():
     for w in workloads:
         if w not in WORKLOADS:
             sys.exit("unknown workload %r" % w)
-    skipped = []
-    for c in list(configs):
-        if c not in CONFIGS:
-            sys.exit("unknown configuration %r" % c)
-        lib = CONFIGS[c][1]
-        if lib and not os.path.exists(lib):
-            skipped.append("%s (%s missing: run bench/setup.sh)" % (c, lib))
-            configs.remove(c)
-    for s in skipped:
-        print("skipping " + s, file=sys.stderr)
+    skipped = usable_configs(configs, CONFIGS)
 
     rng = random.Random(args.seed)
     raw = {w: {c: [] for c in configs} for w in workloads}
