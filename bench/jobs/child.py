@@ -15,22 +15,14 @@ import resource
 import sys
 import time
 
+sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from workloads import preloaded  # noqa: E402  one LD_PRELOAD check for both benchmarks
+
 JOBS = ["pandas_etl", "sklearn_pipeline", "scipy_cg", "fft_image", "stencil_big", "threadpool"]
 # Libraries each job needs, imported before the clock starts (import time and
 # import-time allocations are the same for every configuration).
 PRELOAD = {"pandas_etl": ["pandas"], "sklearn_pipeline": ["sklearn.cluster", "sklearn.decomposition"],
            "scipy_cg": ["scipy.sparse.linalg", "scipy.ndimage"]}
-
-
-def preloaded():
-    found = set()
-    with open("/proc/self/maps") as f:
-        for line in f:
-            path = line.split()[-1]
-            for lib in ("libjemalloc", "libtcmalloc", "libmimalloc"):
-                if lib in path:
-                    found.add(lib[3:])
-    return sorted(found)
 
 
 def anon_huge_mb():
