@@ -163,8 +163,9 @@ static void *h_realloc(void *ctx, void *ptr, size_t size) {
     return dm_realloc(ctx, ptr, size);
 }
 
-/* NumPy's size here is a guess (NEP 49); dm_free never uses it. */
-static void h_free(void *ctx, void *ptr, size_t size) { dm_free(ptr); }
+/* NumPy's size here is a guess (NEP 49): a hint that the block may be big
+ * (kept for reuse), never trusted for anything else. */
+static void h_free(void *ctx, void *ptr, size_t size) { dm_free_hint(ptr, size); }
 
 /* ---- recording handlers (allocation profiles, issue 13) ----------------------
  *
@@ -596,7 +597,7 @@ static void *h_realloc_prof(void *ctx, void *ptr, size_t size) {
 
 static void h_free_prof(void *ctx, void *ptr, size_t size) {
     prof_free(ptr);
-    dm_free(ptr);
+    dm_free_hint(ptr, size);
 }
 
 /* NumPy strcmp()s the capsule's name with its own "mem_handler" on every
@@ -878,6 +879,7 @@ static PyObject *arena_dict(const dm_arena_stats_t *a) {
         goto fail;
     SET_U64(d, "placement_errors", a->nplacement_errors);
     SET_U64(d, "growth_purges", a->ngrowth_purges);
+    SET_U64(d, "reuse_bytes", a->reuse_bytes);
     SET_U64(d, "allocated_bytes", a->allocated);
     SET_U64(d, "active_bytes", a->active);
     SET_U64(d, "resident_bytes", a->resident);

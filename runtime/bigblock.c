@@ -28,13 +28,29 @@
  *     touch, as it does for the default: a used block pays the same faults as
  *     the default, an unused one a system call. Below 32 MiB glibc clears
  *     reused heap memory too, and memset stays.
+ *   - Reuse. A loop of big temporaries (`d = a * b + c` at 64 MiB in two
+ *     threads) frees and allocates blocks of one size over and over. jemalloc
+ *     keeps them as dirty pages, but its time-based decay still purges one
+ *     now and then, in the middle of the loop: 2.5-34 page faults per
+ *     iteration where the target is none. So the last few freed blocks of
+ *     4 MiB or more (DM_REUSE_MAX, 1 GiB in all, per jemalloc arena) stay out
+ *     of jemalloc, still allocated, and the next allocation of their size
+ *     class and alignment takes one back without a jemalloc call. Peak RSS is
+ *     what it was: a kept block is memory jemalloc would have kept as dirty
+ *     pages, and an allocation that finds no block of its size first hands
+ *     every kept block back, so jemalloc can split or merge them and the
+ *     growth purge (arena.c) sees them. A block waits at most the arena's
+ *     decay.dirty (checked at each reuse operation and each stats snapshot);
+ *     decay.dirty 0 keeps none. Tracked arenas (`limit`) keep none.
  *
- * Thread safety: lock-free. The bitmap is updated with relaxed atomic ORs; two
+ * Thread safety: the advice and zeroing are lock-free. The bitmap is updated with relaxed atomic ORs; two
  * threads racing on one frame both advise it, which is harmless.
  */
 #include "runtime/bigblock.h"
 
+#include <pthread.h>
 #include <string.h>
+#include <time.h>
 
 #include "runtime/datamem.h"
 #include "runtime/internal.h"
@@ -103,4 +119,118 @@ void *dm__big_zero(void *p, size_t n) {
         memset(p, 0, n);
     }
     return p;
+}
+
+/* ---- Reuse ------------------------------------------------------------------ */
+
+#define REUSE_BYTES_MAX ((size_t)1 << 30)
+#define LG_ALIGN_MASK 0x3f /* MALLOCX_LG_ALIGN's bits of a flags word */
+
+static int64_t now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Removes entry i (under reuse_mu). */
+static void drop_at(je_arena_t *ja, int i) {
+    atomic_store_explicit(&ja->reuse_bytes,
+                          atomic_load_explicit(&ja->reuse_bytes, memory_order_relaxed) -
+                              ja->reuse[i].usable,
+                          memory_order_relaxed);
+    memmove(&ja->reuse[i], &ja->reuse[i + 1], (size_t)(ja->nreuse - i - 1) * sizeof(ja->reuse[0]));
+    ja->nreuse--;
+}
+
+/* Moves the entries that waited ttl ms or longer into out[] (under reuse_mu);
+ * returns how many. all: every entry. */
+static int take_expired(je_arena_t *ja, int64_t ttl, int64_t now, bool all, void **out) {
+    int n = 0;
+    while (ja->nreuse > 0 && (all || now - ja->reuse[0].at_ms >= ttl)) {
+        out[n++] = ja->reuse[0].p;
+        drop_at(ja, 0);
+    }
+    return n;
+}
+
+static void give_back(void **blocks, int n) {
+    for (int i = 0; i < n; i++)
+        dmje_dallocx(blocks[i], MALLOCX_TCACHE_NONE);
+}
+
+static int64_t ttl_of(const je_arena_t *ja) {
+    int64_t ms = atomic_load_explicit(&ja->owner->reuse_ms, memory_order_relaxed);
+    return ms < 0 ? INT64_MAX : ms;
+}
+
+void *dm__big_take(je_arena_t *ja, size_t n, int flags) {
+    if (atomic_load_explicit(&ja->reuse_bytes, memory_order_relaxed) == 0)
+        return NULL; /* a racy peek: a miss here only costs a jemalloc call */
+    size_t want = dmje_nallocx(n, flags & LG_ALIGN_MASK);
+    uintptr_t align = (uintptr_t)1 << (flags & LG_ALIGN_MASK);
+    void *out[DM_REUSE_MAX], *p = NULL;
+    int nout = 0;
+    pthread_mutex_lock(&ja->reuse_mu);
+    for (int i = ja->nreuse - 1; i >= 0; i--) { /* the newest: its pages are warmest */
+        if (ja->reuse[i].usable == want && ((uintptr_t)ja->reuse[i].p & (align - 1)) == 0) {
+            p = ja->reuse[i].p;
+            drop_at(ja, i);
+            break;
+        }
+    }
+    if (!p) /* no block of this size: jemalloc gets them all back to split or merge */
+        nout = take_expired(ja, 0, 0, true, out);
+    pthread_mutex_unlock(&ja->reuse_mu);
+    give_back(out, nout);
+    return p;
+}
+
+bool dm__big_keep(je_arena_t *ja, void *p) {
+    int64_t ttl = ttl_of(ja);
+    if (ttl == 0 || atomic_load_explicit(&ja->tracked, memory_order_relaxed))
+        return false;
+    size_t usable = dmje_sallocx(p, 0);
+    if (usable < DM_BIG_THP_MIN || usable > REUSE_BYTES_MAX)
+        return false;
+    void *out[DM_REUSE_MAX + 1];
+    int64_t now = now_ms();
+    pthread_mutex_lock(&ja->reuse_mu);
+    int nout = take_expired(ja, ttl, now, false, out);
+    while (ja->nreuse > 0 &&
+           (ja->nreuse == DM_REUSE_MAX ||
+            atomic_load_explicit(&ja->reuse_bytes, memory_order_relaxed) + usable >
+                REUSE_BYTES_MAX)) { /* room: the oldest goes */
+        out[nout++] = ja->reuse[0].p;
+        drop_at(ja, 0);
+    }
+    ja->reuse[ja->nreuse].p = p;
+    ja->reuse[ja->nreuse].usable = usable;
+    ja->reuse[ja->nreuse].at_ms = now;
+    ja->nreuse++;
+    atomic_store_explicit(&ja->reuse_bytes,
+                          atomic_load_explicit(&ja->reuse_bytes, memory_order_relaxed) + usable,
+                          memory_order_relaxed);
+    pthread_mutex_unlock(&ja->reuse_mu);
+    give_back(out, nout);
+    return true;
+}
+
+void dm__big_expire(je_arena_t *ja) {
+    if (atomic_load_explicit(&ja->reuse_bytes, memory_order_relaxed) == 0)
+        return;
+    void *out[DM_REUSE_MAX];
+    int64_t now = now_ms();
+    pthread_mutex_lock(&ja->reuse_mu);
+    int nout = take_expired(ja, ttl_of(ja), now, false, out);
+    pthread_mutex_unlock(&ja->reuse_mu);
+    give_back(out, nout);
+}
+
+void dm__big_fork(int phase) {
+    for (int i = 0; i < DM_JE_MAX && dm__je[i]; i++) {
+        if (phase == 0)
+            pthread_mutex_lock(&dm__je[i]->reuse_mu);
+        else
+            pthread_mutex_unlock(&dm__je[i]->reuse_mu);
+    }
 }

@@ -1,9 +1,12 @@
 /*
  * bigblock.h: what NumPy's default allocator does for big arrays, done for the
  * blocks datamem serves (bigblock.c): hugepage advice from 4 MiB while NumPy's
- * own setting asks for it, and zeroing by giving pages back from 32 MiB.
+ * own setting asks for it, zeroing by giving pages back from 32 MiB, and the
+ * last freed blocks of 4 MiB or more kept for the next array of their size.
  *
- * Thread safety: every function may be called from any thread, lock-free.
+ * Thread safety: every function may be called from any thread; the advice and
+ * zeroing are lock-free, reuse takes the arena's reuse_mu (never across a
+ * jemalloc call).
  */
 #ifndef DM_RUNTIME_BIGBLOCK_H
 #define DM_RUNTIME_BIGBLOCK_H
@@ -30,6 +33,22 @@ void dm__big_advise(void *p, size_t n);
  * cleared; memset where the pages cannot be given back (mlock, pinned: cuda).
  * Returns p. */
 void *dm__big_zero(void *p, size_t n);
+
+struct je_arena;
+
+/* Reuse of freed big blocks (bigblock.c, "Reuse"). dm__big_take: a kept block
+ * of the size class jemalloc would serve for mallocx(n, flags), aligned as
+ * `flags` asks, or NULL, in which case every block the arena kept has gone
+ * back to jemalloc (so that it can split or merge them for this request).
+ * dm__big_keep: keeps p (a live block of the arena, not yet freed) for the
+ * next allocation of its size; false if it is not kept (the caller frees it).
+ * dm__big_expire: hands back what waited longer than the arena's decay.dirty.
+ * dm__big_fork: 0 before fork() (takes every arena's lock), 1 after it, in
+ * both processes. */
+void *dm__big_take(struct je_arena *ja, size_t n, int flags);
+bool dm__big_keep(struct je_arena *ja, void *p);
+void dm__big_expire(struct je_arena *ja);
+void dm__big_fork(int phase);
 
 /* What NumPy's default handler does (np._core.multiarray._get_madvise_hugepage();
  * NUMPY_MADVISE_HUGEPAGE). On until told otherwise, as in NumPy. */

@@ -74,6 +74,10 @@ DM_API void *dm_alloc(const dm_ctx_t *c, size_t size, int dt);
 DM_API void *dm_calloc(const dm_ctx_t *c, size_t size, int dt);
 DM_API void *dm_realloc(const dm_ctx_t *c, void *p, size_t size);
 DM_API void dm_free(void *p);
+/* dm_free with the caller's idea of the block's size (NumPy's, NEP 49): only a
+ * hint, never trusted. A block of 4 MiB or more may then be kept for the next
+ * allocation of its size instead of going back to jemalloc (bigblock.c). */
+DM_API void dm_free_hint(void *p, size_t size_hint);
 
 /* Call-site rules (match.module / match.function). The caller knows the site
  * (the Python layer: the innermost frame outside NumPy and friends) and gets
@@ -156,6 +160,7 @@ typedef struct dm_arena_stats {
     int pinned;               /* dm_pin_t */
     uint64_t locked_bytes;    /* bytes mlock'ed now */
     uint64_t pinned_bytes;    /* bytes registered with the GPU runtime now */
+    uint64_t reuse_bytes;     /* freed blocks >= 4 MiB kept for their size's next allocation */
 } dm_arena_stats_t;
 
 typedef struct dm_rule_stats {

@@ -40,6 +40,7 @@
 #define DM_VA_BITS 47
 #define DM_CTX_MAX 4096
 #define DM_JE_OLD_MAX 8                      /* earlier regions kept per je arena */
+#define DM_REUSE_MAX 8                       /* freed big blocks kept per je arena */
 
 /* Counters one thread writes and any thread reads: relaxed atomics compile to
  * plain adds on x86-64 (no lock prefix), and keep TSan honest. */
@@ -78,6 +79,17 @@ typedef struct je_arena {
     /* Its owner counts live bytes (a copy of dm_arena_t.tracked, so that a
      * free, which has `ja` in hand, tests it with one load). */
     _Atomic bool tracked;
+    /* Freed blocks of 4 MiB or more kept for the next allocation of their
+     * size class (bigblock.c, "Reuse"), oldest first. Under reuse_mu, which
+     * is never held across a jemalloc call. */
+    pthread_mutex_t reuse_mu;
+    int nreuse;
+    struct {
+        void *p;
+        size_t usable;
+        int64_t at_ms;
+    } reuse[DM_REUSE_MAX];
+    _Atomic size_t reuse_bytes;
 } je_arena_t;
 
 typedef struct dm_arena {
@@ -89,6 +101,7 @@ typedef struct dm_arena {
     _Atomic size_t alignment;
     _Atomic bool per_node, in_policy;
     _Atomic size_t dirty_budget;  /* decay.budget; SIZE_MAX = never */
+    _Atomic int64_t reuse_ms;     /* decay.dirty: how long a kept big block waits; -1 = no limit */
     /* Written under dm__mu, read by the per_node fast path without it. */
     je_arena_t *_Atomic single;              /* the arena when not per_node */
     je_arena_t *_Atomic by_node[DM_NODES_MAX];

@@ -530,6 +530,29 @@ static inline je_arena_t *slot_je(const rt_slot_t *s) {
 
 static void *slot_alloc_tracked(dm_tls_t *t, const rt_slot_t *s, size_t size, int zero);
 
+static inline void *je_alloc(dm_tls_t *t, const rt_slot_t *s, je_arena_t *ja, size_t n, int zero) {
+    TSAN_ACQUIRE();
+    if (ja == t->auto_je && s->flags == 0) /* the thread's bound arena */
+        return zero ? dmje_mallocx(n, MALLOCX_ZERO) : dmje_malloc(n);
+    return dmje_mallocx(n, (int)((unsigned)s->flags | (unsigned)zero |
+                                 (unsigned)MALLOCX_ARENA(ja->index) | tcache_flags(t, ja)));
+}
+
+/* n >= 4 MiB: a block kept by dm__big_keep if one of its size is there
+ * (bigblock.c, "Reuse"), else jemalloc's, then the growth check. */
+static __attribute__((noinline)) void *slot_alloc_big(dm_tls_t *t, const rt_slot_t *s,
+                                                      je_arena_t *ja, size_t n, int zero) {
+    void *p = dm__big_take(ja, n, s->flags);
+    if (p) {
+        if (zero)
+            memset(p, 0, n);
+        return p;
+    }
+    p = je_alloc(t, s, ja, n, zero);
+    dm__arena_check_growth(ja);
+    return p;
+}
+
 static inline __attribute__((always_inline)) void *
 slot_alloc(dm_tls_t *t, const rt_slot_t *s, size_t size, int zero) {
     if (DM_UNLIKELY(s->tracked))
@@ -541,13 +564,9 @@ slot_alloc(dm_tls_t *t, const rt_slot_t *s, size_t size, int zero) {
     je_arena_t *ja = slot_je(s);
     if (DM_UNLIKELY(!ja))
         return NULL;
-    TSAN_ACQUIRE();
-    void *p;
-    if (ja == t->auto_je && s->flags == 0) /* the thread's bound arena */
-        p = zero ? dmje_mallocx(n, MALLOCX_ZERO) : dmje_malloc(n);
-    else
-        p = dmje_mallocx(n, (int)((unsigned)s->flags | (unsigned)zero |
-                                  (unsigned)MALLOCX_ARENA(ja->index) | tcache_flags(t, ja)));
+    if (DM_UNLIKELY(n >= DM_BIG_THP_MIN))
+        return slot_alloc_big(t, s, ja, n, zero);
+    void *p = je_alloc(t, s, ja, n, zero);
     if (n > DM_SC_MAX)
         dm__arena_check_growth(ja);
     return p;
@@ -891,7 +910,7 @@ void *dm_calloc_site(const dm_ctx_t *c, size_t size, int dt, uint64_t mask, uint
 }
 
 static __attribute__((noinline)) void free_slow(dm_tls_t *t, void *p, _Atomic uint64_t *w,
-                                                 uint64_t v) {
+                                                 uint64_t v, size_t hint) {
     if (!p)
         return;
     if ((v & TAG_PMASK) == (uintptr_t)p) /* tagged, but not for this thread's cache */
@@ -903,6 +922,8 @@ static __attribute__((noinline)) void free_slow(dm_tls_t *t, void *p, _Atomic ui
     }
     DM_CTR_ADD(t->ctrs[ja->owner->id].nfree, 1);
     untrack(ja, p);
+    if (hint >= DM_BIG_THP_MIN && dm__big_keep(ja, p)) /* NumPy's size says big: maybe */
+        return;
     TSAN_RELEASE();
     if (ja == t->auto_je)
         dmje_free(p); /* jemalloc's fast path; the block is the bound arena's */
@@ -913,7 +934,7 @@ static __attribute__((noinline)) void free_slow(dm_tls_t *t, void *p, _Atomic ui
 /* The fast path: a tagged block goes into its class's bin, if the bin is
  * empty or holds the same arena's blocks and has room; otherwise down the
  * slow path, untagged. The tag says the class; NumPy's size is never used. */
-void dm_free(void *p) {
+static inline __attribute__((always_inline)) void free_impl(void *p, size_t hint) {
     dm_tls_t *t = tls_fast();
     _Atomic uint64_t *w = tag_word((uintptr_t)p);
     uint64_t v = atomic_load_explicit(w, memory_order_relaxed);
@@ -935,8 +956,12 @@ void dm_free(void *p) {
         }
         v = 0; /* the tag is gone */
     }
-    free_slow(t, p, w, v);
+    free_slow(t, p, w, v, hint);
 }
+
+void dm_free(void *p) { free_impl(p, 0); }
+
+void dm_free_hint(void *p, size_t size_hint) { free_impl(p, size_hint); }
 
 /* realloc: the block follows the rules for its new size (a growing array can
  * move to the arena its new size selects). Same arena: rallocx, which may
@@ -1044,9 +1069,18 @@ const char *dm_runtime_rule_of(const dm_ctx_t *c, size_t size, int dt) {
 
 /* ---- init, fork ------------------------------------------------------------ */
 
-static void atfork_prepare(void) { pthread_mutex_lock(&dm__mu); }
-static void atfork_parent(void) { pthread_mutex_unlock(&dm__mu); }
-static void atfork_child(void) { pthread_mutex_unlock(&dm__mu); }
+static void atfork_prepare(void) {
+    pthread_mutex_lock(&dm__mu);
+    dm__big_fork(0);
+}
+static void atfork_parent(void) {
+    dm__big_fork(1);
+    pthread_mutex_unlock(&dm__mu);
+}
+static void atfork_child(void) {
+    dm__big_fork(1);
+    pthread_mutex_unlock(&dm__mu);
+}
 
 void dm_runtime_after_fork_child(void) {
     int nobs = atomic_load_explicit(&nobservers, memory_order_acquire);
@@ -1258,6 +1292,11 @@ int dm_stats_snapshot(dm_stats_t *out) {
     uint64_t epoch = 1;
     size_t esz = sizeof(epoch);
     pthread_mutex_lock(&dm__mu);
+    /* Kept big blocks that waited out their arena's decay.dirty go back now:
+     * with an exporter running this is their clock when the job is idle.
+     * (dm__mu, then an arena's reuse_mu: the order fork's handlers take.) */
+    for (int i = 0; i < DM_JE_MAX && dm__je[i]; i++)
+        dm__big_expire(dm__je[i]);
     dmje_mallctl("epoch", &epoch, &esz, &epoch, esz);
     out->narenas = dm__arena_count();
     for (int i = 0; i < out->narenas; i++) {
