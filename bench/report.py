@@ -12,7 +12,7 @@ LABELS = {
     "zeros": "np.zeros create/destroy %s (ns)",
     "touch": "np.zeros + touch every page %s (us)",
 }
-ABSOLUTE = {"faults", "peak_live_mb", "thp_mb"}
+ABSOLUTE = {"faults", "steady_faults", "peak_live_mb", "thp_mb"}
 
 
 def label(w, k):
@@ -22,7 +22,8 @@ def label(w, k):
             "temp64": "temporaries 64 MiB", "threads8": "2 threads, temporaries 8 MiB",
             "threads64": "2 threads, temporaries 64 MiB", "mixed": "mixed sizes",
             "gather": "big array"}[w]
-    what = {"us": "us/iter", "faults": "minor faults/iter", "ns": "ns/op",
+    what = {"us": "us/iter", "faults": "minor faults/iter",
+            "steady_faults": "minor faults/iter in the loops (thread starts left out)", "ns": "ns/op",
             "peak_rss_mb": "peak RSS (MB)", "rss_over_start_mb": "peak RSS over start (MB)",
             "peak_live_mb": "peak live (MB)", "fill_ms": "first-touch fill (ms)",
             "thp_mb": "AnonHugePages (MB)"}.get(k, k)
@@ -45,7 +46,7 @@ ORDER_W = ["empty", "zeros", "touch", "temp1", "temp8", "temp64", "threads8", "t
            "mixed", "gather"]
 ORDER_C = ["default", "glibc-tuned", "jemalloc", "jemalloc-tuned", "tcmalloc", "mimalloc",
            "dm-minimal", "dm-throughput"]
-ORDER_K = ["us", "ns", "faults", "peak_rss_mb", "fill_ms"]
+ORDER_K = ["us", "ns", "faults", "steady_faults", "peak_rss_mb", "fill_ms"]
 
 
 def key_order(k):

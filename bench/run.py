@@ -47,7 +47,7 @@ PEERS = ["glibc-tuned", "jemalloc", "jemalloc-tuned", "tcmalloc", "mimalloc"]
 WORKLOADS = ["empty", "zeros", "touch", "temp1", "temp8", "temp64",
              "threads8", "threads64", "mixed", "gather"]
 # metrics that are counts or sizes, not times: reported as values, not ratios
-VALUE_METRICS = {"faults", "peak_live_mb", "thp_mb"}
+VALUE_METRICS = {"faults", "steady_faults", "peak_live_mb", "thp_mb"}
 
 
 def usable_configs(configs, known):

@@ -197,12 +197,17 @@ def w_threads(mib):
     bodies = [temporaries_loop(mib * MiB, 0) for _ in range(2)]
     iters = ({8: 40, 64: 5} if QUICK else {8: 180, 64: 24})[mib]
 
+    steady = []  # faults of a thread's iterations after its first (RUSAGE_THREAD)
+
     def round_():
         barrier = threading.Barrier(3)
 
         def run(b):
             barrier.wait()
-            b(iters)
+            b(1)  # a new thread's first allocations set up its state (2-13 faults)
+            f0 = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+            b(iters - 1)
+            steady.append(resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - f0)
         ts = [threading.Thread(target=run, args=(b,)) for b in bodies]
         for t in ts:
             t.start()
@@ -213,13 +218,17 @@ def w_threads(mib):
         return (time.process_time() - t0) / iters / 2  # CPU per iteration of one thread
 
     round_()  # warm-up: both threads at once, as measured (arena growth, caches)
+    del steady[:]
     times = []
     f0 = minflt()
     for _ in range(5 if QUICK else 7):
         times.append(round_())
     nit = 2 * iters * len(times)
+    # faults: the whole process, thread starts included; steady_faults: only the
+    # loops, each thread's first iteration left out.
     return {"us": statistics.median(times) * 1e6,
-            "faults": (minflt() - f0) / nit}
+            "faults": (minflt() - f0) / nit,
+            "steady_faults": sum(steady) / (len(steady) * (iters - 1))}
 
 
 def w_mixed():
