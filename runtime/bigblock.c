@@ -220,8 +220,11 @@ void dm__big_expire(je_arena_t *ja) {
         return;
     void *out[DM_REUSE_MAX];
     int64_t now = now_ms();
+    /* An arena that has started counting live bytes (a reload gave it a
+     * limit) takes no kept block back: they all go now. */
+    bool all = atomic_load_explicit(&ja->tracked, memory_order_relaxed);
     pthread_mutex_lock(&ja->reuse_mu);
-    int nout = take_expired(ja, ttl_of(ja), now, false, out);
+    int nout = take_expired(ja, ttl_of(ja), now, all, out);
     pthread_mutex_unlock(&ja->reuse_mu);
     give_back(out, nout);
 }

@@ -1216,6 +1216,9 @@ int dm_runtime_install(dm_policy_t *p, dm_diags_t *d) {
     atomic_store_explicit(&dm_runtime_site_rules, dm_table_uses_site(tt), memory_order_release);
     reloads++;
     last_reload_failed = false;
+    /* New decay times and limits apply to kept big blocks at once. */
+    for (int i = 0; i < DM_JE_MAX && dm__je[i]; i++)
+        dm__big_expire(dm__je[i]);
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     last_reload_time = (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;

@@ -8,11 +8,14 @@ numbers:
   most: NumPy's default allocator (glibc) gives blocks above its mmap threshold
   back to the kernel and refaults every page on the next iteration (temporaries
   8 MiB: 0.45x the default's time, 64 MiB: 0.73x, zero faults per iteration).
-  They get a `reuse` arena: page-aligned, `hugepages: on`, throughput.yaml's
-  decay (freed pages kept 30 s, `decay.budget` 16 MiB: purge on growth kept
-  mixed-size runs at 1.09x the default's peak RSS, 1.39x without). `dirty:
-  never` with a budget sized to the job's peak of temporaries is offered in a
-  comment only: on fft_image it held 1.34x the default's peak RSS for no gain.
+  They get a `reuse` arena: page-aligned, throughput.yaml's decay (freed pages
+  kept 30 s; the default `decay.budget` 0 purges them when the arena grows:
+  mixed-size runs 1.04x the default's peak RSS, 1.39x without), hugepages as
+  NumPy advises them (`hugepages: on` for whole extents held up to 1.08x the
+  default's peak RSS on real jobs: a 6.5 MB vector takes four 2 MiB pages).
+  `dirty: never` with a budget sized to the job's peak of temporaries is
+  offered in a comment only: on fft_image it held 1.34x the default's peak RSS
+  for no gain.
 - Big arrays that live long (or to the end) share the reuse arena by default:
   on bench/suggest_proof.sh an arena of their own cost peak RSS (stencil_big
   1.09x the default against throughput.yaml's 1.01x: two arenas cannot share
@@ -170,11 +173,9 @@ def suggest(p, call_site_rules=False, resident_arena=False):
         # throughput.yaml's decay: on the real-job benchmark (bench/jobs.py,
         # fft_image) `dirty: never` with a budget sized to the temporaries' peak
         # (512 MiB) held 1.34x the default's peak RSS against 1.11x, and was no faster.
-        budget = 16 * MIB
         sites, nsites = _top_sites(p, temp, b)
         med = _wmedian(life[temp], b[temp])
-        arenas.append("  reuse: {alignment: 4096, hugepages: on, "
-                      "decay: {dirty: 30s, muzzy: 0ms, budget: %s}}" % _size_text(budget))
+        arenas.append("  reuse: {alignment: 4096, decay: {dirty: 30s, muzzy: 0ms}}")
         rules += ["  # big temporaries: sizes >= %s freed within %s: %s (%s of bytes), "
                   "median lifetime %s,"
                   % (fmt_bytes(big_min), fmt_time(LONG), fmt_bytes(b[temp].sum()),
@@ -183,9 +184,8 @@ def suggest(p, call_site_rules=False, resident_arena=False):
                   % (fmt_count(w[temp].sum()),
                      "%.0f%%" % (100.0 * b[temp & short].sum() / b[temp].sum()), fmt_time(SHORT),
                      fmt_bytes(peak_t), nsites, "" if nsites == 1 else "s", ", ".join(sites)),
-                  "  # -> reuse arena: freed pages kept 30 s for the next iteration, hugepages, at most",
-                  "  #    budget %s + 1/16 of active bytes of them when it grows (a steady loop that"
-                  % _size_text(budget),
+                  "  # -> reuse arena: freed pages kept 30 s for the next iteration, at most",
+                  "  #    1/64 of its active bytes of them when it grows (a steady loop that",
                   "  #    still faults: dirty: never, budget >= %s, the peak above)"
                   % _size_text(_pow2_ceil(int(peak_t))),
                   "  - name: temporaries",
@@ -199,8 +199,8 @@ def suggest(p, call_site_rules=False, resident_arena=False):
                      "benchmark: temporaries",
                      "#     8 MiB 0.45x, 64 MiB 0.73x of the default's time "
                      "(docs/performance.md)",
-                     "#   memory: freed temporaries kept: at most %s + 1/16 of the arena's "
-                     "active bytes" % fmt_bytes(budget)]
+                     "#   memory: freed temporaries kept when the arena grows: at most 1/64 "
+                     "of its active bytes"]
     else:
         rules.append("  # no big temporaries (>= %s freed within %s): no reuse arena"
                      % (fmt_bytes(big_min), fmt_time(LONG)))

@@ -247,7 +247,7 @@ def test_suggest_passes_check_and_routes_temporaries(job, tmp_path):
     assert "ok" in r.stdout and "warning" not in r.stderr, r.stderr
     assert "# big temporaries: sizes >= 4.0 MiB" in policy
     assert "__main__.make_temps:14 (100%)" in policy
-    assert "dirty: 30s" in policy and "hugepages: on" in policy
+    assert "reuse: {alignment: 4096, decay: {dirty: 30s, muzzy: 0ms}}" in policy
     ex = _datamem("explain", str(path), "--size", "4MiB").stdout
     assert "rule 'temporaries'" in ex and "arena 'reuse'" in ex
     ex = _datamem("explain", str(path), "--size", "128").stdout

@@ -347,3 +347,27 @@ stop = True; t.join()
 print("ok")
 """, config=MINIMAL, timeout=120)
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr
+
+
+def test_reload_applies_to_kept_blocks(write_policy):
+    """A reload that gives the arena a limit (live bytes counted from then on) or
+    a shorter decay hands its kept big blocks back at once."""
+    limited = write_policy("version: 1\ndefault: main\narenas:\n  main: {limit: 4GiB}\n")
+    r = run_py(r"""
+import json, sys
+import numpy as np
+import datamem
+x = np.ones(16 << 20, np.uint8); del x
+before = datamem.stats()["arenas"]["main"]["reuse_bytes"]
+datamem.reload(sys.argv[1])
+a = datamem.stats()["arenas"]["main"]
+y = np.ones(16 << 20, np.uint8)
+live = datamem.stats()["arenas"]["main"]["live_bytes"]
+del y
+print(json.dumps({"before": before, "after": a["reuse_bytes"], "live": live,
+                  "end": datamem.stats()["arenas"]["main"]["reuse_bytes"]}))
+""".replace("sys.argv[1]", repr(limited)), config=MINIMAL)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["before"] == 16 << 20 and out["after"] == 0 and out["end"] == 0, out
+    assert out["live"] >= 16 << 20, out
