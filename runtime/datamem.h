@@ -10,7 +10,10 @@
  * the GIL. dm_alloc/dm_calloc/dm_realloc/dm_free take no lock, never log and
  * never allocate outside jemalloc once the calling thread is bound to the
  * current table; binding (first call on a thread, after a reload, on a new
- * context) takes the runtime mutex once.
+ * context) takes the runtime mutex once. Blocks of 4 MiB or more (where
+ * jemalloc takes its own arena locks anyway) pass through the arena's reuse
+ * mutex, held for a search of at most 8 entries and never across a jemalloc
+ * call.
  */
 #ifndef DATAMEM_H
 #define DATAMEM_H

@@ -933,7 +933,9 @@ static __attribute__((noinline)) void free_slow(dm_tls_t *t, void *p, _Atomic ui
 
 /* The fast path: a tagged block goes into its class's bin, if the bin is
  * empty or holds the same arena's blocks and has room; otherwise down the
- * slow path, untagged. The tag says the class; NumPy's size is never used. */
+ * slow path, untagged. The tag says the class; NumPy's size (hint) is only a
+ * filter for the slow path: a block it calls big may be kept for reuse after
+ * jemalloc tells its real size. */
 static inline __attribute__((always_inline)) void free_impl(void *p, size_t hint) {
     dm_tls_t *t = tls_fast();
     _Atomic uint64_t *w = tag_word((uintptr_t)p);
