@@ -268,6 +268,11 @@ static void textfile_remove_own(const char *tmpl) {
         dm_log("datamem: stats: cannot remove textfile %s: %s", path, strerror(errno));
 }
 
+static int64_t age_ms(const struct timespec *now, const struct timespec *then) {
+    return ((int64_t)now->tv_sec - (int64_t)then->tv_sec) * 1000 +
+           ((int64_t)now->tv_nsec - (int64_t)then->tv_nsec) / 1000000;
+}
+
 int dm_stats_textfile_sweep(const char *tmpl, int64_t min_age_ms) {
     const char *at = strstr(tmpl, "{pid}");
     const char *slash = strrchr(tmpl, '/');
@@ -286,7 +291,11 @@ int dm_stats_textfile_sweep(const char *tmpl, int64_t min_age_ms) {
     if (!d)
         return DM_ESYS;
     int removed = 0;
-    time_t now = time(NULL);
+    /* Fine-grained: time() reads the clock as of the last tick, and a file
+     * written since can carry a later (multigrain) mtime, which made a file
+     * written a moment ago look younger than min_age 0 (a flaky test). */
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
     struct dirent *e;
     while ((e = readdir(d))) {
         size_t nl = strlen(e->d_name);
@@ -305,7 +314,7 @@ int dm_stats_textfile_sweep(const char *tmpl, int64_t min_age_ms) {
         if (kill((pid_t)pid, 0) == 0 || errno != ESRCH ||
             fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 ||
             !S_ISREG(st.st_mode) || st.st_uid != geteuid() ||
-            (int64_t)(now - st.st_mtime) * 1000 < min_age_ms)
+            age_ms(&now, &st.st_mtim) < min_age_ms)
             continue;
         removed += unlinkat(dirfd(d), e->d_name, 0) == 0;
     }

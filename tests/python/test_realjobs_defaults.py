@@ -215,10 +215,11 @@ def stats():
 def loop(seed):
     rng = np.random.default_rng(seed)
     a, b, c = (rng.random(2 << 20) + 1.0 for _ in range(3))   # 16 MiB each
-    d = a * b + c; e = np.sqrt(d)          # warm: both threads' two temporaries
-    barrier.wait()                         # live at once, the loop's most
-    del d, e
-    barrier.wait()
+    d = a * b + c; e = np.sqrt(d) - a; del d, e   # warm: the loop's code paths,
+    warm = [a * b for _ in range(4)]       # and 4 temporaries per thread live at
+    barrier.wait()                         # once, at least the loop's most (3 when
+    del warm                               # NumPy cannot elide temporaries, as
+    barrier.wait()                         # under ASan)
     f0 = resource.getrusage(R).ru_minflt
     for _ in range(40):
         d = a * b + c; e = np.sqrt(d) - a; del d, e
