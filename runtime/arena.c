@@ -655,12 +655,14 @@ void dm__arena_after_growth(je_arena_t *ja) {
     uint64_t epoch = 1, page = dm__os_page_size();
     pthread_mutex_lock(&dm__mu);
     dmje_mallctl("epoch", NULL, NULL, &epoch, sizeof(epoch)); /* refresh the stats */
-    uint64_t dirty = stat_zu(ja->index, "pdirty") * page;
-    uint64_t active = stat_zu(ja->index, "pactive") * page;
-    uint64_t footprint = 0;
-    for (int j = 0; j < nje; j++)
-        footprint += (stat_zu(dm__je[j]->index, "pactive") + stat_zu(dm__je[j]->index, "pdirty")) *
-                     page;
+    uint64_t dirty = 0, active = 0, footprint = 0;
+    for (int j = 0; j < nje; j++) {
+        uint64_t d = stat_zu(dm__je[j]->index, "pdirty") * page;
+        uint64_t a = stat_zu(dm__je[j]->index, "pactive") * page;
+        footprint += a + d;
+        if (dm__je[j] == ja)
+            dirty = d, active = a;
+    }
     bool purge = footprint > peak_footprint && dirty > budget && dirty - budget > active / 64;
     if (footprint > peak_footprint)
         peak_footprint = purge ? footprint - dirty : footprint;

@@ -43,8 +43,10 @@
  *     decay.dirty (checked at each reuse operation and each stats snapshot);
  *     decay.dirty 0 keeps none. Tracked arenas (`limit`) keep none.
  *
- * Thread safety: the advice and zeroing are lock-free. The bitmap is updated with relaxed atomic ORs; two
- * threads racing on one frame both advise it, which is harmless.
+ * Thread safety: the advice and zeroing are lock-free. The bitmap is updated
+ * with relaxed atomic ORs; two threads racing on one frame both advise it,
+ * which is harmless. Reuse takes the arena's reuse_mu, never across a jemalloc
+ * call.
  */
 #include "runtime/bigblock.h"
 
@@ -215,7 +217,7 @@ bool dm__big_keep(je_arena_t *ja, void *p) {
     return true;
 }
 
-void dm__big_expire(je_arena_t *ja) {
+static void expire(je_arena_t *ja) {
     if (atomic_load_explicit(&ja->reuse_bytes, memory_order_relaxed) == 0)
         return;
     void *out[DM_REUSE_MAX];
@@ -227,6 +229,11 @@ void dm__big_expire(je_arena_t *ja) {
     int nout = take_expired(ja, ttl_of(ja), now, all, out);
     pthread_mutex_unlock(&ja->reuse_mu);
     give_back(out, nout);
+}
+
+void dm__big_expire_all(void) {
+    for (int i = 0; i < DM_JE_MAX && dm__je[i]; i++)
+        expire(dm__je[i]);
 }
 
 void dm__big_fork(int phase) {

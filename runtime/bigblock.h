@@ -42,12 +42,13 @@ struct je_arena;
  * back to jemalloc (so that it can split or merge them for this request).
  * dm__big_keep: keeps p (a live block of the arena, not yet freed) for the
  * next allocation of its size; false if it is not kept (the caller frees it).
- * dm__big_expire: hands back what waited longer than the arena's decay.dirty.
+ * dm__big_expire_all (under dm__mu): every arena hands back what waited longer
+ * than its decay.dirty, and all it keeps once it counts live bytes (`limit`).
  * dm__big_fork: 0 before fork() (takes every arena's lock), 1 after it, in
  * both processes. */
 void *dm__big_take(struct je_arena *ja, size_t n, int flags);
 bool dm__big_keep(struct je_arena *ja, void *p);
-void dm__big_expire(struct je_arena *ja);
+void dm__big_expire_all(void);
 void dm__big_fork(int phase);
 
 /* What NumPy's default handler does (np._core.multiarray._get_madvise_hugepage();

@@ -1218,9 +1218,7 @@ int dm_runtime_install(dm_policy_t *p, dm_diags_t *d) {
     atomic_store_explicit(&dm_runtime_site_rules, dm_table_uses_site(tt), memory_order_release);
     reloads++;
     last_reload_failed = false;
-    /* New decay times and limits apply to kept big blocks at once. */
-    for (int i = 0; i < DM_JE_MAX && dm__je[i]; i++)
-        dm__big_expire(dm__je[i]);
+    dm__big_expire_all(); /* new decay times and limits apply to kept blocks at once */
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     last_reload_time = (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
@@ -1300,8 +1298,7 @@ int dm_stats_snapshot(dm_stats_t *out) {
     /* Kept big blocks that waited out their arena's decay.dirty go back now:
      * with an exporter running this is their clock when the job is idle.
      * (dm__mu, then an arena's reuse_mu: the order fork's handlers take.) */
-    for (int i = 0; i < DM_JE_MAX && dm__je[i]; i++)
-        dm__big_expire(dm__je[i]);
+    dm__big_expire_all();
     dmje_mallctl("epoch", &epoch, &esz, &epoch, esz);
     out->narenas = dm__arena_count();
     for (int i = 0; i < out->narenas; i++) {

@@ -78,8 +78,6 @@ def main():
     for mod in PRELOAD.get(args.job, []):
         importlib.import_module(mod)
     job = importlib.import_module(args.job)
-    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     r0 = resource.getrusage(resource.RUSAGE_SELF)
     c0, t0 = time.process_time(), time.perf_counter()
     checksum = job.run(args.scale)
@@ -91,9 +89,9 @@ def main():
     ru = resource.getrusage(resource.RUSAGE_SELF)
     policy, arenas = datamem_arenas()
     print(json.dumps({
-        "job": args.job, "wall_s": wall, "cpu_s": cpu, "faults": ru.ru_minflt - f0,
+        "job": args.job, "wall_s": wall, "cpu_s": cpu, "faults": ru.ru_minflt - r0.ru_minflt,
         "user_s": ru.ru_utime - r0.ru_utime, "sys_s": ru.ru_stime - r0.ru_stime,
-        "maxrss_mb": ru.ru_maxrss / 1024, "rss_before_mb": rss0 / 1024,
+        "maxrss_mb": ru.ru_maxrss / 1024, "rss_before_mb": r0.ru_maxrss / 1024,
         "thp_mb": anon_huge_mb(), "checksum": checksum, "handler": handler_name(),
         "preloaded": preloaded(), "policy": policy, "arenas": arenas, "blas": blas(),
         "extra": extra,
