@@ -144,14 +144,22 @@ uint64_t dm__os_numa_nodes(void) {
     uint64_t fake = atomic_load_explicit(&fake_nodes, memory_order_relaxed);
     if (fake)
         return fake;
-    if (numa_available() < 0)
-        return 1;
-    uint64_t nodes = 0;
-    int max = numa_max_node();
-    for (int i = 0; i <= max && i < 64; i++)
-        if (numa_bitmask_isbitset(numa_all_nodes_ptr, (unsigned)i))
-            nodes |= UINT64_C(1) << i;
-    return nodes ? nodes : 1;
+    /* libnuma fixes numa_all_nodes_ptr when it loads and frees it in its
+     * destructor; a reload on the watcher thread while the process exits read
+     * it as it was freed (TSan, runtime:stress_test). Read once, kept. */
+    static _Atomic uint64_t real_nodes;
+    uint64_t nodes = atomic_load_explicit(&real_nodes, memory_order_relaxed);
+    if (nodes)
+        return nodes;
+    if (numa_available() >= 0) {
+        int max = numa_max_node();
+        for (int i = 0; i <= max && i < 64; i++)
+            if (numa_bitmask_isbitset(numa_all_nodes_ptr, (unsigned)i))
+                nodes |= UINT64_C(1) << i;
+    }
+    nodes = nodes ? nodes : 1;
+    atomic_store_explicit(&real_nodes, nodes, memory_order_relaxed);
+    return nodes;
 }
 
 int dm__os_current_node(void) {
