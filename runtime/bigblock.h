@@ -36,6 +36,10 @@ void *dm__big_zero(void *p, size_t n);
 
 struct je_arena;
 
+/* The jemalloc flags for a block of n >= DM_BIG_THP_MIN bytes from ja: 2 MiB
+ * alignment where dm__big_advise will advise it. */
+int dm__big_flags(const struct je_arena *ja, int flags);
+
 /* Reuse of freed big blocks (bigblock.c, "Reuse"). dm__big_take: a kept block
  * of the size class jemalloc would serve for mallocx(n, flags), aligned as
  * `flags` asks, or NULL, in which case every block the arena kept has gone

@@ -230,7 +230,10 @@ static void tls_exit(void *arg) {
     t->fast = false;
     t->exiting = true; /* frees after this point bypass the (gone) caches */
     fc_flush(t);
-    t->auto_je = NULL; /* jemalloc flushes the automatic cache itself */
+    if (t->auto_je) { /* jemalloc's own destructor may run after this one */
+        t->auto_je = NULL;
+        dmje_mallctl("thread.tcache.flush", NULL, NULL, NULL, 0);
+    }
     pthread_mutex_lock(&dm__mu);
     for (int i = 0; i < dm__arena_count(); i++)
         ctrs_add(&dm__arena_at(i)->dead, &t->ctrs[i]);
@@ -241,7 +244,6 @@ static void tls_exit(void *arg) {
         registry = t->next;
     if (t->next)
         t->next->prev = t->prev;
-    nthreads--;
     rt_table_t *tab = t->table;
     t->table = NULL;
     t->registered = false;
@@ -254,6 +256,12 @@ static void tls_exit(void *arg) {
     }
     if (tab)
         table_release(tab);
+    /* Counted out last: a stats reader that sees the thread gone sees its
+     * caches' blocks back in their arenas (tests wait for the count to drop
+     * and then count jemalloc's live blocks). */
+    pthread_mutex_lock(&dm__mu);
+    nthreads--;
+    pthread_mutex_unlock(&dm__mu);
 }
 
 /* Called with dm__mu held. */
@@ -530,25 +538,30 @@ static inline je_arena_t *slot_je(const rt_slot_t *s) {
 
 static void *slot_alloc_tracked(dm_tls_t *t, const rt_slot_t *s, size_t size, int zero);
 
-static inline void *je_alloc(dm_tls_t *t, const rt_slot_t *s, je_arena_t *ja, size_t n, int zero) {
+static inline void *je_alloc_flags(dm_tls_t *t, int flags, je_arena_t *ja, size_t n, int zero) {
     TSAN_ACQUIRE();
-    if (ja == t->auto_je && s->flags == 0) /* the thread's bound arena */
+    if (ja == t->auto_je && flags == 0) /* the thread's bound arena */
         return zero ? dmje_mallocx(n, MALLOCX_ZERO) : dmje_malloc(n);
-    return dmje_mallocx(n, (int)((unsigned)s->flags | (unsigned)zero |
+    return dmje_mallocx(n, (int)((unsigned)flags | (unsigned)zero |
                                  (unsigned)MALLOCX_ARENA(ja->index) | tcache_flags(t, ja)));
+}
+
+static inline void *je_alloc(dm_tls_t *t, const rt_slot_t *s, je_arena_t *ja, size_t n, int zero) {
+    return je_alloc_flags(t, s->flags, ja, n, zero);
 }
 
 /* n >= 4 MiB: a block kept by dm__big_keep if one of its size is there
  * (bigblock.c, "Reuse"), else jemalloc's, then the growth check. */
 static __attribute__((noinline)) void *slot_alloc_big(dm_tls_t *t, const rt_slot_t *s,
                                                       je_arena_t *ja, size_t n, int zero) {
-    void *p = dm__big_take(ja, n, s->flags);
+    int flags = dm__big_flags(ja, s->flags);
+    void *p = dm__big_take(ja, n, flags);
     if (p) {
         if (zero)
             memset(p, 0, n);
         return p;
     }
-    p = je_alloc(t, s, ja, n, zero);
+    p = je_alloc_flags(t, flags, ja, n, zero);
     dm__arena_check_growth(ja);
     return p;
 }
