@@ -96,8 +96,8 @@ print(json.dumps([a.ctypes.data % (2 << 20) for a in big]))
 def test_big_blocks_start_on_a_hugepage_frame(thp):
     """A block >= 4 MiB that gets NumPy's hugepage advice starts on a 2 MiB
     boundary, so every whole frame of it can be a hugepage: page-aligned, a 23 MB
-    array lost up to two frames to 4 KiB pages at its ends (pandas_etl took 52k
-    faults, 42k aligned; docs/performance.md). Without the advice, no padding."""
+    array lost up to two frames to 4 KiB pages at its ends (pandas_etl took 39.6k
+    faults, 29.6k aligned; docs/performance.md). Without the advice, no padding."""
     r = run_py(ALIGNED, config=MINIMAL, env={"NUMPY_MADVISE_HUGEPAGE": thp})
     assert r.returncode == 0, r.stderr
     offsets = json.loads(r.stdout.strip().splitlines()[-1])
