@@ -719,7 +719,7 @@ static void test_exit_hands_caches_back_before_count(void) {
     uint64_t live0, live;
     exit_counts(s, &n0, &live0);
     int early = 0;
-    for (int round = 0; round < 30; round++) {
+    for (int round = 0; round < 8; round++) {
         pthread_t th;
         _Atomic int done = 0;
         pthread_create(&th, NULL, exit_worker, &done);
@@ -732,7 +732,7 @@ static void test_exit_hands_caches_back_before_count(void) {
             early++;
         pthread_join(th, NULL);
     }
-    CHECK(early == 0, "%d of 30 exits counted before the cached blocks went back", early);
+    CHECK(early == 0, "%d of 8 exits counted before the cached blocks went back", early);
     free(s);
     load_ok(POLICY);
 }
