@@ -428,3 +428,30 @@ print(json.dumps({"below": [below["growth_purges"], below["dirty_bytes"]],
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["below"][0] == 0 and out["below"][1] >= (128 << 20), out
     assert out["above"][0] == 1 and out["above"][1] < (8 << 20), out
+
+
+def test_a_growth_purge_never_lowers_the_peak_mark(write_policy):
+    """After a purge, datamem's high-water footprint stays where it was: it used
+    to drop to the footprint left after the purge, so later growth below the
+    real peak purged again (the mixed benchmark: 59 purges, 38 with the mark
+    kept; the same peak RSS)."""
+    one = write_policy("version: 1\ndefault: b\narenas:\n  b: {}\n")
+    r = run_py(r"""
+import json
+import numpy as np
+import datamem
+
+def purges():
+    return datamem.stats()["arenas"]["b"]["growth_purges"]
+
+blocks = [np.ones(32 << 20, np.uint8) for _ in range(8)]  # the peak: 256 MiB, no dirty pages
+del blocks[1::2]                                 # 128 MiB freed in 32 MiB holes
+g = np.ones(48 << 20, np.uint8)                  # fits no hole, 304 MiB > 256: purges
+first = purges()
+del blocks[0:2]                                  # 64 MiB dirty again, 112 MiB live with g
+h = np.ones(40 << 20, np.uint8)                  # grows to 216 MiB: below the peak
+print(json.dumps({"first": first, "second": purges()}))
+""", config=one)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out == {"first": 1, "second": 1}, out
