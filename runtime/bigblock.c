@@ -32,8 +32,13 @@
  *     memset costs 8 ms. From 32 MiB the block's pages are given back
  *     instead (MADV_DONTNEED) and the kernel supplies zero pages on first
  *     touch, as it does for the default: a used block pays the same faults as
- *     the default, an unused one a system call. Below 32 MiB glibc clears
- *     reused heap memory too, and memset stays.
+ *     the default, an unused one a system call. Except when every page of the
+ *     block is resident (mincore, 16 MiB per call, stopping at the first page
+ *     that is not; the last array used the whole block): then clearing in
+ *     place writes what the kernel's zero-fill would write and saves the
+ *     faults and the freeing and re-allocating of the pages (np.zeros + touch
+ *     at 64 MiB: 1.11x -> 0.19x the default; untouched, 0.16x -> 0.35x).
+ *     Below 32 MiB glibc clears reused heap memory too, and memset stays.
  *   - Reuse. A loop of big temporaries (`d = a * b + c` at 64 MiB in two
  *     threads) frees and allocates blocks of one size over and over. jemalloc
  *     keeps them as dirty pages, but its time-based decay still purges one
@@ -128,7 +133,11 @@ void *dm__big_zero(void *p, size_t n) {
      * pages: MADV_DONTNEED would swap them under the GPU's mapping. */
     je_arena_t *ja = dm__owner_of(p);
     bool keep = ja && atomic_load_explicit(&ja->ever_pinned, memory_order_relaxed);
-    if (!keep && hi > lo && dm__os_purge((void *)lo, hi - lo, true) == 0) {
+    /* Every page resident (the last user touched the whole block): clearing
+     * in place costs what the kernel's zero-fill would, without the faults or
+     * freeing and allocating the pages again. Otherwise the pages go back. */
+    if (!keep && hi > lo && !dm__os_resident((void *)lo, hi - lo) &&
+        dm__os_purge((void *)lo, hi - lo, true) == 0) {
         memset(p, 0, lo - b);
         memset((void *)hi, 0, e - hi);
     } else { /* pinned, locked pages (EINVAL), or less than a page */

@@ -140,6 +140,21 @@ int dm__os_purge(void *p, size_t n, bool forced) {
     return madvise(p, n, forced ? MADV_DONTNEED : MADV_FREE) == 0 ? 0 : -errno;
 }
 
+bool dm__os_resident(void *p, size_t n) {
+    unsigned char vec[4096]; /* one byte per page: 16 MiB per call */
+    size_t page = dm__os_page_size();
+    for (size_t off = 0; off < n;) {
+        size_t len = n - off < sizeof(vec) * page ? n - off : sizeof(vec) * page;
+        if (mincore((char *)p + off, len, vec) != 0)
+            return false;
+        for (size_t i = 0; i < (len + page - 1) / page; i++)
+            if (!(vec[i] & 1))
+                return false;
+        off += len;
+    }
+    return true;
+}
+
 uint64_t dm__os_numa_nodes(void) {
     uint64_t fake = atomic_load_explicit(&fake_nodes, memory_order_relaxed);
     if (fake)

@@ -41,6 +41,10 @@ int dm__os_numa(void *p, size_t n, int mode, uint64_t nodes);
 /* Returns pages to the kernel: lazily (MADV_FREE) or at once (MADV_DONTNEED). */
 int dm__os_purge(void *p, size_t n, bool forced);
 
+/* Whether every page of [p, p+n) (page-aligned) is resident (mincore); false
+ * on any error. */
+bool dm__os_resident(void *p, size_t n);
+
 /* Bitmask of the machine's NUMA nodes (bit 0 at least). */
 uint64_t dm__os_numa_nodes(void);
 /* The NUMA node of the CPU the caller runs on (0 when unknown). */
