@@ -119,7 +119,8 @@ void dm__big_advise(void *p, size_t n) {
 }
 
 int dm__big_flags(const je_arena_t *ja, int flags) {
-    if ((flags & LG_ALIGN_MASK) >= FRAME_SHIFT || !atomic_load_explicit(&numpy_thp, memory_order_relaxed) ||
+    if ((flags & LG_ALIGN_MASK) >= FRAME_SHIFT ||
+        !atomic_load_explicit(&numpy_thp, memory_order_relaxed) ||
         atomic_load_explicit(&ja->owner->thp, memory_order_relaxed) != DM_THP_SYSTEM)
         return flags;
     return (flags & ~LG_ALIGN_MASK) | MALLOCX_LG_ALIGN(FRAME_SHIFT);

@@ -676,8 +676,9 @@ static void test_cache_cross_thread(void) {
 /* A thread's jemalloc caches hold freed blocks until it exits. Stats must not
  * count the thread gone before those blocks are back in their arenas: a test
  * (or an operator) that waits for the thread count to drop and then reads the
- * arenas' live blocks saw up to ~100 cached blocks (the ASan Python stage's
- * flaky test_reloads_under_load_hand_memory_back). Six arenas: the exiting
+ * arenas' live blocks could see a cache's worth (the suspected cause of the
+ * ASan Python stage's flaky test_reloads_under_load_hand_memory_back, 96
+ * blocks; not reproduced on demand). Six arenas: the exiting
  * thread destroys six caches, one jemalloc call each, and a stats reader can
  * come in between. */
 #define EXIT_ARENAS 6
@@ -712,7 +713,8 @@ static void test_exit_hands_caches_back_before_count(void) {
     len += snprintf(policy + len, sizeof(policy) - (size_t)len, "rules:\n");
     for (int a = 1; a < EXIT_ARENAS; a++)
         len += snprintf(policy + len, sizeof(policy) - (size_t)len,
-                        "  - {name: r%d, match: {size: {min: %dKiB}}, arena: a%d}\n", a, 300 + 100 * (EXIT_ARENAS - a), EXIT_ARENAS - a);
+                        "  - {name: r%d, match: {size: {min: %dKiB}}, arena: a%d}\n", a,
+                        300 + 100 * (EXIT_ARENAS - a), EXIT_ARENAS - a);
     load_ok(policy);
     dm_stats_t *s = malloc(sizeof(*s));
     int n0, n;
