@@ -393,11 +393,19 @@ deadline = time.monotonic() + 20
 while datamem.stats()["threads"] > 1 and time.monotonic() < deadline:
     time.sleep(0.01)
 gc.collect()
-a = datamem.stats()["arenas"]["general"]
-print(json.dumps({"blocks": a["jemalloc_allocations"] - a["jemalloc_frees"],
+s = datamem.stats()
+a = s["arenas"]["general"]
+blocks = a["jemalloc_allocations"] - a["jemalloc_frees"]
+later = None
+if blocks > 4:  # for the report only: do the blocks come back, or are they lost?
+    time.sleep(1)
+    b = datamem.stats()["arenas"]["general"]
+    later = b["jemalloc_allocations"] - b["jemalloc_frees"]
+print(json.dumps({"blocks": blocks, "blocks_1s_later": later,
                   "allocated": a["allocated_bytes"], "allocs": a["allocations"],
-                  "rss_growth": rss() - r0, "tables": datamem.stats()["tables_live"],
-                  "threads": datamem.stats()["threads"]}))
+                  "frees": a["frees"], "block_cache_bytes": s["thread_cache_bytes"],
+                  "rss_growth": rss() - r0, "tables": s["tables_live"],
+                  "threads": s["threads"]}))
 """
 
 
