@@ -664,10 +664,9 @@ void dm__arena_after_growth(je_arena_t *ja) {
             dirty = d, active = a;
     }
     bool purge = footprint > peak_footprint && dirty > budget && dirty - budget > active / 64;
-    if (footprint > peak_footprint) /* a purge never lowers the mark */
-        peak_footprint = !purge ? footprint
-                       : footprint - dirty > peak_footprint ? footprint - dirty
-                                                            : peak_footprint;
+    uint64_t after = purge ? footprint - dirty : footprint;
+    if (after > peak_footprint) /* a purge never lowers the mark */
+        peak_footprint = after;
     pthread_mutex_unlock(&dm__mu);
     if (purge) {
         dmje_mallctlbymib(ja->purge_mib, 3, NULL, NULL, NULL, 0);

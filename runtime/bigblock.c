@@ -96,15 +96,19 @@ static bool frames_advised(uintptr_t f0, uintptr_t f1) {
     return true;
 }
 
+/* Whether ja's big blocks get NumPy's advice (and so the 2 MiB alignment). */
+static bool takes_numpy_advice(const je_arena_t *ja) {
+    return atomic_load_explicit(&numpy_thp, memory_order_relaxed) &&
+           atomic_load_explicit(&ja->owner->thp, memory_order_relaxed) == DM_THP_SYSTEM;
+}
+
 void dm__big_advise(void *p, size_t n) {
-    if (!atomic_load_explicit(&numpy_thp, memory_order_relaxed))
-        return;
     uintptr_t lo = ((uintptr_t)p + FRAME - 1) & ~(FRAME - 1);
     uintptr_t hi = ((uintptr_t)p + n) & ~(FRAME - 1);
     if (hi <= lo || (hi >> FRAME_SHIFT) > NFRAMES)
         return;
     je_arena_t *ja = dm__owner_of(p);
-    if (!ja || atomic_load_explicit(&ja->owner->thp, memory_order_relaxed) != DM_THP_SYSTEM)
+    if (!ja || !takes_numpy_advice(ja))
         return;
     uintptr_t f0 = lo >> FRAME_SHIFT, f1 = hi >> FRAME_SHIFT;
     if (frames_advised(f0, f1))
@@ -119,9 +123,7 @@ void dm__big_advise(void *p, size_t n) {
 }
 
 int dm__big_flags(const je_arena_t *ja, int flags) {
-    if ((flags & LG_ALIGN_MASK) >= FRAME_SHIFT ||
-        !atomic_load_explicit(&numpy_thp, memory_order_relaxed) ||
-        atomic_load_explicit(&ja->owner->thp, memory_order_relaxed) != DM_THP_SYSTEM)
+    if ((flags & LG_ALIGN_MASK) >= FRAME_SHIFT || !takes_numpy_advice(ja))
         return flags;
     return (flags & ~LG_ALIGN_MASK) | MALLOCX_LG_ALIGN(FRAME_SHIFT);
 }
