@@ -1,0 +1,38 @@
+"""bench/jobs.py's summary: the columns that do not swing with the VM's page-zeroing
+cost (user time, best-of-N wall time) sit next to the medians (docs/performance.md,
+"Fourth pass")."""
+import importlib.util
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "bench"))  # jobs.py imports run.py from there
+# by path: bench/jobs/ (the job scripts) would shadow `import jobs`
+_spec = importlib.util.spec_from_file_location("bench_jobs", os.path.join(ROOT, "bench", "jobs.py"))
+jobs = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(jobs)
+
+
+def run(wall, user, rss=100.0):
+    return {"wall_s": wall, "cpu_s": wall, "user_s": user, "sys_s": wall - user,
+            "maxrss_mb": rss, "faults": 10, "thp_mb": 0}
+
+
+def test_best_wall_and_user_time_are_ratios_to_the_default():
+    raw = {"job": {"default": [run(2.0, 1.0), run(1.0, 0.9), run(3.0, 1.1)],
+                   "dm-x": [run(1.1, 1.0), run(4.0, 1.0), run(4.5, 1.2)]}}
+    med, ratio = jobs.summarize(raw)
+    assert med["job"]["default"]["wall_best_s"] == 1.0
+    assert med["job"]["dm-x"]["wall_best_s"] == 1.1
+    assert abs(ratio["job"]["dm-x"]["wall_best_s"] - 1.1) < 1e-12
+    assert abs(ratio["job"]["dm-x"]["wall_s"] - 2.0) < 1e-12   # the median: 4.0 / 2.0
+    assert abs(ratio["job"]["dm-x"]["user_s"] - 1.0) < 1e-12
+    table = jobs.markdown_steady(med, ratio, ["default", "dm-x"])
+    assert "| job | 1.00, 1.00 | 1.00x / 1.10x |" in table
+
+
+def test_samples_without_user_time_leave_the_steady_table_out():
+    raw = {"job": {"default": [{"wall_s": 1.0, "maxrss_mb": 1.0}],
+                   "dm-x": [{"wall_s": 1.0, "maxrss_mb": 1.0}]}}
+    med, ratio = jobs.summarize(raw)
+    assert jobs.markdown_steady(med, ratio, ["default", "dm-x"]).count("\n") == 1
