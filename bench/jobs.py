@@ -48,7 +48,7 @@ RATIO_METRICS = ["wall_s", "cpu_s", "user_s", "wall_best_s", "maxrss_mb"]
 # 0.6-1.2 s for pandas_etl, almost all of it the kernel zeroing fresh pages,
 # clear_page_erms): a median of wall time can land in either mode. User time and
 # the best wall time of N runs do not swing; the tables report both next to the
-# median (docs/performance.md, "Where the wall-time noise comes from").
+# median (docs/performance.md, "Fourth pass: where the wall-time noise comes from").
 LIBS = {"jemalloc": "jemalloc", "jemalloc-tuned": "jemalloc", "tcmalloc": "tcmalloc",
         "mimalloc": "mimalloc"}
 
@@ -125,8 +125,8 @@ def print_table(med, ratio, configs, file=sys.stdout):
     for job in med:
         if "default" not in med[job]:
             continue
-        for k in ["wall_s", "wall_best_s", "cpu_s", "user_s", "sys_s", "maxrss_mb", "faults", "thp_mb", "thp_live_mb",
-                  "dm_dirty_mb", "dm_retained_mb"]:
+        for k in ["wall_s", "wall_best_s", "cpu_s", "user_s", "sys_s", "maxrss_mb", "faults",
+                  "thp_mb", "thp_live_mb", "dm_dirty_mb", "dm_retained_mb"]:
             if not any(k in med[job].get(c, {}) for c in configs):
                 continue
             row = "%-26s" % ("%s %s" % (job, k))
@@ -143,46 +143,39 @@ def print_table(med, ratio, configs, file=sys.stdout):
           "CPU, user and peak RSS of other columns: ratio to default)", file=file)
 
 
-def markdown(med, ratio, configs):
-    """The results table of docs/performance.md: time and peak RSS ratios per job."""
-    lines = ["| job | default: wall s, peak RSS MB | " +
-             " | ".join(c for c in configs if c != "default") + " |",
-             "|---|---|" + "---|" * (len(configs) - 1)]
-    for job in med:
-        if "default" not in med[job]:
-            continue
-        d = med[job]["default"]
-        cells = []
-        for c in configs:
-            if c == "default":
-                continue
-            r = ratio[job].get(c)
-            cells.append("-" if not r else "%.2fx / %.2fx" % (r["wall_s"], r["maxrss_mb"]))
-        lines.append("| %s | %.2f, %.0f | %s |" % (job, d["wall_s"], d["maxrss_mb"],
-                                                  " | ".join(cells)))
-    return "\n".join(lines)
-
-
-def markdown_steady(med, ratio, configs):
-    """User time and best-of-N wall time ratios: the columns that do not swing with
-    the VM's page-zeroing cost."""
-    lines = ["| job | default: user s, best wall s | " +
+def ratio_table(med, ratio, configs, keys, head, base_fmt):
+    """A markdown table: per job, the default's two `keys` (absolute, `base_fmt`)
+    and every other configuration's two ratios to them."""
+    lines = ["| job | default: %s | " % head +
              " | ".join(c for c in configs if c != "default") + " |",
              "|---|---|" + "---|" * (len(configs) - 1)]
     for job in med:
         d = med[job].get("default")
-        if not d or "user_s" not in d:
+        if not d or any(k not in d for k in keys):
             continue
         cells = []
         for c in configs:
             if c == "default":
                 continue
             r = ratio[job].get(c) or {}
-            cells.append("%.2fx / %.2fx" % (r["user_s"], r["wall_best_s"])
-                         if "user_s" in r and "wall_best_s" in r else "-")
-        lines.append("| %s | %.2f, %.2f | %s |" % (job, d["user_s"], d["wall_best_s"],
-                                                  " | ".join(cells)))
+            cells.append("%.2fx / %.2fx" % tuple(r[k] for k in keys)
+                         if all(k in r for k in keys) else "-")
+        lines.append("| %s | %s | %s |" % (job, base_fmt % tuple(d[k] for k in keys),
+                                          " | ".join(cells)))
     return "\n".join(lines)
+
+
+def markdown(med, ratio, configs):
+    """The results table of docs/performance.md: time and peak RSS ratios per job."""
+    return ratio_table(med, ratio, configs, ("wall_s", "maxrss_mb"),
+                       "wall s, peak RSS MB", "%.2f, %.0f")
+
+
+def markdown_steady(med, ratio, configs):
+    """User time and best-of-N wall time ratios: the columns that do not swing with
+    the VM's page-zeroing cost."""
+    return ratio_table(med, ratio, configs, ("user_s", "wall_best_s"),
+                       "user s, best wall s", "%.2f, %.2f")
 
 
 def plot(med, ratio, configs, path):
