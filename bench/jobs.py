@@ -47,8 +47,8 @@ RATIO_METRICS = ["wall_s", "cpu_s", "user_s", "wall_best_s", "maxrss_mb"]
 # This VM's system time is bimodal for the same job and configuration (0.1 s or
 # 0.6-1.2 s for pandas_etl, almost all of it the kernel zeroing fresh pages,
 # clear_page_erms): a median of wall time can land in either mode. User time and
-# the best wall time of N runs do not swing; the tables report both next to the
-# median (docs/performance.md, "Fourth pass: where the wall-time noise comes from").
+# the best wall time of N runs swing far less (on short jobs user time spreads too);
+# the tables report both next to the median (docs/performance.md, "Fourth pass: where the wall-time noise comes from").
 LIBS = {"jemalloc": "jemalloc", "jemalloc-tuned": "jemalloc", "tcmalloc": "tcmalloc",
         "mimalloc": "mimalloc"}
 
