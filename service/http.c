@@ -19,6 +19,10 @@
  *   sending its request: a flood of slow clients can delay a real scrape by one
  *   round trip, never lock it out (tests/python/test_hardening.py: a scrape
  *   succeeds while 200 slow clients are connected);
+ * - a TCP connection reaches accept() only once its first bytes have arrived
+ *   (TCP_DEFER_ACCEPT), and a request that is complete on accept is answered
+ *   there and then: a scraper slow to send after its handshake holds no slot
+ *   yet, so no flood can evict it before its request is read;
  * - bad requests (4xx) are counted per status code (datamem_http_requests_total)
  *   and logged at most once per HTTP_LOG_INTERVAL_S with the number suppressed.
  *
@@ -34,6 +38,7 @@
 #include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -517,7 +522,16 @@ static int listen_tcp(const char *hostport, char *url, size_t cap) {
             err = errno;
             close(fd);
             fd = -1;
+            continue;
         }
+        /* A connection reaches accept() only once its first bytes have arrived
+         * (or after the request deadline): a client takes a slot when it starts
+         * talking, so a flood cannot evict a scraper between its handshake and
+         * its request (tests/python/test_hardening.py). */
+        int defer = HTTP_REQUEST_DEADLINE_MS / 1000;
+        if (setsockopt(fd, IPPROTO_TCP, TCP_DEFER_ACCEPT, &defer, sizeof(defer)) != 0)
+            dm_log("datamem: stats: TCP_DEFER_ACCEPT: %s (a flood of connections from the "
+                    "scraper's own address can drop a scrape)", strerror(errno));
     }
     freeaddrinfo(res);
     if (fd < 0) {

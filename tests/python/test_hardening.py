@@ -156,6 +156,38 @@ def test_scrapes_succeed_while_200_slow_clients_are_connected(tmp_path):
         assert dropped["evicted"] + dropped["deadline"] > 0, dropped
 
 
+def test_a_scraper_slow_to_send_is_not_evicted_by_a_flood(tmp_path):
+    """The race behind a CI failure of the test above: a scraper that connects
+    and is descheduled before sending its request (the attacker shared its GIL)
+    was accepted with no bytes yet, and 16 newer connections from the same
+    address evicted it as the oldest one still reading. A connection takes a
+    slot only once it has sent something, so the scrape is answered."""
+    with job(tmp_path) as (p, info):
+        addr = _addr(info["url"])
+        scraper = socket.create_connection(addr, timeout=5)
+        flood = []
+        try:
+            time.sleep(0.3)  # the server has seen the handshake
+            for _ in range(40):
+                s = socket.create_connection(addr, timeout=5)
+                s.sendall(b"G")
+                flood.append(s)
+            time.sleep(0.3)  # every flood connection accepted (and most evicted)
+            scraper.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            reply = b""
+            while True:
+                chunk = scraper.recv(65536)
+                if not chunk:
+                    break
+                reply += chunk
+        finally:
+            scraper.close()
+            for s in flood:
+                s.close()
+        assert reply.startswith(b"HTTP/1.1 200"), reply[:80]
+        assert b"datamem_arena_allocated_bytes" in reply
+
+
 def test_a_request_has_a_total_deadline(tmp_path):
     """One byte every 0.5 s never lets a connection live past the request
     deadline (5 s), however steady the dribble."""
