@@ -202,6 +202,7 @@ void *dm__big_take(je_arena_t *ja, size_t n, int flags) {
         if (ja->reuse[i].usable == want && ((uintptr_t)ja->reuse[i].p & (align - 1)) == 0) {
             p = ja->reuse[i].p;
             drop_at(ja, i);
+            atomic_fetch_add_explicit(&ja->reused, 1, memory_order_relaxed);
             break;
         }
     }

@@ -60,6 +60,11 @@ typedef struct je_arena {
     uint16_t slot;           /* our id; segment map holds slot + 1 */
     int node;                /* per_node arenas: their node; else -1 */
     struct dm_arena *owner;
+    /* The big half (arena.c, "Big halves"): the jemalloc arena serving this
+     * one's blocks of DM_BIG_THP_MIN bytes and more; NULL when there is none
+     * (then this one serves them). Set once, under dm__mu. */
+    struct je_arena *_Atomic big;
+    bool is_big;             /* this is some arena's big half */
     pthread_mutex_t mu;      /* guards the bump region below */
     char *cur, *end;         /* committed-on-demand bump region */
     size_t reserved;         /* bytes of address space reserved */
@@ -71,6 +76,11 @@ typedef struct je_arena {
     /* Bytes of memory the arena has started to use (fresh extents, retained
      * ranges committed again) since dm__arena_after_growth last looked. */
     _Atomic uint64_t grown;
+    /* Kept big blocks handed out again (bigblock.c), which jemalloc does not
+     * count; and, under dm__mu, the allocations counted at the last growth
+     * check (dm__arena_after_growth: an arena with none since is idle). */
+    _Atomic uint64_t reused;
+    uint64_t ops_seen;
     size_t purge_mib[3];         /* "arena.<index>.purge" */
     bool creating;               /* inside arenas.create (under dm__mu) */
     /* Some extent was mlock'ed / registered with the GPU runtime: purges

@@ -280,6 +280,8 @@ static void tls_register(dm_tls_t *t) {
 
 /* The flags that select the calling thread's explicit cache for `ja`. */
 static __attribute__((noinline)) unsigned tcache_slow(dm_tls_t *t, je_arena_t *ja) {
+    if (ja->is_big) /* its blocks are all past jemalloc's cache sizes: none */
+        return t->tcache[ja->slot] = (unsigned)MALLOCX_TCACHE_NONE;
     if (t->exiting)
         return (unsigned)MALLOCX_TCACHE_NONE;
     pthread_mutex_lock(&dm__mu);
@@ -538,6 +540,13 @@ static inline je_arena_t *slot_je(const rt_slot_t *s) {
 
 static void *slot_alloc_tracked(dm_tls_t *t, const rt_slot_t *s, size_t size, int zero);
 
+/* Where a block of n >= DM_BIG_THP_MIN bytes goes: ja's big half if it has one
+ * (arena.c, "Big halves"). */
+static inline je_arena_t *big_half(je_arena_t *ja) {
+    je_arena_t *big = atomic_load_explicit(&ja->big, memory_order_acquire);
+    return big ? big : ja;
+}
+
 static inline void *je_alloc_flags(dm_tls_t *t, int flags, je_arena_t *ja, size_t n, int zero) {
     TSAN_ACQUIRE();
     if (ja == t->auto_je && flags == 0) /* the thread's bound arena */
@@ -578,7 +587,7 @@ slot_alloc(dm_tls_t *t, const rt_slot_t *s, size_t size, int zero) {
     if (DM_UNLIKELY(!ja))
         return NULL;
     if (DM_UNLIKELY(n >= DM_BIG_THP_MIN))
-        return slot_alloc_big(t, s, ja, n, zero);
+        return slot_alloc_big(t, s, big_half(ja), n, zero);
     void *p = je_alloc(t, s, ja, n, zero);
     if (n > DM_SC_MAX)
         dm__arena_check_growth(ja);
@@ -623,6 +632,8 @@ static __attribute__((noinline)) void *slot_alloc_tracked(dm_tls_t *t, const rt_
     je_arena_t *ja = slot_je(s);
     if (DM_UNLIKELY(!ja))
         return NULL;
+    if (n >= DM_BIG_THP_MIN)
+        ja = big_half(ja);
     int flags = (int)((unsigned)s->flags | (unsigned)MALLOCX_ARENA(ja->index));
     size_t usable = dmje_nallocx(n, flags);
     if (DM_UNLIKELY(usable == 0))
@@ -996,6 +1007,8 @@ void *dm_realloc(const dm_ctx_t *c, void *p, size_t size) {
     if (DM_UNLIKELY(!s))
         return NULL;
     je_arena_t *ja = slot_je(s);
+    if (ja && old == atomic_load_explicit(&ja->big, memory_order_acquire))
+        ja = old; /* a block stays in its half of the arena: resized in place if it can */
     void *q = NULL;
     TSAN_RELEASE();
     TSAN_ACQUIRE();

@@ -293,7 +293,8 @@ static void test_per_node_injected_topology(void) {
     dm_stats_snapshot(s);
     for (int i = 0; i < s->narenas; i++)
         if (strcmp(s->arenas[i].name, "pn") == 0)
-            CHECK(s->arenas[i].njemalloc == 2, "two jemalloc arenas, got %d", s->arenas[i].njemalloc);
+            CHECK(s->arenas[i].njemalloc == 4, "two jemalloc arenas per node (each with its "
+                  "big half), got %d", s->arenas[i].njemalloc);
     dm_stats_release(s);
     free(s);
     dm_free(p);
@@ -579,6 +580,79 @@ static void test_purge_on_growth(void) {
     }
 }
 
+static int njemalloc(const char *name) {
+    dm_stats_t *s = malloc(sizeof(*s));
+    dm_stats_snapshot(s);
+    int n = -1;
+    for (int i = 0; i < s->narenas; i++)
+        if (strcmp(s->arenas[i].name, name) == 0)
+            n = s->arenas[i].njemalloc;
+    dm_stats_release(s);
+    free(s);
+    return n;
+}
+
+/* An arena at `hugepages: system` serves blocks of 4 MiB and more from its big
+ * half (arena.c, "Big halves"), a jemalloc arena of their own; a block keeps
+ * its half through realloc. `on` and `off` arenas have one jemalloc arena for
+ * every size, and so does every arena made under an address-space limit
+ * (tests/python/test_hardening.py: sanitizers need the address space). */
+static void test_big_halves(void) {
+    const dm_ctx_t *root = dm_ctx_root();
+    const size_t MB = (size_t)1 << 20;
+    load_ok("version: 1\ndefault: halves\narenas:\n  halves: {}\n");
+    char *small = dm_alloc(root, 64 << 10, DM_DT_UNKNOWN), *big = dm_alloc(root, 8 * MB, DM_DT_UNKNOWN);
+    je_arena_t *js = dm__owner_of(small), *jb = dm__owner_of(big);
+    CHECK(js && jb && js != jb && js->big == jb && jb->is_big && !js->is_big,
+          "small and big blocks in the two halves: %p %p", (void *)js, (void *)jb);
+    CHECK_STR(dm_owner_arena(big), "halves");
+    CHECK(njemalloc("halves") == 2, "two jemalloc arenas, got %d", njemalloc("halves"));
+    char *grown = dm_realloc(root, big, 16 * MB), *shrunk = dm_realloc(root, grown, 1 * MB);
+    CHECK(dm__owner_of(shrunk) == jb, "a big block stays in the big half through realloc");
+    char *up = dm_realloc(root, small, 6 * MB);
+    CHECK(dm__owner_of(up) == js, "a small block grown past 4 MiB stays in place");
+    dm_free(shrunk), dm_free(up);
+
+    load_ok("version: 1\ndefault: whole\narenas:\n  whole: {hugepages: off}\n");
+    small = dm_alloc(root, 64 << 10, DM_DT_UNKNOWN), big = dm_alloc(root, 8 * MB, DM_DT_UNKNOWN);
+    CHECK(dm__owner_of(small) == dm__owner_of(big), "hugepages: off: one jemalloc arena");
+    CHECK(njemalloc("whole") == 1, "one jemalloc arena, got %d", njemalloc("whole"));
+    dm_free(small), dm_free(big);
+
+}
+
+/* The small half growing past the peak purges the dirty pages of a big half
+ * that served nothing since the last check (arena.c): in one jemalloc arena
+ * they would have served that growth. */
+static void test_idle_big_half_purged(void) {
+    const dm_ctx_t *root = dm_ctx_root();
+    const size_t MB = (size_t)1 << 20;
+    load_ok("version: 1\ndefault: idle\narenas:\n  idle: {decay: {dirty: 10s}}\n");
+    char *big[4];
+    for (int i = 0; i < 4; i++) {
+        big[i] = dm_alloc(root, 16 * MB, DM_DT_UNKNOWN);
+        touch(big[i], 16 * MB);
+    }
+    for (int i = 0; i < 4; i++)
+        dm_free(big[i]);
+    CHECK(arena_stat("idle", 3) >= 64 * MB, "64 MiB dirty in the big half: %llu",
+          (unsigned long long)arena_stat("idle", 3));
+    uint64_t purges = arena_stat("idle", 2);
+    enum { NSMALL = 512 }; /* at most 1.5 GiB: past whatever peak earlier tests set */
+    char **small = calloc(NSMALL, sizeof(*small));
+    int n = 0;
+    while (n < NSMALL && arena_stat("idle", 2) == purges) {
+        small[n] = dm_alloc(root, 3 * MB, DM_DT_UNKNOWN);
+        touch(small[n++], 3 * MB);
+    }
+    CHECK(arena_stat("idle", 2) > purges, "a growth purge after %d blocks of 3 MiB", n);
+    CHECK(arena_stat("idle", 3) < 16 * MB, "the idle big half's dirty pages purged: %llu",
+          (unsigned long long)arena_stat("idle", 3));
+    for (int i = 0; i < n; i++)
+        dm_free(small[i]);
+    free(small);
+}
+
 /* Two threads with different arenas allocate, hand blocks over, realloc and
  * free at random, with more live blocks than the tag table has words (so
  * tags collide). Every block must be at least as big as asked, from the
@@ -764,6 +838,8 @@ int main(void) {
     test_cache_tags_die_with_blocks();
     test_cache_two_arenas();
     test_purge_on_growth();
+    test_big_halves();
+    test_idle_big_half_purged();
     test_exit_hands_caches_back_before_count();
     unlink(write_policy(""));
     if (failures) {

@@ -362,7 +362,8 @@ void dm__metrics_text(const dm_stats_t *st, const char *cl, dm_buf_t *b) {
         value_u64(&s, cl, st->arenas[i].in_policy);
     }
     family(b, "datamem_", "arena_jemalloc_arenas", "gauge",
-           "jemalloc arenas behind the arena (one per NUMA node with per_node).");
+           "jemalloc arenas behind the arena (one per NUMA node with per_node; at "
+           "hugepages: system each has a second for blocks of 4 MiB and more).");
     for (int i = 0; i < st->narenas; i++) {
         s = sample_begin(b, "datamem_", "arena_jemalloc_arenas");
         label(&s, "arena", st->arenas[i].name);

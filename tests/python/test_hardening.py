@@ -323,7 +323,8 @@ try:
         keep.append(np.ones(100 << 17)); n += 100     # 100 MiB each
 except MemoryError:
     pass
-print(n, datamem.arena_of(keep[0]) if keep else None)
+arena = datamem.arena_of(keep[0]) if keep else None
+print(n, arena, datamem.stats()["arenas"][arena]["jemalloc_arenas"] if arena else 0)
 """
 
 
@@ -337,8 +338,10 @@ def test_jobs_start_under_an_address_space_limit(policy, gib):
     r = subprocess.run([sys.executable, "-c", GROW], env=e, capture_output=True, text=True,
                        timeout=120, cwd=ROOT, preexec_fn=_limited(gib))
     assert r.returncode == 0, r.stderr
-    reached, arena = r.stdout.split()
+    reached, arena, njemalloc = r.stdout.split()
     assert int(reached) >= 500 and arena != "None", r.stdout
+    # No big half under the limit: one 1 GiB reservation per arena, not two.
+    assert njemalloc == "1", r.stdout
     # Where it stops, the message names the limit.
     assert "RLIMIT_AS" in r.stderr and "%d MiB" % (gib << 10) in r.stderr, r.stderr
 
@@ -354,6 +357,11 @@ def test_an_address_space_limit_is_mostly_usable():
                        timeout=120, cwd=ROOT, preexec_fn=_limited(8))
     assert r.returncode == 0, r.stderr
     assert int(r.stdout.split()[0]) >= 5200, r.stdout
+    assert r.stdout.split()[2] == "1", r.stdout
+    # Without the limit, the same arena has its big half (docs/design.md).
+    r = subprocess.run([sys.executable, "-c", GROW.replace("20000", "300")], env=e,
+                       capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 0 and r.stdout.split()[2] == "2", (r.stdout, r.stderr)
 
 
 # ---- gauges that agree ------------------------------------------------------------------------
