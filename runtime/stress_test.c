@@ -55,6 +55,9 @@ static uint64_t rng(uint64_t *s) {
     return *s;
 }
 
+/* 3-9 MiB: on both sides of the big halves' 4 MiB (runtime/arena.c). */
+static size_t big_size(uint64_t *s) { return ((size_t)3 << 20) + rng(s) % ((size_t)6 << 20); }
+
 static void *worker(void *arg) {
     intptr_t id = (intptr_t)arg;
     char name[16];
@@ -72,7 +75,7 @@ static void *worker(void *arg) {
             if (p[0] != (unsigned char)i || p[sizes[i] - 1] != (unsigned char)i)
                 bad++;
             if (rng(&s) % 4 == 0) {
-                size_t n = 1 + rng(&s) % 200000;
+                size_t n = rng(&s) % 32 == 0 ? big_size(&s) : 1 + rng(&s) % 200000;
                 void *q = dm_realloc(ctxs[rng(&s) % 2], p, n);
                 if (q) {
                     p = q;
@@ -85,7 +88,8 @@ static void *worker(void *arg) {
             dm_free(p);
             live[i] = NULL;
         } else {
-            size_t n = 1 + rng(&s) % (rng(&s) % 8 == 0 ? 300000 : 2000);
+            size_t n = rng(&s) % 64 == 0 ? big_size(&s)
+                                         : 1 + rng(&s) % (rng(&s) % 8 == 0 ? 300000 : 2000);
             unsigned char *p = rng(&s) % 2 ? dm_alloc(ctxs[rng(&s) % 2], n, DM_DT_UNKNOWN)
                                            : dm_calloc(ctxs[rng(&s) % 2], n, DM_DT_UNKNOWN);
             if (!p) {
