@@ -456,9 +456,9 @@ static je_arena_t *je_get(je_arena_t *_Atomic *p) {
  * advised for them). In one jemalloc arena the two sizes share extents: a
  * freed big block, advised MADV_HUGEPAGE (bigblock.c), is split for small
  * ones, and a purge of the small ones' pages splits its hugepages (107
- * split PMDs per run on bench/run.py's mixed sizes, NumPy's default 3), while
+ * split PMDs per run on bench/run.py's mixed sizes, NumPy's default 3-4), while
  * every 2 MiB frame a small block touches first is zeroed whole: 1,227
- * hugepage faults against the default's 1,120, and 1.06x the default's time
+ * hugepage faults against the default's 1,118-1,240, and 1.06x the default's time
  * at --quick (median of 21 runs). With the halves apart: 1,053 hugepage
  * faults, 0.94x, the same peak RSS (0.92x the default's). docs/performance.md
  * has the numbers.
@@ -687,16 +687,18 @@ void dm__arena_after_growth(je_arena_t *ja) {
      * the last check: in one jemalloc arena its idle pages would have served
      * this growth (sklearn_pipeline: 111 MB of them, or 1.034x the default's
      * peak RSS instead of 1.01x). */
-    uint64_t footprint = 0, purged = 0;
-    for (int j = 0; j < nje; j++)
-        footprint += (stat_zu(dm__je[j]->index, "pdirty") + stat_zu(dm__je[j]->index, "pactive")) *
-                     page;
-    bool past = footprint > peak_footprint;
-    je_arena_t *mine[2 * DM_NODES_MAX]; /* one per node, or one, and their big halves */
+    struct candidate {
+        je_arena_t *x;
+        uint64_t dirty, active;
+        bool due;
+    } mine[2 * DM_NODES_MAX]; /* one per node, or one, and their big halves */
     int nmine = 0;
-    for (int j = 0; j < nje; j++) {
+    uint64_t footprint = 0, purged = 0;
+    for (int j = 0; j < nje; j++) { /* one read of each arena's stats */
         je_arena_t *x = dm__je[j];
-        if (x->owner != ja->owner)
+        uint64_t d = stat_zu(x->index, "pdirty") * page, a = stat_zu(x->index, "pactive") * page;
+        footprint += d + a;
+        if (x->owner != ja->owner || nmine == 2 * DM_NODES_MAX)
             continue;
         bool due = x == ja;
         if (x->is_big) {
@@ -705,19 +707,24 @@ void dm__arena_after_growth(je_arena_t *ja) {
             due = due || ops == x->ops_seen;
             x->ops_seen = ops;
         }
-        uint64_t d = stat_zu(x->index, "pdirty") * page, a = stat_zu(x->index, "pactive") * page;
-        if (past && due && d > budget && d - budget > a / 64 && x->purge_mib[0] &&
-            nmine < 2 * DM_NODES_MAX) {
-            mine[nmine++] = x;
+        mine[nmine++] = (struct candidate){x, d, a, due};
+    }
+    bool past = footprint > peak_footprint;
+    int npurge = 0;
+    for (int k = 0; k < nmine; k++) {
+        uint64_t d = mine[k].dirty;
+        if (past && mine[k].due && d > budget && d - budget > mine[k].active / 64 &&
+            mine[k].x->purge_mib[0]) {
+            mine[npurge++].x = mine[k].x; /* the purge list, in place */
             purged += d;
         }
     }
     if (footprint - purged > peak_footprint) /* a purge never lowers the mark */
         peak_footprint = footprint - purged;
     pthread_mutex_unlock(&dm__mu);
-    for (int k = 0; k < nmine; k++)
-        dmje_mallctlbymib(mine[k]->purge_mib, 3, NULL, NULL, NULL, 0);
-    if (nmine)
+    for (int k = 0; k < npurge; k++)
+        dmje_mallctlbymib(mine[k].x->purge_mib, 3, NULL, NULL, NULL, 0);
+    if (npurge)
         atomic_fetch_add_explicit(&ja->owner->growth_purges, 1, memory_order_relaxed);
 }
 
