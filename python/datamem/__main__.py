@@ -56,24 +56,7 @@ def explain(path, size, dtype="unknown", thread="MainThread", tags=(), table=Fal
 
 
 catches_sighup = _stats_cli.catches_sighup
-
-
-def reload_pid(pid):
-    """Asks process `pid` to reload its policy (SIGHUP), refusing when the process
-    has not opted in with `reload: {signal: true}` (SIGHUP would terminate it)."""
-    import signal
-    try:
-        ok = catches_sighup(pid)
-    except OSError as e:
-        print("datamem: no process %d (%s)" % (pid, e.strerror), file=sys.stderr)
-        return 1
-    if not ok:
-        print("datamem: process %d does not handle SIGHUP; set `reload: {signal: true}` in "
-              "its policy, or use the file watcher (`reload: {watch: true}`)" % pid, file=sys.stderr)
-        return 1
-    os.kill(pid, signal.SIGHUP)
-    print("sent SIGHUP to %d" % pid)
-    return 0
+reload_pid = _stats_cli.reload_pid  # refuses processes that are not this user's datamem ones
 
 
 def version_text():

@@ -6,16 +6,66 @@ A TARGET is a pid (looked up in the discovery directory), a URL
 (http://127.0.0.1:PORT, with or without /metrics), host:port, or the path of
 a Unix socket.
 """
+import errno
 import http.client
 import json
+import math
 import os
+import re
 import socket
 import stat
 import sys
 import time
 import urllib.parse
 
+from . import _files
+
 _ENDPOINTS = ("/metrics", "/stats.json")
+
+# The most a reply from a target may hold (`top`, `stats`, `record`): /metrics of
+# a process with every arena and rule is well under 1 MiB; an endless or huge
+# reply is refused, not held (one grew the client to 3 GB: issue 24).
+MAX_REPLY = 16 << 20
+# A discovery file the C side writes is under 2 KiB.
+_ENTRY_MAX = 64 << 10
+
+
+class TargetError(Exception):
+    """Bad input from a target or the discovery directory; its text is one line."""
+
+
+# ---- what reaches the terminal ----------------------------------------------------------
+
+# C0 and C1 controls, DEL, and the Unicode line separators and bidirectional
+# overrides: a path, arena or thread name that holds them could move the cursor,
+# retitle the terminal or hide text (issue 24).
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f"
+                          "\u202a-\u202e\u2066-\u2069]")
+
+
+def _escape(m):
+    c = ord(m.group())
+    return "\\x%02x" % c if c < 0x100 else "\\u%04x" % c
+
+
+def printable(text, keep=""):
+    """`text` (any object, as str) with every control character written as
+    \\xNN (\\uNNNN for the Unicode ones), except those in `keep`."""
+    text = str(text)
+    if keep:
+        return _UNPRINTABLE.sub(lambda m: m.group() if m.group() in keep else _escape(m), text)
+    return _UNPRINTABLE.sub(_escape, text)
+
+
+_warned = set()
+
+
+def _warn(text):
+    """One line on stderr, once per distinct text (top and --prometheus-sd loop)."""
+    if text not in _warned:
+        _warned.add(text)
+        sys.stderr.write("datamem: %s\n" % printable(text))
+        sys.stderr.flush()
 
 
 # ---- discovery -----------------------------------------------------------------
@@ -24,6 +74,91 @@ def stats_dir():
     """Where serving processes announce themselves ($DATAMEM_STATS_DIR or
     /tmp/datamem-<uid>); the C runtime uses the same rule."""
     return os.environ.get("DATAMEM_STATS_DIR") or "/tmp/datamem-%d" % os.getuid()
+
+
+def _open_stats_dir():
+    """An fd on the discovery directory, or None if there is none. Its rule is the
+    C side's (service/export.c, stats_dir_ok) and _files.owned_dir's: a real
+    directory, owned by this user, not writable by others; the C side does not
+    announce a process in any other, so whatever is there is not ours (issue 24:
+    fake targets reached root's file_sd output)."""
+    d = stats_dir()
+    try:
+        return _files.owned_dir(d)
+    except FileNotFoundError:
+        return None
+    except _files.UnsafeError as e:
+        raise TargetError("discovery directory refused: %s; set DATAMEM_STATS_DIR" % e)
+    except OSError as e:
+        raise TargetError("cannot open the discovery directory %s: %s" % (d, e.strerror))
+
+
+_NUMBER = (int, float)
+_ENTRY_FIELDS = (  # what service/export.c writes; all of it, with these types
+    ("pid", int), ("url", (str, type(None))), ("unix_socket", (str, type(None))),
+    ("argv0", str), ("cmdline", str), ("started", _NUMBER), ("version", str))
+_ENTRY_NAME = re.compile(r"([1-9][0-9]{0,9})\.json")
+
+
+def _is_number(v):
+    if isinstance(v, bool) or not isinstance(v, _NUMBER):
+        return False
+    try:
+        return math.isfinite(float(v))
+    except OverflowError:
+        return False
+
+
+def _entry_problem(entry, pid):
+    """Why `entry` (parsed JSON of <pid>.json) is not a discovery entry the C side
+    wrote, or None."""
+    if not isinstance(entry, dict):
+        return "not a JSON object"
+    for key, types in _ENTRY_FIELDS:
+        if key not in entry:
+            return "no %r" % key
+        v = entry[key]
+        if isinstance(v, bool) or not isinstance(v, types):
+            return "%r is a %s" % (key, type(v).__name__)
+    if entry["pid"] != pid:
+        return "pid %d in %d.json" % (entry["pid"], pid)
+    if not _is_number(entry["started"]):
+        return "'started' is not a finite number"
+    if not (entry["url"] or entry["unix_socket"]):
+        return "no endpoint"
+    if entry["url"]:
+        try:
+            u = urllib.parse.urlsplit(entry["url"])
+            ok = u.scheme == "http" and u.hostname and u.port
+        except ValueError:
+            ok = False
+        if not ok:
+            return "'url' is not http://HOST:PORT/..."
+    return None
+
+
+def _read_entry(dir_fd, name, pid):
+    """The discovery entry in file `name`, or None (absent; anything else is
+    skipped with a warning, never a traceback)."""
+    where = os.path.join(stats_dir(), name)
+    try:
+        data, _ = _files.read_owned(dir_fd, name, _ENTRY_MAX, what=where)
+        entry = json.loads(data)
+        problem = _entry_problem(entry, pid)
+    except FileNotFoundError:
+        return None
+    except _files.UnsafeError as e:
+        _warn("skipping %s" % e)
+        return None
+    except OSError as e:
+        _warn("skipping %s: %s" % (where, e.strerror))
+        return None
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+        problem = "not JSON"
+    if problem:
+        _warn("skipping %s: not a datamem discovery entry (%s)" % (where, problem))
+        return None
+    return entry
 
 
 def _boot_time():
@@ -46,43 +181,57 @@ def _proc_start_time(pid):
 
 def _alive(entry):
     """The process is there and is the one that wrote the file (not a reused pid)."""
-    start = _proc_start_time(int(entry.get("pid", 0)))
-    return start is not None and start <= float(entry.get("started", 0)) + 2
+    start = _proc_start_time(entry["pid"])
+    return start is not None and start <= entry["started"] + 2
 
 
 def list_processes(prune=True):
     """Discovery entries of live processes, oldest first; files of dead ones are
-    removed when `prune` (pool workers killed by SIGTERM cannot clean up)."""
-    d = stats_dir()
-    try:
-        names = os.listdir(d)
-    except OSError:
+    removed when `prune` (pool workers killed by SIGTERM cannot clean up). Only
+    files the C side wrote are removed: <pid>.json, a regular file of this
+    user's, holding a whole discovery entry (issue 24: `ls` deleted any
+    <number>.json that parsed as JSON). Raises TargetError when the directory is
+    refused."""
+    fd = _open_stats_dir()
+    if fd is None:
         return []
     out = []
-    for name in names:
-        if not name.endswith(".json") or not name[:-5].isdigit():
-            continue
-        path = os.path.join(d, name)
-        try:
-            with open(path) as f:
-                entry = json.load(f)
-        except (OSError, ValueError):
-            continue
-        if _alive(entry):
-            out.append(entry)
-        elif prune:
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
-    return sorted(out, key=lambda e: (e.get("started", 0), e.get("pid", 0)))
+    try:
+        for name in os.listdir(fd):
+            m = _ENTRY_NAME.fullmatch(name)
+            if not m:
+                continue
+            entry = _read_entry(fd, name, int(m.group(1)))
+            if entry is None:
+                continue
+            if _alive(entry):
+                out.append(entry)
+            elif prune:
+                try:
+                    os.unlink(name, dir_fd=fd)
+                except OSError:
+                    pass
+    finally:
+        os.close(fd)
+    return sorted(out, key=lambda e: (e["started"], e["pid"]))
+
+
+def registered(pid):
+    """The discovery entry of live process `pid`, or None."""
+    try:
+        fd = _open_stats_dir()
+    except TargetError:
+        return None
+    if fd is None:
+        return None
+    try:
+        entry = _read_entry(fd, "%d.json" % pid, pid)
+    finally:
+        os.close(fd)
+    return entry if entry is not None and _alive(entry) else None
 
 
 # ---- scraping ----------------------------------------------------------------------
-
-class TargetError(Exception):
-    pass
-
 
 class _UnixHTTPConnection(http.client.HTTPConnection):
     def __init__(self, path, timeout):
@@ -112,31 +261,41 @@ def resolve(target):
     t = str(target)
     if t.isdigit():
         pid = int(t)
-        try:
-            with open(os.path.join(stats_dir(), "%d.json" % pid)) as f:
-                entry = json.load(f)
-        except (OSError, ValueError):
-            raise TargetError("process %d is not serving datamem stats (no %s/%d.json; see "
-                              "`python -m datamem ls`)" % (pid, stats_dir(), pid))
-        if entry.get("url"):
+        entry = registered(pid)
+        if entry is None:
+            raise TargetError("process %d is not serving datamem stats (no live entry %s/%d.json;"
+                              " see `python -m datamem ls`)" % (pid, stats_dir(), pid))
+        if entry["url"]:
             return "http", _strip_endpoint(entry["url"])
-        if entry.get("unix_socket"):
-            return "unix", entry["unix_socket"]
-        raise TargetError("process %d lists no endpoint" % pid)
+        return "unix", entry["unix_socket"]
     if t.startswith(("http://", "https://")):
         return "http", _strip_endpoint(t)
     try:
         if stat.S_ISSOCK(os.stat(t).st_mode):
             return "unix", t
-    except OSError:
+    except (OSError, ValueError):
         pass
     if ":" in t and "/" not in t:
         return "http", "http://" + t
     raise TargetError("%r is not a pid, a URL, host:port or a Unix socket" % t)
 
 
+class _Deadline:
+    """read(n) of an HTTP response that fails once the whole reply has taken
+    longer than `seconds` (a socket timeout bounds each read, not a trickle)."""
+
+    def __init__(self, r, seconds):
+        self.r, self.end = r, time.monotonic() + seconds
+
+    def read(self, n):
+        if time.monotonic() > self.end:
+            raise socket.timeout("the reply took too long")
+        return self.r.read(n)
+
+
 def fetch(target, path="/metrics", timeout=5.0):
-    """GETs `path` from TARGET; returns the body (bytes). Raises TargetError."""
+    """GETs `path` from TARGET; returns the body (bytes, at most MAX_REPLY; the
+    whole reply within 4 x `timeout` seconds). Raises TargetError."""
     kind, where = target if isinstance(target, tuple) else resolve(target)
     try:
         if kind == "unix":
@@ -147,18 +306,54 @@ def fetch(target, path="/metrics", timeout=5.0):
         try:
             conn.request("GET", path)
             r = conn.getresponse()
-            body = r.read()
+            if r.status != 200:
+                raise TargetError("%s%s: HTTP %d" % (where, path, r.status))
+            body = _files.read_bounded(_Deadline(r, 4 * timeout), MAX_REPLY)
         finally:
             conn.close()
-    except OSError as e:
-        raise TargetError("cannot reach %s: %s" % (where, e))
-    if r.status != 200:
-        raise TargetError("%s%s: HTTP %d" % (where, path, r.status))
+    except _files.TooLargeError:
+        raise TargetError("%s%s: reply larger than %d MiB; not a datamem endpoint?"
+                          % (where, path, MAX_REPLY >> 20))
+    except (OSError, http.client.HTTPException, ValueError) as e:
+        text = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise TargetError("cannot reach %s: %s" % (where, text[:200]))
     return body
 
 
+def _snapshot_problem(snap):
+    """Why `snap` (parsed /stats.json) is not something `top` can show, or None."""
+    if not isinstance(snap, dict):
+        return "not a JSON object"
+    for key in ("time", "reloads", "reload_failures", "threads"):
+        if key in snap and not _is_number(snap[key]):
+            return "%r is not a number" % key
+    if not 0 <= snap.get("time", 0) < 1e11:
+        return "'time' out of range"
+    arenas = snap.get("arenas", {})
+    if not isinstance(arenas, dict):
+        return "'arenas' is not an object"
+    for name, a in arenas.items():
+        if not isinstance(a, dict):
+            return "arena %r is not an object" % name
+        for key in _ARENA_NUMBERS:
+            if a.get(key) is not None and not _is_number(a[key]):  # limit_bytes: null
+                return "arena %r: %r is not a number" % (name, key)
+    return None
+
+
 def fetch_json(target, timeout=5.0):
-    return json.loads(fetch(target, "/stats.json", timeout))
+    """/stats.json of TARGET, checked to have the shape `top` reads. Raises
+    TargetError (one line) for a reply that is not JSON or not that shape."""
+    where = target if isinstance(target, tuple) else resolve(target)
+    body = fetch(where, "/stats.json", timeout)
+    try:
+        snap = json.loads(body)
+    except (ValueError, RecursionError):
+        raise TargetError("%s/stats.json: the reply is not JSON" % where[1])
+    problem = _snapshot_problem(snap)
+    if problem:
+        raise TargetError("%s/stats.json: not a datamem snapshot (%s)" % (where[1], problem))
+    return snap
 
 
 # ---- formatting ------------------------------------------------------------------------
@@ -203,6 +398,8 @@ _RATES = [  # header, counter key, formatter
     ("ALLOC/s", "allocations", human_rate),
     ("FAIL/s", "failures", human_rate),
 ]
+# Numbers read from each arena of a snapshot (checked by fetch_json).
+_ARENA_NUMBERS = [c[1] for c in _COLUMNS + _RATES] + ["limit_bytes", "live_bytes"]
 # `top --all` adds a PID column and so drops ACTIVE as well.
 _ALL_COLUMNS = [c for c in _COLUMNS if c[0] != "ACTIVE"]
 # When an arena has a `limit`, LIMIT (live bytes as a share of it; "-" for
@@ -238,8 +435,9 @@ def render(head, rows, flex=0, lead=1, width=WIDTH):
     """Aligns `rows` under `head` in at most `width` columns: the first `lead`
     columns are left-aligned text joined by two spaces, the numbers after them
     right-aligned and joined by one (a number never splits). Column `flex` (text)
-    is cut with "~" when the line would be too long."""
-    rows = [[str(c) for c in r] for r in rows]
+    is cut with "~" when the line would be too long. Control characters in a
+    cell are escaped (printable())."""
+    rows = [[printable(c) for c in r] for r in rows]
     n = len(head)
     widths = [max(len(r[i]) for r in [head] + rows if i < len(r)) for i in range(n)]
     total = sum(widths) + 2 * lead + (n - lead - 1)
@@ -297,10 +495,13 @@ def header(cur, target, width=WIDTH):
     """Who and when; then the policy, its loads and the threads (on a third line
     when they would leave the policy's path less than 24 columns)."""
     when = time.strftime("%H:%M:%S", time.localtime(cur.get("time", time.time())))
-    first = "datamem %s  pid %s  %%s  %s" % (cur.get("version", "?"), cur.get("pid", "?"), when)
-    first = first % fit_left(str(target), width - len(first) + 2)
+    # Everything from the target is escaped and cut: a version or pid string
+    # cannot push the line past `width` or hold a "%".
+    first = "datamem %s  pid %s  " % (fit(printable(cur.get("version", "?")), 16),
+                                      fit(printable(cur.get("pid", "?")), 10))
+    first += fit_left(printable(target), width - len(first) - len(when) - 2) + "  " + when
     tail = "%s  threads %d" % (reload_label(cur), cur.get("threads", 0))
-    path = cur.get("policy_path") or "-"
+    path = printable(cur.get("policy_path") or "-")
     room = width - len("policy ") - len(tail) - 2
     if room >= min(24, len(path)):
         return first + "\n" + "policy " + fit_left(path, room) + "  " + tail
@@ -315,23 +516,108 @@ def _cmdline(pid):
         return f.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
 
 
+def _uids(pid):
+    """Real, effective and saved uid of process `pid` (/proc/PID/status)."""
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            if line.startswith("Uid:"):
+                return [int(x) for x in line.split()[1:4]]
+    raise OSError("no Uid line")
+
+
+_EXT = re.compile(r"_ext(\.[A-Za-z0-9_-]+)*\.so")
+
+
+def _maps_datamem(pid):
+    """True if process `pid` has a datamem install loaded: its maps hold both
+    libdatamem_tls.so and the extension (_ext*.so) from one directory, and each
+    is the very file (device and inode) now at that path, a regular file owned
+    by this user or root and not writable by others, in such a directory. A file
+    that is merely named libdatamem_tls.so (anyone can make one and map it) is
+    not enough (issue 24)."""
+    files = {}
+    with open("/proc/%d/maps" % pid) as f:
+        for line in f:
+            parts = line.split(None, 5)
+            if len(parts) < 6 or not parts[5].startswith("/"):
+                continue
+            path = parts[5].rstrip("\n")
+            base = os.path.basename(path)
+            if base == "libdatamem_tls.so" or _EXT.fullmatch(base):
+                major, minor = parts[3].split(":")
+                files[path] = (os.makedev(int(major, 16), int(minor, 16)), int(parts[4]))
+    trusted = (0, os.geteuid())
+    for path in files:
+        if os.path.basename(path) != "libdatamem_tls.so":
+            continue
+        d = os.path.dirname(path)
+        exts = [p for p in files if os.path.dirname(p) == d and p != path]
+        try:
+            dst = os.lstat(d)
+            ok = bool(exts) and stat.S_ISDIR(dst.st_mode) and dst.st_uid in trusted and \
+                not dst.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+            for p in [path] + exts[:1]:
+                st = os.lstat(p)
+                ok = ok and stat.S_ISREG(st.st_mode) and st.st_uid in trusted and \
+                    not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and \
+                    (st.st_dev, st.st_ino) == files[p]
+        except OSError:
+            ok = False
+        if ok:
+            return True
+    return False
+
+
+def not_ours(pid, announced=None):
+    """None if `pid` is one of this user's datamem processes (reload may signal
+    it), else why not, in words. Ours: its real, effective and saved uid are
+    this process's effective uid, and it either announced itself (a live
+    discovery entry of this user's: processes serving stats) or has a datamem
+    install loaded (_maps_datamem: the others, which register nowhere).
+    `announced`: the pids with a live discovery entry, if known. Issue
+    24: as root, `reload --all` signalled other users' processes that mapped a
+    file named libdatamem_tls.so, and `reload PID` any process."""
+    if pid == os.getpid():
+        return "is this process"
+    try:
+        uids = _uids(pid)
+        if any(u != os.geteuid() for u in uids):
+            return "belongs to uid %d, not to this user (uid %d)" % (
+                next(u for u in uids if u != os.geteuid()), os.geteuid())
+        if announced is None:
+            announced = {pid} if registered(pid) is not None else set()
+        if pid in announced or _maps_datamem(pid):
+            return None
+    except (OSError, ValueError) as e:
+        if isinstance(e, FileNotFoundError) or not os.path.exists("/proc/%d" % pid):
+            return "does not exist"
+        return "cannot be inspected (%s)" % (getattr(e, "strerror", None) or e)
+    return "has no datamem loaded"
+
+
 def datamem_pids(match=None):
-    """Pids of this user's processes that have datamem loaded (its extension's
-    libdatamem_tls.so is in /proc/PID/maps), whether or not they serve stats;
-    never this process. `match`: only those whose command line contains it."""
-    me, uid = os.getpid(), os.getuid()
+    """Pids of this user's datamem processes (not_ours() is None), whether or not
+    they serve stats; never this process. `match`: only those whose command
+    line contains it."""
+    me = os.getpid()
+    try:
+        announced = {e["pid"] for e in list_processes(prune=False)}
+    except TargetError as e:
+        _warn(str(e))
+        announced = set()
     out = []
     for name in os.listdir("/proc"):
         if not name.isdigit() or int(name) == me:
             continue
+        pid = int(name)
         try:
-            if uid != 0 and os.stat("/proc/" + name).st_uid != uid:
+            if os.stat("/proc/" + name).st_uid != os.geteuid():
                 continue
             with open("/proc/%s/maps" % name) as f:
-                if "/libdatamem_tls.so" not in f.read():
+                if "/libdatamem_tls.so" not in f.read() and pid not in announced:
                     continue
-            if match is None or match in _cmdline(int(name)):
-                out.append(int(name))
+            if not_ours(pid, announced) is None and (match is None or match in _cmdline(pid)):
+                out.append(pid)
         except OSError:  # gone, or not ours to read
             continue
     return sorted(out)
@@ -358,12 +644,12 @@ def sd_targets(procs):
 
 def write_sd(path, groups):
     """Writes `groups` to `path` through a temporary file renamed over it, so
-    Prometheus never reads half a file. Returns the text written."""
+    Prometheus never reads half a file. The temporary file's name is
+    unpredictable and created with O_EXCL|O_NOFOLLOW (_files.write_atomic):
+    issue 24, a symbolic link planted at "FILE.tmp.<pid>" made a root `ls
+    --prometheus-sd` overwrite any file. Returns the text written."""
     text = json.dumps(groups, indent=2, sort_keys=True) + "\n"
-    tmp = "%s.tmp.%d" % (path, os.getpid())
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    _files.write_atomic(path, text, mode=0o644)
     return text
 
 
@@ -371,7 +657,9 @@ def write_sd(path, groups):
 
 def cmd_stats(target, as_json=False, out=sys.stdout):
     body = fetch(target, "/stats.json" if as_json else "/metrics")
-    out.write(body.decode("utf-8", "replace"))
+    # Valid Prometheus text and JSON hold no control characters but newlines
+    # and tabs; anything else a target sends is escaped, not run by the terminal.
+    out.write(printable(body.decode("utf-8", "replace"), keep="\n\t"))
     return 0
 
 
@@ -388,11 +676,11 @@ def cmd_ls(as_json=False, sd_file=None, interval=5.0, once=False, out=sys.stdout
     now = time.time()
     rows = [("PID", "ENDPOINT", "UP", "COMMAND")]
     for e in procs:
-        up = int(now - e.get("started", now))
-        rows.append((str(e.get("pid")), e.get("url") or e.get("unix_socket") or "-",
+        up = max(0, int(now - e["started"]))
+        rows.append((str(e["pid"]), printable(e["url"] or e["unix_socket"]),
                      "%dh%02dm" % (up // 3600, up // 60 % 60) if up >= 3600 else
                      "%dm%02ds" % (up // 60, up % 60),
-                     (e.get("cmdline") or e.get("argv0") or "").replace("\n", " ")[:80]))
+                     printable((e["cmdline"] or e["argv0"]).replace("\n", " ")[:80])))
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     for r in rows:
         out.write("  ".join(c.ljust(w) for c, w in zip(r[:3], widths)) + "  " + r[3] + "\n")
@@ -412,7 +700,10 @@ def cmd_prometheus_sd(path, interval=5.0, once=False, out=sys.stderr):
         while True:
             groups = sd_targets(list_processes())
             if groups != last:
-                write_sd(path, groups)
+                try:
+                    write_sd(path, groups)
+                except OSError as e:
+                    raise TargetError("cannot write %s: %s" % (path, e.strerror or e))
                 out.write("%s: %d target(s)\n" % (path, len(groups)))
                 out.flush()
                 last = groups
@@ -563,26 +854,82 @@ def catches_sighup(pid):
     return False
 
 
-def reload_all(match=None, out=sys.stdout, err=sys.stderr):
-    """SIGHUP to every datamem process of this user that asked for it
-    (`reload: {signal: true}`); the others are named and left alone (SIGHUP would
-    end them). Exit status 0 only if every datamem process found was signalled."""
+def _pidfd(pid):
+    """A pidfd on `pid` (signals sent through it cannot reach a process that took
+    over the pid after the checks), or None where the kernel has none."""
+    try:
+        return os.pidfd_open(pid)
+    except AttributeError:
+        return None
+    except OSError as e:
+        if e.errno in (errno.ENOSYS, errno.EPERM, errno.EINVAL):
+            return None
+        raise
+
+
+def _sighup(pid, pidfd):
     import signal
+    if pidfd is None:
+        os.kill(pid, signal.SIGHUP)
+    else:
+        signal.pidfd_send_signal(pidfd, signal.SIGHUP)
+
+
+def _reload_one(pid, announced=None):
+    """Checks and signals `pid`: (True, "") when SIGHUP was sent, else (False,
+    why not)."""
+    try:
+        pidfd = _pidfd(pid)
+    except OSError as e:
+        return False, "no process %d (%s)" % (pid, e.strerror)
+    try:
+        why = not_ours(pid, announced)
+        if why:
+            return False, "process %d %s; not signalled (reload signals only this user's " \
+                          "datamem processes)" % (pid, why)
+        try:
+            if not catches_sighup(pid):
+                return False, "process %d does not handle SIGHUP; set `reload: {signal: " \
+                              "true}` in its policy, or use the file watcher (`reload: " \
+                              "{watch: true}`)" % pid
+            _sighup(pid, pidfd)
+        except (OSError, ValueError) as e:
+            return False, "no process %d (%s)" % (pid, getattr(e, "strerror", None) or e)
+        return True, ""
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
+
+
+def reload_pid(pid, out=sys.stdout, err=sys.stderr):
+    """Asks process `pid` to reload its policy (SIGHUP), refusing a process that
+    is not one of this user's datamem processes (not_ours) or has not opted in
+    with `reload: {signal: true}` (SIGHUP would terminate it)."""
+    ok, why = _reload_one(pid)
+    if not ok:
+        err.write("datamem: %s\n" % why)
+        return 1
+    out.write("sent SIGHUP to %d\n" % pid)
+    return 0
+
+
+def reload_all(match=None, out=sys.stdout, err=sys.stderr):
+    """SIGHUP to every datamem process of this user (datamem_pids) that asked for
+    it (`reload: {signal: true}`); the others are named and left alone (SIGHUP
+    would end them). Exit status 0 only if every datamem process found was
+    signalled."""
     pids = datamem_pids(match)
     if not pids:
         err.write("datamem: no process of this user has datamem loaded%s\n" %
-                  (" with %r in its command line" % match if match else ""))
+                  (" with %r in its command line" % printable(match) if match else ""))
         return 1
     sent, skipped = [], []
     for pid in pids:
-        try:
-            if catches_sighup(pid):
-                os.kill(pid, signal.SIGHUP)
-                sent.append(pid)
-            else:
-                skipped.append(pid)
-        except (OSError, ValueError):
-            continue  # exited meanwhile
+        ok, why = _reload_one(pid)  # checked again: the pid may have changed hands
+        if ok:
+            sent.append(pid)
+        elif "does not handle SIGHUP" in why:
+            skipped.append(pid)
     if sent:
         out.write("sent SIGHUP to %d process(es): %s\n" % (len(sent), " ".join(map(str, sent))))
     for pid in skipped:
@@ -716,5 +1063,5 @@ def run(a):
             return cmd_record(a.target, a.out, a.interval, a.count)
         return cmd_plot(a.snapshots, a.out)
     except TargetError as e:
-        sys.stderr.write("datamem: %s\n" % e)
+        sys.stderr.write("datamem: %s\n" % printable(e))
         return 1

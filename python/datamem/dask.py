@@ -45,6 +45,7 @@ import tempfile
 import warnings
 
 import datamem
+from datamem import _files
 from distributed.diagnostics.plugin import NannyPlugin
 
 __all__ = ["Policy", "reload", "stats", "policy_file", "PLUGIN_NAME"]
@@ -57,26 +58,26 @@ logger = logging.getLogger(__name__)
 def policy_file(text):
     """Writes policy `text` (bytes) to a file named after its SHA-256 in this
     user's directory under the temp dir and returns the path. A file with the
-    same name already holds the same bytes, so it is left alone (never
-    rewritten under a running process)."""
-    d = os.path.join(tempfile.gettempdir(), "datamem-dask-%d" % os.getuid())
-    os.makedirs(d, mode=0o700, exist_ok=True)
-    st = os.stat(d)
-    if st.st_uid != os.getuid():
-        raise PermissionError("%s belongs to uid %d, not to this user; set TMPDIR" %
-                              (d, st.st_uid))
-    path = os.path.join(d, "policy-%s.yaml" % hashlib.sha256(text).hexdigest()[:20])
+    same name that this user wrote and that holds the same bytes is left alone
+    (never rewritten under a running process); anything else there is replaced.
+
+    The directory is checked the way the C side checks its own (issue 24): a
+    real directory, not a symbolic link, owned by this user and writable by no
+    one else, checked on the descriptor that the file is then written through
+    (_files.owned_dir). Its name is predictable, so another user may have made
+    it first, or a symbolic link there: both are refused, since whoever can
+    change the directory or swap the link chooses the policy a worker loads."""
+    d = os.path.join(tempfile.gettempdir(), "datamem-dask-%d" % os.geteuid())
     try:
-        with open(path, "rb") as f:
-            if f.read() == text:
-                return path
-    except OSError:
-        pass
-    tmp = "%s.tmp.%d" % (path, os.getpid())
-    with open(tmp, "wb") as f:
-        f.write(text)
-    os.replace(tmp, path)
-    return path
+        fd = _files.owned_dir(d, create=True)
+    except _files.UnsafeError as e:
+        raise PermissionError("datamem: %s; remove it or set TMPDIR" % e) from None
+    try:
+        name = "policy-%s.yaml" % hashlib.sha256(text).hexdigest()[:20]
+        _files.write_if_changed(fd, name, text)
+    finally:
+        os.close(fd)
+    return os.path.join(d, name)
 
 
 def _read_checked(policy):

@@ -173,9 +173,12 @@ def test_sighup_opt_in_and_cli(tmp_path):
 
 
 def test_cli_reload_refuses_without_opt_in():
-    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    # A datamem process (reload refuses any other: test_stats_cli.py) that has not
+    # opted in to SIGHUP.
+    sleeper = subprocess.Popen([sys.executable, "-c", "import datamem, time; print('ready', "
+                                "flush=True); time.sleep(30)"], stdout=subprocess.PIPE, text=True)
     try:
-        time.sleep(0.2)
+        assert sleeper.stdout.readline().strip() == "ready"
         r = subprocess.run([sys.executable, "-m", "datamem", "reload", str(sleeper.pid)],
                            capture_output=True, text=True)
         assert r.returncode == 1
@@ -184,6 +187,7 @@ def test_cli_reload_refuses_without_opt_in():
     finally:
         sleeper.kill()
         sleeper.wait()
+        sleeper.stdout.close()
 
 
 def test_stress_reload_while_allocating(watched):
