@@ -26,7 +26,8 @@ extern "C" {
     X(STATE, -7, "not allowed in the current state")                           \
     X(RANGE, -8, "value out of range")                                         \
     X(SYS, -9, "system call failed")                                           \
-    X(DENIED, -10, "refused: not a loopback address")
+    X(DENIED, -10, "refused: not a loopback address")                          \
+    X(UNSAFE, -11, "refused: not owned by this user, or writable by others")
 
 typedef enum {
 #define DM_E_ENUM(name, val, msg) DM_E##name = (val),

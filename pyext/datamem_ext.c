@@ -658,23 +658,48 @@ static PyObject *capsule_for(const dm_ctx_t *ctx) {
 
 static PyObject *PolicyError;
 
+/* Paths are bytes (issue 24): a path argument is str, bytes or os.PathLike,
+ * encoded as the file system does ("O&" with PyUnicode_FSConverter: a str from
+ * os.environ or sys.argv gives back the very bytes it came from, undecodable
+ * ones included) and held as a bytes object the caller releases. Text that
+ * carries a path back (diagnostics) is decoded with undecodable bytes shown
+ * as \xNN; a path handed back as a path round-trips (os.fsdecode). */
+static int fs_path_or_none(PyObject *o, void *out) {
+    if (o == Py_None) {
+        *(PyObject **)out = NULL;
+        return 1;
+    }
+    return PyUnicode_FSConverter(o, out);
+}
+
+static PyObject *text_of(const char *s) {
+    return PyUnicode_DecodeUTF8(s, (Py_ssize_t)strlen(s), "backslashreplace");
+}
+
 static PyObject *raise_diags(const dm_diags_t *d, int rc) {
     char buf[16384];
     if (d->n == 0)
         snprintf(buf, sizeof(buf), "%s: %s", d->file, dm_strerror(rc));
     else
         dm_diags_format_all(d, buf, sizeof(buf));
-    PyErr_SetString(PolicyError, buf);
+    PyObject *text = text_of(buf);
+    if (text) {
+        PyErr_SetObject(PolicyError, text);
+        Py_DECREF(text);
+    }
     return NULL;
 }
 
 static PyObject *py_load(PyObject *self, PyObject *args) {
-    const char *path;
-    if (!PyArg_ParseTuple(args, "s", &path))
+    PyObject *path_obj;
+    if (!PyArg_ParseTuple(args, "O&", PyUnicode_FSConverter, &path_obj))
         return NULL;
+    const char *path = PyBytes_AS_STRING(path_obj);
     dm_diags_t *d = PyMem_RawMalloc(sizeof(*d));
-    if (!d)
+    if (!d) {
+        Py_DECREF(path_obj);
         return PyErr_NoMemory();
+    }
     dm_diags_init(d, path);
     int rc;
     Py_BEGIN_ALLOW_THREADS
@@ -689,9 +714,10 @@ static PyObject *py_load(PyObject *self, PyObject *args) {
         char buf[8192] = "";
         if (d->nwarnings)
             dm_diags_format_all(d, buf, sizeof(buf));
-        res = PyUnicode_FromString(buf); /* warnings, "" if none */
+        res = text_of(buf); /* warnings, "" if none */
     }
     PyMem_RawFree(d);
+    Py_DECREF(path_obj);
     return res;
 }
 
@@ -979,13 +1005,15 @@ fail:
 
 /* check(path) -> (ok, diagnostics text, summary) without installing anything */
 static PyObject *py_check(PyObject *self, PyObject *args) {
-    const char *path;
-    if (!PyArg_ParseTuple(args, "s", &path))
+    PyObject *path_obj;
+    if (!PyArg_ParseTuple(args, "O&", PyUnicode_FSConverter, &path_obj))
         return NULL;
+    const char *path = PyBytes_AS_STRING(path_obj);
     dm_diags_t *d = PyMem_RawMalloc(sizeof(*d));
     char *buf = PyMem_RawMalloc(16384);
     if (!d || !buf) {
         PyMem_RawFree(d), PyMem_RawFree(buf);
+        Py_DECREF(path_obj);
         return PyErr_NoMemory();
     }
     dm_diags_init(d, path);
@@ -1006,33 +1034,41 @@ static PyObject *py_check(PyObject *self, PyObject *args) {
         snprintf(summary, sizeof(summary), "%d arena%s, %d rule%s, default '%s'",
                  p->narenas, p->narenas == 1 ? "" : "s", p->nrules,
                  p->nrules == 1 ? "" : "s", p->arenas[p->default_arena].name);
-    PyObject *res = Py_BuildValue("(Oss)", rc == 0 ? Py_True : Py_False, buf, summary);
+    PyObject *text = text_of(buf);
+    PyObject *res = text ? Py_BuildValue("(ONs)", rc == 0 ? Py_True : Py_False, text, summary)
+                         : NULL;
     dm_policy_free(p);
     PyMem_RawFree(d);
     PyMem_RawFree(buf);
+    Py_DECREF(path_obj);
     return res;
 }
 
 /* explain(path, size, dtype_name, thread, tags, table) -> text */
 static PyObject *py_explain(PyObject *self, PyObject *args) {
-    const char *path, *dtype, *thread, *module = NULL, *function = NULL;
+    const char *dtype, *thread, *module = NULL, *function = NULL;
+    PyObject *path_obj;
     unsigned long long size;
     PyObject *tags;
     int table;
-    if (!PyArg_ParseTuple(args, "sKssOp|zz", &path, &size, &dtype, &thread, &tags, &table,
-                          &module, &function))
+    if (!PyArg_ParseTuple(args, "O&KssOp|zz", PyUnicode_FSConverter, &path_obj, &size, &dtype,
+                          &thread, &tags, &table, &module, &function))
         return NULL;
+    const char *path = PyBytes_AS_STRING(path_obj);
     int dt = -1;
     for (int i = 0; i < DM_DT_COUNT; i++)
         if (strcmp(dm_dtype_name(i), dtype) == 0)
             dt = i;
     if (dt < 0) {
         PyErr_Format(PyExc_ValueError, "unknown dtype '%s'", dtype);
+        Py_DECREF(path_obj);
         return NULL;
     }
     PyObject *seq = PySequence_Fast(tags, "tags must be a sequence of str");
-    if (!seq)
+    if (!seq) {
+        Py_DECREF(path_obj);
         return NULL;
+    }
     Py_ssize_t ntags = PySequence_Fast_GET_SIZE(seq);
     const char *tagv[64];
     if (ntags > 64)
@@ -1040,6 +1076,7 @@ static PyObject *py_explain(PyObject *self, PyObject *args) {
     for (Py_ssize_t i = 0; i < ntags; i++)
         if (!(tagv[i] = PyUnicode_AsUTF8(PySequence_Fast_GET_ITEM(seq, i)))) {
             Py_DECREF(seq);
+            Py_DECREF(path_obj);
             return NULL;
         }
     dm_diags_t *d = PyMem_RawMalloc(sizeof(*d));
@@ -1070,9 +1107,10 @@ static PyObject *py_explain(PyObject *self, PyObject *args) {
         dm_context_t ctx = {thread, tagv, (int)ntags, module, function};
         dm_table_explain(t, &ctx, (size_t)size, dt, buf, cap);
     }
-    res = PyUnicode_FromString(buf);
+    res = text_of(buf);
 done:
     Py_DECREF(seq);
+    Py_DECREF(path_obj);
     dm_table_free(t);
     dm_policy_free(p);
     PyMem_RawFree(d);
@@ -1124,13 +1162,16 @@ static PyObject *py_metrics(PyObject *self, PyObject *args) {
 /* stats_serve(http, unix_socket) -> 0 or a negative code (logged); None keeps
  * the policy's setting, "" turns it off */
 static PyObject *py_stats_serve(PyObject *self, PyObject *args) {
-    const char *http = NULL, *unix_socket = NULL;
-    if (!PyArg_ParseTuple(args, "zz", &http, &unix_socket))
+    const char *http = NULL;
+    PyObject *unix_obj = NULL;
+    if (!PyArg_ParseTuple(args, "zO&", &http, fs_path_or_none, &unix_obj))
         return NULL;
+    const char *unix_socket = unix_obj ? PyBytes_AS_STRING(unix_obj) : NULL;
     int rc;
     Py_BEGIN_ALLOW_THREADS
     rc = dm_stats_serve(http, unix_socket);
     Py_END_ALLOW_THREADS
+    Py_XDECREF(unix_obj);
     return PyLong_FromLong(rc);
 }
 
@@ -1150,13 +1191,15 @@ static PyObject *py_stats_stop(PyObject *self, PyObject *unused) {
 
 /* stats_textfile_write(path) -> 0 or a negative code */
 static PyObject *py_stats_textfile_write(PyObject *self, PyObject *args) {
-    const char *path;
-    if (!PyArg_ParseTuple(args, "s", &path))
+    PyObject *path_obj;
+    if (!PyArg_ParseTuple(args, "O&", PyUnicode_FSConverter, &path_obj))
         return NULL;
+    const char *path = PyBytes_AS_STRING(path_obj);
     int rc;
     Py_BEGIN_ALLOW_THREADS
     rc = dm_stats_textfile_write(path);
     Py_END_ALLOW_THREADS
+    Py_DECREF(path_obj);
     return PyLong_FromLong(rc);
 }
 
@@ -1208,10 +1251,11 @@ static PyObject *py_set_threads_not_covered(PyObject *self, PyObject *arg) {
 
 /* set_cudart(path): where libcudart is, for `pinned: cuda` (DATAMEM_CUDART) */
 static PyObject *py_set_cudart(PyObject *self, PyObject *args) {
-    const char *path = NULL;
-    if (!PyArg_ParseTuple(args, "z", &path))
+    PyObject *path_obj = NULL;
+    if (!PyArg_ParseTuple(args, "O&", fs_path_or_none, &path_obj))
         return NULL;
-    dm_runtime_set_cudart(path);
+    dm_runtime_set_cudart(path_obj ? PyBytes_AS_STRING(path_obj) : NULL);
+    Py_XDECREF(path_obj);
     Py_RETURN_NONE;
 }
 
@@ -1226,29 +1270,52 @@ static PyObject *py_fault_lock(PyObject *self, PyObject *args) {
 
 /* stats_textfile_sweep(template, min_age_ms) -> files removed, or a negative code */
 static PyObject *py_stats_textfile_sweep(PyObject *self, PyObject *args) {
-    const char *tmpl;
+    PyObject *tmpl_obj;
     long long min_age_ms;
-    if (!PyArg_ParseTuple(args, "sL", &tmpl, &min_age_ms))
+    if (!PyArg_ParseTuple(args, "O&L", PyUnicode_FSConverter, &tmpl_obj, &min_age_ms))
         return NULL;
+    const char *tmpl = PyBytes_AS_STRING(tmpl_obj);
     int rc;
     Py_BEGIN_ALLOW_THREADS
     rc = dm_stats_textfile_sweep(tmpl, (int64_t)min_age_ms);
     Py_END_ALLOW_THREADS
+    Py_DECREF(tmpl_obj);
     return PyLong_FromLong(rc);
 }
 
 /* ---- allocation profiles ---------------------------------------------------- */
 
-/* profile_start(dir, sample_bytes, full, stacks, meta) -> path of this process's file.
+/* profile_start(dir, sample_bytes, full, stacks, meta, max_bytes=0) -> path of
+ * this process's file, or "" when DIR is refused (another user's, writable by
+ * others: logged, and the job runs on without a profile). max_bytes: each
+ * process's file stops there (0: DM_PROF_MAX_BYTES_DEFAULT, 256 MiB).
  * Every datamem handler, existing or made later, records from now on. */
+static PyObject *profile_start(const char *dir, unsigned long long sample, int full, int stacks,
+                               const char *meta, unsigned long long max_bytes);
+
 static PyObject *py_profile_start(PyObject *self, PyObject *args) {
-    const char *dir, *meta;
-    unsigned long long sample;
+    const char *meta;
+    PyObject *dir_obj;
+    unsigned long long sample, max_bytes = 0;
     int full, stacks;
-    if (!PyArg_ParseTuple(args, "sKpps", &dir, &sample, &full, &stacks, &meta))
+    if (!PyArg_ParseTuple(args, "O&Kpps|K", PyUnicode_FSConverter, &dir_obj, &sample, &full,
+                          &stacks, &meta, &max_bytes))
         return NULL;
+    PyObject *res = profile_start(PyBytes_AS_STRING(dir_obj), sample, full, stacks, meta,
+                                  max_bytes);
+    Py_DECREF(dir_obj);
+    return res;
+}
+
+static PyObject *profile_start(const char *dir, unsigned long long sample, int full, int stacks,
+                               const char *meta, unsigned long long max_bytes) {
     if (!full && sample == 0) {
         PyErr_SetString(PyExc_ValueError, "sample interval must be at least 1 byte");
+        return NULL;
+    }
+    if (max_bytes != 0 && max_bytes < DM_PROF_MAX_BYTES_MIN) {
+        PyErr_Format(PyExc_ValueError, "profile size limit must be at least %llu bytes (1MiB)",
+                     (unsigned long long)DM_PROF_MAX_BYTES_MIN);
         return NULL;
     }
     unsigned flags = (full ? DM_PROF_FULL : 0) | (stacks ? DM_PROF_STACKS : 0);
@@ -1261,11 +1328,13 @@ static PyObject *py_profile_start(PyObject *self, PyObject *args) {
     prof_seen = 0;
     pthread_mutex_unlock(&prof_rate_mu);
     prof_flags = flags; /* before the file opens: a fork child sees both */
-    int rc = dm_prof_start(dir, sample, flags, meta);
+    int rc = dm_prof_start(dir, sample, flags, max_bytes, meta);
     if (rc == DM_ESTATE) {
         PyErr_SetString(PyExc_RuntimeError, "datamem: already recording a profile");
         return NULL;
     }
+    if (rc == DM_EUNSAFE) /* logged; no handler records */
+        return PyUnicode_FromString("");
     if (rc) {
         PyErr_Format(PyExc_OSError, "datamem: cannot record a profile in %s: %s", dir,
                      dm_strerror(rc));
@@ -1277,7 +1346,7 @@ static PyObject *py_profile_start(PyObject *self, PyObject *args) {
         handler_set_functions(&e->handler, true);
     char path[4200];
     dm_prof_path(path, sizeof(path));
-    return PyUnicode_FromString(path);
+    return PyUnicode_DecodeFSDefault(path);
 }
 
 static PyObject *py_profile_flush(PyObject *self, PyObject *unused) {
@@ -1305,7 +1374,8 @@ static PyObject *py_profile_info(PyObject *self, PyObject *unused) {
     uint64_t samples, bytes;
     dm_prof_path(path, sizeof(path));
     dm_prof_counts(&samples, &bytes);
-    return Py_BuildValue("(sKK)", path, (unsigned long long)samples, (unsigned long long)bytes);
+    return Py_BuildValue("(NKK)", PyUnicode_DecodeFSDefault(path), (unsigned long long)samples,
+                         (unsigned long long)bytes);
 }
 
 static PyMethodDef methods[] = {
@@ -1314,7 +1384,7 @@ static PyMethodDef methods[] = {
     {"set_threads_not_covered", py_set_threads_not_covered, METH_O, "set_threads_not_covered(names)"},
     {"set_cudart", py_set_cudart, METH_VARARGS, "set_cudart(path): the CUDA runtime for pinned: cuda"},
     {"fault_lock", py_fault_lock, METH_VARARGS, "fault_lock(n): the next n page-locks fail (tests)"},
-    {"profile_start", py_profile_start, METH_VARARGS, "profile_start(dir, sample_bytes, full, stacks, meta) -> file"},
+    {"profile_start", py_profile_start, METH_VARARGS, "profile_start(dir, sample_bytes, full, stacks, meta, max_bytes=0) -> file, or '' when dir is refused"},
     {"profile_flush", py_profile_flush, METH_NOARGS, "write the profile's buffered records"},
     {"profile_mark_exit", py_profile_mark_exit, METH_NOARGS, "mark the start of interpreter exit in the profile"},
     {"profile_stop", py_profile_stop, METH_NOARGS, "flush and close the profile"},

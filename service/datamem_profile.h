@@ -22,6 +22,11 @@
  *   'P' u64 t_ns, u64 max_rss_bytes, u64 samples   written at every flush
  *   'X' u64 t_ns                the interpreter began to exit: frees after this
  *                               are of arrays that lived to the end
+ *   'T' u64 t_ns, u64 limit_bytes, u64 records
+ *                               the file reached its size limit at t_ns, after
+ *                               `records` allocation records: nothing of this
+ *                               process after t_ns is in it (a 'P' follows, then
+ *                               the file ends)
  * Ids start at 1; 0 means unknown. Times are CLOCK_MONOTONIC nanoseconds, so
  * files of processes on one machine share a time axis.
  *
@@ -47,6 +52,15 @@ extern "C" {
 
 #define DM_PROF_FRAMES_MAX 64 /* deepest stack recorded */
 
+/* A profile file's size limit (per process). 256 MiB holds about 3.5 million
+ * allocations with their frees in full mode (59 + 17 bytes each): a few
+ * seconds of a loop making small arrays (25M of them wrote 1.9 GB in 20 s),
+ * minutes to hours of a real job; a sampled profile (512 KiB) reaches it only
+ * after some 1.8 TB allocated. It bounds the disk a profiled job can fill
+ * (this much per process) and what `report` must read. */
+#define DM_PROF_MAX_BYTES_DEFAULT ((uint64_t)256 << 20)
+#define DM_PROF_MAX_BYTES_MIN ((uint64_t)1 << 20) /* smaller limits are raised to this */
+
 /* Record flags ('A' records). */
 enum { DM_PROF_CALLOC = 1, DM_PROF_REALLOC = 2, DM_PROF_NOGIL = 4 };
 
@@ -71,13 +85,18 @@ typedef struct dm_prof_alloc {
     uint8_t flags;                /* DM_PROF_CALLOC | DM_PROF_REALLOC | DM_PROF_NOGIL */
 } dm_prof_alloc_t;
 
-/* Starts recording into DIR/<pid>.dmprof. `meta_json` is the members of a JSON
- * object (the text between its braces), copied into the file's 'H' record
- * (argv, policy...).
- * Returns 0, DM_ESTATE when already recording, DM_EIO when the directory
- * cannot be created or the file opened (logged), or DM_ENOMEM. */
+/* Starts recording into DIR/<pid>.dmprof (created with O_EXCL|O_NOFOLLOW;
+ * DIR/<pid>-<n>.dmprof when that name is taken). DIR is created (0755) if
+ * missing; an existing DIR must be a directory owned by this user (euid) and
+ * not writable by group or others. Each process's file stops at `max_bytes`
+ * (0: DM_PROF_MAX_BYTES_DEFAULT; at least DM_PROF_MAX_BYTES_MIN). `meta_json`
+ * is the members of a JSON object (the text between its braces), copied into
+ * the file's 'H' record (argv, policy...).
+ * Returns 0, DM_ESTATE when already recording, DM_EUNSAFE when DIR is refused
+ * (logged: a symbolic link, another user's, writable by others), DM_EIO when
+ * DIR cannot be created or the file created (logged), or DM_ENOMEM. */
 DM_API int dm_prof_start(const char *dir, uint64_t sample_bytes, unsigned flags,
-                         const char *meta_json);
+                         uint64_t max_bytes, const char *meta_json);
 /* Marks the start of interpreter exit ('X'), for the reader's "live at exit". */
 DM_API void dm_prof_mark_exit(void);
 /* Writes what is buffered; the file stays open. */

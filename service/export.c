@@ -10,9 +10,15 @@
  * remembered: the same setting is not retried on every reload.
  *
  * Discovery: while an endpoint runs, $DATAMEM_STATS_DIR/<pid>.json (default
- * /tmp/datamem-<uid>/, mode 0700, must be ours) names it, so the processes of a
- * multi-process job can be listed (`python -m datamem ls`). Files of dead
- * processes are pruned when a server starts and by `ls`.
+ * /tmp/datamem-<uid>/, mode 0700) names it, so the processes of a
+ * multi-process job can be listed (`python -m datamem ls`). The directory is
+ * used only through a descriptor checked by dm__dir_open_owned (files.h: ours,
+ * not writable by others; otherwise the process is not listed and runs on).
+ * Each file begins `{"datamem": 1, "pid": <pid>, ` (DISCOVERY_MARK): when a
+ * server starts it prunes the files of dead processes, and only those files —
+ * named <digits>.json, regular, owned by this user, beginning with the mark
+ * and their own pid — so a directory shared with other files loses none of
+ * them (issue 24). `ls` applies the same test.
  *
  * Fork: the child has none of the parent's threads. The atfork child handler
  * marks everything stopped and closes the inherited listening sockets (only the
@@ -47,6 +53,11 @@
 #include <unistd.h>
 
 #include "service/export.h"
+#include "service/files.h"
+
+/* How every discovery file begins; `ls` (python/datamem/_stats_cli.py) checks
+ * the same: a JSON object whose "datamem" is 1 and "pid" its file's number. */
+#define DISCOVERY_MARK "{\"datamem\": 1, \"pid\": "
 
 typedef struct cfg {
     char http[128];
@@ -66,7 +77,8 @@ static dm_http_t *tcp, *unx;
 static char url[200], unix_path[256];
 static pid_t owner;                  /* process whose endpoint/files these are */
 static bool forked_serving;          /* in a fork child: the parent was serving */
-static char discovery[PATH_MAX];
+static char discovery_dir[PATH_MAX];      /* its directory */
+static char discovery[PATH_MAX + 32];     /* our discovery file, for messages; "" = none */
 static double started;
 
 /* A textfile thread and what it reads; one per start, so a retired thread
@@ -331,40 +343,103 @@ static const char *stats_dir(char *buf, size_t cap) {
     return buf;
 }
 
-/* The discovery directory, created 0700; refused if another user owns it (it
- * sits in /tmp by default). */
-static bool stats_dir_ok(const char *dir) {
-    if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
-        dm_log("datamem: stats: cannot create %s: %s (process not listed)", dir, strerror(errno));
-        return false;
-    }
-    struct stat st;
-    if (lstat(dir, &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != getuid()) {
-        dm_log("datamem: stats: %s is not a directory owned by this user; "
-                "set DATAMEM_STATS_DIR (process not listed)", dir);
-        return false;
-    }
-    return true;
+/* The discovery directory, created 0700 if missing: a descriptor on it, or -1
+ * (logged) when it cannot be made or is not safe to use (a symbolic link,
+ * another user's, writable by others: it sits in /tmp by default). */
+static int stats_dir_open(const char *dir, bool create) {
+    char why[PATH_MAX + 128];
+    int fd = dm__dir_open_owned(dir, create, 0700, why, sizeof(why));
+    if (fd < 0)
+        dm_log("datamem: stats: %s; set DATAMEM_STATS_DIR to a directory of this user's "
+               "(process not listed)", why);
+    return fd;
 }
 
-/* Removes the discovery files of processes that no longer exist. */
-static void prune_dead(const char *dir) {
-    DIR *d = opendir(dir);
-    if (!d)
+/* `name` as the pid of a discovery file ("<digits>.json"), or 0. */
+static long discovery_pid(const char *name) {
+    long pid = 0;
+    const char *c = name;
+    for (; *c >= '0' && *c <= '9' && pid < (1L << 30); c++)
+        pid = pid * 10 + (*c - '0');
+    return c > name && name[0] != '0' && strcmp(c, ".json") == 0 ? pid : 0;
+}
+
+/* Whether `name` in `dirfd` is a discovery file datamem wrote for process
+ * `pid`: a regular file (a symbolic link is not followed), owned by this user,
+ * beginning with DISCOVERY_MARK and that pid. */
+static bool discovery_is_ours(int dirfd, const char *name, long pid) {
+    struct stat st;
+    if (fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode) ||
+        st.st_uid != geteuid())
+        return false;
+    int fd = openat(dirfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0)
+        return false;
+    char want[64], head[64];
+    int wn = snprintf(want, sizeof(want), DISCOVERY_MARK "%ld,", pid);
+    ssize_t n = 0;
+    bool ok = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid() &&
+              (n = pread(fd, head, sizeof(head), 0)) >= wn &&
+              memcmp(head, want, (size_t)wn) == 0;
+    close(fd);
+    return ok;
+}
+
+/* Removes the discovery files of processes that no longer exist; nothing else. */
+static void prune_dead(int dirfd) {
+    int fd = dup(dirfd);
+    DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+    if (!d) {
+        if (fd >= 0)
+            close(fd);
         return;
+    }
     struct dirent *e;
     while ((e = readdir(d))) {
-        char *end;
-        long pid = strtol(e->d_name, &end, 10);
-        if (pid <= 0 || strcmp(end, ".json") != 0)
+        long pid = discovery_pid(e->d_name);
+        if (pid <= 0 || pid == getpid() || kill((pid_t)pid, 0) == 0 || errno != ESRCH)
             continue;
-        if (kill((pid_t)pid, 0) != 0 && errno == ESRCH) {
-            char p[PATH_MAX];
-            if (snprintf(p, sizeof(p), "%s/%s", dir, e->d_name) < (int)sizeof(p))
-                unlink(p);
-        }
+        if (discovery_is_ours(dirfd, e->d_name, pid))
+            unlinkat(dirfd, e->d_name, 0);
     }
     closedir(d);
+}
+
+/* Writes `name` in `dirfd` through a new file of an unpredictable name there
+ * (O_CREAT|O_EXCL|O_NOFOLLOW) and a rename: no planted link is written through,
+ * and a reader sees the old file or the new one. */
+static int write_atomic_at(int dirfd, const char *name, const char *data, size_t len,
+                           mode_t mode) {
+    char tmp[NAME_MAX + 1];
+    int fd = -1;
+    for (int i = 0; i < 16 && fd < 0; i++) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        unsigned r = (unsigned)ts.tv_nsec * 2654435761u ^ (unsigned)getpid() ^ (unsigned)i << 24;
+        if (snprintf(tmp, sizeof(tmp), "%s.tmp.%08x", name, r) >= (int)sizeof(tmp))
+            return DM_ERANGE;
+        fd = dm__file_create(dirfd, tmp, mode);
+        if (fd < 0 && errno != EEXIST)
+            return DM_ESYS;
+    }
+    if (fd < 0)
+        return DM_ESYS;
+    size_t done = 0;
+    while (done < len) {
+        ssize_t n = write(fd, data + done, len - done);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            break;
+        done += (size_t)n;
+    }
+    if (close(fd) != 0 || done != len || renameat(dirfd, tmp, dirfd, name) != 0) {
+        int e = errno;
+        unlinkat(dirfd, tmp, 0);
+        errno = e;
+        return DM_ESYS;
+    }
+    return 0;
 }
 
 /* argv[0] and the command line (arguments joined by spaces), from /proc. */
@@ -386,25 +461,34 @@ static void cmdline(char *argv0, size_t cap0, char *all, size_t cap) {
 
 /* Called with mu held. */
 static void discovery_update(void) {
+    char name[32];
+    snprintf(name, sizeof(name), "%d.json", (int)getpid());
     if (discovery[0] && !tcp && !unx) {
-        unlink(discovery);
+        int dirfd = stats_dir_open(discovery_dir, false);
+        if (dirfd >= 0) {
+            unlinkat(dirfd, name, 0);
+            close(dirfd);
+        }
         discovery[0] = 0;
         return;
     }
     if (!tcp && !unx)
         return;
-    if (!discovery[0]) {
-        char dir[PATH_MAX - 32];
-        stats_dir(dir, sizeof(dir));
-        if (!stats_dir_ok(dir))
-            return;
-        prune_dead(dir);
-        snprintf(discovery, sizeof(discovery), "%s/%d.json", dir, (int)getpid());
+    bool fresh = !discovery[0];
+    if (fresh)
+        stats_dir(discovery_dir, sizeof(discovery_dir));
+    int dirfd = stats_dir_open(discovery_dir, fresh);
+    if (dirfd < 0) {
+        discovery[0] = 0;
+        return;
     }
+    if (fresh)
+        prune_dead(dirfd);
+    snprintf(discovery, sizeof(discovery), "%s/%s", discovery_dir, name);
     char argv0[256], all[1024];
     cmdline(argv0, sizeof(argv0), all, sizeof(all));
     dm_buf_t b = {0};
-    dm__buf_printf(&b, "{\"pid\": %d, \"url\": ", (int)getpid());
+    dm__buf_printf(&b, DISCOVERY_MARK "%d, \"url\": ", (int)getpid());
     if (tcp)
         dm__buf_json_str(&b, url);
     else
@@ -422,9 +506,11 @@ static void discovery_update(void) {
                    DM_VERSION_STRING);
     char *text = NULL;
     size_t len = 0;
-    if (dm__buf_finish(&b, &text, &len) != 0 || write_atomic(discovery, text, len, 0600) != 0)
+    if (dm__buf_finish(&b, &text, &len) != 0 ||
+        write_atomic_at(dirfd, name, text, len, 0600) != 0)
         dm_log("datamem: stats: cannot write %s: %s", discovery, strerror(errno));
     free(text);
+    close(dirfd);
 }
 
 /* ---- the textfile thread --------------------------------------------------------- */

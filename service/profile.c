@@ -12,6 +12,21 @@
  * drops what the parent had buffered (the parent writes it), forgets the
  * intern tables (the new file needs its own definitions) and the live set
  * (the parent's blocks are not the child's samples), and opens DIR/<pid>.dmprof.
+ *
+ * Files (issue 24): DIR is used through one descriptor, opened once by
+ * dm_prof_start and checked there (files.h: a directory, owned by this user,
+ * not writable by others; refused otherwise, and the job runs on without a
+ * profile). Every process's file, a fork child's included, is created
+ * relative to it with O_CREAT|O_EXCL|O_NOFOLLOW, so nothing already in DIR (a
+ * planted symbolic link, an earlier run's file of a reused pid) is ever written
+ * through or truncated: a taken name moves to DIR/<pid>-<n>.dmprof.
+ *
+ * Size (issue 24): a file stops growing at its limit (dm_prof_start's
+ * max_bytes). Before each record the writer checks that the record, at its
+ * largest, still fits with room for the tail; when it would not, a 'T' record
+ * closes the file, recording stops in this process (one line on stderr) and
+ * the file never exceeds the limit. A fork child starts a file of its own, with
+ * the whole limit.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -25,10 +40,21 @@
 #include <unistd.h>
 
 #include "service/datamem_profile.h"
+#include "service/files.h"
 
 #define BUF_CAP ((size_t)1 << 20)
 #define FLUSH_NS 1000000000ull /* at least every second while allocating */
 #define STR_MAX 1024           /* longer strings are cut */
+
+/* The most bytes one allocation record can add, with the definitions it may
+ * need first: four strings (thread, tags, rule, arena) and its call site (a
+ * 'C' record and three strings); with stacks, every frame's site and the 'K'. */
+#define SITE_MAX (21 + 3 * (9 + STR_MAX))
+#define REC_MAX (59 + 4 * (9 + STR_MAX) + SITE_MAX)
+#define REC_MAX_STACKS (REC_MAX + DM_PROF_FRAMES_MAX * SITE_MAX + 9 + 4 * DM_PROF_FRAMES_MAX)
+/* Kept free below the limit after every record: the 'P' a flush may add, then
+ * the 'T', 'P' and 'X' that can still close the file. */
+#define TAIL_MAX (25 + 25 + 25 + 9)
 
 _Atomic uint32_t dm__prof_filter[1u << DM_PROF_FILTER_BITS];
 
@@ -183,11 +209,14 @@ static void live_clear(void) {
 /* ---- the writer ------------------------------------------------------------ */
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
-static _Atomic bool active;
+static _Atomic bool active; /* recording now */
+static bool started;        /* between dm_prof_start and dm_prof_stop (a fork child records) */
 static struct {
     int fd;
+    int dirfd;                /* DIR, checked by dm_prof_start */
     unsigned flags;
     uint64_t sample;
+    uint64_t max_bytes;       /* the file's size limit */
     char dir[4096], path[4160];
     char *meta;               /* the caller's JSON object text */
     unsigned char buf[BUF_CAP];
@@ -196,7 +225,7 @@ static struct {
     uint64_t samples, written;
     itab_t strings, sites, stacks;
     bool write_failed;
-} w = {.fd = -1};
+} w = {.fd = -1, .dirfd = -1};
 
 uint64_t dm_prof_now(void) {
     struct timespec ts;
@@ -325,12 +354,46 @@ static void put_header(void) {
     w.last_flush = dm_prof_now();
 }
 
-/* Called with mu held. */
+/* Called with mu held, before a record of at most `n` bytes: whether it fits
+ * under the size limit, leaving TAIL_MAX. If not, a 'T' record (u64 t_ns, u64
+ * limit, u64 records written) and a last 'P' close the file, and recording stops
+ * in this process. */
+static bool fits(size_t n, uint64_t t) {
+    if (w.written + w.len + n + TAIL_MAX <= w.max_bytes)
+        return true;
+    reserve(25);
+    put8('T');
+    put64(t);
+    put64(w.max_bytes);
+    put64(w.samples);
+    put_process_record(t);
+    flush_locked();
+    atomic_store_explicit(&active, false, memory_order_relaxed);
+    dm_log("datamem: profile: %s reached its size limit (%llu bytes, %llu records); recording "
+           "stops in process %d (DATAMEM_PROFILE_MAX sets the limit)",
+           w.path, (unsigned long long)w.max_bytes, (unsigned long long)w.samples,
+           (int)getpid());
+    return false;
+}
+
+/* Called with mu held: creates this process's file in DIR, never through or over
+ * anything already there (O_EXCL|O_NOFOLLOW relative to the checked directory). */
 static int open_file(void) {
-    snprintf(w.path, sizeof(w.path), "%s/%d.dmprof", w.dir, (int)getpid());
-    w.fd = open(w.path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    int pid = (int)getpid();
+    char name[64];
+    w.fd = -1;
+    for (int n = 0; n < 1000 && w.fd < 0; n++) {
+        if (n == 0)
+            snprintf(name, sizeof(name), "%d.dmprof", pid);
+        else
+            snprintf(name, sizeof(name), "%d-%d.dmprof", pid, n);
+        snprintf(w.path, sizeof(w.path), "%s/%s", w.dir, name);
+        w.fd = dm__file_create(w.dirfd, name, 0644);
+        if (w.fd < 0 && errno != EEXIST)
+            break;
+    }
     if (w.fd < 0) {
-        dm_log("datamem: profile: cannot open %s: %s", w.path, strerror(errno));
+        dm_log("datamem: profile: cannot create %s: %s", w.path, strerror(errno));
         return DM_EIO;
     }
     w.len = 0;
@@ -351,7 +414,8 @@ void dm_prof_record_alloc(const dm_prof_alloc_t *a) {
     if (!atomic_load_explicit(&active, memory_order_relaxed))
         return;
     pthread_mutex_lock(&mu);
-    if (!atomic_load_explicit(&active, memory_order_relaxed))
+    if (!atomic_load_explicit(&active, memory_order_relaxed) ||
+        !fits((w.flags & DM_PROF_STACKS) ? REC_MAX_STACKS : REC_MAX, a->t_ns))
         goto out;
     uint32_t th = intern_string(a->thread), tg = intern_string(a->tags),
              ru = intern_string(a->rule), ar = intern_string(a->arena);
@@ -386,7 +450,7 @@ void dm_prof_record_free(const void *p, uint64_t t_ns) {
         return;
     pthread_mutex_lock(&mu);
     if (atomic_load_explicit(&active, memory_order_relaxed) &&
-        ((w.flags & DM_PROF_FULL) || live_remove((uintptr_t)p))) {
+        ((w.flags & DM_PROF_FULL) || live_remove((uintptr_t)p)) && fits(17, t_ns)) {
         reserve(17);
         put8('F');
         put64(t_ns);
@@ -398,18 +462,19 @@ void dm_prof_record_free(const void *p, uint64_t t_ns) {
 
 void dm_prof_mark_exit(void) {
     pthread_mutex_lock(&mu);
-    if (atomic_load_explicit(&active, memory_order_relaxed)) {
+    uint64_t t = dm_prof_now();
+    if (atomic_load_explicit(&active, memory_order_relaxed) && fits(9, t)) {
         reserve(9);
         put8('X');
-        put64(dm_prof_now());
+        put64(t);
     }
     pthread_mutex_unlock(&mu);
 }
 
 void dm_prof_flush(void) {
     pthread_mutex_lock(&mu);
-    if (atomic_load_explicit(&active, memory_order_relaxed)) {
-        uint64_t t = dm_prof_now();
+    uint64_t t = dm_prof_now();
+    if (atomic_load_explicit(&active, memory_order_relaxed) && fits(25, t)) {
         put_process_record(t);
         flush_locked();
         w.last_flush = t;
@@ -419,14 +484,18 @@ void dm_prof_flush(void) {
 
 void dm_prof_stop(void) {
     pthread_mutex_lock(&mu);
-    if (atomic_load_explicit(&active, memory_order_relaxed)) {
-        put_process_record(dm_prof_now());
+    uint64_t t = dm_prof_now();
+    if (atomic_load_explicit(&active, memory_order_relaxed) && fits(25, t)) {
+        put_process_record(t);
         flush_locked();
-        atomic_store_explicit(&active, false, memory_order_relaxed);
     }
+    atomic_store_explicit(&active, false, memory_order_relaxed);
+    started = false;
     if (w.fd >= 0)
         close(w.fd);
-    w.fd = -1;
+    if (w.dirfd >= 0)
+        close(w.dirfd);
+    w.fd = w.dirfd = -1;
     pthread_mutex_unlock(&mu);
 }
 
@@ -434,7 +503,7 @@ bool dm_prof_active(void) { return atomic_load_explicit(&active, memory_order_re
 
 void dm_prof_path(char *out, size_t cap) {
     pthread_mutex_lock(&mu);
-    snprintf(out, cap, "%s", atomic_load(&active) ? w.path : "");
+    snprintf(out, cap, "%s", started ? w.path : "");
     pthread_mutex_unlock(&mu);
 }
 
@@ -450,7 +519,7 @@ static void atfork_parent(void) { pthread_mutex_unlock(&mu); }
 
 static void atfork_child(void) {
     pthread_mutex_init(&mu, NULL);
-    if (!atomic_load_explicit(&active, memory_order_relaxed))
+    if (!started) /* recording in the parent, or stopped there at its size limit */
         return;
     if (w.fd >= 0)
         close(w.fd);
@@ -461,26 +530,35 @@ static void atfork_child(void) {
     itab_clear(&w.sites);
     itab_clear(&w.stacks);
     live_clear();
-    if (open_file() != 0)
-        atomic_store_explicit(&active, false, memory_order_relaxed);
+    atomic_store_explicit(&active, open_file() == 0, memory_order_relaxed);
+    if (!atomic_load_explicit(&active, memory_order_relaxed))
+        started = false;
 }
 
 static void at_exit(void) { dm_prof_stop(); }
 
-int dm_prof_start(const char *dir, uint64_t sample_bytes, unsigned flags,
+int dm_prof_start(const char *dir, uint64_t sample_bytes, unsigned flags, uint64_t max_bytes,
                   const char *meta_json) {
     static bool registered;
     int rc = 0;
     pthread_mutex_lock(&mu);
-    if (atomic_load_explicit(&active, memory_order_relaxed)) {
+    if (started) {
         rc = DM_ESTATE;
         goto out;
     }
-    if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
-        dm_log("datamem: profile: cannot create %s: %s", dir, strerror(errno));
-        rc = DM_EIO;
+    char why[4400];
+    int dirfd = dm__dir_open_owned(dir, true, 0755, why, sizeof(why));
+    if (dirfd < 0) {
+        rc = dirfd;
+        if (rc == DM_EUNSAFE)
+            dm_log("datamem: profile: refusing %s; no profile recorded, the job runs on", why);
+        else
+            dm_log("datamem: profile: %s", why);
         goto out;
     }
+    if (w.dirfd >= 0)
+        close(w.dirfd);
+    w.dirfd = dirfd;
     free(w.meta);
     w.meta = strdup(meta_json ? meta_json : "");
     if (!w.meta) {
@@ -490,14 +568,21 @@ int dm_prof_start(const char *dir, uint64_t sample_bytes, unsigned flags,
     snprintf(w.dir, sizeof(w.dir), "%s", dir);
     w.flags = flags;
     w.sample = sample_bytes;
+    w.max_bytes = max_bytes == 0                     ? DM_PROF_MAX_BYTES_DEFAULT
+                  : max_bytes < DM_PROF_MAX_BYTES_MIN ? DM_PROF_MAX_BYTES_MIN
+                                                     : max_bytes;
     w.samples = w.written = 0;
-    if ((rc = open_file()) != 0)
+    if ((rc = open_file()) != 0) {
+        close(w.dirfd);
+        w.dirfd = -1;
         goto out;
+    }
     if (!registered) {
         pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
         atexit(at_exit);
         registered = true;
     }
+    started = true;
     atomic_store_explicit(&active, true, memory_order_relaxed);
 out:
     pthread_mutex_unlock(&mu);

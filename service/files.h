@@ -1,0 +1,32 @@
+/*
+ * files.h: the services' file rules (issue 24, "Trust"), the ones
+ * python/datamem/_files.py holds for the Python side. Internal: never installed.
+ *
+ * - A directory is used through a descriptor opened with O_DIRECTORY|O_NOFOLLOW,
+ *   and only if that descriptor is a directory owned by this user (the effective
+ *   uid) and not writable by group or others: whoever else could write there
+ *   could plant a symbolic link, or a file we would then trust.
+ * - Files are created relative to that descriptor with O_CREAT|O_EXCL|O_NOFOLLOW.
+ *
+ * Thread safety: none needed (no state).
+ */
+#ifndef DM_SERVICE_FILES_H
+#define DM_SERVICE_FILES_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <sys/types.h>
+
+/* A descriptor (O_RDONLY|O_DIRECTORY|O_NOFOLLOW, close-on-exec) on directory
+ * `path`, made first with `mode` when `create` and it is absent. Returns the fd,
+ * or DM_EIO (cannot create or open it) or DM_EUNSAFE (a symbolic link, owned by
+ * another user, writable by others), with one line in `why` naming the path and
+ * what is wrong with it. */
+int dm__dir_open_owned(const char *path, bool create, mode_t mode, char *why, size_t cap);
+
+/* Opens a new file `name` in directory `dirfd` for writing
+ * (O_CREAT|O_EXCL|O_NOFOLLOW, close-on-exec): fails with EEXIST when anything,
+ * a symbolic link included, is already there. -1 and errno on failure. */
+int dm__file_create(int dirfd, const char *name, mode_t mode);
+
+#endif /* DM_SERVICE_FILES_H */
