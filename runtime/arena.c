@@ -592,6 +592,17 @@ void dm__tcache_destroy(unsigned tc) {
     dmje_mallctl("tcache.destroy", NULL, NULL, &idx, sizeof(idx));
 }
 
+/* A thread inside an extent hook holds its arena's bump lock and none of
+ * ours; fork must not copy it held. */
+void dm__arena_fork(int phase) {
+    for (int i = 0; i < DM_JE_MAX && dm__je[i]; i++) {
+        if (phase == 0)
+            pthread_mutex_lock(&dm__je[i]->mu);
+        else
+            pthread_mutex_unlock(&dm__je[i]->mu);
+    }
+}
+
 /* ---- jemalloc's stats --------------------------------------------------- */
 
 /* "stats.arenas.<i>.<leaf>" by cached MIB: the name is translated once

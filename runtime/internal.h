@@ -238,6 +238,9 @@ static inline void dm__arena_check_growth(je_arena_t *ja) {
         dm__arena_after_growth(ja);
 }
 void dm__tcache_destroy(unsigned tc);
+/* fork: 0 before it takes every jemalloc arena's bump lock (dm__mu held), 1
+ * after it, in parent and child, releases them. */
+void dm__arena_fork(int phase);
 
 extern je_arena_t *dm__je[DM_JE_MAX];
 extern _Atomic uint16_t dm__seg_owner[1u << (DM_VA_BITS - DM_SEG_SHIFT)];

@@ -184,14 +184,19 @@ int dm__tag_class(const void *p) {
     return p && (v & TAG_PMASK) == (uintptr_t)p ? (int)((v >> TAG_CLASS_SHIFT) & 63u) : -1;
 }
 
-/* Gives every cached block back to its arena, past any jemalloc cache. */
+/* Gives every cached block back to its arena, past any jemalloc cache. Each
+ * block leaves the count before it is freed, as a pop does: a fork that copies
+ * this thread mid-flush leaves the child a bin whose every counted block is
+ * still unfreed, which the child then frees itself (fork_child_retire). */
 static void fc_flush(dm_tls_t *t) {
     TSAN_RELEASE();
     for (unsigned k = 0; k < DM_SC_COUNT; k++) {
         dm_fc_bin_t *b = &t->bins[k];
-        for (uint32_t n = bin_count(b); n; n--)
-            dmje_dallocx(b->items[n - 1], MALLOCX_TCACHE_NONE);
-        bin_set(b, 0);
+        for (uint32_t n = bin_count(b); n; n--) {
+            void *p = b->items[n - 1];
+            bin_set(b, n - 1);
+            dmje_dallocx(p, MALLOCX_TCACHE_NONE);
+        }
         b->tag = 0;
     }
 }
@@ -1095,19 +1100,80 @@ const char *dm_runtime_rule_of(const dm_ctx_t *c, size_t size, int dt) {
     return name ? name : "default";
 }
 
-/* ---- init, fork ------------------------------------------------------------ */
+/* ---- init, fork ------------------------------------------------------------
+ * fork() copies only the calling thread. Before it, the forking thread takes
+ * every lock of the engine another thread could hold (dm__mu, then each
+ * jemalloc arena's bump and reuse locks: the order the other paths take them;
+ * jemalloc's own handler, registered before ours, runs after ours and takes
+ * jemalloc's). In the child the threads that did not survive are retired the
+ * way tls_exit retires a thread: their per-thread blocks are still linked in
+ * the registry, and glibc hands their memory to the child's next threads (a new
+ * thread reusing a node's address made the list a cycle, and every stats
+ * snapshot then spun under dm__mu). */
 
-static void atfork_prepare(void) {
-    pthread_mutex_lock(&dm__mu);
-    dm__big_fork(0);
+static void fork_lock_all(int phase) {
+    if (phase == 0) {
+        pthread_mutex_lock(&dm__mu);
+        dm__arena_fork(0);
+        dm__big_fork(0);
+    } else {
+        dm__big_fork(1);
+        dm__arena_fork(1);
+        pthread_mutex_unlock(&dm__mu);
+    }
 }
-static void atfork_parent(void) {
-    dm__big_fork(1);
-    pthread_mutex_unlock(&dm__mu);
+
+static void atfork_prepare(void) { fork_lock_all(0); }
+static void atfork_parent(void) { fork_lock_all(1); }
+
+/* In the child, dm__mu held: unlinks every registered thread but the caller
+ * and returns them as a list (through `next`), their counts folded. */
+static dm_tls_t *fork_child_unlink(void) {
+    dm_tls_t *self = pthread_getspecific(tls_key), *gone = NULL;
+    for (dm_tls_t *t = registry, *next; t; t = next) {
+        next = t->next;
+        if (t == self)
+            continue;
+        for (int i = 0; i < dm__arena_count(); i++)
+            ctrs_add(&dm__arena_at(i)->dead, &t->ctrs[i]);
+        fold_rules(t);
+        t->registered = false;
+        t->next = gone;
+        gone = t;
+    }
+    registry = self && self->registered ? self : NULL;
+    if (registry)
+        registry->prev = registry->next = NULL;
+    nthreads = registry ? 1 : 0;
+    return gone;
 }
+
+/* In the child, no lock held (the frees may reach the arenas' extent hooks):
+ * what the gone threads held goes back. Their cached blocks are freed (a
+ * thread caught mid-pop leaves one counted block that its caller never got,
+ * which is then freed here: nobody in the child holds it), their explicit
+ * jemalloc caches destroyed, their table references dropped. */
+static void fork_child_release(dm_tls_t *gone) {
+    for (dm_tls_t *t = gone, *next; t; t = next) {
+        next = t->next;
+        fc_flush(t);
+        for (int i = 0; i < DM_JE_MAX; i++) {
+            unsigned f = t->tcache[i];
+            if (f && f != (unsigned)MALLOCX_TCACHE_NONE)
+                dm__tcache_destroy((f >> 8) - 1);
+            t->tcache[i] = 0;
+        }
+        if (t->table)
+            table_release(t->table);
+        t->table = NULL;
+        t->next = t->prev = NULL;
+    }
+}
+
 static void atfork_child(void) {
-    dm__big_fork(1);
-    pthread_mutex_unlock(&dm__mu);
+    dm_tls_t *gone = fork_child_unlink();
+    fork_lock_all(1);
+    fork_child_release(gone);
 }
 
 void dm_runtime_after_fork_child(void) {
@@ -1123,6 +1189,12 @@ static void init_once_fn(void) {
         fc_cap[k] = (uint8_t)(fit < 1 ? 1 : fit > DM_FC_SLOTS ? DM_FC_SLOTS : fit);
     }
     pthread_key_create(&tls_key, tls_exit);
+    /* jemalloc registers its fork handlers when it initialises: make that
+     * happen first, so that in the child its handler has made it usable
+     * before ours frees the gone threads' blocks. */
+    unsigned narenas;
+    size_t sz = sizeof(narenas);
+    dmje_mallctl("arenas.narenas", &narenas, &sz, NULL, 0);
     pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
 }
 

@@ -9,6 +9,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "jemalloc/jemalloc.h"
@@ -813,6 +815,79 @@ static void test_exit_hands_caches_back_before_count(void) {
     load_ok(POLICY);
 }
 
+/* fork() from a process whose other threads allocate: the child must retire
+ * those threads (issue 24: their per-thread blocks stayed in the registry; a
+ * new thread in the child reused one's address, the registry became a cycle,
+ * and the next stats snapshot spun forever holding the runtime mutex). Each
+ * child starts a thread, joins it, takes a snapshot, and does that again; the
+ * parent waits for each child with a bound and kills a hung one. */
+#define FORK_BUSY 3
+#define FORK_ROUNDS 40
+
+static void *fork_busy(void *arg) {
+    _Atomic int *stop = arg;
+    void *keep[32] = {0};
+    for (unsigned i = 0; !atomic_load(stop); i++) {
+        unsigned k = i % 32;
+        dm_free(keep[k]);
+        keep[k] = dm_alloc(dm_ctx_root(), 8 + (size_t)(i * 2654435761u) % (300u << 10),
+                           DM_DT_UNKNOWN);
+    }
+    for (int k = 0; k < 32; k++)
+        dm_free(keep[k]);
+    return NULL;
+}
+
+static void *fork_child_thread(void *arg) {
+    (void)arg;
+    for (int i = 0; i < 100; i++)
+        dm_free(dm_alloc(dm_ctx_root(), 64 + (size_t)i * 1000, DM_DT_UNKNOWN));
+    return NULL;
+}
+
+/* In the child: 0 when all went well, else what went wrong. */
+static int fork_child_checks(void) {
+    alarm(20); /* a hang ends the child by SIGALRM; the parent reports it */
+    dm_stats_t *s = malloc(sizeof(*s));
+    for (int round = 0; round < 2; round++) {
+        pthread_t th;
+        pthread_create(&th, NULL, fork_child_thread, NULL);
+        pthread_join(th, NULL);
+        dm_stats_snapshot(s);
+        int n = s->nthreads;
+        dm_stats_release(s);
+        if (n > 1) /* the forking thread at most: the parent's others are gone */
+            return 10 + n;
+    }
+    free(s);
+    return 0;
+}
+
+static void test_fork_child_retires_threads(void) {
+    _Atomic int stop = 0;
+    pthread_t th[FORK_BUSY];
+    for (int i = 0; i < FORK_BUSY; i++)
+        pthread_create(&th[i], NULL, fork_busy, &stop);
+    int hung = 0, bad = 0;
+    for (int i = 0; i < FORK_ROUNDS; i++) {
+        dm_free(dm_alloc(dm_ctx_root(), 100, DM_DT_UNKNOWN));
+        pid_t pid = fork();
+        if (pid == 0)
+            _exit(fork_child_checks());
+        int status = 0;
+        waitpid(pid, &status, 0);
+        if (WIFSIGNALED(status))
+            hung++;
+        else if (WEXITSTATUS(status) != 0)
+            bad++;
+    }
+    atomic_store(&stop, 1);
+    for (int i = 0; i < FORK_BUSY; i++)
+        pthread_join(th[i], NULL);
+    CHECK(hung == 0 && bad == 0, "of %d fork children, %d hung (killed after 20 s) and %d "
+          "saw the parent's threads", FORK_ROUNDS, hung, bad);
+}
+
 int main(void) {
     dm_runtime_init();
     load_ok(POLICY);
@@ -841,6 +916,7 @@ int main(void) {
     test_big_halves();
     test_idle_big_half_purged();
     test_exit_hands_caches_back_before_count();
+    test_fork_child_retires_threads();
     unlink(write_policy(""));
     if (failures) {
         fprintf(stderr, "runtime_test: %d check(s) failed\n", failures);

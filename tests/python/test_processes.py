@@ -2,7 +2,7 @@
 import json
 import os
 
-from conftest import CONFIGS, run_py
+from conftest import CONFIGS, UNDER_ASAN, run_py
 
 FORK = r"""
 import os, numpy as np, datamem
@@ -105,3 +105,73 @@ def test_fork_while_threads_allocate():
     r = run_py(FORK_STRESS, config=os.path.join(CONFIGS, "demo.yaml"), timeout=300)
     assert r.returncode == 0, (r.stdout, r.stderr)
     assert r.stdout.strip().splitlines()[-1] == "children failed: 0"
+
+
+# A fork storm with every service on: threads allocating, a full-mode profile,
+# the HTTP endpoint and the policy watcher. Each child starts a thread, joins
+# it, reads stats (which walk the thread registry), and does it again. Pins
+# issue 24: the parent's dead threads stayed in the child's registry, a new
+# thread reused one's address, the registry became a cycle and the child spun
+# forever in a stats snapshot holding the runtime lock (5 of 5 children hung).
+FORK_STORM = r"""
+import os, sys, threading, time, numpy as np, datamem
+stop = threading.Event()
+def busy():
+    keep = []
+    while not stop.is_set():
+        keep.append(np.empty(8 + len(keep) * 977 %% 70_000))
+        if len(keep) > 40:
+            keep.clear()
+threads = [threading.Thread(target=busy) for _ in range(3)]
+[t.start() for t in threads]
+def child():
+    for _ in range(2):
+        t = threading.Thread(target=lambda: [np.ones(n) for n in (10, 1000, 100_000)])
+        t.start(); t.join()
+        # Thread.join returns before the OS thread's exit handlers run: wait for
+        # the count to come down to the forking thread alone, bounded.
+        deadline = time.monotonic() + 10
+        while datamem.stats()["threads"] > 1:
+            if time.monotonic() > deadline:
+                return 4   # the parent's threads still counted
+            time.sleep(0.001)
+    return 0
+N = int(sys.argv[1]) if len(sys.argv) > 1 else %d
+hung = bad = 0
+for i in range(N):
+    pid = os.fork()
+    if pid == 0:
+        rc = 5
+        try:
+            rc = child()
+        finally:
+            os._exit(rc)
+    deadline = time.monotonic() + 30
+    while True:
+        r, status = os.waitpid(pid, os.WNOHANG)
+        if r:
+            bad += os.waitstatus_to_exitcode(status) != 0
+            break
+        if time.monotonic() > deadline:
+            hung += 1
+            os.kill(pid, 9); os.waitpid(pid, 0)
+            break
+        time.sleep(0.002)
+stop.set()
+[t.join() for t in threads]
+print("forks %%d hung %%d failed %%d" %% (N, hung, bad))
+"""
+
+
+def test_fork_storm_with_profiler_endpoint_and_watcher(tmp_path):
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("version: 1\ndefault: general\narenas:\n  general: {alignment: 64}\n"
+                      "stats:\n  http: \"127.0.0.1:0\"\nreload:\n  watch: true\n")
+    prof = tmp_path / "prof"
+    prof.mkdir(mode=0o700)
+    n = 60 if UNDER_ASAN else 200
+    env = {"DATAMEM_PROFILE": str(prof), "DATAMEM_PROFILE_SAMPLE": "full",
+           "PYTHONWARNINGS": "ignore::DeprecationWarning"}  # 3.12+: fork with threads
+    r = run_py(FORK_STORM % n, config=str(policy), env=env, timeout=600)
+    assert r.returncode == 0, (r.stdout, r.stderr[-2000:])
+    assert r.stdout.strip().splitlines()[-1] == "forks %d hung 0 failed 0" % n, r.stdout
