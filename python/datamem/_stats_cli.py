@@ -95,7 +95,7 @@ def _open_stats_dir():
 
 _NUMBER = (int, float)
 _ENTRY_FIELDS = (  # what service/export.c writes; all of it, with these types
-    ("pid", int), ("url", (str, type(None))), ("unix_socket", (str, type(None))),
+    ("datamem", int), ("pid", int), ("url", (str, type(None))), ("unix_socket", (str, type(None))),
     ("argv0", str), ("cmdline", str), ("started", _NUMBER), ("version", str))
 _ENTRY_NAME = re.compile(r"([1-9][0-9]{0,9})\.json")
 
@@ -120,6 +120,8 @@ def _entry_problem(entry, pid):
         v = entry[key]
         if isinstance(v, bool) or not isinstance(v, types):
             return "%r is a %s" % (key, type(v).__name__)
+    if entry["datamem"] != 1:  # the mark (DISCOVERY_MARK in service/export.c)
+        return "'datamem' is not 1"
     if entry["pid"] != pid:
         return "pid %d in %d.json" % (entry["pid"], pid)
     if not _is_number(entry["started"]):
@@ -189,9 +191,10 @@ def list_processes(prune=True):
     """Discovery entries of live processes, oldest first; files of dead ones are
     removed when `prune` (pool workers killed by SIGTERM cannot clean up). Only
     files the C side wrote are removed: <pid>.json, a regular file of this
-    user's, holding a whole discovery entry (issue 24: `ls` deleted any
-    <number>.json that parsed as JSON). Raises TargetError when the directory is
-    refused."""
+    user's, holding a whole discovery entry with the mark ("datamem": 1) and its
+    own pid: the test service/export.c's prune applies (issue 24: `ls` deleted
+    any <number>.json that parsed as JSON). Raises TargetError when the
+    directory is refused."""
     fd = _open_stats_dir()
     if fd is None:
         return []

@@ -6,6 +6,7 @@ as a user would, and skips with the reason when the engine is not installed
 import importlib.util
 import json
 import os
+import stat
 
 import pytest
 
@@ -150,6 +151,118 @@ def test_dask_policy_refuses_a_bad_policy_on_the_client(tmp_path):
                "except datamem.PolicyError as e:\n    print('refused:', e)\n" % str(bad))
     assert r.returncode == 0, r.stderr
     assert "refused:" in r.stdout and "bad.yaml:2:" in r.stdout
+
+
+# datamem.dask.policy_file: where each nanny writes the policy its workers load
+# (issue 24, item 5). It needs nothing from `distributed`, so it is tested in
+# every environment: without distributed, datamem.dask imports against a stub.
+
+NOBODY = 65534
+as_root = pytest.mark.skipif(os.geteuid() != 0, reason="SKIP: needs root, to play another "
+                             "user (chown to uid 65534)")
+
+
+@pytest.fixture
+def dask_module(tmp_path, monkeypatch):
+    """datamem.dask, with tempfile's directory at tmp_path/tmp."""
+    import importlib
+    import sys
+    import tempfile
+    import types
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    stubbed = importlib.util.find_spec("distributed") is None
+    if stubbed:
+        for name in ("distributed", "distributed.diagnostics", "distributed.diagnostics.plugin"):
+            monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+        sys.modules["distributed.diagnostics.plugin"].NannyPlugin = object
+        sys.modules.pop("datamem.dask", None)
+    mod = importlib.import_module("datamem.dask")
+    yield mod
+    if stubbed:  # the next import of datamem.dask must not find the stub's
+        sys.modules.pop("datamem.dask", None)
+        import datamem
+        if getattr(datamem, "dask", None) is mod:
+            del datamem.dask
+
+
+def _policy_dir(tmp_path):
+    return tmp_path / "tmp" / ("datamem-dask-%d" % os.geteuid())
+
+
+def test_dask_policy_file_is_written_once_and_kept(tmp_path, dask_module):
+    text = POLICY.encode()
+    path = dask_module.policy_file(text)
+    assert os.path.dirname(path) == str(_policy_dir(tmp_path))
+    st = os.lstat(path)
+    assert open(path, "rb").read() == text and stat.S_IMODE(st.st_mode) == 0o600
+    assert stat.S_IMODE(os.lstat(os.path.dirname(path)).st_mode) == 0o700
+    assert dask_module.policy_file(text) == path
+    assert os.lstat(path).st_ino == st.st_ino   # a file in use is never rewritten
+    assert os.listdir(_policy_dir(tmp_path)) == [os.path.basename(path)]
+
+
+@pytest.mark.parametrize("how", ["symlink", "world-writable",
+                                 pytest.param("other-owner", marks=as_root)])
+def test_dask_policy_file_refuses_a_directory_it_cannot_trust(tmp_path, dask_module, how):
+    # Attack: $TMPDIR/datamem-dask-<uid> is a predictable name. Its owner was
+    # checked with os.stat, which follows a symbolic link: a link to a directory
+    # of the user's passed, and swapped afterwards made a worker load the
+    # attacker's policy. A directory others can write to is as bad.
+    d = _policy_dir(tmp_path)
+    if how == "symlink":
+        (tmp_path / "mine").mkdir(mode=0o700)
+        d.symlink_to(tmp_path / "mine")
+    else:
+        d.mkdir(mode=0o700)
+        if how == "other-owner":
+            os.chown(d, NOBODY, NOBODY)
+        else:
+            os.chmod(d, 0o777)
+    with pytest.raises(PermissionError) as e:
+        dask_module.policy_file(POLICY.encode())
+    assert str(d) in str(e.value) and "TMPDIR" in str(e.value)
+    assert len(str(e.value).splitlines()) == 1
+    assert os.listdir(tmp_path / "mine" if how == "symlink" else d) == []
+
+
+@pytest.mark.parametrize("how", [pytest.param("other-owner", marks=as_root), "symlink"])
+def test_dask_policy_file_adopts_only_a_file_it_wrote(tmp_path, dask_module, how):
+    # Attack: a file already at policy-<sha>.yaml with the right bytes was used
+    # as it was, whoever owned it (they could rewrite it later) or wherever a
+    # symbolic link there pointed.
+    text = POLICY.encode()
+    d = _policy_dir(tmp_path)
+    d.mkdir(mode=0o700)
+    name = dask_module.policy_file(text)
+    os.unlink(name)
+    other = tmp_path / "other.yaml"
+    other.write_bytes(text)
+    if how == "symlink":
+        os.symlink(other, name)
+    else:
+        os.rename(other, name)
+        os.chown(name, NOBODY, NOBODY)
+    assert dask_module.policy_file(text) == name
+    st = os.lstat(name)
+    assert stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid(), st
+    assert open(name, "rb").read() == text
+
+
+def test_dask_policy_file_never_writes_through_a_planted_link(tmp_path, dask_module):
+    # Attack: the file was written through "<path>.tmp.<pid>", opened with
+    # open("wb"): a symbolic link there made the nanny overwrite any file.
+    import hashlib
+    text = POLICY.encode()
+    d = _policy_dir(tmp_path)
+    d.mkdir(mode=0o700)
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    name = d / ("policy-%s.yaml" % hashlib.sha256(text).hexdigest()[:20])
+    os.symlink(victim, "%s.tmp.%d" % (name, os.getpid()))
+    assert dask_module.policy_file(text) == str(name)
+    assert victim.read_text() == "precious\n"
+    assert name.read_bytes() == text and not name.is_symlink()
 
 
 # ---- joblib / loky ------------------------------------------------------------------------------

@@ -341,9 +341,9 @@ def test_ls_prunes_dead_processes(tmp_path):
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True).stdout.strip()
     (disc / ("%s.json" % dead)).write_text(json.dumps(  # a whole entry, as C writes it
-        {"pid": int(dead), "url": "http://127.0.0.1:1/metrics", "unix_socket": None,
-         "argv0": "python3", "cmdline": "python3 job.py", "started": time.time(),
-         "version": "0.1.0"}))
+        {"datamem": 1, "pid": int(dead), "url": "http://127.0.0.1:1/metrics",
+         "unix_socket": None, "argv0": "python3", "cmdline": "python3 job.py",
+         "started": time.time(), "version": "0.1.0"}))
     r = cli("ls", env={"DATAMEM_STATS_DIR": str(disc)})
     assert r.returncode == 0 and "no datamem process" in r.stdout
     assert not (disc / ("%s.json" % dead)).exists()
