@@ -728,6 +728,15 @@ static const dm_ctx_t *ctx_from_tags(PyObject *tags) {
         const char *t = PyUnicode_AsUTF8(PySequence_Fast_GET_ITEM(tags, i));
         if (!t)
             return NULL;
+/* warnings_changed(text) -> whether to print these policy warnings: they differ
+ * from the set this process reported last (shared with the file watcher). */
+static PyObject *py_warnings_changed(PyObject *self, PyObject *text) {
+    const char *t = PyUnicode_AsUTF8(text);
+    if (!t)
+        return NULL;
+    return PyBool_FromLong(dm_watch_warnings_changed(t));
+}
+
         if (!(c = dm_ctx_with_tag(c, t))) {
             PyErr_Format(PyExc_ValueError, "tag '%s': too many tags or contexts", t);
             return NULL;
@@ -970,7 +979,7 @@ static PyObject *py_stats(PyObject *self, PyObject *unused) {
     }
     SET_OBJ(d, "arenas", Py_NewRef(arenas));
     SET_OBJ(d, "rules", Py_NewRef(rules));
-    SET_OBJ(d, "policy_path", PyUnicode_FromString(s->policy_path));
+    SET_OBJ(d, "policy_path", PyUnicode_DecodeFSDefault(s->policy_path));
     char hash[17];
     snprintf(hash, sizeof(hash), "%016llx", (unsigned long long)s->policy_hash);
     SET_OBJ(d, "policy_hash", PyUnicode_FromString(hash));
@@ -1129,7 +1138,7 @@ static PyObject *py_policy_settings(PyObject *self, PyObject *unused) {
     if (!p)
         Py_RETURN_NONE;
     PyObject *d = Py_BuildValue(
-        "{s:s,s:O,s:O,s:L,s:s,s:s,s:s,s:L}", "path", p->path,
+        "{s:N,s:O,s:O,s:L,s:s,s:s,s:s,s:L}", "path", PyUnicode_DecodeFSDefault(p->path),
         "reload_watch", p->reload.watch ? Py_True : Py_False,
         "reload_signal", p->reload.signal ? Py_True : Py_False,
         "reload_debounce_ms", (long long)p->reload.debounce_ms,
@@ -1179,7 +1188,7 @@ static PyObject *py_stats_serve(PyObject *self, PyObject *args) {
 static PyObject *py_stats_endpoint(PyObject *self, PyObject *unused) {
     char url[256], path[256];
     dm_stats_endpoint(url, sizeof(url), path, sizeof(path));
-    return Py_BuildValue("(ss)", url, path);
+    return Py_BuildValue("(sN)", url, PyUnicode_DecodeFSDefault(path));
 }
 
 static PyObject *py_stats_stop(PyObject *self, PyObject *unused) {
@@ -1391,6 +1400,7 @@ static PyMethodDef methods[] = {
     {"profile_info", py_profile_info, METH_NOARGS, "profile_info() -> (file, samples, bytes)"},
     {"stats_textfile_sweep", py_stats_textfile_sweep, METH_VARARGS, "stats_textfile_sweep(template, min_age_ms) -> files removed"},
     {"metrics", py_metrics, METH_VARARGS, "metrics(json=False) -> Prometheus text (or JSON)"},
+    {"warnings_changed", py_warnings_changed, METH_O, "warnings_changed(text) -> whether these policy warnings are new to this process"},
     {"stats_serve", py_stats_serve, METH_VARARGS, "stats_serve(http, unix_socket) -> 0 or error code"},
     {"stats_endpoint", py_stats_endpoint, METH_NOARGS, "stats_endpoint() -> (url, unix_socket)"},
     {"stats_stop", py_stats_stop, METH_NOARGS, "stop serving stats; last textfile write"},

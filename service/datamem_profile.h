@@ -54,10 +54,10 @@ extern "C" {
 
 /* A profile file's size limit (per process). 256 MiB holds about 3.5 million
  * allocations with their frees in full mode (59 + 17 bytes each): a few
- * seconds of a loop making small arrays (25M of them wrote 1.9 GB in 20 s),
- * minutes to hours of a real job; a sampled profile (512 KiB) reaches it only
- * after some 1.8 TB allocated. It bounds the disk a profiled job can fill
- * (this much per process) and what `report` must read. */
+ * seconds of a loop making small arrays (25M of them wrote 1.9 GB in 20 s);
+ * a sampled profile (512 KiB) reaches it only after some 1.8 TB allocated.
+ * It bounds the disk a profiled job can fill (this much per process) and what
+ * `report` must read. */
 #define DM_PROF_MAX_BYTES_DEFAULT ((uint64_t)256 << 20)
 #define DM_PROF_MAX_BYTES_MIN ((uint64_t)1 << 20) /* smaller limits are raised to this */
 

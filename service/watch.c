@@ -49,6 +49,21 @@ static struct {
 } cfg = {.wake_fd = -1};
 
 static _Atomic uint64_t watch_reloads, watch_skipped;
+/* A hash of the policy warnings last reported in this process (0: none); see
+ * dm_watch_warnings_changed. A fork child keeps it: its parent reported them
+ * on the same stderr. */
+static _Atomic uint64_t warnings_reported;
+
+bool dm_watch_warnings_changed(const char *text) {
+    uint64_t h = 0;
+    if (text && text[0]) {
+        h = 0xcbf29ce484222325ull; /* FNV-1a */
+        for (const unsigned char *c = (const unsigned char *)text; *c; c++)
+            h = (h ^ *c) * 0x100000001b3ull;
+        h |= h == 0;
+    }
+    return atomic_exchange(&warnings_reported, h) != h && h != 0;
+}
 
 static int64_t now_ms(void) {
     struct timespec ts;
@@ -128,11 +143,11 @@ static void reload_now(const char *path) {
         }
     } else {
         atomic_fetch_add(&watch_reloads, 1);
-        if (d->nwarnings) {
-            char msg[4096];
+        char msg[4096] = "";
+        if (d->nwarnings)
             dm_diags_format_all(d, msg, sizeof(msg));
+        if (dm_watch_warnings_changed(msg)) /* a set already reported stays quiet */
             dm_log("datamem: reloaded %s with warnings:\n%s", path, msg);
-        }
     }
     free(d);
 }

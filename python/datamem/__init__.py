@@ -40,15 +40,35 @@ def _warn(text):
         sys.stderr.write(text if text.endswith("\n") else text + "\n")
 
 
+def _warn_policy(text):
+    """A load's warnings ("" if none), printed once per distinct set in this
+    process, not on every reload (issue 24: 2000 reloads printed 6003 lines).
+    The file watcher shares the record (_ext.warnings_changed)."""
+    if _ext.warnings_changed(text):
+        _warn(text)
+
+
+def _policy_path(policy):
+    """An absolute path (str, bytes or os.PathLike) as str. Paths are bytes: one
+    that is not UTF-8 comes back as os.fsdecode gives it, and _ext turns it into
+    the same bytes again (issue 24)."""
+    return os.path.abspath(os.fsdecode(policy))  # the watcher must survive chdir
+
+
+def _shown(path):
+    """`path` for a message: bytes that are not UTF-8 as \\xNN."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
+
+
 def install(policy):
     """Loads `policy` (a path) and makes datamem NumPy's allocator for the current
     context and for every thread started from now on. Raises PolicyError with
     file:line:column diagnostics if the policy is bad (nothing changes then)."""
-    path = os.path.abspath(os.fspath(policy))  # the watcher must survive chdir
+    path = _policy_path(policy)
     with _lock:
         _stats_from_env()
         _ext.set_cudart(os.environ.get("DATAMEM_CUDART") or None)  # pinned: cuda
-        _warn(_ext.load(path))
+        _warn_policy(_ext.load(path))
         _state["path"] = path
         _ext.set_thread_name(threading.current_thread().name)
         _covered.add(threading.current_thread())
@@ -62,11 +82,11 @@ def reload(policy=None):
     """Re-reads the policy (or loads a new path). New arrays follow the new rules;
     live arrays are not moved. On error the last good policy stays in force and
     PolicyError is raised."""
-    path = os.path.abspath(os.fspath(policy)) if policy is not None else _state["path"]
+    path = _policy_path(policy) if policy is not None else _state["path"]
     if path is None:
         raise RuntimeError("datamem is not installed")
     with _lock:
-        _warn(_ext.load(path))
+        _warn_policy(_ext.load(path))
         _state["path"] = path
         _apply_settings()
 
@@ -88,7 +108,7 @@ def current_policy():
 def check(policy):
     """Validates a policy file without installing it: (ok, diagnostics, summary)."""
     from .__main__ import check as _check
-    return _check(os.fspath(policy))
+    return _check(os.fsdecode(policy))
 
 
 def explain(policy, size, dtype="unknown", thread="MainThread", tags=(), table=False,
@@ -97,7 +117,7 @@ def explain(policy, size, dtype="unknown", thread="MainThread", tags=(), table=F
     `module` and `function` ("module.qualname") name the call site for rules with
     match.module / match.function; None: unknown, as for a realloc."""
     from .__main__ import explain as _explain
-    return _explain(os.fspath(policy), size, dtype, thread, tags, table, module, function)
+    return _explain(os.fsdecode(policy), size, dtype, thread, tags, table, module, function)
 
 
 def stats():
@@ -237,7 +257,7 @@ def _tagged(names):
 def _on_sighup(signum, frame):
     try:
         reload()
-        sys.stderr.write("datamem: reloaded %s on SIGHUP\n" % _state["path"])
+        sys.stderr.write("datamem: reloaded %s on SIGHUP\n" % _shown(_state["path"]))
     except PolicyError as e:
         sys.stderr.write("datamem: reload on SIGHUP failed; keeping the last good policy:\n%s\n" % e)
 

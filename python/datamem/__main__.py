@@ -174,7 +174,8 @@ def main(argv=None):
         if text:
             sys.stderr.write(text if text.endswith("\n") else text + "\n")
         if ok:
-            print("%s: ok: %s" % (a.policy, summary))
+            from . import _shown
+            print("%s: ok: %s" % (_shown(a.policy), summary))
         return 0 if ok else 1
     if a.size is None and not a.table:  # explaining size 0 by default misled (issue 11)
         e.error("the following arguments are required: --size (or --table for the whole table)")

@@ -9,6 +9,12 @@ import os
 import sys
 
 
+def _shown(path):
+    """A path from the environment for a message: bytes that are not UTF-8 (a
+    path is bytes; os.environ holds them as surrogates) as \\xNN."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
+
+
 def _activate():
     path = os.environ.get("DATAMEM_CONFIG", "")
     try:
@@ -20,9 +26,9 @@ def _activate():
         datamem.install(path)
     except Exception as e:  # PolicyError, or an import failure
         msg = str(e) if str(e) else type(e).__name__
-        what = "DATAMEM_CONFIG=%s" % path
+        what = "DATAMEM_CONFIG=%s" % _shown(path)
         if os.environ.get("DATAMEM_PROFILE"):
-            what += ", DATAMEM_PROFILE=%s" % os.environ["DATAMEM_PROFILE"]
+            what += ", DATAMEM_PROFILE=%s" % _shown(os.environ["DATAMEM_PROFILE"])
         sys.stderr.write("datamem: cannot activate (%s):\n%s\n" % (what, msg))
         sys.stderr.flush()
         os._exit(2)

@@ -131,3 +131,63 @@ print(out[0])
     r = run_py(code, config=demo_policy)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "datamem"
+
+
+# ---- paths are bytes (issue 24) ---------------------------------------------------
+# Bug pinned: a policy path that is not UTF-8 made start-up exit 2 with a codec
+# error and `python -m datamem check PATH` end in a traceback.
+
+NOT_UTF8 = b"pol\xff\xfe.yaml"
+
+
+def _bytes_path(tmp_path, text=None):
+    p = os.path.join(os.fsencode(str(tmp_path)), NOT_UTF8)
+    if text is not None:
+        with open(p, "wb") as f:
+            f.write(text.encode())
+    return os.fsdecode(p)  # as os.environ and sys.argv hold it
+
+
+def test_policy_path_that_is_not_utf8_activates(tmp_path):
+    path = _bytes_path(tmp_path, "version: 1\ndefault: a\narenas:\n  a: {}\n")
+    r = run_py("import os, datamem, numpy as np\n"
+               "print(datamem.arena_of(np.ones(10)), os.fsencode(datamem.current_policy()))",
+               config=path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["a", repr(os.fsencode(path))], r.stdout
+
+
+def test_policy_path_that_is_not_utf8_works_as_str_and_bytes(tmp_path):
+    path = _bytes_path(tmp_path, "version: 1\ndefault: a\narenas:\n  a: {decay: {dirty: 10}}\n")
+    r = run_py("import os, datamem\n"
+               "p = %r\n"
+               "print(datamem.check(os.fsencode(p))[0], datamem.check(p)[0])\n"
+               "datamem.install(os.fsencode(p)); datamem.reload(p)\n"
+               "print(os.fsencode(datamem.current_policy()) == os.fsencode(p))" % path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["True", "True", "True"], r.stdout
+    # the warning names the file with the bytes that are not UTF-8 escaped
+    assert "pol\\xff\\xfe.yaml:4:22: warning:" in r.stderr, r.stderr
+
+
+def test_check_of_a_path_that_is_not_utf8(tmp_path):
+    path = _bytes_path(tmp_path, "version: 1\ndefault: a\narenas:\n  a: {}\n")
+    r = subprocess.run([sys.executable, "-m", "datamem", "check", path], capture_output=True,
+                       text=True, timeout=60, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.endswith("pol\\xff\\xfe.yaml: ok: 1 arena, 0 rules, default 'a'\n"), r.stdout
+    missing = path.replace("pol", "nope")
+    r = subprocess.run([sys.executable, "-m", "datamem", "check", missing], capture_output=True,
+                       text=True, timeout=60, cwd=ROOT)
+    assert r.returncode == 1
+    assert r.stderr.endswith("nope\\xff\\xfe.yaml: error: cannot read the policy: No such file "
+                             "or directory\n"), r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_missing_policy_path_that_is_not_utf8_stops_with_its_name(tmp_path):
+    path = _bytes_path(tmp_path)
+    r = run_py("print('job ran')", config=path)
+    assert r.returncode == 2 and "job ran" not in r.stdout
+    assert "DATAMEM_CONFIG=%s" % os.fsencode(path).decode("utf-8", "backslashreplace") in r.stderr
+    assert "codec" not in r.stderr and "Traceback" not in r.stderr, r.stderr

@@ -295,3 +295,120 @@ def test_bad_profile_directory_stops_at_start(tmp_path):
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "job ran" not in r.stdout
     assert "DATAMEM_PROFILE=" in r.stderr
+
+
+# ---- the writer's files (issue 24, "Trust") ------------------------------------------
+
+MINIMAL = os.path.join(ROOT, "configs", "minimal.yaml")
+
+# Records into DIR (argv[1]) from this process, limit argv[2] bytes (0: the default),
+# after planting argv[3:] in DIR as symbolic links named after this process's file.
+WRITER = textwrap.dedent('''
+    import os, sys
+    d, limit, victims = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+    for i, v in enumerate(victims):
+        name = "%d.dmprof" % os.getpid() if i == 0 else "%d-%d.dmprof" % (os.getpid(), i)
+        os.symlink(v, os.path.join(d, name))
+    import numpy as np, datamem
+    from datamem import _ext
+    print(_ext.profile_start(d, 1, True, False, "", limit), flush=True)
+    datamem.install(os.environ["POLICY"])
+    n = int(os.environ.get("ARRAYS", "1000"))
+    for _ in range(n):
+        a = np.ones(4)
+    if os.environ.get("FORK"):  # a fork child writes a file of its own
+        pid = os.fork()
+        if pid == 0:
+            for _ in range(n):
+                a = np.ones(4)
+            _ext.profile_stop()
+            os._exit(0)
+        assert os.waitpid(pid, 0)[1] == 0
+    _ext.profile_stop()
+''')
+
+
+def _writer(d, limit=0, victims=(), **env):
+    return subprocess.run([sys.executable, "-c", WRITER, str(d), str(limit)] + list(victims),
+                          env=_env(dict(env, POLICY=MINIMAL)), capture_output=True, text=True,
+                          timeout=180)
+
+
+def test_profile_never_writes_through_a_planted_symlink(tmp_path):
+    # Attack pinned: DIR/<pid>.dmprof planted as a symbolic link to a victim file;
+    # the writer opened it with O_CREAT|O_TRUNC and overwrote the victim. Now the
+    # file is created with O_EXCL|O_NOFOLLOW and a taken name moves on.
+    d = tmp_path / "prof"
+    d.mkdir(mode=0o700)
+    victims = [tmp_path / "victim", tmp_path / "victim2"]
+    for v in victims:
+        v.write_text("precious\n")
+    r = _writer(d, victims=[str(v) for v in victims])
+    assert r.returncode == 0, r.stderr
+    for v in victims:
+        assert v.read_text() == "precious\n"
+    path = r.stdout.strip()
+    assert path.endswith("-2.dmprof") and os.path.dirname(path) == str(d), path
+    with open(path, "rb") as f:
+        assert f.read(8) == b"DMPROF1\n"
+    assert not os.path.islink(path)
+
+
+@pytest.mark.parametrize("how", ["another user's", "writable by others", "a symbolic link"])
+def test_profile_refuses_a_directory_it_cannot_trust(tmp_path, how):
+    # Attack pinned: an existing DIR of any owner was accepted, so whoever could
+    # write there could plant links or files. The job runs on, without a profile,
+    # after one line on stderr.
+    d = tmp_path / "prof"
+    d.mkdir(mode=0o755)
+    target = d
+    if how == "another user's":
+        if os.geteuid() != 0:
+            pytest.skip("SKIP: making a directory of another user needs root")
+        os.chown(d, 65534, 65534)
+    elif how == "writable by others":
+        os.chmod(d, 0o777)
+    else:
+        target = tmp_path / "link"
+        target.symlink_to(d)
+    r = subprocess.run([sys.executable, "-c", "import numpy as np; np.ones(10); print('job ran')"],
+                       env=_env({"DATAMEM_PROFILE": str(target), "DATAMEM_PROFILE_SAMPLE": "full",
+                                 "DATAMEM_CONFIG": MINIMAL}),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "job ran"
+    lines = [l for l in r.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1 and lines[0].startswith("datamem: profile: refusing "), r.stderr
+    assert {"another user's": "owned by uid 65534, not by this user",
+            "writable by others": "writable by other users (mode 0777)",
+            "a symbolic link": "a symbolic link, not a directory"}[how] in lines[0]
+    assert os.listdir(d) == []
+
+
+def test_profile_stops_at_its_size_limit(tmp_path):
+    # Bug pinned: --full profiles had no cap (25M small arrays: 1.9 GB in 20 s).
+    # Each process's file stops at its limit with a 'T' record and one line on
+    # stderr; a fork child gets a file, and a limit, of its own.
+    d = tmp_path / "prof"
+    limit = 1 << 20
+    r = _writer(d, limit=limit, ARRAYS="100000", FORK="1")
+    assert r.returncode == 0, r.stderr
+    files = sorted(d.glob("*.dmprof"))
+    assert len(files) == 2, files
+    for f in files:
+        data = f.read_bytes()
+        assert limit // 2 < len(data) <= limit, (f, len(data))
+        # the tail: 'T' t_ns, limit, records; then a last 'P'
+        t = data[-50:]
+        assert t[0:1] == b"T" and t[25:26] == b"P", t
+        assert int.from_bytes(t[9:17], "little") == limit
+        assert int.from_bytes(t[17:25], "little") > 1000  # records written before the stop
+    assert r.stderr.count("reached its size limit") == 2, r.stderr
+    assert len(r.stderr.splitlines()) == 2, r.stderr
+
+
+def test_profile_limit_below_one_mib_is_refused():
+    r = subprocess.run([sys.executable, "-c", "from datamem import _ext\n"
+                        "_ext.profile_start('/nonexistent', 1, True, False, '', 1000)"],
+                       env=_env(), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "profile size limit must be at least 1048576 bytes" in r.stderr

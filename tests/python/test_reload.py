@@ -261,3 +261,52 @@ def test_unreadable_policy_keeps_last_good(watched, capfd):
     watched.rmdir()
     watched.write_text(policy_text("b"))
     assert wait_for_arena("b")
+
+
+# Bug pinned (issue 24): a policy's warnings were printed again on every reload
+# (2000 reloads: 6003 lines of stderr). A set is printed once per process, by
+# datamem.reload() and the file watcher alike (they share the record); a
+# changed set is printed again.
+WARNS_ONCE = r"""
+import sys, time
+import datamem
+
+def wait_watch(before, what):
+    deadline = time.monotonic() + 10
+    while datamem.stats()["watch_reloads"] == before:
+        if time.monotonic() > deadline:
+            sys.exit("the watcher did not reload after %s" % what)
+        time.sleep(0.01)
+
+p = sys.argv[1]
+datamem.install(p)
+for _ in range(2000):
+    datamem.reload()
+for i in range(5):  # the watcher reloads a changed file with the same warnings
+    before = datamem.stats()["watch_reloads"]
+    with open(p, "a") as f:
+        f.write("# edit %d\n" % i)
+    wait_watch(before, "edit %d" % i)
+before = datamem.stats()["watch_reloads"]
+with open(p) as f:
+    text = f.read()
+with open(p, "w") as f:  # another warning: printed, once
+    f.write(text.replace("dirty: 10", "dirty: 20"))
+wait_watch(before, "the new warning")
+for _ in range(100):
+    datamem.reload()
+print("reloads", datamem.stats()["reloads"])
+"""
+
+
+def test_warnings_print_once_per_distinct_set(tmp_path):
+    p = tmp_path / "policy.yaml"
+    p.write_text("version: 1\ndefault: a\narenas:\n  a: {decay: {dirty: 10}}\n"
+                 "reload: {watch: true, debounce: 20ms}\n")
+    r = subprocess.run([sys.executable, "-c", WARNS_ONCE, str(p)], capture_output=True,
+                       text=True, timeout=300, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert int(r.stdout.split()[-1]) >= 2000 + 5 + 1 + 100
+    assert r.stderr.count("dirty: 10 is read as 10 ms") == 1, r.stderr[-3000:]
+    assert r.stderr.count("dirty: 20 is read as 20 ms") == 1, r.stderr[-3000:]
+    assert r.stderr.count("warning:") == 2, r.stderr[-3000:]

@@ -591,3 +591,75 @@ print(json.dumps({"huge": {k: v["hugepage_bytes"] for k, v in d.items()},
     assert 32 << 20 <= huge["big"] <= out["smaps"], out  # ours are a part of the process's
     assert huge["big"] % (2 << 20) == 0
     assert all(v == 0 for k, v in huge.items() if k != "big"), huge  # hugepages: system, 4 KiB
+
+
+# ---- the discovery directory (issue 24, "Trust") ------------------------------------
+
+def _dead_pids(n):
+    """n process ids that no process has now."""
+    out, pid = [], 4_000_000
+    while len(out) < n:
+        pid -= 1
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            out.append(pid)
+        except PermissionError:
+            pass
+    return out
+
+
+def test_serving_prunes_only_discovery_files_it_wrote(tmp_path):
+    # Attack pinned: DATAMEM_STATS_DIR pointing at a directory with other files;
+    # a serving job deleted every <number>.json whose number was not a live pid.
+    # Only a regular file of this user's, beginning with the discovery mark and
+    # its own pid, is one of ours.
+    disc = tmp_path / "discovery"
+    disc.mkdir(mode=0o700)
+    stale, foreign, wrong_pid, linked, other_user = _dead_pids(5)
+    ours = '{"datamem": 1, "pid": %d, "url": "http://127.0.0.1:1/metrics"}\n'
+    (disc / ("%d.json" % stale)).write_text(ours % stale)                # ours, dead: pruned
+    (disc / ("%d.json" % foreign)).write_text('{"pid": %d, "job": "theirs"}\n' % foreign)
+    (disc / ("%d.json" % wrong_pid)).write_text(ours % (wrong_pid + 1))
+    victim = tmp_path / "victim.json"
+    victim.write_text(ours % linked)
+    (disc / ("%d.json" % linked)).symlink_to(victim)
+    (disc / "notes.txt").write_text("keep me\n")
+    kept = {"%d.json" % p for p in (foreign, wrong_pid, linked)} | {"notes.txt"}
+    if os.geteuid() == 0:  # another user's file (root can make one)
+        (disc / ("%d.json" % other_user)).write_text(ours % other_user)
+        os.chown(disc / ("%d.json" % other_user), 65534, 65534)
+        kept.add("%d.json" % other_user)
+    with job(tmp_path) as (p, info):
+        listed = set(os.listdir(disc))
+        mine = (disc / ("%d.json" % p.pid)).read_text()
+    assert listed == kept | {"%d.json" % p.pid}, listed
+    assert victim.read_text() == ours % linked
+    # the mark `ls` and the prune look for
+    assert mine.startswith('{"datamem": 1, "pid": %d, ' % p.pid), mine
+    assert json.loads(mine)["datamem"] == 1
+
+
+@pytest.mark.parametrize("how", ["another user's", "writable by others"])
+def test_discovery_directory_it_cannot_trust_is_refused(tmp_path, how):
+    # Attack pinned: a discovery directory writable by others (or another user's)
+    # lets them plant files that `ls` then reports, or links. The process is not
+    # listed; the job runs on.
+    disc = tmp_path / "discovery"
+    disc.mkdir(mode=0o755)
+    if how == "another user's":
+        if os.geteuid() != 0:
+            pytest.skip("SKIP: making a directory of another user needs root")
+        os.chown(disc, 65534, 65534)
+    else:
+        os.chmod(disc, 0o777)
+    code = "import datamem\nprint('JOB DONE', datamem.stats_url() is not None)"
+    r = run_py(code, config=DEMO, env={"DATAMEM_STATS_HTTP": "127.0.0.1:0",
+                                        "DATAMEM_STATS_DIR": str(disc)})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["JOB", "DONE", "True"]  # still serving, just not listed
+    assert os.listdir(disc) == []
+    assert ("datamem: stats: %s: directory %s" % (disc, {
+        "another user's": "owned by uid 65534, not by this user",
+        "writable by others": "writable by other users (mode 0777)"}[how])) in r.stderr, r.stderr
+    assert "(process not listed)" in r.stderr
