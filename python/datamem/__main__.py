@@ -100,6 +100,8 @@ def profile_commands(a, pr):
     except (OSError, _profile.ProfileError) as e:
         sys.stderr.write("datamem: %s\n" % e)
         return 1
+    for w in prof.warnings:  # files cut short, or at the writer's size cap
+        sys.stderr.write("datamem: warning: %s\n" % w)
     if a.cmd == "suggest":
         from . import _suggest
         sys.stdout.write(_suggest.suggest(prof, resident_arena=a.resident))

@@ -12,18 +12,31 @@ are, not the many tiny arrays (a 0-d fill value) a line also makes.
 Lifetime classes: short (freed within SHORT seconds: the temporaries of an
 expression or a loop iteration), long (LONG seconds or more, or still live when
 the process ended), medium in between.
+
+Names in a profile (paths, thread names, call sites, tags, argv) come from the
+profiled job: printable() shows their control characters as escapes in text
+(a terminal would obey them), and html() escapes them too.
 """
 import html as _html
 import json
 import math
+import re
 
 import numpy as np
 
-SHORT = 0.1
-LONG = 1.0
-SIZE_EDGES = [0, 1 << 10, 16 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20,
-              256 << 20, 1 << 30]
-LIFE_EDGES = [0.0, 1e-3, 1e-2, 0.1, 1.0, 10.0, 100.0]
+from ._profile import LIFE_EDGES, LONG, SHORT, SITE_COLUMNS, SIZE_EDGES  # noqa: F401
+
+# C0 and C1 controls (ESC, CR, NEL...), DEL, the line and paragraph separators
+# (line breaks to YAML), bidirectional overrides, and lone surrogates (bytes that
+# were not UTF-8: they cannot be written to a UTF-8 stream).
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u2028-\u202e\u2066-\u2069"
+                          "\ud800-\udfff]")
+
+
+def printable(text):
+    """`text` with every control character written as an escape (\\x1b, \\u2028)."""
+    return _UNPRINTABLE.sub(lambda m: ("\\x%02x" if ord(m.group()) < 256 else "\\u%04x")
+                            % ord(m.group()), str(text))
 
 
 def fmt_bytes(n):
@@ -56,137 +69,102 @@ def fmt_count(n):
     return "{:,}".format(int(round(n)))
 
 
-def _wmedian(values, weights):
-    if len(values) == 0:
-        return float("nan")
-    order = np.argsort(values, kind="stable")
-    cw = np.cumsum(weights[order])
-    return float(values[order][np.searchsorted(cw, cw[-1] / 2.0)])
-
-
-def _group(p, key, names, mask=None):
-    """Per value of `key`: estimated allocations, bytes, and shares."""
-    w, b = p.weight, p.weight * p.size
-    if mask is not None:
-        w, b, key = w[mask], b[mask], key[mask]
+def _group(sums, names):
+    """Rows (allocations, bytes) per label -> [{name, allocations, bytes}] by bytes."""
     out = []
-    if len(key) == 0:
-        return out
-    nb, nw = np.bincount(key, b), np.bincount(key, w)
-    for i in np.argsort(-nb):
-        if nw[i] > 0:
-            out.append({"name": names[i], "allocations": float(nw[i]), "bytes": float(nb[i])})
+    for i in np.argsort(-sums[:, 1], kind="stable"):
+        if sums[i, 0] > 0:
+            out.append({"name": names[i], "allocations": float(sums[i, 0]),
+                        "bytes": float(sums[i, 1])})
     return out
 
 
-def live_series(p, mask=None, grid=None):
-    """Live bytes over time (step function): (times, live bytes after each event)."""
-    sel = np.ones(len(p), bool) if mask is None else mask
-    b = (p.weight * p.size)[sel]
-    t0, t1 = p.t0[sel], p.t1[sel]
-    freed = ~np.isnan(t1)
-    times = np.concatenate([t0, t1[freed]])
-    deltas = np.concatenate([b, -b[freed]])
-    order = np.argsort(times, kind="stable")
-    times, live = times[order], np.cumsum(deltas[order])
-    if grid is None:
-        return times, live
-    if len(times) == 0:
-        return grid, np.zeros_like(grid)
-    idx = np.searchsorted(times, grid, side="right") - 1
-    return grid, np.where(idx >= 0, live[np.maximum(idx, 0)], 0.0)
+def _site_rows(p):
+    """Rows of p.site_sums in site order, the unknown site (row 0) last."""
+    return list(range(1, len(p.site_sums))) + [0]
 
 
 def summarize(p, top=10):
-    n = len(p)
-    w, size = p.weight, p.size
-    b = w * size
-    life = p.lifetime
-    live_end = p.live_at_end
-    total_b, total_n = float(b.sum()), float(w.sum())
-    short = ~live_end & (life < SHORT)
-    long_ = live_end | (life >= LONG)
-    duration = max([q["end"] for q in p.processes] + [0.0])
-
+    T = p.totals
+    c = {name: i for i, name in enumerate(SITE_COLUMNS)}
     sites = []
-    if n:
-        nsite = len(p.sites) + 1
-        key = np.where(p.site >= 0, p.site, nsite - 1)
-        sb, sw = np.bincount(key, b, nsite), np.bincount(key, w, nsite)
-        for i in range(nsite):
-            if sw[i] <= 0:
-                continue
-            m = key == i
-            site = p.sites[i] if i < len(p.sites) else ("?", "?", "?", 0)
-            lm = life[m]
-            sites.append({
-                "site": p.site_label(i if i < len(p.sites) else -1),
-                "module": site[0], "function": site[1], "file": site[2], "line": site[3],
-                "allocations": float(sw[i]), "bytes": float(sb[i]),
-                "records": int(m.sum()),
-                "median_size": _wmedian(size[m], b[m]),
-                "max_size": float(size[m].max()),
-                "median_lifetime": _wmedian(lm, b[m]),
-                "short_bytes": float(b[m & short].sum()),
-                "long_bytes": float(b[m & long_].sum()),
-                "live_at_end_bytes": float(b[m & live_end].sum()),
-                "threads": sorted({p.labels["thread"][t] for t in np.unique(p.thread[m])}),
-                "dtypes": sorted({p.dtype_names[d] for d in np.unique(p.dtype[m])}),
-                "arenas": sorted({p.labels["arena"][a] for a in np.unique(p.arena[m])}),
-                "rules": sorted({p.labels["rule"][r] for r in np.unique(p.rule[m])}),
-                "index": i if i < len(p.sites) else -1,
-            })
+    for r in _site_rows(p):
+        row = p.site_sums[r]
+        if row[c["allocations"]] <= 0:
+            continue
+        i = r - 1
+        site = p.sites[i] if i >= 0 else ("?", "?", "?", 0)
+        sites.append({
+            "site": p.site_label(i),
+            "module": site[0], "function": site[1], "file": site[2], "line": site[3],
+            "allocations": float(row[c["allocations"]]), "bytes": float(row[c["bytes"]]),
+            "records": int(row[c["records"]]),
+            "median_size": p.median_size.median(r),
+            "max_size": float(row[c["max_size"]]),
+            "median_lifetime": p.median_life.median(r),
+            "short_bytes": float(row[c["short_bytes"]]),
+            "long_bytes": float(row[c["long_bytes"]]),
+            "live_at_end_bytes": float(row[c["live_at_end_bytes"]]),
+            "threads": p.site_set("thread", i),
+            "dtypes": p.site_set("dtype", i),
+            "arenas": p.site_set("arena", i),
+            "rules": p.site_set("rule", i),
+            "index": i,
+        })
     by_bytes = sorted(sites, key=lambda s: -s["bytes"])
     by_count = sorted(sites, key=lambda s: -s["allocations"])
 
     size_hist = []
-    for lo, hi in zip(SIZE_EDGES, SIZE_EDGES[1:] + [float("inf")]):
-        m = (size >= lo) & (size < hi)
-        if m.any():
+    for k, (lo, hi) in enumerate(zip(SIZE_EDGES, SIZE_EDGES[1:] + [float("inf")])):
+        w, b, n = p.size_hist[k]
+        if n:
             size_hist.append({"min": lo, "max": hi if hi != float("inf") else None,
                               "label": "%s - %s" % (fmt_size_edge(lo), fmt_size_edge(hi))
                               if hi != float("inf") else ">= %s" % fmt_size_edge(lo),
-                              "allocations": float(w[m].sum()), "bytes": float(b[m].sum()),
-                              "median_lifetime": _wmedian(life[m], b[m])})
+                              "allocations": float(w), "bytes": float(b),
+                              "median_lifetime": p.median_life_size.median(k)})
     life_hist = []
-    for lo, hi in zip(LIFE_EDGES, LIFE_EDGES[1:] + [float("inf")]):
-        m = ~live_end & (life >= lo) & (life < hi)
-        if m.any():
+    for k, (lo, hi) in enumerate(zip(LIFE_EDGES, LIFE_EDGES[1:] + [float("inf")])):
+        w, b, n = p.life_hist[k]
+        if n:
             life_hist.append({"min": lo, "max": hi if hi != float("inf") else None,
                               "label": "%s - %s" % (fmt_time(lo), fmt_time(hi))
                               if hi != float("inf") else ">= %s" % fmt_time(lo),
-                              "allocations": float(w[m].sum()), "bytes": float(b[m].sum())})
-    if live_end.any():
+                              "allocations": float(w), "bytes": float(b)})
+    if p.live_end_hist[2]:
         life_hist.append({"min": None, "max": None, "label": "live at exit",
-                          "allocations": float(w[live_end].sum()),
-                          "bytes": float(b[live_end].sum())})
+                          "allocations": float(p.live_end_hist[0]),
+                          "bytes": float(p.live_end_hist[1])})
 
-    peak = {"bytes": 0.0, "time": 0.0, "sites": []}
-    if n:
-        times, live = live_series(p)
-        k = int(np.argmax(live))
-        tp = float(times[k])
-        at = (p.t0 <= tp) & (live_end | (p.t1 > tp))
-        peak = {"bytes": float(live[k]), "time": tp,
-                "sites": [dict(s, name=p.site_label(i if i < len(p.sites) else -1))
-                          for s, i in _peak_sites(p, at)][:top]}
+    pk = p.peak
+    peak_sites = []
+    rows = _site_rows(p)
+    sb = pk["site_bytes"][rows]
+    for j in np.argsort(-sb, kind="stable")[:top]:
+        if sb[j] > 0:
+            r = rows[j]
+            peak_sites.append({"bytes": float(sb[j]),
+                               "allocations": float(pk["site_allocations"][r]),
+                               "name": p.site_label(r - 1)})
+    peak = {"bytes": float(pk["bytes"]), "time": float(pk["time"]), "sites": peak_sites}
 
     return {
         "directory": p.directory,
         "mode": "full" if p.full else "sampled",
         "sample_bytes": p.sample_bytes,
-        "records": n,
+        "records": len(p),
         "processes": [{k: q[k] for k in ("pid", "ppid", "argv", "file", "file_bytes", "records",
                                           "policy", "start", "end", "max_rss",
-                                          "unmatched_frees")} for q in p.processes],
-        "duration": duration,
-        "allocations": total_n,
-        "bytes": total_b,
-        "short_bytes": float(b[short].sum()),
-        "long_bytes": float(b[long_].sum()),
-        "live_at_end_bytes": float(b[live_end].sum()),
-        "no_gil_records": int(((p.flags & 4) != 0).sum()),
-        "realloc_records": int(((p.flags & 2) != 0).sum()),
+                                          "unmatched_frees", "limit")} for q in p.processes],
+        "warnings": list(p.warnings),
+        "duration": p.end,
+        "allocations": T["allocations"],
+        "bytes": T["bytes"],
+        "short_bytes": T["short_bytes"],
+        "long_bytes": T["long_bytes"],
+        "live_at_end_bytes": T["live_at_end_bytes"],
+        "no_gil_records": int(T["no_gil_records"]),
+        "realloc_records": int(T["realloc_records"]),
         "peak": peak,
         "max_rss": max([q["max_rss"] for q in p.processes] + [0]),
         "sites_by_bytes": by_bytes[:top],
@@ -194,23 +172,13 @@ def summarize(p, top=10):
         "sites": by_bytes,
         "size_histogram": size_hist,
         "lifetime_histogram": life_hist,
-        "by_thread": _group(p, p.thread, p.labels["thread"]),
-        "by_tag": _group(p, p.tags, [t or "(no tag)" for t in p.labels["tags"]]),
-        "by_arena": _group(p, p.arena, p.labels["arena"]),
-        "by_rule": _group(p, p.rule, p.labels["rule"]),
-        "by_dtype": _group(p, p.dtype, p.dtype_names),
+        "by_thread": _group(p.groups["thread"], p.labels["thread"]),
+        "by_tag": _group(p.groups["tags"], [t or "(no tag)" for t in p.labels["tags"]]),
+        "by_arena": _group(p.groups["arena"], p.labels["arena"]),
+        "by_rule": _group(p.groups["rule"], p.labels["rule"]),
+        "by_dtype": _group(p.groups["dtype"], p.dtype_names),
         "thresholds": {"short": SHORT, "long": LONG},
     }
-
-
-def _peak_sites(p, at):
-    b = p.weight * p.size
-    key = np.where(p.site >= 0, p.site, len(p.sites))
-    sb = np.bincount(key[at], b[at], len(p.sites) + 1)
-    sw = np.bincount(key[at], p.weight[at], len(p.sites) + 1)
-    for i in np.argsort(-sb):
-        if sb[i] > 0:
-            yield {"bytes": float(sb[i]), "allocations": float(sw[i])}, int(i)
 
 
 # ---- text -----------------------------------------------------------------------
@@ -229,7 +197,7 @@ def _table(rows, head):
 
 def text(s):
     est = "" if s["mode"] == "full" else " (estimated)"
-    lines = ["datamem profile: %s" % s["directory"]]
+    lines = ["datamem profile: %s" % printable(s["directory"])]
     if s["mode"] == "full":
         lines.append("mode: full (every allocation; %s records)" % fmt_count(s["records"]))
     else:
@@ -237,8 +205,13 @@ def text(s):
                      "counts and bytes are unbiased estimates"
                      % (fmt_bytes(s["sample_bytes"]), fmt_count(s["records"])))
     for q in s["processes"]:
+        if q.get("limit"):
+            lines.append("warning: %s: profile truncated at %d bytes (cap) after %s records"
+                         % (printable(q["file"]), q["limit"]["bytes"],
+                            fmt_count(q["limit"]["records"])))
         lines.append("process %d (parent %s): %s  [%s records, %.2f s, max RSS %s]"
-                     % (q["pid"], q["ppid"], " ".join(q["argv"])[:100], fmt_count(q["records"]),
+                     % (q["pid"], q["ppid"], printable(" ".join(q["argv"])[:100]),
+                        fmt_count(q["records"]),
                         q["end"] - q["start"], fmt_bytes(q["max_rss"])))
     tb = s["bytes"] or 1.0
     lines.append("")
@@ -259,7 +232,7 @@ def text(s):
     def site_rows(lst):
         return [[fmt_bytes(x["bytes"]), "%.0f%%" % (100 * x["bytes"] / tb),
                  fmt_count(x["allocations"]), fmt_bytes(x["median_size"]),
-                 fmt_time(x["median_lifetime"]), x["site"]] for x in lst]
+                 fmt_time(x["median_lifetime"]), printable(x["site"])] for x in lst]
     head = ["bytes", "%", "count", "median size", "median life", "call site"]
     lines += ["", "top call sites by bytes:"] + _table(site_rows(s["sites_by_bytes"]), head)
     lines += ["", "top call sites by count:"] + _table(site_rows(s["sites_by_count"]), head)
@@ -274,13 +247,14 @@ def text(s):
     pk = s["peak"]["bytes"] or 1.0
     lines += ["", "what made up the peak (%s):" % fmt_bytes(s["peak"]["bytes"])] + _table(
         [[fmt_bytes(x["bytes"]), "%.0f%%" % (100 * x["bytes"] / pk), fmt_count(x["allocations"]),
-          x["name"]] for x in s["peak"]["sites"]], ["bytes", "%", "live arrays", "call site"])
+          printable(x["name"])] for x in s["peak"]["sites"]],
+        ["bytes", "%", "live arrays", "call site"])
     for title, key in (("by thread", "by_thread"), ("by tag", "by_tag"),
                        ("by arena", "by_arena"), ("by rule", "by_rule"),
                        ("by dtype", "by_dtype")):
         lines += ["", title + ":"] + _table(
             [[fmt_bytes(g["bytes"]), "%.0f%%" % (100 * g["bytes"] / tb),
-              fmt_count(g["allocations"]), g["name"]] for g in s[key][:10]],
+              fmt_count(g["allocations"]), printable(g["name"])] for g in s[key][:10]],
             ["bytes", "%", "count", key[3:]])
     return "\n".join(lines) + "\n"
 
@@ -295,12 +269,11 @@ def _scatter_svg(p, sites, width=760, height=380):
     """Size x lifetime, one dot per record (at most 4000, chosen at random),
     coloured by call site; live-at-exit blocks on the right edge."""
     pad_l, pad_b, pad_t, pad_r = 70, 40, 10, 20
-    n = len(p)
-    idx = np.arange(n)
-    if n > 4000:
-        idx = np.random.default_rng(0).choice(n, 4000, replace=False)
-    life = np.maximum(p.lifetime[idx], 1e-6)
-    size = np.maximum(p.size[idx], 1)
+    if p.sample is None or not len(p.sample[0]):
+        return ""
+    _prio, life, size, site = p.sample
+    life = np.maximum(life, 1e-6)
+    size = np.maximum(size, 1)
     lx0, lx1 = -6.0, max(1.0, math.ceil(math.log10(life.max() + 1e-9)))
     ly0, ly1 = 0.0, max(3.0, math.ceil(math.log2(size.max() + 1)))
     W, H = width - pad_l - pad_r, height - pad_t - pad_b
@@ -325,8 +298,8 @@ def _scatter_svg(p, sites, width=760, height=380):
                    % (pad_l - 4, yy + 3, _html.escape(fmt_bytes(2 ** e))))
     out.append('<text x="%d" y="%d" font-size="11" text-anchor="middle">lifetime '
                '(live at exit: to the end of the process)</text>' % (pad_l + W // 2, height - 4))
-    for i, j in enumerate(idx):
-        c = colour.get(int(p.site[j]), "#bbb")
+    for i in range(len(life)):
+        c = colour.get(int(site[i]), "#bbb")
         out.append('<circle cx="%.1f" cy="%.1f" r="2.2" fill="%s" fill-opacity="0.6"/>'
                    % (x(life[i]), y(size[i]), c))
     out.append("</svg>")
@@ -334,19 +307,17 @@ def _scatter_svg(p, sites, width=760, height=380):
 
 
 def _live_svg(p, sites, width=760, height=300):
-    """Live bytes over time, stacked by call site (top 8, the rest grey)."""
+    """Live bytes over time, stacked by call site (top 8, the rest grey): a
+    second pass over the profile (Profile.live_layers)."""
     pad_l, pad_b, pad_t, pad_r = 70, 30, 10, 20
     W, H = width - pad_l - pad_r, height - pad_t - pad_b
     if len(p) == 0:
         return ""
-    end = max(float(np.nanmax(p.end)), 1e-6)
+    end = max(p.end, 1e-6)
     grid = np.linspace(0, end, 300)
-    layers, rest = [], np.ones(len(p), bool)
-    for s in sites[:8]:
-        m = p.site == s["index"]
-        rest &= ~m
-        layers.append((live_series(p, m, grid)[1], s))
-    layers.append((live_series(p, rest, grid)[1], None))
+    top_sites = sites[:8]
+    vals = p.live_layers([s["index"] for s in top_sites], grid)
+    layers = [(vals[i], s) for i, s in enumerate(top_sites)] + [(vals[len(top_sites)], None)]
     total = np.sum([l for l, _ in layers], axis=0)
     top = max(float(total.max()), 1.0)
     out = ['<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" role="img" '
@@ -362,7 +333,7 @@ def _live_svg(p, sites, width=760, height=300):
                 for t, v in zip(grid[::-1], lo[::-1])]
         out.append('<polygon points="%s" fill="%s" fill-opacity="0.8"><title>%s</title></polygon>'
                    % (" ".join(pts), PALETTE[i % len(PALETTE)] if s else "#bbb",
-                      _html.escape(s["site"] if s else "other sites")))
+                      _html.escape(printable(s["site"]) if s else "other sites")))
         base = hi
     out.append('<text x="%d" y="%d" font-size="10" text-anchor="end">%s</text>'
                % (pad_l - 4, pad_t + 8, _html.escape(fmt_bytes(top))))
@@ -375,7 +346,8 @@ def _live_svg(p, sites, width=760, height=300):
 
 
 def html(p, s):
-    esc = _html.escape
+    def esc(text):
+        return _html.escape(printable(text))
     tb = s["bytes"] or 1.0
     legend = "".join('<li><span style="background:%s"></span>%s</li>'
                      % (PALETTE[i % len(PALETTE)], esc(x["site"]))
@@ -396,15 +368,17 @@ pre{background:#f8f8f8;padding:1em;overflow:auto}
 </style></head><body>
 <h1>datamem allocation profile</h1>
 <p>%s</p>
-<h2>Size by lifetime</h2>%s
+%s<h2>Size by lifetime</h2>%s
 <ul class="legend">%s</ul>
 <h2>Live bytes over time, by call site</h2>%s
 <h2>Call sites</h2>
 <table><tr><th>bytes</th><th>%%</th><th>count</th><th>median size</th><th>median life</th><th>call site</th></tr>%s</table>
 <h2>Summary</h2><pre>%s</pre>
 </body></html>
-""" % (esc(s["directory"]), _scatter_svg(p, s["sites"]), legend, _live_svg(p, s["sites"]), rows,
-       esc(text(s)))
+""" % (esc(s["directory"]),
+       "" if len(p) else "<p><strong>No arrays were recorded.</strong></p>",
+       _scatter_svg(p, s["sites"]), legend, _live_svg(p, s["sites"]), rows,
+       _html.escape(text(s)))  # text() already shows control characters as escapes
 
 
 def _clean(v):

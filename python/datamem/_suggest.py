@@ -27,14 +27,15 @@ numbers:
   against 1.05x).
 - Tiny arrays (<= 1 KiB) go to a 16-byte-aligned arena, everything else to a
   64-byte-aligned default arena, as in throughput.yaml.
-Every rule is preceded by a comment with the numbers behind it.
+Every rule is preceded by a comment with the numbers behind it. Names from the
+profile (call sites, the directory, policy paths) appear only in comments, with
+their control characters escaped (printable()): a line break in a function's
+name would otherwise end the comment and add YAML of the profiled job's choosing.
 """
 import numpy as np
 
-from ._report import LONG, SHORT, fmt_bytes, fmt_count, fmt_time, _wmedian
-
-MIB = 1 << 20
-
+from ._profile import BIG, SITE_COLUMNS
+from ._report import LONG, SHORT, fmt_bytes, fmt_count, fmt_time, printable
 
 def _pow2_ceil(n):
     p = 1
@@ -50,58 +51,47 @@ def _size_text(n):
     return str(int(n))
 
 
-def _top_sites(p, mask, b, limit=3):
-    key = np.where(p.site >= 0, p.site, len(p.sites))
-    sb = np.bincount(key[mask], b[mask], len(p.sites) + 1)
+def _top_sites(p, column, limit=3):
+    """The `limit` call sites with most of `column` (bytes of a class), as
+    'function:line (share)', and how many sites have any."""
+    rows = list(range(1, len(p.site_sums))) + [0]  # the unknown site last
+    sb = p.site_sums[rows, SITE_COLUMNS.index(column)]
     total = sb.sum() or 1.0
     out = []
-    for i in np.argsort(-sb)[:limit]:
-        if sb[i] > 0:
-            out.append("%s (%.0f%%)" % (p.site_label(int(i) if i < len(p.sites) else -1, True),
-                                        100 * sb[i] / total))
+    for j in np.argsort(-sb, kind="stable")[:limit]:
+        if sb[j] > 0:
+            out.append("%s (%.0f%%)" % (printable(p.site_label(rows[j] - 1, True)),
+                                        100 * sb[j] / total))
     return out, int((sb > 0).sum())
-
-
-def _live_peak(p, mask, b):
-    if not mask.any():
-        return 0.0
-    t0, t1, bb = p.t0[mask], p.t1[mask], b[mask]
-    freed = ~np.isnan(t1)
-    times = np.concatenate([t0, t1[freed]])
-    deltas = np.concatenate([bb, -bb[freed]])
-    order = np.argsort(times, kind="stable")
-    return float(np.cumsum(deltas[order]).max())
 
 
 def suggest(p, call_site_rules=False, resident_arena=False):
     """Returns the policy text (YAML with comments)."""
-    w, size = p.weight, p.size
-    b = w * size
-    total = float(b.sum()) or 1.0
-    life = p.lifetime
-    live_end = p.live_at_end
-    long_ = live_end | (life >= LONG)
-    short = ~live_end & (life < SHORT)
-    freed_soon = ~long_
-    out = []
+    T = p.totals
+    total = T["bytes"] or 1.0
     est = "" if p.full else " (estimated from samples)"
+    res_log2, temp_log2 = p.log2_bytes  # bytes by floor(log2(size))
+    res_b, temp_b, big_b = T["resident_bytes"], T["temp_bytes"], T["big_bytes"]
+
+    def res_below(bound):  # resident bytes in arrays smaller than bound (a power of two)
+        return float(res_log2[:bound.bit_length() - 1].sum())
+
+    def temp_below(bound):
+        return float(temp_log2[:bound.bit_length() - 1].sum())
 
     def pct(x):
         return "%.0f%%" % (100.0 * x / total)
 
     # The size from which arrays are "big": 4 MiB as in throughput.yaml (a 2 MiB
     # bound measured more peak RSS for no speed: module docstring).
-    big_min = 4 * MIB
-    big = size >= big_min
-    temp = big & freed_soon
-    resident = big & long_
+    big_min = BIG
 
-    head = ["# Suggested by `python -m datamem suggest %s`" % p.directory,
+    head = ["# Suggested by `python -m datamem suggest %s`" % printable(p.directory),
             "# from %s%s: %s allocated in %s arrays over %.2f s, %d process%s."
             % ("every allocation" if p.full else
                "%s samples (one per %s allocated)" % (fmt_count(len(p)), fmt_bytes(p.sample_bytes)),
-               est, fmt_bytes(total), fmt_count(w.sum()),
-               max([q["end"] for q in p.processes] + [0.0]), len(p.processes),
+               est, fmt_bytes(T["bytes"]), fmt_count(T["allocations"]),
+               p.end, len(p.processes),
                "" if len(p.processes) == 1 else "es"),
             "# Check it: python -m datamem check policy.yaml; see where an array goes:",
             "# python -m datamem explain policy.yaml --size 8MiB"]
@@ -113,26 +103,23 @@ def suggest(p, call_site_rules=False, resident_arena=False):
     # -- long-lived big arrays: their own arena, if a size bound separates them
     # from the temporaries (a power of two, misplacing at most 10% of their bytes)
     sep = None
-    if resident.any() and b[resident].sum() >= 0.05 * total:
+    if res_b > 0 and res_b >= 0.05 * total:
         best = None
         for e in range(int(np.log2(big_min)), 41):
             bound = 1 << e
-            above = (b[resident & (size < bound)].sum() + b[temp & (size >= bound)].sum(),
-                     "size_min", bound)
-            below = (b[resident & (size >= bound)].sum() + b[temp & (size < bound)].sum(),
-                     "size_max_below", bound)
+            above = (res_below(bound) + (temp_b - temp_below(bound)), "size_min", bound)
+            below = ((res_b - res_below(bound)) + temp_below(bound), "size_max_below", bound)
             for cand in (above, below):
                 if (cand[2] > big_min or cand[1] == "size_min") and (best is None or cand[0] < best[0]):
                     best = cand
-        if best and best[0] <= 0.1 * b[big].sum():
+        if best and best[0] <= 0.1 * big_b:
             sep = best[1:]
-    if resident.any() and b[resident].sum() >= 0.05 * total:
-        sites, nsites = _top_sites(p, resident, b)
+    if res_b > 0 and res_b >= 0.05 * total:
+        sites, nsites = _top_sites(p, "resident_bytes")
         comment = ["  # long-lived big arrays: sizes >= %s freed after %s or never: %s (%s of bytes),"
-                   % (fmt_bytes(big_min), fmt_time(LONG), fmt_bytes(b[resident].sum()),
-                      pct(b[resident].sum())),
+                   % (fmt_bytes(big_min), fmt_time(LONG), fmt_bytes(res_b), pct(res_b)),
                    "  # %s arrays, from %d site%s: %s"
-                   % (fmt_count(w[resident].sum()), nsites, "" if nsites == 1 else "s",
+                   % (fmt_count(T["resident_allocations"]), nsites, "" if nsites == 1 else "s",
                       ", ".join(sites))]
         if sep is None or not resident_arena:
             if sep is None:
@@ -151,13 +138,13 @@ def suggest(p, call_site_rules=False, resident_arena=False):
                 match = "{size: {min: %s}}" % _size_text(sep[1])
             else:
                 match = "{size: {min: %s, max: %d}}" % (_size_text(big_min), sep[1] - 1)
-            misplaced = (b[resident & (size < sep[1])].sum() + b[temp & (size >= sep[1])].sum()
+            misplaced = (res_below(sep[1]) + (temp_b - temp_below(sep[1]))
                          if sep[0] == "size_min" else
-                         b[resident & (size >= sep[1])].sum() + b[temp & (size < sep[1])].sum())
+                         (res_b - res_below(sep[1])) + temp_below(sep[1]))
             comment.append("  # %s %s separates them from the temporaries (%s of big bytes "
                            "on the other side)" % ("size >=" if sep[0] == "size_min" else "size <",
                                                    _size_text(sep[1]),
-                                                   "%.0f%%" % (100 * misplaced / b[big].sum())))
+                                                   "%.0f%%" % (100 * misplaced / big_b)))
             rules += comment + ["  # -> their own hugepage arena, away from the temporaries' "
                                 "dirty pages",
                                 "  - name: resident",
@@ -165,24 +152,24 @@ def suggest(p, call_site_rules=False, resident_arena=False):
                                 "    arena: resident"]
             estimate.append("#   resident: %s of long-lived arrays on hugepages (random access: "
                             "0.92x the default's time in the benchmark's gather)"
-                            % fmt_bytes(b[resident].sum()))
+                            % fmt_bytes(res_b))
 
     # -- big temporaries: the reuse arena
-    if temp.any():
-        peak_t = _live_peak(p, temp, b)
+    if temp_b > 0:
+        peak_t = p.temp_peak
         # throughput.yaml's decay: on the real-job benchmark (bench/jobs.py,
         # fft_image) `dirty: never` with a budget sized to the temporaries' peak
         # (512 MiB) held 1.34x the default's peak RSS against 1.11x, and was no faster.
-        sites, nsites = _top_sites(p, temp, b)
-        med = _wmedian(life[temp], b[temp])
+        sites, nsites = _top_sites(p, "temp_bytes")
+        med = p.median_life_temp.median(0)
         arenas.append("  reuse: {alignment: 4096, decay: {dirty: 30s, muzzy: 0ms}}")
         rules += ["  # big temporaries: sizes >= %s freed within %s: %s (%s of bytes), "
                   "median lifetime %s,"
-                  % (fmt_bytes(big_min), fmt_time(LONG), fmt_bytes(b[temp].sum()),
-                     pct(b[temp].sum()), fmt_time(med)),
+                  % (fmt_bytes(big_min), fmt_time(LONG), fmt_bytes(temp_b), pct(temp_b),
+                     fmt_time(med)),
                   "  # %s arrays (%s freed within %s), peak %s live at once, from %d site%s: %s"
-                  % (fmt_count(w[temp].sum()),
-                     "%.0f%%" % (100.0 * b[temp & short].sum() / b[temp].sum()), fmt_time(SHORT),
+                  % (fmt_count(T["temp_allocations"]),
+                     "%.0f%%" % (100.0 * T["temp_short_bytes"] / temp_b), fmt_time(SHORT),
                      fmt_bytes(peak_t), nsites, "" if nsites == 1 else "s", ", ".join(sites)),
                   "  # -> reuse arena: freed pages kept 30 s for the next iteration, at most",
                   "  #    1/64 of its active bytes of them when it grows (a steady loop that",
@@ -191,9 +178,9 @@ def suggest(p, call_site_rules=False, resident_arena=False):
                   "  - name: temporaries",
                   "    match: {size: {min: %s}}" % _size_text(big_min),
                   "    arena: reuse"]
-        faults = b[temp].sum() / 4096
+        faults = temp_b / 4096
         estimate += ["#   temporaries: %s in %s arrays reused instead of mapped afresh: up to %s "
-                     "minor page faults" % (fmt_bytes(b[temp].sum()), fmt_count(w[temp].sum()),
+                     "minor page faults" % (fmt_bytes(temp_b), fmt_count(T["temp_allocations"]),
                                             fmt_count(faults)),
                      "#     avoided (NumPy's default returns blocks this big to the kernel); "
                      "benchmark: temporaries",
@@ -206,25 +193,25 @@ def suggest(p, call_site_rules=False, resident_arena=False):
                      % (fmt_bytes(big_min), fmt_time(LONG)))
 
     # -- tiny arrays
-    tiny = size <= 1024
-    if tiny.any():
+    if T["tiny_allocations"] > 0:
         arenas.insert(1, "  tiny: {alignment: 16}")
-        sites, nsites = _top_sites(p, tiny, b)
+        sites, nsites = _top_sites(p, "tiny_bytes")
         rules += ["  # tiny arrays <= 1 KiB: %s arrays (%.0f%% of the count), %s; from %d site%s: %s"
-                  % (fmt_count(w[tiny].sum()), 100.0 * w[tiny].sum() / (w.sum() or 1),
-                     fmt_bytes(b[tiny].sum()), nsites, "" if nsites == 1 else "s",
+                  % (fmt_count(T["tiny_allocations"]),
+                     100.0 * T["tiny_allocations"] / (T["allocations"] or 1),
+                     fmt_bytes(T["tiny_bytes"]), nsites, "" if nsites == 1 else "s",
                      ", ".join(sites)),
                   "  # -> 16-byte alignment, NumPy's own (throughput.yaml's `tiny`)",
                   "  - name: tiny",
                   "    match: {size: {max: 1KiB}}",
                   "    arena: tiny"]
-    rest = ~tiny & ~big
+    rest = max(0.0, T["bytes"] - T["tiny_bytes"] - big_b)
     estimate.append("#   everything else (%s, %s of bytes): the 64-byte-aligned default arena, "
                     "served by datamem's block cache up to 256 KiB"
-                    % (fmt_bytes(b[rest].sum()), pct(b[rest].sum())))
+                    % (fmt_bytes(rest), pct(rest)))
     policies = sorted({q["policy"] for q in p.processes if q["policy"]})
     if policies:
-        estimate.append("#   recorded under: %s" % ", ".join(policies))
+        estimate.append("#   recorded under: %s" % printable(", ".join(policies)))
     if not any(r.startswith("  - name:") for r in rules):
         rules = rules[1:] + ["rules: []"]
     return "\n".join(head + estimate + ["", "version: 1", "default: general", ""] + arenas +

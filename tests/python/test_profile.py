@@ -222,6 +222,63 @@ def test_profile_under_a_policy_records_rules_and_arenas(job, tmp_path):
     assert small["arenas"] == ["small"] and small["rules"] == ["tiny"]
 
 
+def test_profile_writes_its_own_passthrough_policy(tmp_path):
+    # Attack pinned: an existing DIR/passthrough.yaml was used as the job's
+    # policy (whoever could write DIR chose it; a policy's stats.textfile then
+    # overwrites any file), and the file was written with open("w") through
+    # whatever link sat at its name. Now the policy is always datamem's own text,
+    # written as a new file and renamed over the name, never through it.
+    out = tmp_path / "prof"
+    out.mkdir(mode=0o700)
+    evil = tmp_path / "evil.yaml"
+    evil.write_text("version: 1\ndefault: evil\narenas:\n  evil: {alignment: 4096}\n")
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    code = "import numpy as np; a = np.ones(1000)"
+    for planted in (evil, victim):
+        policy = out / "passthrough.yaml"
+        if policy.exists():
+            policy.unlink()
+        policy.symlink_to(planted)
+        _run([sys.executable, "-c", code], env={"DATAMEM_PROFILE": str(out),
+                                                "DATAMEM_PROFILE_SAMPLE": "full"})
+        assert not policy.is_symlink()
+        assert "default: default" in policy.read_text()
+        assert {g["name"] for g in _report(out)["by_arena"]} == {"default"}
+        for name in os.listdir(out):
+            os.unlink(out / name)
+    assert victim.read_text() == "precious\n" and "evil" in evil.read_text()
+    # A file of ours with other text is replaced, not adopted.
+    (out / "passthrough.yaml").write_text(evil.read_text())
+    _run([sys.executable, "-c", code], env={"DATAMEM_PROFILE": str(out),
+                                            "DATAMEM_PROFILE_SAMPLE": "full"})
+    assert {g["name"] for g in _report(out)["by_arena"]} == {"default"}
+
+
+@pytest.mark.parametrize("how", ["another user's", "writable by others"])
+def test_profile_will_not_write_its_policy_into_a_directory_of_others(tmp_path, how):
+    # Attack pinned: `profile --out DIR` used an existing DIR of any owner and
+    # wrote passthrough.yaml there; the owner could plant links at its names or
+    # swap the policy. Without DATAMEM_CONFIG the job would run under a policy
+    # from that directory, so it stops at start-up with one message instead.
+    out = tmp_path / "prof"
+    out.mkdir(mode=0o755)
+    if how == "another user's":
+        if os.geteuid() != 0:
+            pytest.skip("SKIP: making a directory of another user needs root")
+        os.chown(out, 65534, 65534)
+        want = "owned by uid 65534, not by this user"
+    else:
+        os.chmod(out, 0o777)
+        want = "writable by other users (mode 0777)"
+    r = subprocess.run([sys.executable, "-m", "datamem", "profile", "--out", str(out), "--",
+                        sys.executable, "-c", "print('job ran')"], env=_env(),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "job ran" not in r.stdout, r.stdout + r.stderr
+    assert want in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert os.listdir(out) == []
+
+
 def test_realloc_without_the_gil_has_no_site(tmp_path):
     """np.fromstring(sep=...) reallocs with the GIL released: recorded, flagged,
     no Python frame read."""
