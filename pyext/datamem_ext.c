@@ -721,13 +721,6 @@ static PyObject *py_load(PyObject *self, PyObject *args) {
     return res;
 }
 
-static const dm_ctx_t *ctx_from_tags(PyObject *tags) {
-    const dm_ctx_t *c = dm_ctx_root();
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(tags);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        const char *t = PyUnicode_AsUTF8(PySequence_Fast_GET_ITEM(tags, i));
-        if (!t)
-            return NULL;
 /* warnings_changed(text) -> whether to print these policy warnings: they differ
  * from the set this process reported last (shared with the file watcher). */
 static PyObject *py_warnings_changed(PyObject *self, PyObject *text) {
@@ -737,6 +730,13 @@ static PyObject *py_warnings_changed(PyObject *self, PyObject *text) {
     return PyBool_FromLong(dm_watch_warnings_changed(t));
 }
 
+static const dm_ctx_t *ctx_from_tags(PyObject *tags) {
+    const dm_ctx_t *c = dm_ctx_root();
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(tags);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const char *t = PyUnicode_AsUTF8(PySequence_Fast_GET_ITEM(tags, i));
+        if (!t)
+            return NULL;
         if (!(c = dm_ctx_with_tag(c, t))) {
             PyErr_Format(PyExc_ValueError, "tag '%s': too many tags or contexts", t);
             return NULL;
@@ -1393,6 +1393,7 @@ static PyMethodDef methods[] = {
     {"set_threads_not_covered", py_set_threads_not_covered, METH_O, "set_threads_not_covered(names)"},
     {"set_cudart", py_set_cudart, METH_VARARGS, "set_cudart(path): the CUDA runtime for pinned: cuda"},
     {"fault_lock", py_fault_lock, METH_VARARGS, "fault_lock(n): the next n page-locks fail (tests)"},
+    {"warnings_changed", py_warnings_changed, METH_O, "warnings_changed(text) -> whether these policy warnings are new to this process"},
     {"profile_start", py_profile_start, METH_VARARGS, "profile_start(dir, sample_bytes, full, stacks, meta, max_bytes=0) -> file, or '' when dir is refused"},
     {"profile_flush", py_profile_flush, METH_NOARGS, "write the profile's buffered records"},
     {"profile_mark_exit", py_profile_mark_exit, METH_NOARGS, "mark the start of interpreter exit in the profile"},
@@ -1400,7 +1401,6 @@ static PyMethodDef methods[] = {
     {"profile_info", py_profile_info, METH_NOARGS, "profile_info() -> (file, samples, bytes)"},
     {"stats_textfile_sweep", py_stats_textfile_sweep, METH_VARARGS, "stats_textfile_sweep(template, min_age_ms) -> files removed"},
     {"metrics", py_metrics, METH_VARARGS, "metrics(json=False) -> Prometheus text (or JSON)"},
-    {"warnings_changed", py_warnings_changed, METH_O, "warnings_changed(text) -> whether these policy warnings are new to this process"},
     {"stats_serve", py_stats_serve, METH_VARARGS, "stats_serve(http, unix_socket) -> 0 or error code"},
     {"stats_endpoint", py_stats_endpoint, METH_NOARGS, "stats_endpoint() -> (url, unix_socket)"},
     {"stats_stop", py_stats_stop, METH_NOARGS, "stop serving stats; last textfile write"},
