@@ -535,9 +535,11 @@ def _maps_datamem(pid):
     """True if process `pid` has a datamem install loaded: its maps hold both
     libdatamem_tls.so and the extension (_ext*.so) from one directory, and each
     is the very file (device and inode) now at that path, a regular file owned
-    by this user or root and not writable by others, in such a directory. A file
-    that is merely named libdatamem_tls.so (anyone can make one and map it) is
-    not enough (issue 24)."""
+    by this user or root and not writable by every user, in such a directory. A
+    file that is merely named libdatamem_tls.so (anyone can make one and map it)
+    is not enough (issue 24). Group write is allowed here: an install made under
+    umask 002 is still an install, and the uid check in not_ours() is what keeps
+    other users' processes out."""
     files = {}
     with open("/proc/%d/maps" % pid) as f:
         for line in f:
@@ -558,11 +560,11 @@ def _maps_datamem(pid):
         try:
             dst = os.lstat(d)
             ok = bool(exts) and stat.S_ISDIR(dst.st_mode) and dst.st_uid in trusted and \
-                not dst.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+                not dst.st_mode & stat.S_IWOTH
             for p in [path] + exts[:1]:
                 st = os.lstat(p)
                 ok = ok and stat.S_ISREG(st.st_mode) and st.st_uid in trusted and \
-                    not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and \
+                    not st.st_mode & stat.S_IWOTH and \
                     (st.st_dev, st.st_ino) == files[p]
         except OSError:
             ok = False
