@@ -231,6 +231,13 @@ static double prof_asked;     /* the mean asked for (--sample) */
 static double prof_tokens = PROF_BURST, prof_tokens_at; /* under prof_rate_mu */
 static double prof_seen;      /* estimated bytes allocated so far (sum of weights x sizes) */
 
+/* A thread that held the rate lock at fork() does not exist in the child. */
+static void prof_rate_atfork_child(void) { pthread_mutex_init(&prof_rate_mu, NULL); }
+
+static void prof_rate_register_atfork(void) {
+    pthread_atfork(NULL, NULL, prof_rate_atfork_child);
+}
+
 static double prof_now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
@@ -1438,6 +1445,8 @@ PyMODINIT_FUNC PyInit__ext(void) {
         PyErr_SetString(PyExc_RuntimeError, "datamem: runtime initialisation failed");
         return NULL;
     }
+    static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+    pthread_once(&atfork_once, prof_rate_register_atfork);
     /* The call-site cache (profiles and call-site rules) keys on this. */
     if (!name_key && !(name_key = PyUnicode_InternFromString("__name__")))
         return NULL;

@@ -641,6 +641,8 @@ static void atfork_child(void) {
     discovery[0] = 0;
     owner = 0;
     pthread_mutex_init(&hp_mu, NULL);
+    pthread_mutex_init(&uncovered_mu, NULL); /* a scrape may have held it */
+    dm__http_atfork_child();
     pthread_mutex_unlock(&mu);
 }
 

@@ -58,6 +58,7 @@ void dm__http_stop(dm_http_t *h);
  * inherited listening socket (so only the parent answers on it) and frees the
  * handle without touching the daemon (its few other fds stay open). */
 void dm__http_forget_in_child(dm_http_t *h);
+void dm__http_atfork_child(void); /* fork child: reset the log lock */
 
 /* export.c: the policy's stats section after each install (outside the
  * engine's lock); the child's own endpoint after fork. */

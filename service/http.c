@@ -118,6 +118,9 @@ static void count_drop(int reason) {
     atomic_fetch_add_explicit(&n_dropped[reason], 1, memory_order_relaxed);
 }
 
+/* In a fork child: the server threads that could hold the log's lock are gone. */
+void dm__http_atfork_child(void) { pthread_mutex_init(&log_mu, NULL); }
+
 /* One line per HTTP_LOG_INTERVAL_S at most, whatever a client sends. */
 static void log_bad(const char *why) {
     time_t now = time(NULL);
