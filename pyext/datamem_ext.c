@@ -1461,6 +1461,7 @@ PyMODINIT_FUNC PyInit__ext(void) {
     }
     PyModule_AddStringConstant(m, "HANDLER_NAME", HANDLER_NAME);
     PyModule_AddStringConstant(m, "VERSION", DM_VERSION_STRING);
+    PyModule_AddIntConstant(m, "PROFILE_MAX_BYTES_MIN", (long)DM_PROF_MAX_BYTES_MIN);
     PyModule_AddStringConstant(m, "BUILD_NUMPY_VERSION", DM_BUILD_NUMPY_VERSION);
     PyModule_AddStringConstant(m, "BUILD_PYTHON_VERSION", DM_BUILD_PYTHON_VERSION);
     /* The dtype names explain() accepts (policy.h's DM_DTYPE_LIST), so that

@@ -80,15 +80,22 @@ def profile_commands(a, pr):
         if a.full and a.sample is not None:
             pr.error("--full and --sample exclude each other")
         out = a.out or "datamem-profile-%d" % os.getpid()
-        if os.path.isdir(out) and any(n.endswith(".dmprof") for n in os.listdir(out)):
+        from ._files import UnsafeError, owned_dir
+        try:  # the job's start-up checks it too; here it fails before the job runs
+            os.close(owned_dir(out, create=True))
+        except (OSError, UnsafeError) as e:
+            pr.error("--out %s: %s" % (out, getattr(e, "strerror", None) or e))
+        if any(n.endswith(".dmprof") for n in os.listdir(out)):
             pr.error("%s already holds a profile (.dmprof files); give another --out" % out)
+        if a.max_size is not None and 0 < a.max_size < _ext.PROFILE_MAX_BYTES_MIN:
+            pr.error("--max-size must be at least %d bytes" % _ext.PROFILE_MAX_BYTES_MIN)
         if a.policy:
             ok, text, _ = check(a.policy)
             if not ok:
                 sys.stderr.write(text)
                 return 2
         sample = 0 if a.full else (a.sample or _profile.DEFAULT_SAMPLE)
-        rc = _profile.run(cmd, out, sample, a.stacks, a.policy)
+        rc = _profile.run(cmd, out, sample, a.stacks, a.policy, a.max_size)
         files = [n for n in os.listdir(out) if n.endswith(".dmprof")] if os.path.isdir(out) else []
         size = sum(os.path.getsize(os.path.join(out, n)) for n in files)
         sys.stderr.write("datamem: profile of %d process%s in %s (%.1f MB); "
@@ -150,6 +157,9 @@ def main(argv=None):
     pr.add_argument("--stacks", action="store_true", default=None,
                     help="record whole Python stacks (default: with --full)")
     pr.add_argument("--policy", help="run under this policy (default: one pass-through arena)")
+    pr.add_argument("--max-size", type=parse_size, default=None, metavar="BYTES",
+                    help="each process's profile stops at this size (default 256MiB, "
+                         "DATAMEM_PROFILE_MAX)")
     pr.add_argument("command", nargs=argparse.REMAINDER, help="-- python job.py ARGS...")
     rp = sub.add_parser("report", help="summarize an allocation profile")
     rp.add_argument("dir")

@@ -62,6 +62,15 @@ def parse_sample(text):
     return n
 
 
+def parse_max(text):
+    """DATAMEM_PROFILE_MAX / --max-size: a size (0 = the default, 256 MiB)."""
+    from .__main__ import parse_size
+    try:
+        return parse_size(str(text))
+    except Exception as e:
+        raise ValueError("DATAMEM_PROFILE_MAX: %s" % e) from None
+
+
 def _cmdline():
     try:
         with open("/proc/self/cmdline", "rb") as f:
@@ -70,9 +79,10 @@ def _cmdline():
         return list(sys.argv)
 
 
-def start(directory, sample=DEFAULT_SAMPLE, stacks=None, policy=None):
+def start(directory, sample=DEFAULT_SAMPLE, stacks=None, policy=None, max_bytes=0):
     """Starts recording this process into DIRECTORY/<pid>.dmprof (sample=0: full
-    mode). Must run before datamem.install() so that every handler records."""
+    mode; max_bytes: each process's file stops there, 0 = the writer's default,
+    256 MiB). Must run before datamem.install() so that every handler records."""
     from . import _ext
     import numpy
     full = sample == 0
@@ -81,7 +91,7 @@ def start(directory, sample=DEFAULT_SAMPLE, stacks=None, policy=None):
     meta = {"argv": _cmdline(), "python": sys.version.split()[0], "numpy": numpy.__version__,
             "datamem": _ext.VERSION, "policy": os.path.abspath(policy) if policy else ""}
     path = _ext.profile_start(os.fspath(directory), int(sample or 1), bool(full), bool(stacks),
-                              json.dumps(meta)[1:-1])
+                              json.dumps(meta)[1:-1], int(max_bytes))
     import atexit
     # Registered first, so it runs last: arrays freed after this lived to the end.
     atexit.register(_ext.profile_mark_exit)
@@ -132,19 +142,26 @@ def activate_from_env():
     sample = parse_sample(os.environ.get("DATAMEM_PROFILE_SAMPLE") or DEFAULT_SAMPLE)
     stacks_env = os.environ.get("DATAMEM_PROFILE_STACKS", "")
     stacks = None if stacks_env == "" else stacks_env not in ("0", "false", "no")
+    max_bytes = parse_max(os.environ.get("DATAMEM_PROFILE_MAX") or "0")
+    # The directory is checked here, whatever the policy: one that cannot be
+    # trusted stops the job at start-up with one line, as a bad policy does.
+    from ._files import owned_dir
+    os.close(owned_dir(directory, create=True))
     policy = os.environ.get("DATAMEM_CONFIG") or passthrough_policy(directory)
-    start(directory, sample, stacks, policy)
+    start(directory, sample, stacks, policy, max_bytes)
     datamem.install(policy)
     return policy
 
 
-def run(argv, out, sample=DEFAULT_SAMPLE, stacks=None, policy=None):
+def run(argv, out, sample=DEFAULT_SAMPLE, stacks=None, policy=None, max_bytes=None):
     """`python -m datamem profile`: runs argv with DATAMEM_PROFILE=out; returns
     its exit status."""
     import subprocess
     env = dict(os.environ)
     env["DATAMEM_PROFILE"] = os.path.abspath(out)
     env["DATAMEM_PROFILE_SAMPLE"] = "full" if sample == 0 else str(sample)
+    if max_bytes is not None:
+        env["DATAMEM_PROFILE_MAX"] = str(max_bytes)
     if stacks is not None:
         env["DATAMEM_PROFILE_STACKS"] = "1" if stacks else "0"
     if policy:

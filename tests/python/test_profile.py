@@ -54,7 +54,7 @@ JOB = textwrap.dedent('''
 def _env(extra=None):
     e = dict(os.environ)
     for k in ("DATAMEM_CONFIG", "DATAMEM_PROFILE", "DATAMEM_PROFILE_SAMPLE",
-              "DATAMEM_PROFILE_STACKS"):
+              "DATAMEM_PROFILE_STACKS", "DATAMEM_PROFILE_MAX"):
         e.pop(k, None)
     e.update(extra or {})
     return e
@@ -411,11 +411,8 @@ def test_profile_never_writes_through_a_planted_symlink(tmp_path):
     assert not os.path.islink(path)
 
 
-@pytest.mark.parametrize("how", ["another user's", "writable by others", "a symbolic link"])
-def test_profile_refuses_a_directory_it_cannot_trust(tmp_path, how):
-    # Attack pinned: an existing DIR of any owner was accepted, so whoever could
-    # write there could plant links or files. The job runs on, without a profile,
-    # after one line on stderr.
+def _untrusted_dir(tmp_path, how):
+    """A profile directory an attacker could write into, and the path to name it by."""
     d = tmp_path / "prof"
     d.mkdir(mode=0o755)
     target = d
@@ -428,18 +425,80 @@ def test_profile_refuses_a_directory_it_cannot_trust(tmp_path, how):
     else:
         target = tmp_path / "link"
         target.symlink_to(d)
-    r = subprocess.run([sys.executable, "-c", "import numpy as np; np.ones(10); print('job ran')"],
-                       env=_env({"DATAMEM_PROFILE": str(target), "DATAMEM_PROFILE_SAMPLE": "full",
-                                 "DATAMEM_CONFIG": MINIMAL}),
+    return d, target
+
+
+_UNTRUSTED_WHY = {"another user's": "owned by uid 65534, not by this user",
+                  "writable by others": "writable by other users (mode 0777)",
+                  "a symbolic link": "a symbolic link, not a directory"}
+
+
+@pytest.mark.parametrize("how", ["another user's", "writable by others", "a symbolic link"])
+def test_profile_refuses_a_directory_it_cannot_trust(tmp_path, how):
+    # Attack pinned: an existing DIR of any owner was accepted, so whoever could
+    # write there could plant links or files. The writer (datamem._profile.start,
+    # the C side) refuses it in one line and the job runs on without a profile.
+    d, target = _untrusted_dir(tmp_path, how)
+    code = ("import numpy as np, datamem._profile as p; "
+            "print(repr(p.start(%r, 0))); np.ones(10); print('job ran')" % str(target))
+    r = subprocess.run([sys.executable, "-c", code], env=_env({}),
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == "job ran"
+    assert r.stdout.split() == ["''", "job", "ran"], r.stdout
     lines = [l for l in r.stderr.splitlines() if l.strip()]
     assert len(lines) == 1 and lines[0].startswith("datamem: profile: refusing "), r.stderr
-    assert {"another user's": "owned by uid 65534, not by this user",
-            "writable by others": "writable by other users (mode 0777)",
-            "a symbolic link": "a symbolic link, not a directory"}[how] in lines[0]
+    assert _UNTRUSTED_WHY[how] in lines[0]
     assert os.listdir(d) == []
+
+
+@pytest.mark.parametrize("how", ["another user's", "writable by others", "a symbolic link"])
+def test_profile_at_start_up_stops_on_a_directory_it_cannot_trust(tmp_path, how):
+    # DATAMEM_PROFILE names an untrusted directory: start-up stops before the
+    # job's first line with one message (exit 2), as for a bad policy, whether
+    # or not DATAMEM_CONFIG is set; nothing is written there.
+    d, target = _untrusted_dir(tmp_path, how)
+    for extra in ({}, {"DATAMEM_CONFIG": MINIMAL}):
+        env = _env(dict(extra, DATAMEM_PROFILE=str(target), DATAMEM_PROFILE_SAMPLE="full"))
+        if not extra:
+            env.pop("DATAMEM_CONFIG", None)
+        r = subprocess.run([sys.executable, "-c", "print('job ran')"], env=env,
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2, (extra, r.stdout, r.stderr)
+        assert "job ran" not in r.stdout
+        assert "Traceback" not in r.stderr and _UNTRUSTED_WHY[how] in r.stderr, r.stderr
+        assert os.listdir(d) == []
+
+
+def test_profile_command_refuses_an_untrusted_out_before_running(tmp_path):
+    d, target = _untrusted_dir(tmp_path, "writable by others")
+    marker = tmp_path / "ran"
+    r = subprocess.run([sys.executable, "-m", "datamem", "profile", "--out", str(target), "--",
+                        sys.executable, "-c", "open(%r, 'w').close()" % str(marker)],
+                       env=_env({}), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, r.stderr
+    assert _UNTRUSTED_WHY["writable by others"] in r.stderr and "Traceback" not in r.stderr
+    assert not marker.exists() and os.listdir(d) == []
+
+
+def test_profile_command_max_size_bounds_each_file(tmp_path):
+    # --max-size (DATAMEM_PROFILE_MAX) reaches the writer: a full profile of
+    # 200,000 arrays stops at 1 MiB and report says it was cut.
+    out = tmp_path / "prof"
+    job = "import numpy as np\nfor i in range(200000): np.empty(3)\n"
+    r = subprocess.run([sys.executable, "-m", "datamem", "profile", "--full", "--max-size",
+                        "1MiB", "--out", str(out), "--", sys.executable, "-c", job],
+                       env=_env({}), capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    files = list(out.glob("*.dmprof"))
+    assert len(files) == 1 and files[0].stat().st_size <= 1 << 20, files
+    r = subprocess.run([sys.executable, "-m", "datamem", "report", str(out)], env=_env({}),
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "truncated" in r.stderr, r.stderr
+    r = subprocess.run([sys.executable, "-m", "datamem", "profile", "--max-size", "1000",
+                        "--out", str(tmp_path / "p2"), "--", sys.executable, "-c", "pass"],
+                       env=_env({}), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--max-size must be at least 1048576 bytes" in r.stderr
 
 
 def test_profile_stops_at_its_size_limit(tmp_path):
