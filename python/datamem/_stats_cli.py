@@ -219,11 +219,14 @@ def list_processes(prune=True):
     return sorted(out, key=lambda e: (e["started"], e["pid"]))
 
 
-def registered(pid):
-    """The discovery entry of live process `pid`, or None."""
+def registered(pid, strict=False):
+    """The discovery entry of live process `pid`, or None. `strict`: a refused
+    directory raises TargetError (it is None otherwise)."""
     try:
         fd = _open_stats_dir()
     except TargetError:
+        if strict:
+            raise
         return None
     if fd is None:
         return None
@@ -264,7 +267,7 @@ def resolve(target):
     t = str(target)
     if t.isdigit():
         pid = int(t)
-        entry = registered(pid)
+        entry = registered(pid, strict=True)
         if entry is None:
             raise TargetError("process %d is not serving datamem stats (no live entry %s/%d.json;"
                               " see `python -m datamem ls`)" % (pid, stats_dir(), pid))
