@@ -960,7 +960,7 @@ def cmd_record(target, path, interval=1.0, count=0, out=sys.stderr):
                 n += 1
         except KeyboardInterrupt:
             pass
-    out.write("recorded %d snapshot(s) of %s to %s\n" % (n, where[1], path))
+    out.write("recorded %d snapshot(s) of %s to %s\n" % (n, printable(where[1]), path))
     return 0
 
 
