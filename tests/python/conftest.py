@@ -1,6 +1,7 @@
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -14,6 +15,21 @@ UNDER_ASAN = "libasan" in os.environ.get("LD_PRELOAD", "")
 skip_under_asan = pytest.mark.skipif(
     UNDER_ASAN, reason="SKIP under ASan: mlock is a no-op, RLIMIT_AS cannot hold its "
                        "shadow memory, RSS includes its quarantine")
+
+
+def wait_for(probe, timeout, what, until=bool, interval=0.01):
+    """Polls probe() until until(value) holds and returns that value; after
+    `timeout` seconds fails naming `what` and the value last seen (a test that
+    waits waits for the exact condition it means, bounded: CPython's
+    support.sleeping_retry)."""
+    end = time.monotonic() + timeout
+    while True:
+        seen = probe()
+        if until(seen):
+            return seen
+        if time.monotonic() > end:
+            raise AssertionError("%s: not within %g s (last seen: %r)" % (what, timeout, seen))
+        time.sleep(interval)
 
 
 def run_py(code, config=None, env=None, timeout=120):

@@ -8,6 +8,7 @@ bytes and seconds, and goes to loopback only.
 """
 import json
 import os
+import select
 import socket
 import subprocess
 import sys
@@ -16,7 +17,7 @@ import time
 
 import pytest
 
-from conftest import ROOT, UNDER_ASAN, run_py, skip_under_asan
+from conftest import ROOT, UNDER_ASAN, run_py, skip_under_asan, wait_for
 from test_stats_export import families, get, job, job_env, samples
 
 
@@ -162,6 +163,23 @@ def test_scrapes_succeed_while_200_slow_clients_are_connected(tmp_path):
         assert dropped["evicted"] + dropped["deadline"] > 0, dropped
 
 
+def _closed_by_server(socks):
+    """How many of `socks` the server has closed (they never get a reply, so
+    readable means closed)."""
+    p = select.poll()
+    for s in socks:
+        p.register(s, select.POLLIN)
+    return len(p.poll(0))
+
+
+def _flood_accepted(flood):
+    """Waits until the server has accepted every one of `flood` (40 connections
+    that sent a byte, from one address): with 16 slots per address, each past
+    the 16th evicts an older one, so 24 of them are closed once all are in."""
+    wait_for(lambda: _closed_by_server(flood), 30, "the server accepting 40 connections "
+             "(24 of them closed by evictions)", until=lambda n: n >= len(flood) - 16)
+
+
 def test_a_scraper_slow_to_send_is_not_evicted_by_a_flood(tmp_path):
     """The race behind a CI failure of the test above: a scraper that connects
     and is descheduled before sending its request (the attacker shared its GIL)
@@ -173,12 +191,12 @@ def test_a_scraper_slow_to_send_is_not_evicted_by_a_flood(tmp_path):
         scraper = socket.create_connection(addr, timeout=5)
         flood = []
         try:
-            time.sleep(0.3)  # the server has seen the handshake
+            time.sleep(0.3)  # descheduled between the handshake and the request
             for _ in range(40):
                 s = socket.create_connection(addr, timeout=5)
                 s.sendall(b"G")
                 flood.append(s)
-            time.sleep(0.3)  # every flood connection accepted (and most evicted)
+            _flood_accepted(flood)
             scraper.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
             reply = b""
             while True:
@@ -228,12 +246,12 @@ def test_a_scraper_behind_a_full_syn_queue_is_not_evicted_by_a_flood(tmp_path):
                     pass
                 silent.append(s)
             scraper = socket.create_connection(addr, timeout=5)
-            time.sleep(0.3)  # the server has seen the handshake
+            time.sleep(0.3)  # descheduled between the handshake and the request
             for _ in range(40):
                 s = socket.create_connection(addr, timeout=5)
                 s.sendall(b"G")
                 flood.append(s)
-            time.sleep(0.3)  # every flood connection accepted (and most evicted)
+            _flood_accepted(flood)
             reply = b""
             try:
                 scraper.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")

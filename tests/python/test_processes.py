@@ -126,14 +126,16 @@ threads = [threading.Thread(target=busy) for _ in range(3)]
 [t.start() for t in threads]
 def child():
     for _ in range(2):
+        base = datamem.stats()["threads"]   # the forking thread, if it ever allocated
         t = threading.Thread(target=lambda: [np.ones(n) for n in (10, 1000, 100_000)])
         t.start(); t.join()
         # Thread.join returns before the OS thread's exit handlers run: wait for
-        # the count to come down to the forking thread alone, bounded.
+        # the count to come back to what it was before the thread, bounded (">
+        # 1" ended at once when the forking thread was not counted).
         deadline = time.monotonic() + 10
-        while datamem.stats()["threads"] > 1:
+        while datamem.stats()["threads"] != base:
             if time.monotonic() > deadline:
-                return 4   # the parent's threads still counted
+                return 4   # the parent's threads or this one still counted
             time.sleep(0.001)
     return 0
 N = int(sys.argv[1]) if len(sys.argv) > 1 else %d
