@@ -20,25 +20,15 @@ profiled job: printable() shows their control characters as escapes in text
 import html as _html
 import json
 import math
-import re
 
 import numpy as np
 
+from ._text import printable
 from ._profile import LIFE_EDGES, LONG, SHORT, SITE_COLUMNS, SIZE_EDGES  # noqa: F401
 
 # C0 and C1 controls (ESC, CR, NEL...), DEL, the line and paragraph separators
 # (line breaks to YAML), bidirectional overrides, and lone surrogates (bytes that
 # were not UTF-8: they cannot be written to a UTF-8 stream).
-_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u2028-\u202e\u2066-\u2069"
-                          "\ud800-\udfff]")
-
-
-def printable(text):
-    """`text` with every control character written as an escape (\\x1b, \\u2028)."""
-    return _UNPRINTABLE.sub(lambda m: ("\\x%02x" if ord(m.group()) < 256 else "\\u%04x")
-                            % ord(m.group()), str(text))
-
-
 def fmt_bytes(n):
     n = float(n)
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):

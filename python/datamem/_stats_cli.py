@@ -19,6 +19,7 @@ import time
 import urllib.parse
 
 from . import _files
+from ._text import printable
 
 _ENDPOINTS = ("/metrics", "/stats.json")
 
@@ -39,24 +40,6 @@ class TargetError(Exception):
 # C0 and C1 controls, DEL, and the Unicode line separators and bidirectional
 # overrides: a path, arena or thread name that holds them could move the cursor,
 # retitle the terminal or hide text (issue 24).
-_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f"
-                          "\u202a-\u202e\u2066-\u2069]")
-
-
-def _escape(m):
-    c = ord(m.group())
-    return "\\x%02x" % c if c < 0x100 else "\\u%04x" % c
-
-
-def printable(text, keep=""):
-    """`text` (any object, as str) with every control character written as
-    \\xNN (\\uNNNN for the Unicode ones), except those in `keep`."""
-    text = str(text)
-    if keep:
-        return _UNPRINTABLE.sub(lambda m: m.group() if m.group() in keep else _escape(m), text)
-    return _UNPRINTABLE.sub(_escape, text)
-
-
 _warned = set()
 
 

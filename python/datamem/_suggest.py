@@ -35,7 +35,8 @@ name would otherwise end the comment and add YAML of the profiled job's choosing
 import numpy as np
 
 from ._profile import BIG, SITE_COLUMNS
-from ._report import LONG, SHORT, fmt_bytes, fmt_count, fmt_time, printable
+from ._report import LONG, SHORT, fmt_bytes, fmt_count, fmt_time
+from ._text import printable
 
 def _pow2_ceil(n):
     p = 1

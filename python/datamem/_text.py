@@ -1,0 +1,28 @@
+"""Text from outside (a target's names and paths, a profile's call sites, argv)
+made safe to print: the one rule every command uses before writing to a
+terminal, a YAML comment or a log line.
+
+Escaped: C0 and C1 controls and DEL (terminal escape sequences, line breaks,
+including NEL that YAML reads as one), the Unicode line and paragraph separators,
+the bidirectional marks and overrides (text that displays in another order than
+it reads), and lone surrogates (bytes that were not UTF-8).
+"""
+import re
+
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u2028-\u202e\u2066-\u2069"
+                          "\ud800-\udfff]")
+
+
+def _escape(m):
+    c = ord(m.group())
+    return "\\x%02x" % c if c < 0x100 else "\\u%04x" % c
+
+
+def printable(text, keep=""):
+    """`text` (any object, as str) with every character above written as \\xNN
+    (\\uNNNN past 0xff), except those in `keep` (e.g. "\\n\\t" for multi-line
+    output the program itself lays out)."""
+    text = str(text)
+    if keep:
+        return _UNPRINTABLE.sub(lambda m: m.group() if m.group() in keep else _escape(m), text)
+    return _UNPRINTABLE.sub(_escape, text)
