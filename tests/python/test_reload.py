@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import datamem
-from conftest import CONFIGS, ROOT
+from conftest import CONFIGS, ROOT, wait_for
 
 POLICY = """version: 1
 default: {default}
@@ -196,6 +196,7 @@ def test_stress_reload_while_allocating(watched):
     stop = threading.Event()
     errors = []
     base = datamem.stats()["arenas"]
+    threads_before = datamem.stats()["threads"]
 
     def allocate():
         try:
@@ -231,6 +232,10 @@ def test_stress_reload_while_allocating(watched):
     for t in threads:
         t.join()
     assert not errors
+    # Thread.join returns before the OS thread's exit handlers, which hand its
+    # caches and its table back: wait until every worker is counted out.
+    wait_for(lambda: datamem.stats()["threads"], 30, "the workers counted out (%d before them)"
+             % threads_before, until=lambda n: n <= threads_before)
     import gc
     gc.collect()
     s = datamem.stats()
