@@ -355,14 +355,18 @@ POOL = r"""
 import json, multiprocessing as mp, os, sys, time, urllib.request
 import numpy as np, datamem
 
+def init(b):
+    global barrier
+    barrier = b
+
 def work(i):
     a = np.ones(1 << 20)          # through datamem in the worker
-    time.sleep(0.3)               # so that every worker takes a task
+    barrier.wait(60)              # every worker takes a task: 3 of them wait here at once
     return os.getpid(), datamem.stats_url()
 
 if __name__ == "__main__":
     ctx = mp.get_context(sys.argv[1])
-    with ctx.Pool(3) as pool:
+    with ctx.Pool(3, initializer=init, initargs=(ctx.Barrier(3),)) as pool:
         got = dict(pool.map(work, range(6), chunksize=1))
         scraped = {}
         for pid, url in got.items():   # each worker answers for itself, from its own thread
