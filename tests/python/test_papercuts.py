@@ -62,8 +62,14 @@ def test_watcher_survives_a_fifo_swapped_in(tmp_path):
     # The watcher thread opened the replaced file and blocked in open() for good:
     # no later change was ever seen. In a subprocess, so a hang cannot stall pytest.
     code = r"""
-import os, time, numpy as np, datamem
+import os, sys, time, numpy as np, datamem
 d = %r
+log = os.path.join(d, "stderr.log")     # the job's stderr, read back below
+stderr = os.dup(2)
+os.dup2(os.open(log, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), 2)
+def seen(what):
+    with open(log) as f:
+        return what in f.read()
 p = os.path.join(d, "policy.yaml")
 text = "version: 1\ndefault: %%s\narenas: {a: {}, b: {}}\nreload: {watch: true, debounce: 20ms}\n"
 open(p, "w").write(text %% "a")
@@ -71,14 +77,23 @@ datamem.install(p)
 fifo = os.path.join(d, "fifo")
 os.mkfifo(fifo)
 os.rename(fifo, p)          # the policy is now a FIFO nobody writes to
-time.sleep(0.5)             # the watcher has seen it (and must not block on it)
+end = time.monotonic() + 10
+while not seen("cannot be read"):   # the watcher has looked at it (and must not block)
+    if time.monotonic() > end:
+        os.dup2(stderr, 2)
+        sys.exit("the watcher never reported the FIFO: " + open(log).read())
+    time.sleep(0.02)
 tmp = os.path.join(d, "new.yaml")
 open(tmp, "w").write(text %% "b")
 os.rename(tmp, p)
 end = time.monotonic() + 10
 while datamem.arena_of(np.ones(1000)) != "b":
-    assert time.monotonic() < end, "the watcher is stuck"
+    if time.monotonic() > end:
+        os.dup2(stderr, 2)
+        sys.exit("the watcher is stuck: " + open(log).read())
     time.sleep(0.02)
+os.dup2(stderr, 2)
+sys.stderr.write(open(log).read())
 print("reloaded")
 """ % str(tmp_path)
     r = run_py(code, timeout=60)
