@@ -99,20 +99,16 @@ def test_noop_write_does_not_reload(watched):
     before = datamem.stats()
     watched.write_text(watched.read_text())  # same bytes
     os.utime(watched)
-    deadline = time.monotonic() + 3
-    while datamem.stats()["watch_unchanged"] == before["watch_unchanged"]:
-        assert time.monotonic() < deadline, "the watcher never looked"
-        time.sleep(0.01)
+    wait_for(lambda: datamem.stats()["watch_unchanged"], 10, "the watcher looking at the file",
+             until=lambda n: n > before["watch_unchanged"])
     assert datamem.stats()["reloads"] == before["reloads"]
 
 
 def test_broken_file_keeps_last_good(watched, capfd):
     before = datamem.stats()["reload_failures"]
     watched.write_text(policy_text("b").replace("alignment: 64}", "alignment: 48}", 1))
-    deadline = time.monotonic() + 5
-    while datamem.stats()["reload_failures"] == before:
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+    wait_for(lambda: datamem.stats()["reload_failures"], 10, "the watcher failing to load",
+             until=lambda n: n > before)
     assert datamem.arena_of(np.ones(1000)) == "a"
     err = capfd.readouterr().err
     assert "keeping the last good policy" in err
@@ -121,10 +117,12 @@ def test_broken_file_keeps_last_good(watched, capfd):
     assert wait_for_arena("b")
 
 
-def test_deleted_then_recreated(watched):
+def test_deleted_then_recreated(watched, capfd):
     live = np.ones(1000)
     watched.unlink()
-    time.sleep(0.2)
+    seen = []  # wait until the watcher has looked at the missing file
+    wait_for(lambda: seen.append(capfd.readouterr().err) or "".join(seen), 10,
+             "the watcher reporting the missing policy", until=lambda e: "cannot be read" in e)
     assert datamem.arena_of(np.ones(1000)) == "a"  # nothing to load: keep going
     watched.write_text(policy_text("c"))
     assert wait_for_arena("c")
