@@ -12,6 +12,8 @@ import sys
 
 import pytest
 
+from conftest import skip_under_asan
+
 T0 = 10 ** 12  # the header's t0_ns; record times are T0 + offsets
 MS = 10 ** 6
 
@@ -337,6 +339,7 @@ def _max_rss_kib(args, out=os.devnull):
     return int(r.stdout)
 
 
+@skip_under_asan  # every malloc of the process goes through ASan's quarantine
 def test_report_memory_does_not_grow_with_the_profile(tmp_path):
     # Bug pinned: report read every record into Python lists, ~9x the file in
     # memory (a 200 MB profile: 1.7 GB). It streams now: its memory grows with
