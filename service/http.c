@@ -19,10 +19,14 @@
  *   sending its request: a flood of slow clients can delay a real scrape by one
  *   round trip, never lock it out (tests/python/test_hardening.py: a scrape
  *   succeeds while 200 slow clients are connected);
- * - a TCP connection reaches accept() only once its first bytes have arrived
- *   (TCP_DEFER_ACCEPT), and a request that is complete on accept is answered
- *   there and then: a scraper slow to send after its handshake holds no slot
- *   yet, so no flood can evict it before its request is read;
+ * - a connection takes a slot only once its first bytes have arrived, and a
+ *   request that is complete then is answered there and then: a scraper slow
+ *   to send after its handshake holds no slot yet, so no flood can evict it
+ *   before its request is read. The kernel does this for TCP
+ *   (TCP_DEFER_ACCEPT) until its SYN queue overflows: a handshake completed by
+ *   a SYN cookie reaches accept() at its bare ACK. Such connections, and Unix
+ *   ones, wait as *pending* (HTTP_PENDING_MAX, the oldest closed first, the
+ *   request deadline applies) until bytes arrive;
  * - bad requests (4xx) are counted per status code (datamem_http_requests_total)
  *   and logged at most once per HTTP_LOG_INTERVAL_S with the number suppressed.
  *
@@ -48,6 +52,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -63,11 +68,15 @@
 #define HTTP_REQUEST_DEADLINE_MS 5000     /* accept -> whole request received */
 #define HTTP_RESPONSE_DEADLINE_MS 15000   /* accept -> whole response sent */
 #define HTTP_LOG_INTERVAL_S 60            /* at most one bad-request line per this */
-#define HTTP_BACKLOG 128
+#define HTTP_PENDING_MAX 64               /* accepted, no byte yet: no slot */
+#define HTTP_BACKLOG 1024                 /* SYN queue: capped by net.core.somaxconn */
 
 typedef struct conn {
     int fd;
     bool writing;           /* request read, response being sent */
+    bool pending;           /* accepted, nothing received yet: holds no slot */
+    bool readable;          /* pending, and poll saw it readable */
+    int64_t slot_ms;        /* when it took its slot (eviction order) */
     uint8_t peer[17];       /* family byte + address (TCP) or uid (Unix) */
     int64_t accepted_ms;    /* CLOCK_MONOTONIC */
     size_t in_len;
@@ -83,8 +92,8 @@ struct dm_http {
     bool is_unix;
     char unix_path[108];    /* "" for TCP */
     pid_t pid;              /* who bound it: only that process unlinks the path */
-    int nconns;
-    conn_t *conns[HTTP_CONN_MAX];
+    int nconns;             /* slot holders and pending alike */
+    conn_t *conns[HTTP_CONN_MAX + HTTP_PENDING_MAX];
 };
 
 /* ---- counters and the throttled log ------------------------------------------ */
@@ -269,18 +278,63 @@ static void conn_close(dm_http_t *h, int i) {
     h->conns[h->nconns] = NULL;
 }
 
-/* The oldest connection still sending its request, of `peer` (or anyone's if
- * NULL); -1 if none. */
+static bool same_peer(const conn_t *a, const uint8_t *peer) {
+    return !peer || memcmp(a->peer, peer, sizeof(a->peer)) == 0;
+}
+
+/* The slot holder that took its slot first and is still sending its request,
+ * of `peer` (or anyone's if NULL); -1 if none. */
 static int oldest_reading(dm_http_t *h, const uint8_t *peer) {
     int best = -1;
     for (int i = 0; i < h->nconns; i++) {
         conn_t *c = h->conns[i];
-        if (c->writing || (peer && memcmp(c->peer, peer, sizeof(c->peer)) != 0))
+        if (c->pending || c->writing || !same_peer(c, peer))
             continue;
-        if (best < 0 || c->accepted_ms < h->conns[best]->accepted_ms)
+        if (best < 0 || c->slot_ms < h->conns[best]->slot_ms)
             best = i;
     }
     return best;
+}
+
+static int slot_count(dm_http_t *h, const uint8_t *peer) {
+    int n = 0;
+    for (int i = 0; i < h->nconns; i++)
+        n += !h->conns[i]->pending && same_peer(h->conns[i], peer);
+    return n;
+}
+
+static int index_of(dm_http_t *h, const conn_t *c) {
+    for (int i = 0; i < h->nconns; i++)
+        if (h->conns[i] == c)
+            return i;
+    return -1;
+}
+
+/* `c` (pending, or not yet in the set) has bytes to read: it takes a slot,
+ * evicting over the bounds that client's (or everyone's) oldest connection
+ * still sending its request. False when it is refused: every slot it could
+ * take is sending a response. Indices in h->conns may change. */
+static bool slot_take(dm_http_t *h, conn_t *c) {
+    int mine = slot_count(h, c->peer), all = slot_count(h, NULL), victim = -1;
+    if (mine >= HTTP_CONN_PER_CLIENT)
+        victim = oldest_reading(h, c->peer);
+    else if (all >= HTTP_CONN_MAX)
+        victim = oldest_reading(h, NULL);
+    if (victim >= 0) {
+        conn_close(h, victim);
+        count_drop(DM_HTTP_DROP_EVICTED);
+    } else if (mine >= HTTP_CONN_PER_CLIENT || all >= HTTP_CONN_MAX) {
+        count_drop(DM_HTTP_DROP_REFUSED);
+        return false;
+    }
+    c->pending = false;
+    c->slot_ms = now_ms();
+    return true;
+}
+
+static int bytes_waiting(int fd) {
+    int n = 0;
+    return ioctl(fd, FIONREAD, &n) == 0 ? n : -1;
 }
 
 static void peer_key(dm_http_t *h, int fd, const struct sockaddr_storage *ss, uint8_t *key) {
@@ -303,6 +357,52 @@ static void peer_key(dm_http_t *h, int fd, const struct sockaddr_storage *ss, ui
 static bool conn_read(conn_t *c);
 static bool conn_write(conn_t *c);
 
+/* `c`, holding a slot and in the set, reads what has arrived; a request that is
+ * complete is answered now, so a burst of newer connections cannot evict it
+ * before its turn. */
+static void conn_first_read(dm_http_t *h, conn_t *c) {
+    if (!conn_read(c) || (c->writing && (!c->out || !conn_write(c))))
+        conn_close(h, index_of(h, c));
+}
+
+/* Pending connections that poll saw readable: bytes (take a slot and read
+ * them), or the end (close; no slot taken for it). */
+static void promote_readable(dm_http_t *h) {
+    for (int i = 0; i < h->nconns;) {
+        conn_t *c = h->conns[i];
+        if (!c->pending || !c->readable) {
+            i++;
+            continue;
+        }
+        c->readable = false;
+        if (bytes_waiting(c->fd) <= 0 || !slot_take(h, c)) {
+            conn_close(h, index_of(h, c));
+            i = 0; /* the set changed: look again (it is small) */
+            continue;
+        }
+        conn_first_read(h, c);
+        i = 0;
+    }
+}
+
+/* A new pending connection; over HTTP_PENDING_MAX the oldest pending goes. */
+static void pending_add(dm_http_t *h, conn_t *c) {
+    int n = 0, oldest = -1;
+    for (int i = 0; i < h->nconns; i++) {
+        if (!h->conns[i]->pending)
+            continue;
+        n++;
+        if (oldest < 0 || h->conns[i]->accepted_ms < h->conns[oldest]->accepted_ms)
+            oldest = i;
+    }
+    if (n >= HTTP_PENDING_MAX) {
+        conn_close(h, oldest);
+        count_drop(DM_HTTP_DROP_EVICTED);
+    }
+    c->pending = true;
+    h->conns[h->nconns++] = c;
+}
+
 static void accept_some(dm_http_t *h) {
     for (int k = 0; k < 32; k++) {
         struct sockaddr_storage ss;
@@ -319,28 +419,17 @@ static void accept_some(dm_http_t *h) {
         c->fd = fd;
         c->accepted_ms = now_ms();
         peer_key(h, fd, &ss, c->peer);
-        int mine = 0;
-        for (int i = 0; i < h->nconns; i++)
-            mine += memcmp(h->conns[i]->peer, c->peer, sizeof(c->peer)) == 0;
-        int victim = -1;
-        if (mine >= HTTP_CONN_PER_CLIENT)
-            victim = oldest_reading(h, c->peer);
-        else if (h->nconns >= HTTP_CONN_MAX)
-            victim = oldest_reading(h, NULL);
-        if (victim >= 0) {
-            conn_close(h, victim);
-            count_drop(DM_HTTP_DROP_EVICTED);
-        } else if (mine >= HTTP_CONN_PER_CLIENT || h->nconns >= HTTP_CONN_MAX) {
+        if (bytes_waiting(fd) <= 0) { /* a SYN cookie's bare ACK, a Unix client */
+            pending_add(h, c);
+            continue;
+        }
+        if (!slot_take(h, c)) {
             close(fd); /* every slot is sending a response: come back shortly */
             free(c);
-            count_drop(DM_HTTP_DROP_REFUSED);
             continue;
         }
         h->conns[h->nconns++] = c;
-        /* A scraper sends its request with the handshake: answer it now, so a
-         * burst of newer connections cannot evict it before its turn. */
-        if (!conn_read(c) || (c->writing && (!c->out || !conn_write(c))))
-            conn_close(h, h->nconns - 1);
+        conn_first_read(h, c);
     }
 }
 
@@ -383,7 +472,7 @@ static bool conn_write(conn_t *c) {
 
 static void *serve(void *arg) {
     dm_http_t *h = arg;
-    struct pollfd pfd[HTTP_CONN_MAX + 2];
+    struct pollfd pfd[HTTP_CONN_MAX + HTTP_PENDING_MAX + 2];
     for (;;) {
         int64_t now = now_ms(), wait = -1;
         for (int i = 0; i < h->nconns;) { /* deadlines */
@@ -420,6 +509,10 @@ static void *serve(void *arg) {
             if (!pfd[i + 2].revents)
                 continue;
             conn_t *c = h->conns[i];
+            if (c->pending) { /* below, once this pass no longer uses indices */
+                c->readable = true;
+                continue;
+            }
             bool keep = c->writing ? conn_write(c) : conn_read(c);
             if (keep && c->writing && !c->out)
                 keep = false;
@@ -428,6 +521,7 @@ static void *serve(void *arg) {
             if (!keep)
                 conn_close(h, i);
         }
+        promote_readable(h);
         if (pfd[1].revents)
             accept_some(h);
     }

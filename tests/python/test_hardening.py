@@ -220,32 +220,60 @@ def _syncookies():
         return 0
 
 
+def _syncookies_sent():
+    """The kernel's count of SYN cookies sent (TcpExt SyncookiesSent)."""
+    with open("/proc/net/netstat") as f:
+        lines = f.read().splitlines()
+    for head, values in zip(lines[::2], lines[1::2]):
+        if head.startswith("TcpExt:"):
+            row = dict(zip(head.split()[1:], values.split()[1:]))
+            return int(row.get("SyncookiesSent", 0))
+    return 0
+
+
 @pytest.mark.skipif(_syncookies() == 0, reason="SKIP: SYN cookies are off on this machine "
                     "(net.ipv4.tcp_syncookies=0), so a full SYN queue delays, never cookies")
-@pytest.mark.xfail(strict=True, reason="service/http.c: a connection completed by a SYN cookie "
-                   "skips TCP_DEFER_ACCEPT, is accepted empty and evicted (issue 24 item 17)")
 def test_a_scraper_behind_a_full_syn_queue_is_not_evicted_by_a_flood(tmp_path):
-    """The race behind the slowloris test's RemoteDisconnected under CPU load:
-    200 slow clients overflow the listen queue (backlog 128), so the kernel
-    completes new handshakes with SYN cookies, and a connection completed by a
-    cookie reaches accept() at its bare ACK, TCP_DEFER_ACCEPT or not. A scraper
-    descheduled between its handshake and its request is then accepted empty
-    and evicted by 16 newer connections from its address, as before the
-    deferred accept. Here 160 silent connections fill the SYN queue."""
+    """The race behind the slowloris test's RemoteDisconnected under CPU load
+    (issue 24): slow clients overflow the listen queue, so the kernel completes
+    new handshakes with SYN cookies, and a connection completed by a cookie
+    reaches accept() at its bare ACK, TCP_DEFER_ACCEPT or not. A scraper
+    descheduled between its handshake and its request was then accepted empty
+    and evicted by 16 newer connections from its address. Silent connections
+    fill the SYN queue here until the kernel has sent a cookie; the server must
+    keep such a connection pending (no slot) until its bytes arrive."""
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = 4096 + 512
+    if soft < want:
+        if hard != resource.RLIM_INFINITY and hard < want:
+            pytest.skip("SKIP: RLIMIT_NOFILE hard limit %d is under %d" % (hard, want))
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
     with job(tmp_path) as (p, info):
         addr = _addr(info["url"])
         silent, flood = [], []
         scraper = None
         try:
-            for _ in range(160):  # held in the SYN queue by TCP_DEFER_ACCEPT
-                s = socket.socket()
-                s.setblocking(False)
-                try:
-                    s.connect(addr)
-                except BlockingIOError:
-                    pass
-                silent.append(s)
-            scraper = socket.create_connection(addr, timeout=5)
+            cookies = _syncookies_sent()
+            while _syncookies_sent() == cookies:  # held in the SYN queue by TCP_DEFER_ACCEPT
+                assert len(silent) < 4096, "no SYN cookie after 4096 silent connections"
+                for _ in range(32):
+                    s = socket.socket()
+                    s.setblocking(False)
+                    try:
+                        s.connect(addr)
+                    except BlockingIOError:
+                        pass
+                    silent.append(s)
+                time.sleep(0.01)
+            for _ in range(100):  # until the scraper's own handshake is a cookie's
+                before = _syncookies_sent()
+                scraper = socket.create_connection(addr, timeout=5)
+                if _syncookies_sent() > before:
+                    break
+                silent.append(scraper)
+                scraper = None
+            assert scraper, "the scraper's handshake never went through a SYN cookie"
             time.sleep(0.3)  # descheduled between the handshake and the request
             for _ in range(40):
                 s = socket.create_connection(addr, timeout=5)
@@ -262,6 +290,7 @@ def test_a_scraper_behind_a_full_syn_queue_is_not_evicted_by_a_flood(tmp_path):
         finally:
             for s in silent + flood + ([scraper] if scraper else []):
                 s.close()
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
         assert reply.startswith(b"HTTP/1.1 200"), reply[:80]
 
 
