@@ -9,7 +9,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import socketserver
 import stat
 import subprocess
@@ -258,26 +257,34 @@ def endless(path):
         yield block
 
 
+# Runs `python -m datamem ARGS` and writes its peak RSS (VmHWM) to the file
+# $HWM_OUT at exit. Not ru_maxrss from wait4: Linux carries the parent's peak
+# into a child's across vfork+exec (subprocess's way), so a long pytest run
+# reported its own ~140 MiB for the client.
+_MEASURED = r"""
+import os, runpy, sys
+sys.argv = ["datamem"] + sys.argv[1:]
+try:
+    runpy.run_module("datamem", run_name="__main__", alter_sys=True)
+finally:
+    with open("/proc/self/status") as f:
+        hwm = [l for l in f if l.startswith("VmHWM:")][0].split()[1]
+    with open(os.environ["HWM_OUT"], "w") as f:
+        f.write(hwm)
+"""
+
+
 def run_measured(args, timeout=120):
-    """(returncode, stdout, stderr, max RSS in MiB) of `python -m datamem ARGS`."""
+    """(returncode, stdout, stderr, peak RSS in MiB) of `python -m datamem ARGS`."""
     e = dict(os.environ)
     e.pop("DATAMEM_CONFIG", None)
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        p = subprocess.Popen([sys.executable, "-m", "datamem"] + [str(a) for a in args], env=e,
-                             cwd=ROOT, stdout=out, stderr=err)
-        deadline = time.monotonic() + timeout
-        while True:
-            pid, status, usage = os.wait4(p.pid, os.WNOHANG)
-            if pid:
-                break
-            if time.monotonic() > deadline:
-                p.kill()
-                raise AssertionError("datamem %s still running after %ds" % (args, timeout))
-            time.sleep(0.05)
-        p.returncode = os.waitstatus_to_exitcode(status)
-        out.seek(0)
-        err.seek(0)
-        return p.returncode, out.read(), err.read().decode(), usage.ru_maxrss / 1024
+    with tempfile.TemporaryDirectory() as d:
+        e["HWM_OUT"] = os.path.join(d, "hwm")
+        p = subprocess.run([sys.executable, "-c", _MEASURED] + [str(a) for a in args], env=e,
+                           cwd=ROOT, capture_output=True, timeout=timeout)
+        with open(e["HWM_OUT"]) as f:
+            hwm_kib = int(f.read())
+    return p.returncode, p.stdout, p.stderr.decode(), hwm_kib / 1024
 
 
 @pytest.mark.parametrize("cmd", ["stats", "top"])
