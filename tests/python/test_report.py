@@ -360,3 +360,58 @@ def test_report_memory_does_not_grow_with_the_profile(tmp_path):
     rep = json.loads(out.read_text())
     assert rep["records"] == n and len(rep["sites"]) == 200
     os.unlink(d / "99.dmprof")
+
+
+# The reader is a parser of files written by other processes (and, at worst, by
+# someone else): fuzzed like the policy parser. Mutated profiles (bytes flipped,
+# cut, inserted, records repeated) must give a Profile or a ProfileError, and a
+# Profile must render as text, HTML, JSON and a suggested policy, never raise
+# anything else.
+_FUZZ_BASE = bytes(_job(temps=6, keep=4).b)
+
+
+@pytest.fixture(scope="module")
+def _reader():
+    from datamem import _profile, _report, _suggest
+    return _profile, _report, _suggest
+
+
+def _mutate(data, ops):
+    b = bytearray(data)
+    for kind, pos, value in ops:
+        pos %= max(len(b), 1)
+        if kind == 0 and b:
+            b[pos] = value
+        elif kind == 1:
+            del b[pos:]
+        elif kind == 2:
+            b[pos:pos] = bytes([value]) * (1 + value % 9)
+        elif kind == 3 and b:
+            b[pos:pos] = b[pos:pos + 1 + value]
+    return bytes(b)
+
+
+def test_reader_fuzz_gives_a_profile_or_one_error(tmp_path, _reader):
+    from hypothesis import HealthCheck, given, settings, strategies as st
+    _profile, _report, _suggest = _reader
+    op = st.tuples(st.integers(0, 3), st.integers(0, 1 << 20), st.integers(0, 255))
+
+    @settings(max_examples=300, deadline=None, derandomize=True,
+              suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(st.lists(op, min_size=1, max_size=6))
+    def check(ops):
+        d = tmp_path / "fz"
+        d.mkdir(exist_ok=True)
+        (d / "4242.dmprof").write_bytes(_mutate(_FUZZ_BASE, ops))
+        try:
+            p = _profile.load(str(d))
+        except _profile.ProfileError as e:
+            assert "\n" not in str(e).strip(), str(e)
+            return
+        s = _report.summarize(p, top=5)
+        _report.text(s)
+        _report.html(p, s)
+        _report.to_json(s)
+        _suggest.suggest(p)
+
+    check()

@@ -499,3 +499,28 @@ def test_printable_escapes_controls():
     assert _stats_cli.printable("a\x1b[2Jb\nc\u202e") == "a\\x1b[2Jb\\x0ac\\u202e"
     assert _stats_cli.printable("a\tb\nc\x07", keep="\n\t") == "a\tb\nc\\x07"
 
+
+
+def test_discovery_entry_check_fuzz():
+    # Discovery entries are parsed from files anyone with this uid can write:
+    # any JSON value (and any mutation of a real entry) is accepted or given a
+    # reason, never an exception.
+    from hypothesis import given, settings, strategies as st
+    from datamem import _stats_cli
+    good = {"datamem": 1, "pid": 4242, "url": "http://127.0.0.1:1/metrics", "unix_socket": "",
+            "argv0": "python", "cmdline": "python job.py", "started": 1.0, "version": "0.1.0"}
+    assert _stats_cli._entry_problem(good, 4242) is None
+    json_values = st.recursive(
+        st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+        lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
+                                                                     max_size=4),
+        max_leaves=12)
+
+    @settings(max_examples=300, deadline=None, derandomize=True)
+    @given(json_values, st.dictionaries(st.sampled_from(sorted(good)), json_values, max_size=3))
+    def check(value, overrides):
+        for entry in (value, dict(good, **overrides)):
+            problem = _stats_cli._entry_problem(entry, 4242)
+            assert problem is None or isinstance(problem, str)
+
+    check()
