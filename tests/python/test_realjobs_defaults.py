@@ -286,12 +286,15 @@ print(json.dumps({"faults": out["faults"], "je_allocs": je1 - je0,
 def test_big_temporaries_in_two_threads_reuse_their_blocks():
     """The temporaries of `a * b + c` at 16 MiB in two threads: after a warm-up,
     80 iterations take their blocks back from the arena's kept blocks, with no
-    jemalloc call and no page fault (jemalloc's time decay used to purge one
-    block now and then: 2.5-34 faults per iteration at 64 MiB)."""
+    jemalloc call and no block refaulted (jemalloc's time decay used to purge one
+    block now and then: 2.5-34 faults per iteration at 64 MiB, 100 and more over
+    40 iterations; a refaulted 16 MiB block is 4096). A stray fault or two per
+    thread is not a block: Python's and NumPy's own small allocations can touch
+    a new page (one thread faulted once in a fresh-clone CI run on NumPy 1.26)."""
     r = run_py(TWO_THREADS, config=MINIMAL)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout.strip().splitlines()[-1])
-    assert out["faults"] == [0, 0], out
+    assert len(out["faults"]) == 2 and max(out["faults"]) <= 4, out
     # Small allocations (Python's own) still reach jemalloc; no 16 MiB one does.
     assert out["je_allocs"] < 40, out
     assert out["reuse"] >= (16 << 20), out
