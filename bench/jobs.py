@@ -42,7 +42,8 @@ CONFIGS["dm-demo"] = ({"DATAMEM_CONFIG": os.path.join(ROOT, "configs/demo.yaml")
 DEFAULT_CONFIGS = ["default", "glibc-tuned", "jemalloc", "jemalloc-tuned", "tcmalloc", "mimalloc",
                    "dm-minimal", "dm-throughput", "dm-demo"]
 PEERS = ["glibc-tuned", "jemalloc", "jemalloc-tuned", "tcmalloc", "mimalloc"]
-JOBS = ["pandas_etl", "sklearn_pipeline", "scipy_cg", "fft_image", "stencil_big", "threadpool"]
+JOBS = ["pandas_etl", "pandas3_etl", "pandas3_arrow", "sklearn_pipeline", "scipy_cg", "fft_image",
+        "stencil_big", "threadpool"]
 RATIO_METRICS = ["wall_s", "cpu_s", "user_s", "wall_best_s", "maxrss_mb"]
 # This VM's system time is bimodal for the same job and configuration (0.1 s or
 # 0.6-1.2 s for pandas_etl, almost all of it the kernel zeroing fresh pages,
