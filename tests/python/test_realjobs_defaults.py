@@ -12,7 +12,7 @@ import os
 
 import pytest
 
-from conftest import CONFIGS, run_py
+from conftest import CONFIGS, run_py, skip_under_asan
 from test_arena_powers import fake_cudart  # noqa: F401  (fixture: a CUDA runtime stand-in)
 
 MINIMAL = os.path.join(CONFIGS, "minimal.yaml")
@@ -259,6 +259,7 @@ print(json.dumps({"grew": rss() - before}))
 """
 
 
+@skip_under_asan  # ASan's malloc, not glibc's, serves ctypes' malloc there
 def test_growth_past_the_peak_trims_glibc():
     """With NumPy's arrays in datamem's arenas, memory the rest of the process
     frees (pandas' hash tables, Python objects) stays in glibc's heap, where
