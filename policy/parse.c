@@ -366,7 +366,7 @@ static int walk_map(dm__pctx_t *c, int prow, int node, void *sect) {
         seen[r] = -1;
     if (n->kind != DM_YN_MAP && !is_null(c, node)) {
         /* an arena's or a rule's body: the row is the container's */
-        if (prow == DM_SK_ARENAS || prow == DM_SK_RULES)
+        if (prow == DM_SK_ARENAS || prow == DM_SK_RULES || prow == DM_SK_TAG_LIMITS)
             expect_error(c, "a mapping", node);
         else
             type_error(c, prow, node);
