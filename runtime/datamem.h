@@ -120,6 +120,15 @@ typedef struct dm_failure {
 } dm_failure_t;
 DM_API void dm_runtime_last_failure(dm_failure_t *out);
 
+/* Refusals by one tag's limit (name) or by the worker limit (name NULL), for
+ * any thread to explain a MemoryError another thread raised: how many so far,
+ * and the last one's request, limit and live bytes. DM_ENOENT when the tag
+ * was never counted. Takes the runtime mutex: not for allocation paths. */
+typedef struct dm_refusals {
+    uint64_t count, request, limit, live;
+} dm_refusals_t;
+DM_API int dm_runtime_refusals(const char *name, dm_refusals_t *out);
+
 /* Where the CUDA runtime is (`pinned: cuda`), e.g. from DATAMEM_CUDART; NULL or
  * "" tries libcudart.so and its usual versions. Takes effect at the next
  * install that needs it. */

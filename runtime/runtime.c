@@ -680,6 +680,20 @@ static __attribute__((noinline)) void *slot_alloc_tracked(dm_tls_t *t, const rt_
  * limit and request it was: at most one line a second (a job that catches
  * MemoryError in a loop is not flooded), with the number not shown. Failure
  * path only; datamem.last_failure() gives the same for the calling thread. */
+/* "8 bytes", "1.5 KiB", "64.0 MiB", "2.0 GiB" */
+static void fmt_bytes(char *buf, size_t cap, uint64_t v) {
+    static const char *const units[] = {"KiB", "MiB", "GiB", "TiB"};
+    if (v < 1024) {
+        snprintf(buf, cap, "%llu bytes", (unsigned long long)v);
+        return;
+    }
+    double x = (double)v / 1024.0;
+    int u = 0;
+    while (x >= 1024.0 && u < 3)
+        x /= 1024.0, u++;
+    snprintf(buf, cap, "%.1f %s", x, units[u]);
+}
+
 static void limit_log(const dm_failure_t *f) {
     static _Atomic int64_t last_s;
     static _Atomic uint64_t quiet;
@@ -697,20 +711,19 @@ static void limit_log(const dm_failure_t *f) {
     if (more)
         snprintf(more_text, sizeof(more_text), " (%llu more refusals not shown)",
                  (unsigned long long)more);
-    double mib = 1048576.0;
+    char lim[32], live[32], req[32];
+    fmt_bytes(lim, sizeof(lim), f->limit);
+    fmt_bytes(live, sizeof(live), f->live);
+    fmt_bytes(req, sizeof(req), f->request);
     if (f->kind == DM_REFUSED_TAG)
-        dm__log("datamem: MemoryError: tag '%s' is at its limit of %.1f MiB with %.1f MiB "
-                "live: a request of %.1f MiB was refused%s", f->tag, (double)f->limit / mib,
-                (double)f->live / mib, (double)f->request / mib, more_text);
+        dm__log("datamem: MemoryError: tag '%s' is at its limit of %s with %s live: a "
+                "request of %s was refused%s", f->tag, lim, live, req, more_text);
     else if (f->kind == DM_REFUSED_WORKER)
-        dm__log("datamem: MemoryError: the worker limit of %.1f MiB is reached with %.1f MiB "
-                "live: a request of %.1f MiB was refused%s", (double)f->limit / mib,
-                (double)f->live / mib, (double)f->request / mib, more_text);
+        dm__log("datamem: MemoryError: the worker limit of %s is reached with %s live: a "
+                "request of %s was refused%s", lim, live, req, more_text);
     else
-        dm__log("datamem: MemoryError: arena '%s' (rule '%s') is at its limit of %.1f MiB "
-                "with %.1f MiB live: a request of %.1f MiB was refused%s%s",
-                f->arena, f->rule, (double)f->limit / mib, (double)f->live / mib,
-                (double)f->request / mib,
+        dm__log("datamem: MemoryError: arena '%s' (rule '%s') is at its limit of %s with %s "
+                "live: a request of %s was refused%s%s", f->arena, f->rule, lim, live, req,
                 f->fallback_tried ? "; the fallback arena had no room either" : "", more_text);
 }
 
@@ -835,9 +848,14 @@ static __attribute__((noinline)) void *alloc_tallied(dm_tls_t *t, const dm_ctx_t
     const dm_ctx_t *cx = c ? c : &root_ctx;
     size_t n = size ? size : 1;
     n = (n + s->round) & ~s->round;
-    uint64_t est = n >= size ? dmje_nallocx(n, s->flags) : 0;
-    if (DM_UNLIKELY(est == 0))
+    if (DM_UNLIKELY(n < size))
         return alloc_counted(t, s, r, size, dt, zero); /* fails as it would untallied */
+    /* The usable size: jemalloc's class, from our table when no alignment
+     * flag changes it (sizeclass.h), else jemalloc's answer. */
+    bool small = s->flags == 0 && n <= DM_SC_MAX;
+    uint64_t est = small ? dm_sc_size(dm_sc_index(n)) : dmje_nallocx(n, s->flags);
+    if (DM_UNLIKELY(est == 0))
+        return alloc_counted(t, s, r, size, dt, zero);
     if (DM_UNLIKELY(!dm__tally_reserve(cx, est, size, &t->last_failure))) {
         DM_CTR_ADD(t->ctrs[s->arena_id].nfail, 1);
         DM_CTR_ADD(t->rule_ctrs[r].nfail, 1);
@@ -855,7 +873,9 @@ static __attribute__((noinline)) void *alloc_tallied(dm_tls_t *t, const dm_ctx_t
         dm__tally_unreserve(cx, est);
         return NULL;
     }
-    dm__tally_record(cx, p, est);
+    /* the block's size is the one reserved unless the fallback arena served it */
+    je_arena_t *owner = dm__owner_of(p);
+    dm__tally_record(cx, p, est, small && owner && owner->owner == s->arena);
     return p;
 }
 

@@ -47,6 +47,8 @@ typedef struct tally_tag {
     const char *name;          /* the interned context's string: lives forever */
     _Atomic uint64_t live, peak, refused;
     _Atomic uint64_t limit;    /* UINT64_MAX = none */
+    /* the last refusal (dm_runtime_refusals): written after `refused` grows */
+    _Atomic uint64_t last_request, last_limit, last_live;
 } tally_tag_t;
 
 static tally_tag_t tags[DM_TALLY_TAGS_MAX];
@@ -115,7 +117,7 @@ bool dm__tally_configure(const dm_policy_t *p) {
         if (permille) {
             uint64_t base = dm__os_memory_limit(worker_source, sizeof(worker_source));
             if (base)
-                wl = base / 1000 * permille;
+                wl = base > UINT64_MAX / 1000 ? base / 1000 * permille : base * permille / 1000;
         } else {
             wl = bytes;
             snprintf(worker_source, sizeof(worker_source), "policy");
@@ -152,6 +154,13 @@ static bool add_capped(tally_tag_t *t, uint64_t n, uint64_t *live_seen, uint64_t
     return true;
 }
 
+static void note_refusal(tally_tag_t *t, uint64_t request, uint64_t limit, uint64_t live) {
+    atomic_store_explicit(&t->last_request, request, memory_order_relaxed);
+    atomic_store_explicit(&t->last_limit, limit, memory_order_relaxed);
+    atomic_store_explicit(&t->last_live, live, memory_order_relaxed);
+    atomic_fetch_add_explicit(&t->refused, 1, memory_order_release);
+}
+
 static void sub(tally_tag_t *t, uint64_t n) {
     atomic_fetch_sub_explicit(&t->live, n, memory_order_relaxed);
 }
@@ -159,7 +168,7 @@ static void sub(tally_tag_t *t, uint64_t n) {
 bool dm__tally_reserve(const struct dm_ctx *c, uint64_t n, uint64_t request, dm_failure_t *f) {
     uint64_t live = 0, limit = 0;
     if (!add_capped(&total, n, &live, &limit)) {
-        atomic_fetch_add_explicit(&total.refused, 1, memory_order_relaxed);
+        note_refusal(&total, request, limit, live);
         f->kind = DM_REFUSED_WORKER;
         f->tag[0] = 0;
         goto refused;
@@ -168,7 +177,7 @@ bool dm__tally_reserve(const struct dm_ctx *c, uint64_t n, uint64_t request, dm_
         tally_tag_t *t = &tags[c->tally[i]];
         if (add_capped(t, n, &live, &limit))
             continue;
-        atomic_fetch_add_explicit(&t->refused, 1, memory_order_relaxed);
+        note_refusal(t, request, limit, live);
         while (i-- > 0)
             sub(&tags[c->tally[i]], n);
         sub(&total, n);
@@ -216,8 +225,8 @@ static uint16_t *shadow_of(const void *p) {
     return sh;
 }
 
-void dm__tally_record(const struct dm_ctx *c, void *p, uint64_t n) {
-    uint64_t usable = dmje_sallocx(p, 0);
+void dm__tally_record(const struct dm_ctx *c, void *p, uint64_t n, bool exact) {
+    uint64_t usable = exact ? n : dmje_sallocx(p, 0);
     uint16_t *sh = shadow_of(p);
     if (DM_UNLIKELY(!sh)) { /* no memory for the shadow: the block goes uncounted */
         dm__tally_unreserve(c, n);
@@ -244,6 +253,23 @@ void dm__tally_release_slow(const void *p) {
         return;
     const struct dm_ctx *c = by_id[v - 1];
     dm__tally_unreserve(c, dmje_sallocx((void *)p, 0));
+}
+
+int dm_runtime_refusals(const char *name, dm_refusals_t *out) {
+    memset(out, 0, sizeof(*out));
+    const tally_tag_t *t = name ? NULL : &total;
+    pthread_mutex_lock(&dm__mu);
+    for (int i = 0; name && !t && i < ntags; i++)
+        if (strcmp(tags[i].name, name) == 0)
+            t = &tags[i];
+    pthread_mutex_unlock(&dm__mu);
+    if (!t)
+        return DM_ENOENT;
+    out->count = atomic_load_explicit(&t->refused, memory_order_acquire);
+    out->request = atomic_load_explicit(&t->last_request, memory_order_relaxed);
+    out->limit = atomic_load_explicit(&t->last_limit, memory_order_relaxed);
+    out->live = atomic_load_explicit(&t->last_live, memory_order_relaxed);
+    return 0;
 }
 
 static int by_live(const void *a, const void *b) {
