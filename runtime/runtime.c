@@ -531,8 +531,9 @@ out:
 /* ---- the fast path -------------------------------------------------------- */
 
 /* The calling thread's state. We are dlopen'ed, so `tls` is global-dynamic and
- * every &tls is a __tls_get_addr call; GCC rematerializes it after each call
- * rather than keep it in a register (5 calls per malloc+free, 55 instructions;
+ * every &tls is a call (a TLS descriptor here, -mtls-dialect=gnu2; otherwise
+ * __tls_get_addr); GCC rematerializes it after each call rather than keep it in
+ * a register (with __tls_get_addr: 5 calls per malloc+free, 55 instructions;
  * bench/callgrind.sh). The empty asm hides where the pointer came from, so it is
  * computed once per entry point and passed down. */
 static inline dm_tls_t *tls_self(void) {
