@@ -17,7 +17,7 @@ when
   nothing below calls up);
 - a header of a layer (`*.h`, `*.def`) is not named in that layer's part.
 
-Tests (`*_test.c`) and fuzz drivers are left out: they may include `testing/`.
+Tests (`*_test.c`, `test_*.h`) and fuzz drivers are left out: they may include `testing/`.
 Exit status 0 when the picture matches, 1 with one line per mismatch otherwise.
 """
 import os
@@ -40,7 +40,8 @@ INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]')
 
 
 def is_test(name):
-    return name.endswith("_test.c") or name.endswith("_fuzz.c") or name == "fuzz_driver.c"
+    return (name.endswith("_test.c") or name.endswith("_fuzz.c") or name == "fuzz_driver.c"
+            or name.startswith("test_"))  # test-only headers (runtime/test_policy.h)
 
 
 def library_of(header):
