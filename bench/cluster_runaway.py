@@ -25,7 +25,8 @@ process, which LocalCluster shares with the client):
 
 Usage: .venv-engines/bin/python bench/cluster_runaway.py [MODE ...]
   (no mode: all; writes bench/results/cluster_runaway.json)
-  --page: with dask-tag-limit, keep the job's state for a screenshot (see docs/cluster.md)
+  dask-tag-limit --page DIR: also, while two tasks hold 96 MiB each, the tag table and
+  each worker's page (headless Chromium) into DIR (docs/cluster.md shows them)
 """
 import json
 import os
@@ -118,7 +119,44 @@ def _read_counter(dask_scheduler):
     return {"removed": c.removed, "memory": {str(k): v for k, v in c.memory.items()}}
 
 
-def run_dask(mode, page_seconds=0):
+def hold_for(seconds):
+    """A task that keeps 96 MiB for a while: the job is still running when the
+    page is taken."""
+    import numpy as np
+    a = np.ones((96 << 20) // 8)
+    time.sleep(seconds)
+    return float(a[0])
+
+
+def _page(client, out_dir):
+    """While two `hold_for` tasks run: the tag table (text) and each worker's
+    page in headless Chromium (1280x1000) into out_dir."""
+    import shutil
+    import datamem.dask
+    os.makedirs(out_dir, exist_ok=True)
+    busy = client.map(hold_for, [20, 20], pure=False)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # both holding their bytes
+        live = [r for r in datamem.dask.tag_table(client) if r[1] == "hold_for" and r[2]]
+        if len(live) == 2:
+            break
+        time.sleep(0.1)
+    with open(os.path.join(out_dir, "cluster-tags.txt"), "w") as f:
+        f.write(datamem.dask.format_table(datamem.dask.tag_table(client)) + "\n")
+    urls = sorted(u for u in client.run(datamem.stats_url).values() if u)
+    exe = shutil.which("chromium") or shutil.which("chromium-browser")
+    for i, url in enumerate(urls):
+        root = url.rsplit("/", 1)[0] + "/"
+        with tempfile.TemporaryDirectory() as prof:
+            subprocess.run([exe, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                            "--hide-scrollbars", "--user-data-dir=" + prof,
+                            "--virtual-time-budget=5000", "--window-size=1280,1000",
+                            "--screenshot=" + os.path.join(out_dir, "cluster-page-%d.png" % i),
+                            root], capture_output=True, timeout=90)
+    client.gather(busy)
+
+
+def run_dask(mode, page_dir=None):
     from dask.distributed import Client, LocalCluster, wait
     import datamem.dask
 
@@ -136,7 +174,7 @@ def run_dask(mode, page_seconds=0):
             path = os.path.join(tmp, "policy.yaml")
             with open(path, "w") as f:
                 f.write(policy)
-            http = "127.0.0.1:0" if page_seconds else None
+            http = "127.0.0.1:0" if page_dir else None
             client.register_plugin(datamem.dask.Policy(path, stats_http=http))
             client.wait_for_workers(2, timeout=60)
         client.run_on_scheduler(_install_counter)
@@ -145,10 +183,8 @@ def run_dask(mode, page_seconds=0):
         t0 = time.monotonic()
         bad = client.submit(runaway, pure=False)
         wait([bad], timeout=300)
-        if page_seconds:
-            print("tags while the job runs:\n" + datamem.dask.format_table(
-                datamem.dask.tag_table(client)), flush=True)
-            time.sleep(page_seconds)
+        if page_dir:
+            _page(client, page_dir)
         try:
             got = client.gather(kept)
             out["results"] = len(got)
@@ -232,11 +268,15 @@ def run_ray(mode):
 
 
 def main(argv):
-    page = "--page" in argv
+    page = None
+    if "--page" in argv:
+        i = argv.index("--page")
+        page = argv[i + 1]
+        argv = argv[:i] + argv[i + 2:]
     modes = [a for a in argv if not a.startswith("--")]
     if len(modes) == 1:  # the child: one mode, JSON on the last line
         mode = modes[0]
-        res = run_ray(mode) if mode.startswith("ray") else run_dask(mode, 60 if page else 0)
+        res = run_ray(mode) if mode.startswith("ray") else run_dask(mode, page)
         print(json.dumps(res))
         return 0
     results = {}
