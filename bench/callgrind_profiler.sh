@@ -2,18 +2,22 @@
 # Instructions the sampled allocation profiler (DATAMEM_PROFILE, default sample
 # 512 KiB) adds to real jobs (bench/jobs/), counted by callgrind over the whole
 # process, every thread included (the recording handlers' sampling checks, the
-# stack captures of the samples, the writes to the profile file). Each job runs three times
-# under the same policy:
+# stack captures of the samples, the writes to the profile file). Each job runs
+# under the same policy as:
 #
-#   imports  the job's libraries imported, the job not run
-#   off      the job, no profile
-#   on       the job with DATAMEM_PROFILE=DIR (the default rate)
+#   imports     the job's libraries imported, the job not run (twice)
+#   imports-on  the same with DATAMEM_PROFILE=DIR (the default rate, 512 KiB)
+#   off         the job, no profile
+#   on          the job with DATAMEM_PROFILE=DIR
 #
-# The profiler's cost is on - off; the job's own instructions are off - imports.
-# The table also gives the cost per NumPy allocation (datamem.stats() of the
-# "off" run) and per recorded sample, and the inclusive instructions of the
-# profiler's own functions in the "on" run. Callgrind is deterministic up to the
-# interpreter's hash seed (fixed here) and the kernel's timing (threads).
+# The job's own instructions are off - imports; the profiler's start-up (its
+# Python module and what it imports, the file, the exit flush) imports-on -
+# imports; its cost while the job runs (on - imports-on) - (off - imports). The
+# table also gives that per NumPy allocation (datamem.stats() of the "off" run)
+# and per recorded sample, and prof_record's inclusive instructions (a sample's
+# stack capture and record). Callgrind is deterministic up to the interpreter's
+# hash seed (fixed here) and thread timing: the two `imports` runs differ by the
+# noise floor.
 #
 #   bash bench/callgrind_profiler.sh [JOBS...]   default: pandas_etl scipy_cg
 #   SCALE=0.25 POLICY=configs/throughput.yaml (defaults)
@@ -54,8 +58,8 @@ run() { # job variant
   local env=(env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE -u LD_PRELOAD -u DATAMEM_PROFILE
              -u DATAMEM_PROFILE_SAMPLE OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
              PYTHONHASHSEED=0 DATAMEM_CONFIG="$POLICY")
-  [ "$v" = imports ] && what=imports
-  [ "$v" = on ] && env+=(DATAMEM_PROFILE="$OUT/prof.$job")
+  case $v in imports*) what=imports ;; esac
+  case $v in *on) env+=(DATAMEM_PROFILE="$OUT/prof.$job.$v") ;; esac
   "${env[@]}" valgrind --tool=callgrind --callgrind-out-file="$OUT/$job.$v.out" \
     "$PY" "$OUT/drive.py" "$PWD" "$job" "$SCALE" "$what" > "$OUT/$job.$v.json" 2>"$OUT/$job.$v.err" \
     || { cat "$OUT/$job.$v.err" >&2; exit 1; }
@@ -64,12 +68,12 @@ run() { # job variant
 }
 
 for job in "${JOBS[@]}"; do
-  for v in imports off on; do
+  for v in imports imports2 imports-on off on; do
     echo "callgrind: $job $v" >&2
     run "$job" "$v"
   done
   python3 -c 'import sys, datamem._profile as p; print(len(p.load(sys.argv[1])))' \
-    "$OUT/prof.$job" > "$OUT/$job.samples"
+    "$OUT/prof.$job.on" > "$OUT/$job.samples"
 done
 
 python3 - "$OUT" "$SCALE" "$POLICY" "${JOBS[@]}" <<'EOF'
@@ -89,25 +93,22 @@ def totals(path):
             d[m.group(3)] = max(d.get(m.group(3), 0), int(m.group(1).replace(",", "")))
     return total, d
 
-# The profiler's own functions (pyext recording handlers, service/profile.c);
-# inclusive, so h_*_prof include the allocation they wrap.
-PROF = ("h_malloc_prof", "h_calloc_prof", "h_realloc_prof", "h_free_prof", "prof_record",
-        "prof_capture", "dm_prof_record_alloc", "dm_prof_record_free", "flush_locked")
 print("callgrind: instructions the sampled profiler adds (policy %s, scale %s, sample 512 KiB)"
       % (policy, scale))
-print("| job | imports | job (off - imports) | on - off | share of the job | NumPy allocations "
-      "| per allocation | samples | per sample |")
-print("|---|---|---|---|---|---|---|---|---|")
+print("| job | job (off - imports) | noise (imports twice) | profiler start-up | profiler during "
+      "the job | share of the job | NumPy allocations | per allocation | samples | "
+      "prof_record |")
+print("|---|---|---|---|---|---|---|---|---|---|")
 for job in jobs:
-    ti, _ = totals("%s/%s.imports.incl" % (out, job))
-    toff, _ = totals("%s/%s.off.incl" % (out, job))
-    ton, fon = totals("%s/%s.on.incl" % (out, job))
+    t = {v: totals("%s/%s.%s.incl" % (out, job, v)) for v in
+         ("imports", "imports2", "imports-on", "off", "on")}
     counts = json.load(open("%s/%s.off.json" % (out, job)))
     nalloc = counts["allocations"] + counts["reallocs"]
     samples = int(open("%s/%s.samples" % (out, job)).read())
-    d, j = ton - toff, toff - ti
-    print("| %s | %.3g | %.3g | %.3g | %.2f%% | %d | %.0f | %d | %.0f |" % (
-        job, ti, j, d, 100.0 * d / j, nalloc, d / max(1, nalloc), samples, d / max(1, samples)))
-    parts = ", ".join("%s %.3g" % (k, fon[k]) for k in PROF if k in fon)
-    print("|  | inclusive in the on run: %s |||||||| " % (parts or "-"))
+    j = t["off"][0] - t["imports"][0]
+    start = t["imports-on"][0] - t["imports"][0]
+    during = (t["on"][0] - t["imports-on"][0]) - j
+    print("| %s | %.4g | %+d | %.3g | %.3g | %.2f%% | %d | %.0f | %d | %.3g |" % (
+        job, j, t["imports2"][0] - t["imports"][0], start, during, 100.0 * during / j, nalloc,
+        during / max(1, nalloc), samples, t["on"][1].get("prof_record", 0)))
 EOF
