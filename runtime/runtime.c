@@ -531,8 +531,9 @@ out:
 /* ---- the fast path -------------------------------------------------------- */
 
 /* The calling thread's state. We are dlopen'ed, so `tls` is global-dynamic and
- * every &tls is a __tls_get_addr call; GCC rematerializes it after each call
- * rather than keep it in a register (5 calls per malloc+free, 55 instructions;
+ * every &tls is a call (a TLS descriptor here, -mtls-dialect=gnu2; otherwise
+ * __tls_get_addr); GCC rematerializes it after each call rather than keep it in
+ * a register (with __tls_get_addr: 5 calls per malloc+free, 55 instructions;
  * bench/callgrind.sh). The empty asm hides where the pointer came from, so it is
  * computed once per entry point and passed down. */
 static inline dm_tls_t *tls_self(void) {
@@ -847,9 +848,14 @@ static __attribute__((noinline)) void *alloc_tallied(dm_tls_t *t, const dm_ctx_t
     const dm_ctx_t *cx = c ? c : &root_ctx;
     size_t n = size ? size : 1;
     n = (n + s->round) & ~s->round;
-    uint64_t est = n >= size ? dmje_nallocx(n, s->flags) : 0;
-    if (DM_UNLIKELY(est == 0))
+    if (DM_UNLIKELY(n < size))
         return alloc_counted(t, s, r, size, dt, zero); /* fails as it would untallied */
+    /* The usable size: jemalloc's class, from our table when no alignment
+     * flag changes it (sizeclass.h), else jemalloc's answer. */
+    bool small = s->flags == 0 && n <= DM_SC_MAX;
+    uint64_t est = small ? dm_sc_size(dm_sc_index(n)) : dmje_nallocx(n, s->flags);
+    if (DM_UNLIKELY(est == 0))
+        return alloc_counted(t, s, r, size, dt, zero);
     if (DM_UNLIKELY(!dm__tally_reserve(cx, est, size, &t->last_failure))) {
         DM_CTR_ADD(t->ctrs[s->arena_id].nfail, 1);
         DM_CTR_ADD(t->rule_ctrs[r].nfail, 1);
@@ -867,7 +873,9 @@ static __attribute__((noinline)) void *alloc_tallied(dm_tls_t *t, const dm_ctx_t
         dm__tally_unreserve(cx, est);
         return NULL;
     }
-    dm__tally_record(cx, p, est);
+    /* the block's size is the one reserved unless the fallback arena served it */
+    je_arena_t *owner = dm__owner_of(p);
+    dm__tally_record(cx, p, est, small && owner && owner->owner == s->arena);
     return p;
 }
 

@@ -225,8 +225,8 @@ static uint16_t *shadow_of(const void *p) {
     return sh;
 }
 
-void dm__tally_record(const struct dm_ctx *c, void *p, uint64_t n) {
-    uint64_t usable = dmje_sallocx(p, 0);
+void dm__tally_record(const struct dm_ctx *c, void *p, uint64_t n, bool exact) {
+    uint64_t usable = exact ? n : dmje_sallocx(p, 0);
     uint16_t *sh = shadow_of(p);
     if (DM_UNLIKELY(!sh)) { /* no memory for the shadow: the block goes uncounted */
         dm__tally_unreserve(c, n);

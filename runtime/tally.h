@@ -33,8 +33,9 @@ bool dm__tally_reserve(const struct dm_ctx *c, uint64_t n, uint64_t request, dm_
 /* Takes back a reservation whose allocation failed. */
 void dm__tally_unreserve(const struct dm_ctx *c, uint64_t n);
 /* The block `p` was allocated for reservation `n`: settles the counts to its
- * usable size and records its context in the shadow. */
-void dm__tally_record(const struct dm_ctx *c, void *p, uint64_t n);
+ * usable size (asks jemalloc unless `exact`: n is that size) and records its
+ * context in the shadow. */
+void dm__tally_record(const struct dm_ctx *c, void *p, uint64_t n, bool exact);
 
 /* A block is released: if it was counted, its usable size leaves its tags.
  * Call before the block goes back to jemalloc. */

@@ -95,8 +95,8 @@ def reload(policy=None):
 
 def uninstall():
     """Restores NumPy's default allocator for the current context and for threads
-    started from now on. Arrays allocated by datamem stay valid and are freed
-    through datamem as before."""
+    started from now on. Arrays allocated by datamem stay valid and are still
+    freed through datamem."""
     with _lock:
         _ext.set_handler(None)
         _unpatch_threads()
