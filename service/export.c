@@ -166,6 +166,7 @@ int dm__export_render(int format, const char *const_labels, char **out, size_t *
         dm_buf_t b = {0};
         dm_svc_stats_t svc;
         dm__svc_stats(&svc);
+        dm_stats_process(s, &svc.process);
         if (format == DM_STATS_JSON) {
             dm__metrics_json(s, &svc, &b);
         } else {

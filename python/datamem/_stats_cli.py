@@ -313,7 +313,7 @@ def _snapshot_problem(snap):
     """Why `snap` (parsed /stats.json) is not something `top` can show, or None."""
     if not isinstance(snap, dict):
         return "not a JSON object"
-    for key in ("time", "reloads", "reload_failures", "threads"):
+    for key in ("time", "reloads", "reload_failures", "threads") + _PROCESS_NUMBERS:
         if key in snap and not _is_number(snap[key]):
             return "%r is not a number" % key
     if not 0 <= snap.get("time", 0) < 1e11:
@@ -389,6 +389,9 @@ _RATES = [  # header, counter key, formatter
 ]
 # Numbers read from each arena of a snapshot (checked by fetch_json).
 _ARENA_NUMBERS = [c[1] for c in _COLUMNS + _RATES] + ["limit_bytes", "live_bytes"]
+# The process around the arenas, under the table (memory_line).
+_PROCESS_NUMBERS = ("process_resident_bytes", "outside_arenas_resident_bytes",
+                    "pyarrow_allocated_bytes")
 # `top --all` adds a PID column and so drops ACTIVE as well.
 _ALL_COLUMNS = [c for c in _COLUMNS if c[0] != "ACTIVE"]
 # When an arena has a `limit`, LIMIT (live bytes as a share of it; "-" for
@@ -469,6 +472,30 @@ def table(cur, prev=None, width=WIDTH):
         rows.append([name + ("" if a.get("in_policy", True) else "*")]
                     + _arena_cells(a, pa, dt, columns))
     return "\n".join(render(head, rows, width=width))
+
+
+def memory_line(cur, width=WIDTH):
+    """The process around the arenas: its resident set, what the arenas hold of it
+    (their resident bytes and share), the rest, and pyarrow's pool while pyarrow
+    is loaded; "" when the endpoint does not report them
+    (docs/what-a-policy-governs.md)."""
+    rss = cur.get("process_resident_bytes")
+    if not rss:
+        return ""
+    arenas = sum(a.get("resident_bytes") or 0 for a in cur.get("arenas", {}).values())
+    text = "process %s  arenas %s (%d%%)  outside %s" % (
+        short_bytes(rss), short_bytes(arenas), min(100, round(100.0 * arenas / rss)),
+        short_bytes(cur.get("outside_arenas_resident_bytes") or 0))
+    if cur.get("pyarrow_allocated_bytes") is not None:
+        text += "  pyarrow %s" % short_bytes(cur["pyarrow_allocated_bytes"])
+    return fit(text, width)
+
+
+def top_text(cur, prev, target, width=WIDTH):
+    """What `top TARGET` prints for one snapshot."""
+    text = header(cur, target, width) + "\n" + table(cur, prev, width)
+    mem = memory_line(cur, width)
+    return text + "\n" + mem if mem else text
 
 
 def reload_label(cur):
@@ -719,10 +746,9 @@ def cmd_top(target, interval=2.0, once=False, out=sys.stdout):
     if once:  # two scrapes `interval` apart: the rates need a difference
         time.sleep(interval)
         cur = fetch_json(where)
-        out.write(header(cur, label) + "\n" + table(cur, prev) + "\n")
+        out.write(top_text(cur, prev, label) + "\n")
         return 0
-    return _loop(lambda: fetch_json(where),
-                 lambda cur, prev: header(cur, label) + "\n" + table(cur, prev),
+    return _loop(lambda: fetch_json(where), lambda cur, prev: top_text(cur, prev, label),
                  prev, interval, out)
 
 
