@@ -28,6 +28,8 @@ import sys
 
 import numpy as np
 
+from . import _text
+
 DEFAULT_SAMPLE = 512 * 1024
 
 # The call site of an allocation is the innermost Python frame outside these
@@ -55,8 +57,7 @@ def parse_sample(text):
     text = str(text).strip()
     if text.lower() == "full":
         return 0
-    from .__main__ import parse_size
-    n = parse_size(text)
+    n = _text.parse_size(text)
     if n < 1:
         raise ValueError("sample interval must be at least 1 byte")
     return n
@@ -64,9 +65,8 @@ def parse_sample(text):
 
 def parse_max(text):
     """DATAMEM_PROFILE_MAX / --max-size: a size (0 = the default, 256 MiB)."""
-    from .__main__ import parse_size
     try:
-        return parse_size(str(text))
+        return _text.parse_size(str(text))
     except Exception as e:
         raise ValueError("DATAMEM_PROFILE_MAX: %s" % e) from None
 
