@@ -47,6 +47,25 @@ def run_py(code, config=None, env=None, timeout=120):
                           text=True, timeout=timeout, cwd=ROOT)
 
 
+def untrusted_dir(d, how):
+    """Makes directory `d` one an attacker could write into: "another user's"
+    (owned by nobody; root only, else the test skips), "writable by others",
+    or, for any other `how`, a symbolic link to it. Returns the path to name it
+    by (the link, or d)."""
+    d.mkdir(mode=0o755)
+    if how == "another user's":
+        if os.geteuid() != 0:
+            pytest.skip("SKIP: making a directory of another user needs root")
+        os.chown(d, 65534, 65534)
+    elif how == "writable by others":
+        os.chmod(d, 0o777)
+    else:
+        link = d.parent / (d.name + "-link")
+        link.symlink_to(d)
+        return link
+    return d
+
+
 def last_json(r):
     """The JSON object a job printed last; the job must have exited 0."""
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-6000:]
