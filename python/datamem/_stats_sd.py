@@ -10,6 +10,7 @@ import urllib.parse
 from . import _files
 from ._stats_discovery import TargetError, list_processes
 
+
 def sd_targets(procs):
     """Prometheus file_sd groups for discovery entries: one target per process
     serving HTTP (Prometheus cannot scrape a Unix socket), labelled with its pid
@@ -38,6 +39,7 @@ def write_sd(path, groups):
     text = json.dumps(groups, indent=2, sort_keys=True) + "\n"
     _files.write_atomic(path, text, mode=0o644)
     return text
+
 
 def cmd_prometheus_sd(path, interval=5.0, once=False, out=sys.stderr):
     """Keeps `path` a Prometheus file_sd list of every datamem process serving
