@@ -2,7 +2,7 @@
 
 summarize(profile) computes everything once, as plain data (what --json
 prints); text() and html() render it. Sampled profiles are estimates: every
-count and byte figure is a sum of the records' weights (see _profile.py), so
+count and byte figure is a sum of the records' weights (see _profile_read.py), so
 "allocations" and "bytes" are estimates of all allocations, not of the samples.
 
 Medians are by bytes (half of a site's bytes were in arrays at most this big,
@@ -24,7 +24,7 @@ import math
 import numpy as np
 
 from ._text import printable
-from ._profile import LIFE_EDGES, LONG, SHORT, SITE_COLUMNS, SIZE_EDGES  # noqa: F401
+from ._profile_read import LIFE_EDGES, LONG, SHORT, SITE_COLUMNS, SIZE_EDGES  # noqa: F401
 
 # C0 and C1 controls (ESC, CR, NEL...), DEL, the line and paragraph separators
 # (line breaks to YAML), bidirectional overrides, and lone surrogates (bytes that

@@ -34,7 +34,7 @@ name would otherwise end the comment and add YAML of the profiled job's choosing
 """
 import numpy as np
 
-from ._profile import BIG, SITE_COLUMNS
+from ._profile_read import BIG, SITE_COLUMNS
 from ._report import LONG, SHORT, fmt_bytes, fmt_count, fmt_time
 from ._text import printable
 
