@@ -51,7 +51,14 @@ class _WhenNumPyIsThere:
         return None
 
 
-if _numpy_findable():
+def _asked():
+    import os
+    return bool(os.environ.get("DATAMEM_CONFIG") or os.environ.get("DATAMEM_PROFILE"))
+
+
+if not _asked():
+    pass  # imported by hand: nothing to activate
+elif _numpy_findable():
     _activate()
 else:
     sys.meta_path.insert(0, _WhenNumPyIsThere)
