@@ -21,6 +21,7 @@
 #include "runtime/internal.h"
 #include "runtime/os.h"
 #include "runtime/sizeclass.h"
+#include "runtime/test_policy.h"
 
 static int failures;
 
@@ -38,27 +39,9 @@ static int failures;
     CHECK((a) && (b) && strcmp((a), (b)) == 0, "'%s' != '%s'", (a) ? (a) : "(null)", \
           (b) ? (b) : "(null)")
 
-static const char *write_policy(const char *text) {
-    static char path[64];
-    snprintf(path, sizeof(path), "/tmp/dm_runtime_test_%d.yaml", (int)getpid());
-    FILE *f = fopen(path, "w");
-    fputs(text, f);
-    fclose(f);
-    return path;
-}
+static const char *write_policy(const char *text) { return test_write_policy("runtime_test", text); }
 
-static void load_ok(const char *text) {
-    static dm_diags_t d;
-    const char *path = write_policy(text);
-    dm_diags_init(&d, path);
-    int rc = dm_runtime_load(path, &d);
-    if (rc) {
-        char buf[8192];
-        dm_diags_format_all(&d, buf, sizeof(buf));
-        fprintf(stderr, "load failed: %s\n%s\n", dm_strerror(rc), buf);
-        exit(1);
-    }
-}
+static void load_ok(const char *text) { test_load_policy("runtime_test", text); }
 
 static const char *POLICY =
     "version: 1\n"
