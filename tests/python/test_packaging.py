@@ -12,8 +12,8 @@ import pytest
 import datamem
 from datamem import _ext
 
-GLIBC = {"linux-vdso.so.1", "libc.so.6", "libm.so.6", "libpthread.so.0", "libdl.so.2",
-         "librt.so.1", "ld-linux-x86-64.so.2"}
+GLIBC = {"linux-vdso.so.1", "libc.so.6", "libm.so.6", "libpthread.so.0",
+         "libdl.so.2", "librt.so.1", "ld-linux-x86-64.so.2", "ld-linux-aarch64.so.1"}
 
 
 def test_version_cli_names_every_component():

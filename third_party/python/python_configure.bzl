@@ -10,7 +10,8 @@ Two more settings, for scripts/wheels.sh:
                        such as Debian testing's CPython 3.14. Its paths are taken
                        inside the root.
   DATAMEM_TARGET       a zig target such as aarch64-linux-gnu.2.28: the wheel's
-                       platform tag and extension suffix name that architecture.
+                       platform tag (manylinux_2_28_aarch64) and extension suffix
+                       name that architecture and glibc.
                        The headers stay the interpreter's: CPython's and NumPy's
                        public headers are the same on x86_64 and aarch64 Linux (both
                        LP64, little-endian; docs/building.md).
@@ -70,13 +71,14 @@ def _python_configure_impl(rctx):
         rctx.symlink(config_h, "python_include/pyconfig.h")
     rctx.symlink(root + lines[1], "numpy_include")
 
-    # A cross build (scripts/wheels.sh): the same ABI on another architecture.
+    # A zig build (scripts/wheels.sh), maybe for another architecture: the wheel is
+    # tagged for the glibc it is built against (auditwheel checks it there).
     target = rctx.os.environ.get("DATAMEM_TARGET", "")
     if target:
-        arch = target.split("-")[0]
+        arch, glibc = target.split("-")[0], target.partition(".")[2]
         host = lines[5].split("_", 1)[1]  # linux_x86_64 -> x86_64
         lines[4] = lines[4].replace(host + "-linux-gnu", arch + "-linux-gnu")
-        lines[5] = "linux_" + arch
+        lines[5] = ("manylinux_%s_%s" % (glibc.replace(".", "_"), arch)) if glibc else "linux_" + arch
     rctx.file("python_info.txt", "\n".join([
         "executable=" + lines[2],
         "abi=" + lines[3],
