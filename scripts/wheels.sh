@@ -68,7 +68,6 @@ cc_for() {
 }
 
 mkdir -p dist
-rm -f dist/datamem-*-manylinux_*.whl
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 built=()
@@ -98,6 +97,7 @@ for v in "${VERSIONS[@]}"; do
     bin=$("${bz[@]}" info "${opts[@]}" bazel-bin 2>/dev/null)
     unset DATAMEM_PYTHON DATAMEM_PYTHON_ROOT DATAMEM_TARGET DATAMEM_TARGET_CC CC
     name=$(cat "$bin/datamem.whl.name")
+    rm -f dist/datamem-*-"${name#*-*-}"   # the same Python and platform, any version
     cp -f "$bin/datamem.whl" "$tmp/$name"
     chmod 644 "$tmp/$name"
     # The wheel is tagged manylinux_2_28 (python_configure.bzl: the glibc it is built
