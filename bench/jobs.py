@@ -1,8 +1,8 @@
 """Real jobs under each allocator: datamem's policies against what users have today.
 
     python3 bench/jobs.py [--quick] [--reps N] [--only J1,J2] [--configs C1,C2]
-                          [--variant NAME:VAR=VAL;...] [--out docs/performance-jobs.json]
-                          [--plot docs/performance-jobs.png]
+                          [--variant NAME:VAR=VAL;...] [--out bench/results/NAME.json]
+                          [--plot bench/results/NAME.png]
 
 The discipline of bench/run.py, on whole jobs (bench/jobs/*.py): every (job,
 configuration) runs in a fresh process (bench/jobs/child.py), the order of
@@ -48,7 +48,7 @@ RATIO_METRICS = ["wall_s", "cpu_s", "user_s", "wall_best_s", "maxrss_mb"]
 # 0.6-1.2 s for pandas_etl, almost all of it the kernel zeroing fresh pages,
 # clear_page_erms): a median of wall time can land in either mode. User time and
 # the best wall time of N runs swing far less (on short jobs user time spreads too);
-# the tables report both next to the median (docs/performance.md, "Fourth pass: where the wall-time noise comes from").
+# the tables report both next to the median (docs/performance.md, "How to read these numbers").
 LIBS = {"jemalloc": "jemalloc", "jemalloc-tuned": "jemalloc", "tcmalloc": "tcmalloc",
         "mimalloc": "mimalloc"}
 

@@ -1,6 +1,6 @@
 """Markdown tables from a bench/run.py result file, for docs/performance.md.
 
-    python3 bench/report.py docs/performance-results.json
+    python3 bench/report.py bench/results/performance-results-halves.json
 """
 import json
 import sys

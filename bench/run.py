@@ -1,7 +1,7 @@
 """Side-by-side allocator benchmark for NumPy: datamem against what users have today.
 
     python3 bench/run.py [--quick] [--reps N] [--only W1,W2] [--configs C1,C2]
-                         [--out docs/performance-results.json] [--plot docs/performance.png]
+                         [--out bench/results/NAME.json] [--plot bench/results/NAME.png]
 
 Every (workload, configuration) runs in a fresh process (bench/workloads.py); the
 order of configurations is reshuffled every repetition (and the order of

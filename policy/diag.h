@@ -27,7 +27,8 @@ extern "C" {
     X(RANGE, -8, "value out of range")                                         \
     X(SYS, -9, "system call failed")                                           \
     X(DENIED, -10, "refused: not a loopback address")                          \
-    X(UNSAFE, -11, "refused: not owned by this user, or writable by others")
+    X(UNSAFE, -11, "refused: not owned by this user, or writable by others")  \
+    X(NOENT, -12, "no such entry")
 
 typedef enum {
 #define DM_E_ENUM(name, val, msg) DM_E##name = (val),

@@ -116,7 +116,7 @@ static void dump_arena(dm__sbuf_t *b, const dm_arena_spec_t *a, int i) {
         dm__sb_printf(b, " budget never");
     else
         dm__sb_printf(b, " budget %zu", a->dirty_budget);
-    /* Only when set: tables of policies without them read as before. */
+    /* Only when set, so that a policy without them dumps no empty fields. */
     if (a->limit != SIZE_MAX)
         dm__sb_printf(b, ", limit %zu", a->limit);
     if (a->lock)

@@ -241,6 +241,19 @@ static int conv_string(const dm__schema_row_t *r, const char *s, void *sect,
     if (r->type == DM_ST_HOSTPORT && !hostport_valid(s))
         return why_fail(why, "invalid address %s: expected host:port with "
                         "a port from 0 to 65535, or \"\" for off", q);
+    const char *gwhy = NULL;
+    if (r->type == DM_ST_GLOB && !dm_glob_valid(s, NULL, &gwhy))
+        return why_fail(why, "invalid glob %s: %s", q, gwhy);
+    uint64_t share_bytes;
+    unsigned share_pm;
+    int src = r->type == DM_ST_SHARE ? dm_parse_share(s, &share_bytes, &share_pm) : 0;
+    if (src == DM_ERANGE)
+        return why_fail(why, "%s is out of range: a share is 0.1%% to 100%%, a size "
+                        "at most 18446744073709551615 bytes", q);
+    if (src)
+        return why_fail(why, "invalid value %s: expected a size of at least 1 byte "
+                        "(e.g. 8GiB), a share of the memory limit (e.g. 85%% or "
+                        "92.5%%), or \"\" for none", q);
     if (r->type == DM_ST_NAME && !dm__name_valid(s))
         return why_fail(why, "invalid name %s: names match "
                         "[A-Za-z_][A-Za-z0-9_-]* and are 1 to %d bytes", q,
@@ -305,7 +318,7 @@ static bool scalar_type(dm__stype_t t) {
     return t == DM_ST_INT || t == DM_ST_SIZE || t == DM_ST_DURATION ||
            t == DM_ST_BOOL || t == DM_ST_STRING || t == DM_ST_HOSTPORT ||
            t == DM_ST_ENUM || t == DM_ST_NAME || t == DM_ST_NUMA ||
-           t == DM_ST_ARENA_REF;
+           t == DM_ST_ARENA_REF || t == DM_ST_GLOB || t == DM_ST_SHARE;
 }
 
 /* Fills the defaults of every scalar row of one section (the rest is zero). */
@@ -353,7 +366,7 @@ static int walk_map(dm__pctx_t *c, int prow, int node, void *sect) {
         seen[r] = -1;
     if (n->kind != DM_YN_MAP && !is_null(c, node)) {
         /* an arena's or a rule's body: the row is the container's */
-        if (prow == DM_SK_ARENAS || prow == DM_SK_RULES)
+        if (prow == DM_SK_ARENAS || prow == DM_SK_RULES || prow == DM_SK_TAG_LIMITS)
             expect_error(c, "a mapping", node);
         else
             type_error(c, prow, node);
@@ -791,6 +804,34 @@ static void parse_rules(dm__pctx_t *c, int row, int node, void *sect) {
     }
 }
 
+static void parse_tag_limits(dm__pctx_t *c, int row, int node, void *sect) {
+    const dm__ynode_t *n = NODE(c, node);
+    dm_policy_t *p = sect;
+    uint32_t count = n->n;
+    if (is_null(c, node))
+        return;
+    if (n->kind != DM_YN_SEQ) {
+        type_error(c, row, node);
+        return;
+    }
+    if (count > ROW(row)->max) {
+        ERR(c, node, "too many tag limits: %u (at most %llu)", count,
+            (unsigned long long)ROW(row)->max);
+        count = (uint32_t)ROW(row)->max;
+    }
+    int i = 0;
+    for (int k = n->first; k >= 0 && (uint32_t)i < count; k = NODE(c, k)->next) {
+        dm_tag_limit_spec_t *t = &p->tag_limits[i];
+        memset(t, 0, sizeof *t);
+        apply_defaults(DM_SECT_TAG_LIMIT, t);
+        t->line = NODE(c, k)->line, t->col = NODE(c, k)->col;
+        size_t old = path_push(c, "[%d]", i);
+        walk_map(c, row, k, t);
+        path_pop(c, old);
+        p->ntag_limits = ++i;
+    }
+}
+
 static void parse_value(dm__pctx_t *c, int row, int node, void *sect) {
     static parse_fn *const parsers[DM_ST_COUNT] = {
         [DM_ST_MAP] = parse_map,         [DM_ST_ARENAS] = parse_arenas,
@@ -798,7 +839,7 @@ static void parse_value(dm__pctx_t *c, int row, int node, void *sect) {
         [DM_ST_NUMA] = parse_numa,       [DM_ST_NODES] = parse_nodes,
         [DM_ST_SIZE_RANGE] = parse_size_range,
         [DM_ST_DTYPES] = parse_list,     [DM_ST_GLOBS] = parse_list,
-        [DM_ST_TAGS] = parse_list,
+        [DM_ST_TAGS] = parse_list,       [DM_ST_TAG_LIMITS] = parse_tag_limits,
     };
     parse_fn *f = parsers[ROW(row)->type];
     (f ? f : parse_scalar)(c, row, node, sect);

@@ -27,6 +27,7 @@ extern "C" {
 #define DM_NAME_MAX 64          /* arena and rule names, incl. NUL */
 #define DM_ARENAS_MAX 64        /* arenas in one policy */
 #define DM_RULES_MAX 1024       /* rules in one policy */
+#define DM_TAG_LIMITS_MAX 64    /* tag_limits entries in one policy */
 #define DM_GLOBS_MAX 16         /* thread globs / tags in one rule */
 #define DM_SITE_GLOBS_MAX 4     /* module / function globs in one rule */
 #define DM_SITE_RULES_MAX 64    /* rules with a module or function part */
@@ -85,6 +86,9 @@ int dm_dtype_from_name(const char *name);
  * B, KiB, MiB, GiB, TiB, KB, MB, GB, TB; case matters). Returns 0,
  * DM_EINVALID (syntax, unknown unit) or DM_ERANGE (does not fit a size_t). */
 int dm_parse_size(const char *s, size_t *out);
+/* worker_limit's value: a size (bytes set, *permille 0) or "N%" / "N.N%" of a
+ * memory limit (*permille 1..1000, *bytes 0). "" gives both 0. */
+int dm_parse_share(const char *s, uint64_t *bytes, unsigned *permille);
 
 /* Milliseconds: "250", "250ms", "10s", "1.5s" (whole milliseconds only),
  * "never" or "-1" (-> -1). Returns 0, DM_EINVALID or DM_ERANGE. */
@@ -152,6 +156,12 @@ typedef struct dm_rule_spec {
     int line, col;
 } dm_rule_spec_t;
 
+typedef struct dm_tag_limit_spec {
+    char tag[DM_NAME_MAX];  /* fnmatch(3) glob on tag names */
+    size_t limit;           /* live bytes of one matching tag at most */
+    int line, col;
+} dm_tag_limit_spec_t;
+
 typedef struct dm_stats_spec {
     char http[128];         /* "host:port" or "" (off); port 0 = any free port */
     char unix_socket[256];  /* path or "" */
@@ -173,6 +183,11 @@ typedef struct dm_policy {
     dm_rule_spec_t *rules;  /* nrules entries, owned */
     int default_arena;      /* index into arenas */
     int fallback_arena;     /* index, or -1: tried when an arena fails */
+    bool tag_bytes;         /* count bytes per tag (also on with limits below) */
+    int ntag_limits;
+    dm_tag_limit_spec_t tag_limits[DM_TAG_LIMITS_MAX];
+    char worker_limit[32];  /* "" (none), a size, or "N%" of the memory limit
+                               (dm_parse_share) */
     dm_stats_spec_t stats;
     dm_reload_spec_t reload;
     uint64_t hash;          /* FNV-1a 64 of the file's bytes */

@@ -53,11 +53,17 @@ static void put_accepted(FILE *f, const dm__schema_row_t *r) {
     case DM_ST_RULES:
         fprintf(f, "at most %llu rules", (unsigned long long)r->max);
         return;
+    case DM_ST_TAG_LIMITS:
+        fprintf(f, "at most %llu entries", (unsigned long long)r->max);
+        return;
     case DM_ST_GLOBS: case DM_ST_TAGS:
         fprintf(f, "up to %d, each %llu .. %llu bytes", DM_GLOBS_MAX,
                 (unsigned long long)r->min, (unsigned long long)r->max);
         return;
-    case DM_ST_STRING: case DM_ST_HOSTPORT: case DM_ST_NAME:
+    case DM_ST_SHARE:
+        fprintf(f, "1 byte .. 2^64 - 1 bytes, or 0.1%% .. 100%%, or empty");
+        return;
+    case DM_ST_STRING: case DM_ST_HOSTPORT: case DM_ST_NAME: case DM_ST_GLOB:
         fprintf(f, "%llu .. %llu bytes", (unsigned long long)r->min,
                 (unsigned long long)r->max);
         return;

@@ -66,6 +66,8 @@ dm__sect_t dm__schema_sect(int row) {
             return DM_SECT_ARENA;
         if (dm__policy_schema[r].parent == DM_SK_RULES)
             return DM_SECT_RULE;
+        if (dm__policy_schema[r].parent == DM_SK_TAG_LIMITS)
+            return DM_SECT_TAG_LIMIT;
     }
     return DM_SECT_POLICY;
 }
@@ -82,7 +84,9 @@ int dm__schema_child(int parent, const char *key, size_t len) {
 
 /* What separates a row's key from its children's in a path. */
 static const char *child_sep(int row) {
-    return row == DM_SK_ARENAS ? ".<name>." : row == DM_SK_RULES ? "[]." : ".";
+    return row == DM_SK_ARENAS                              ? ".<name>."
+           : row == DM_SK_RULES || row == DM_SK_TAG_LIMITS ? "[]."
+                                                            : ".";
 }
 
 int dm__schema_path(int row, char *buf, size_t cap) {

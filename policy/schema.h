@@ -39,6 +39,10 @@
     X(DTYPES, "dtypes", "a dtype name or kind, or a list of them", "{a: 1}")   \
     X(GLOBS, "globs", "a glob or a list of globs", "{a: 1}")                   \
     X(TAGS, "tags", "a tag or a list of tags", "{a: 1}")                       \
+    X(TAG_LIMITS, "list of tag limits", "a list of tag limits", "{a: 1}")      \
+    X(GLOB, "glob", "a glob", "[1]")                                           \
+    X(SHARE, "size or share", "a size (e.g. 8GiB) or a share of the memory "   \
+      "limit (e.g. 85%)", "[1]")                                               \
     X(HOSTPORT, "host:port", "a \"host:port\" string", "[1]")
 
 typedef enum {
@@ -87,7 +91,7 @@ typedef struct dm__schema_row {
 extern const dm__schema_row_t dm__policy_schema[DM_SK_COUNT];
 
 /* The section a row's field lives in. */
-typedef enum { DM_SECT_POLICY, DM_SECT_ARENA, DM_SECT_RULE } dm__sect_t;
+typedef enum { DM_SECT_POLICY, DM_SECT_ARENA, DM_SECT_RULE, DM_SECT_TAG_LIMIT } dm__sect_t;
 dm__sect_t dm__schema_sect(int row);
 
 /* Child row of `parent` called `key` (len bytes), or -1. */

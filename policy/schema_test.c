@@ -18,7 +18,9 @@ static dm_diags_t d;
 static char text[1 << 16];
 
 /* True for the rows whose children sit in one arena or one rule. */
-static bool is_container(int r) { return r == DM_SK_ARENAS || r == DM_SK_RULES; }
+static bool is_container(int r) {
+    return r == DM_SK_ARENAS || r == DM_SK_RULES || r == DM_SK_TAG_LIMITS;
+}
 
 /* The row's top-level ancestor. */
 static int top_of(int row) {
@@ -79,6 +81,12 @@ static void policy_with(int row, const char *value, char *out, size_t cap) {
             dm__sb_printf(&sb, "rules: [{");
             item(&sb, &sfirst, row == DM_SK_RULE_NAME ? "" : "name: r0");
             item(&sb, &sfirst, row == DM_SK_RULE_ARENA ? "" : "arena: general");
+            item(&sb, &sfirst, in);
+            dm__sb_printf(&sb, "}]");
+        } else if (ROW(r)->parent == DM_SK_TAG_LIMITS) {
+            dm__sb_printf(&sb, "tag_limits: [{");
+            item(&sb, &sfirst, row == DM_SK_TAG_LIMIT_TAG ? "" : "tag: \"t*\"");
+            item(&sb, &sfirst, row == DM_SK_TAG_LIMIT_LIMIT ? "" : "limit: 1MiB");
             item(&sb, &sfirst, in);
             dm__sb_printf(&sb, "}]");
         } else {
@@ -142,6 +150,8 @@ static const char *section(const dm_policy_t *p, int row) {
         return (const char *)&p->arenas[0];
     case DM_SECT_RULE:
         return (const char *)&p->rules[0];
+    case DM_SECT_TAG_LIMIT:
+        return (const char *)&p->tag_limits[0];
     default:
         return (const char *)p;
     }

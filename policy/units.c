@@ -72,6 +72,43 @@ int dm_parse_size(const char *s, size_t *out) {
     return 0;
 }
 
+int dm_parse_share(const char *s, uint64_t *bytes, unsigned *permille) {
+    *bytes = 0;
+    *permille = 0;
+    if (!*s)
+        return 0;
+    size_t len = strlen(s);
+    if (s[len - 1] != '%') {
+        size_t v;
+        int rc = dm_parse_size(s, &v);
+        if (rc == 0 && v == 0)
+            return DM_EINVALID; /* 0 bytes would refuse everything: "" is none */
+        *bytes = v;
+        return rc;
+    }
+    /* "N%" or "N.D%": whole per-mille, 0.1% .. 100% */
+    unsigned whole = 0, tenth = 0;
+    const char *q = s;
+    int nd = 0;
+    for (; *q >= '0' && *q <= '9' && nd < 4; q++, nd++)
+        whole = whole * 10 + (unsigned)(*q - '0');
+    if (nd == 0)
+        return DM_EINVALID;
+    if (*q == '.') {
+        q++;
+        if (*q < '0' || *q > '9')
+            return DM_EINVALID;
+        tenth = (unsigned)(*q++ - '0');
+    }
+    if (*q != '%' || q[1] != '\0')
+        return DM_EINVALID;
+    unsigned pm = whole * 10 + tenth;
+    if (pm == 0 || pm > 1000)
+        return DM_ERANGE;
+    *permille = pm;
+    return 0;
+}
+
 /* Fraction digits after '.' as thousandths; -1 unless they are whole ones. */
 static int64_t read_millis_fraction(const char **s) {
     int64_t ms = 0;

@@ -55,6 +55,45 @@ static void test_sizes(void) {
     }
 }
 
+/* worker_limit: a size, or a share in per-mille (0.1% .. 100%). */
+static void test_shares(void) {
+    static const struct {
+        const char *s;
+        int rc;
+        uint64_t bytes;
+        unsigned permille;
+    } cases[] = {
+        {"", 0, 0, 0},
+        {"85%", 0, 0, 850},
+        {"92.5%", 0, 0, 925},
+        {"100%", 0, 0, 1000},
+        {"0.1%", 0, 0, 1},
+        {"8GiB", 0, 8ull << 30, 0},
+        {"4096", 0, 4096, 0},
+        {"0%", DM_ERANGE, 0, 0},
+        {"100.1%", DM_ERANGE, 0, 0},
+        {"150%", DM_ERANGE, 0, 0},
+        {"0", DM_EINVALID, 0, 0},
+        {"%", DM_EINVALID, 0, 0},
+        {"85 %", DM_EINVALID, 0, 0},
+        {"8.%", DM_EINVALID, 0, 0},
+        {"1.25%", DM_EINVALID, 0, 0},
+        {"-5%", DM_EINVALID, 0, 0},
+        {"12345%", DM_EINVALID, 0, 0},
+        {"lots", DM_EINVALID, 0, 0},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        uint64_t b = 7;
+        unsigned pm = 7;
+        int rc = dm_parse_share(cases[i].s, &b, &pm);
+        EXPECT_INT_EQ(rc, cases[i].rc, cases[i].s);
+        if (rc == 0) {
+            EXPECT_UINT_EQ(b, cases[i].bytes, cases[i].s);
+            EXPECT_UINT_EQ(pm, cases[i].permille, cases[i].s);
+        }
+    }
+}
+
 static void test_durations(void) {
     static const struct {
         const char *s;
@@ -241,6 +280,7 @@ int main(void) {
     test_globs();
     test_words();
     test_dtypes();
+    test_shares();
     test_text();
     test_sbuf();
     return TEST_EXIT();

@@ -950,6 +950,45 @@ fail:
     return NULL;
 }
 
+static PyObject *u64_or_none(uint64_t v) {
+    return v == UINT64_MAX ? Py_NewRef(Py_None) : PyLong_FromUnsignedLongLong(v);
+}
+
+/* stats()["tags"] (biggest live first) and stats()["tag_bytes"]. */
+static int set_tags(PyObject *d, const dm_stats_t *s) {
+    PyObject *tags = PyDict_New(), *tb = PyDict_New();
+    if (!tags || !tb)
+        goto fail;
+    for (int i = 0; i < s->ntags; i++) {
+        const dm_tag_stats_t *t = &s->tags[i];
+        PyObject *r = PyDict_New();
+        if (!r || PyDict_SetItemString(tags, t->name, r) < 0) {
+            Py_XDECREF(r);
+            goto fail;
+        }
+        Py_DECREF(r);
+        SET_U64(r, "live", t->live);
+        SET_U64(r, "peak", t->peak);
+        SET_OBJ(r, "limit", u64_or_none(t->limit));
+        SET_U64(r, "refused", t->refused);
+    }
+    SET_OBJ(tb, "on", PyBool_FromLong(s->tally_on));
+    SET_U64(tb, "live", s->tally_live);
+    SET_U64(tb, "peak", s->tally_peak);
+    SET_OBJ(tb, "worker_limit", u64_or_none(s->worker_limit));
+    SET_OBJ(tb, "worker_limit_source", PyUnicode_FromString(s->worker_limit_source));
+    SET_U64(tb, "worker_refused", s->worker_refused);
+    SET_OBJ(d, "tags", Py_NewRef(tags));
+    SET_OBJ(d, "tag_bytes", Py_NewRef(tb));
+    Py_DECREF(tags);
+    Py_DECREF(tb);
+    return 0;
+fail:
+    Py_XDECREF(tags);
+    Py_XDECREF(tb);
+    return -1;
+}
+
 static PyObject *py_stats(PyObject *self, PyObject *unused) {
     dm_stats_t *s = PyMem_RawMalloc(sizeof(*s));
     if (!s)
@@ -1005,6 +1044,8 @@ static PyObject *py_stats(PyObject *self, PyObject *unused) {
     dm_watch_counts(&wr, &ws);
     SET_U64(d, "watch_reloads", wr);
     SET_U64(d, "watch_unchanged", ws);
+    if (set_tags(d, s) < 0)
+        goto fail;
     Py_DECREF(arenas);
     Py_DECREF(rules);
     dm_stats_release(s);
@@ -1226,11 +1267,31 @@ static PyObject *py_last_failure(PyObject *self, PyObject *unused) {
     dm_runtime_last_failure(&f);
     if (!f.seq)
         Py_RETURN_NONE;
-    return Py_BuildValue("{s:s,s:s,s:K,s:K,s:K,s:O,s:K}", "arena", f.arena, "rule", f.rule,
+    static const char *const kinds[] = {"arena", "tag", "worker"};
+    const char *kind = f.kind >= 0 && f.kind <= DM_REFUSED_WORKER ? kinds[f.kind] : "arena";
+    return Py_BuildValue("{s:s,s:s,s:s,s:s,s:K,s:K,s:K,s:O,s:K}", "kind", kind, "tag", f.tag,
+                         "arena", f.arena, "rule", f.rule,
                          "request", (unsigned long long)f.request, "limit",
                          (unsigned long long)f.limit, "live", (unsigned long long)f.live,
                          "fallback_tried", f.fallback_tried ? Py_True : Py_False, "count",
                          (unsigned long long)f.seq);
+}
+
+/* refusals(tag or None) -> (count, request, limit, live) of the tag's (the
+ * worker limit's) refusals so far and the last one, or None (never counted) */
+static PyObject *py_refusals(PyObject *self, PyObject *arg) {
+    const char *name = NULL;
+    if (arg != Py_None && !(name = PyUnicode_AsUTF8(arg)))
+        return NULL;
+    dm_refusals_t r;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = dm_runtime_refusals(name, &r);
+    Py_END_ALLOW_THREADS
+    if (rc)
+        Py_RETURN_NONE;
+    return Py_BuildValue("(KKKK)", (unsigned long long)r.count, (unsigned long long)r.request,
+                         (unsigned long long)r.limit, (unsigned long long)r.live);
 }
 
 /* site_rules_active() -> whether the handler looks up call sites */
@@ -1395,6 +1456,7 @@ static PyObject *py_profile_info(PyObject *self, PyObject *unused) {
 }
 
 static PyMethodDef methods[] = {
+    {"refusals", py_refusals, METH_O, "refusals(tag or None) -> (count, request, limit, live) or None"},
     {"last_failure", py_last_failure, METH_NOARGS, "last_failure() -> the thread's last limit refusal, or None"},
     {"site_rules_active", py_site_rules_active, METH_NOARGS, "whether call-site rules are in force"},
     {"set_threads_not_covered", py_set_threads_not_covered, METH_O, "set_threads_not_covered(names)"},

@@ -119,8 +119,8 @@ static bool region_grow(je_arena_t *ja, size_t need) {
 
 /* Memory jemalloc asks for while it creates an arena (its metadata): mapped
  * on its own, outside every segment, so an arena costs no address space until
- * it serves an array (a policy with several arenas used to need 1 GiB each at
- * start-up: `prlimit --as=5GiB` refused demo.yaml). No array is ever there. */
+ * it serves an array (with a 1 GiB segment per arena at creation, demo.yaml
+ * would not start under `prlimit --as=5GiB`). No array is ever there. */
 static void *meta_alloc(size_t size, size_t alignment) {
     char *p = dm__os_reserve(align_up(size, dm__os_page_size()), alignment);
     if (p && dm__os_commit(p, size) != 0)
@@ -466,7 +466,7 @@ static je_arena_t *je_get(je_arena_t *_Atomic *p) {
  * The cost is address space: each half reserves its own 1 GiB segments. Under
  * an address-space limit (RLIMIT_AS, what HPC schedulers set) that is what
  * runs out first, so there no big half is made and one jemalloc arena serves
- * every size, as before. */
+ * every size. */
 static void ensure_big_half(dm_arena_t *a, je_arena_t *ja, const dm_arena_spec_t *spec) {
     if (je_get(&ja->big) || spec->hugepages != DM_THP_SYSTEM || dm__os_as_limit())
         return;
@@ -682,9 +682,9 @@ static uint64_t stat_u64(unsigned idx, const char *leaf) {
  * sizes that vary they pile up and the resident set grows far past the live
  * data (1.42x-1.71x NumPy's default peak RSS on bench/'s mixed run). So after
  * such an allocation, if the arena holds more dirty pages than its budget
- * (decay.budget) plus 1/64 of its active pages, it purges them at once. (The
- * slack was 1/16: sklearn_pipeline then peaked 28 MB, 1.05x, over NumPy's
- * default, with 1/64 at 1.007x and the same faults on every real job.) In a
+ * (decay.budget) plus 1/64 of its active pages, it purges them at once. (A
+ * slack of 1/16 lets sklearn_pipeline peak 28 MB, 1.05x, over NumPy's default;
+ * 1/64 holds it at 1.007x with the same faults on every real job.) In a
  * steady loop nothing grows and nothing is purged. Nor below the peak: a
  * purge only lowers the peak RSS when datamem's footprint (active + dirty
  * bytes over all its arenas) passes the highest it has been, so growth below

@@ -7,28 +7,29 @@
  *     array of 4 MiB or more (unless NUMPY_MADVISE_HUGEPAGE=0 or
  *     np._core.multiarray._set_madvise_hugepage(False)); with the kernel's THP
  *     mode at `madvise` (Debian's default) only advised memory gets hugepages.
- *     An arena left at `hugepages: system` lost that: 0 MB of AnonHugePages
- *     where NumPy had 284 MB, a random gather over 2 GiB 1.37x slower. Now a
- *     block of >= 4 MiB from such an arena gets the advice while NumPy's own
- *     setting is on (the Python layer reads it at install). Only whole 2 MiB
- *     frames are advised (a partial frame cannot be a hugepage anyway), so
+ *     An arena left at `hugepages: system` without that advice gets 0 MB of
+ *     AnonHugePages where NumPy has 284 MB, and a random gather over 2 GiB runs
+ *     1.37x slower. So a block of >= 4 MiB from such an arena gets the advice
+ *     while NumPy's own setting is on (the Python layer reads it at install).
+ *     Only whole 2 MiB frames are advised (a partial frame cannot be a
+ *     hugepage anyway), so
  *     mappings split less than NumPy's per-array advice splits them, and each
  *     frame once: a bitmap of advised frames makes a reused block cost a few
  *     loads instead of a system call (np.empty(4 MiB) create/destroy stays
  *     ~0.4 us). The advice is never taken back (an arena's memory stays its
  *     own), as NumPy's stays on a heap it reuses. Such blocks are allocated
- *     2 MiB-aligned (dm__big_flags): page-aligned, a 23 MB block lost up to
+ *     2 MiB-aligned (dm__big_flags): page-aligned, a 23 MB block loses up to
  *     two frames at its ends to 4 KiB pages, and NumPy's heap, whose advised
- *     neighbours merge into one hugepage mapping, did not (pandas_etl: 39.6k
- *     faults, 29.6k aligned, the default 21.3k). jemalloc's size classes from
- *     8 MiB are multiples of 2 MiB, so the padding is the split-off lead of
- *     an extent, which serves the next request. `on` / `off` advise or
- *     forbid whole extents as before (arena.c, place()).
+ *     neighbours merge into one hugepage mapping, does not (pandas_etl: 39.6k
+ *     faults page-aligned, 29.6k aligned, the default 21.3k). jemalloc's
+ *     size classes from 8 MiB are multiples of 2 MiB, so the padding is the
+ *     split-off lead of an extent, which serves the next request. `on` / `off`
+ *     advise or forbid whole extents instead (arena.c, place()).
  *   - Zeroing. jemalloc clears a reused block for calloc with memset (our
  *     extent hooks make it so: its default purge-and-refault is 18-45x slower
  *     for np.zeros + use up to 16 MiB). But NumPy's default gets fresh pages
  *     from the kernel for every block of 32 MiB or more (glibc maps them), so
- *     an np.zeros(64 MiB) that is only partly used cost it 13 us where a
+ *     an np.zeros(64 MiB) that is only partly used costs it 13 us where a
  *     memset costs 8 ms. From 32 MiB the block's pages are given back
  *     instead (MADV_DONTNEED) and the kernel supplies zero pages on first
  *     touch, as it does for the default: a used block pays the same faults as
@@ -37,7 +38,8 @@
  *     that is not; the last array used the whole block): then clearing in
  *     place writes what the kernel's zero-fill would write and saves the
  *     faults and the freeing and re-allocating of the pages (np.zeros + touch
- *     at 64 MiB: 1.11x -> 0.19x the default; untouched, 0.16x -> 0.35x).
+ *     at 64 MiB: 0.19x the default, against 1.11x when such a block is given
+ *     back too; untouched, 0.35x against 0.16x).
  *     Below 32 MiB glibc clears reused heap memory too, and memset stays.
  *   - Reuse. A loop of big temporaries (`d = a * b + c` at 64 MiB in two
  *     threads) frees and allocates blocks of one size over and over. jemalloc
@@ -46,8 +48,8 @@
  *     iteration where the target is none. So the last few freed blocks of
  *     4 MiB or more (DM_REUSE_MAX, 1 GiB in all, per jemalloc arena) stay out
  *     of jemalloc, still allocated, and the next allocation of their size
- *     class and alignment takes one back without a jemalloc call. Peak RSS is
- *     what it was: a kept block is memory jemalloc would have kept as dirty
+ *     class and alignment takes one back without a jemalloc call. Peak RSS
+ *     does not grow: a kept block is memory jemalloc would have kept as dirty
  *     pages, and an allocation that finds no block of its size first hands
  *     every kept block back, so jemalloc can split or merge them and the
  *     growth purge (arena.c) sees them. A block waits at most the arena's

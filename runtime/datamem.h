@@ -102,15 +102,32 @@ DM_API bool dm_runtime_wants_dtype(void);
 /* The calling thread's last allocation refused by an arena's `limit` (the
  * fast path returns NULL and NumPy raises MemoryError; this says why).
  * `seq` counts refusals on this thread: 0 = none yet. */
+typedef enum {
+    DM_REFUSED_ARENA = 0, /* the arena's `limit` */
+    DM_REFUSED_TAG,       /* a tag's limit (`tag_limits`) */
+    DM_REFUSED_WORKER     /* `worker_limit` */
+} dm_refusal_t;
 typedef struct dm_failure {
     uint64_t seq;
+    int kind;                 /* dm_refusal_t */
+    char tag[DM_NAME_MAX];    /* DM_REFUSED_TAG: the tag at its limit */
     char arena[DM_NAME_MAX];
     char rule[DM_NAME_MAX];   /* "default" when no rule matched */
     uint64_t request;         /* bytes asked for */
-    uint64_t limit, live;     /* the arena's limit and live bytes at the refusal */
+    uint64_t limit, live;     /* the arena's (tag's, worker's) limit and live bytes
+                                 at the refusal */
     bool fallback_tried;      /* `fallback` was tried and had no room either */
 } dm_failure_t;
 DM_API void dm_runtime_last_failure(dm_failure_t *out);
+
+/* Refusals by one tag's limit (name) or by the worker limit (name NULL), for
+ * any thread to explain a MemoryError another thread raised: how many so far,
+ * and the last one's request, limit and live bytes. DM_ENOENT when the tag
+ * was never counted. Takes the runtime mutex: not for allocation paths. */
+typedef struct dm_refusals {
+    uint64_t count, request, limit, live;
+} dm_refusals_t;
+DM_API int dm_runtime_refusals(const char *name, dm_refusals_t *out);
 
 /* Where the CUDA runtime is (`pinned: cuda`), e.g. from DATAMEM_CUDART; NULL or
  * "" tries libcudart.so and its usual versions. Takes effect at the next
@@ -172,6 +189,15 @@ typedef struct dm_rule_stats {
     dm_counts_t counts;
 } dm_rule_stats_t;
 
+/* Live and peak bytes of the arrays made under one tag (tally.c). A block
+ * made in a context with several tags counts under each. */
+typedef struct dm_tag_stats {
+    char name[DM_NAME_MAX];   /* "(untagged)": blocks made with no tag */
+    uint64_t live, peak;      /* usable bytes */
+    uint64_t limit;           /* tag_limits; UINT64_MAX = none */
+    uint64_t refused;         /* allocations its limit refused */
+} dm_tag_stats_t;
+
 typedef struct dm_stats {
     int narenas;
     dm_arena_stats_t arenas[DM_STATS_ARENAS_MAX];
@@ -189,6 +215,14 @@ typedef struct dm_stats {
                                  retired ones a thread has not let go of yet */
     bool last_reload_failed;  /* the last load attempt failed (last good policy kept) */
     double snapshot_time;     /* unix seconds when the snapshot was taken */
+    /* Bytes per tag (tag_bytes, tag_limits, worker_limit; DATAMEM_TAG_BYTES=1). */
+    bool tally_on;
+    uint64_t tally_live, tally_peak;  /* all counted blocks */
+    uint64_t worker_limit;            /* UINT64_MAX = none */
+    uint64_t worker_refused;
+    char worker_limit_source[16];     /* "", "policy", "env", "cgroup", "ram" */
+    int ntags;
+    dm_tag_stats_t *tags;             /* malloc'ed by dm_stats_snapshot */
 } dm_stats_t;
 
 /* Fills `out` (caller frees out->rules with dm_stats_release). */

@@ -161,6 +161,8 @@ typedef struct rt_table {
     rt_view_entry_t *views;      /* guarded by the runtime mutex */
     dm_arena_ctrs_t *rule_ctrs;  /* per slot, folded from threads that moved on
                                     (nfree unused); guarded by dm__mu */
+    bool tally;                  /* bytes are counted per tag (tally.c): every
+                                    allocation takes alloc_tallied */
 } rt_table_t;
 
 #define DM_FC_SLOTS 8                      /* most blocks per class and thread */
@@ -217,6 +219,9 @@ struct dm_ctx {
     struct dm_ctx *next;
     int ntags;
     char **tags;                 /* sorted, unique */
+    uint16_t id;                 /* tally.c: its index, in the shadow as id + 1 */
+    int ntally;
+    uint16_t *tally;             /* its tags' tally registry ids (root: "(untagged)") */
 };
 
 /* arena.c */

@@ -15,6 +15,7 @@
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
@@ -102,6 +103,63 @@ void dm__os_release(void *p, size_t n) { munmap(p, n); }
 int dm__os_commit(void *p, size_t n) {
     void *q = mmap(p, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
     return q == p ? 0 : -errno;
+}
+
+void *dm__os_map_sparse(size_t size) {
+    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+/* Reads a small text file whole (at most cap - 1 bytes, NUL-terminated). */
+static bool read_small(const char *path, char *buf, size_t cap) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+    if (fd < 0)
+        return false;
+    ssize_t n = read(fd, buf, cap - 1);
+    close(fd);
+    if (n <= 0)
+        return false;
+    buf[n] = 0;
+    return true;
+}
+
+static uint64_t cgroup_memory_max(void) {
+    char cg[512], path[640], val[64];
+    if (!read_small("/proc/self/cgroup", cg, sizeof(cg)))
+        return 0;
+    /* cgroup v2: the line "0::/path" */
+    char *line = strstr(cg, "0::");
+    if (!line || (line != cg && line[-1] != '\n'))
+        return 0;
+    line += 3;
+    line[strcspn(line, "\n")] = 0;
+    if (strstr(line, "..")) /* never leave /sys/fs/cgroup */
+        return 0;
+    snprintf(path, sizeof(path), "/sys/fs/cgroup%s%smemory.max", line,
+             line[strlen(line) - 1] == '/' ? "" : "/");
+    if (!read_small(path, val, sizeof(val)) || strncmp(val, "max", 3) == 0)
+        return 0;
+    char *end;
+    unsigned long long v = strtoull(val, &end, 10);
+    return end != val ? (uint64_t)v : 0;
+}
+
+uint64_t dm__os_memory_limit(char *source, size_t cap) {
+    const char *env = getenv("DATAMEM_MEMORY_LIMIT");
+    size_t v;
+    if (env && *env && dm_parse_size(env, &v) == 0 && v > 0) {
+        snprintf(source, cap, "env");
+        return v;
+    }
+    uint64_t cg = cgroup_memory_max();
+    if (cg) {
+        snprintf(source, cap, "cgroup");
+        return cg;
+    }
+    long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    snprintf(source, cap, "ram");
+    return pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz : 0;
 }
 
 uint64_t dm__os_as_limit(void) {

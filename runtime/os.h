@@ -21,6 +21,16 @@ void *dm__os_reserve(size_t size, size_t align);
 int dm__os_commit(void *p, size_t n);
 /* Gives reserved address space back. */
 void dm__os_release(void *p, size_t n);
+/* `size` bytes of zeroed, readable and writable memory that takes no commit
+ * charge (MAP_NORESERVE): pages appear as they are first written. For sparse
+ * tables (tally.c's shadow). NULL on failure. */
+void *dm__os_map_sparse(size_t size);
+/* The process's memory limit in bytes and where it came from (`source`: "env",
+ * "cgroup" or "ram"): DATAMEM_MEMORY_LIMIT (bytes, or a size such as 4GiB),
+ * else the cgroup v2 memory.max of this process's cgroup (unless "max"), else
+ * physical memory. 0 when none can be read. Reads files: never on an
+ * allocation path. */
+uint64_t dm__os_memory_limit(char *source, size_t cap);
 /* RLIMIT_AS in bytes, 0 when unlimited. */
 uint64_t dm__os_as_limit(void);
 /* mlock / munlock: 0 or -errno. */

@@ -30,6 +30,7 @@
 
 #include "runtime/bigblock.h"
 #include "runtime/internal.h"
+#include "runtime/tally.h"
 #include "runtime/os.h"
 
 /* jemalloc is not instrumented, so ThreadSanitizer cannot see that a block freed
@@ -308,6 +309,12 @@ static inline unsigned tcache_flags(dm_tls_t *t, je_arena_t *ja) {
 
 const dm_ctx_t *dm_ctx_root(void) { return &root_ctx; }
 
+/* The root context is tally.c's context 0. Under dm__mu. */
+static void root_tally_init(void) {
+    if (!root_ctx.tally)
+        (void)dm__tally_ctx_init(&root_ctx, true);
+}
+
 static int cmp_str(const void *a, const void *b) {
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
@@ -328,6 +335,7 @@ const dm_ctx_t *dm_ctx_with_tag(const dm_ctx_t *base, const char *tag) {
     qsort(want, (size_t)n, sizeof(want[0]), cmp_str);
 
     pthread_mutex_lock(&dm__mu);
+    root_tally_init();
     struct dm_ctx *c;
     for (c = contexts; c; c = c->next) {
         if (c->ntags != n)
@@ -340,12 +348,21 @@ const dm_ctx_t *dm_ctx_with_tag(const dm_ctx_t *base, const char *tag) {
     }
     if (!c && ncontexts < DM_CTX_MAX && (c = calloc(1, sizeof(*c)))) {
         c->tags = calloc((size_t)n, sizeof(char *));
-        for (int i = 0; c->tags && i < n; i++)
-            c->tags[i] = strdup(want[i]);
+        bool ok = c->tags != NULL;
+        for (int i = 0; ok && i < n; i++)
+            ok = (c->tags[i] = strdup(want[i])) != NULL;
         c->ntags = n;
-        c->next = contexts;
-        contexts = c;
-        ncontexts++;
+        if (ok && dm__tally_ctx_init(c, false)) {
+            c->next = contexts;
+            contexts = c;
+            ncontexts++;
+        } else {
+            for (int i = 0; c->tags && i < n; i++)
+                free(c->tags[i]);
+            free(c->tags);
+            free(c);
+            c = NULL;
+        }
     }
     pthread_mutex_unlock(&dm__mu);
     return c;
@@ -514,8 +531,9 @@ out:
 /* ---- the fast path -------------------------------------------------------- */
 
 /* The calling thread's state. We are dlopen'ed, so `tls` is global-dynamic and
- * every &tls is a __tls_get_addr call; GCC rematerializes it after each call
- * rather than keep it in a register (5 calls per malloc+free, 55 instructions;
+ * every &tls is a call (a TLS descriptor here, -mtls-dialect=gnu2; otherwise
+ * __tls_get_addr); GCC rematerializes it after each call rather than keep it in
+ * a register (with __tls_get_addr: 5 calls per malloc+free, 55 instructions;
  * bench/callgrind.sh). The empty asm hides where the pointer came from, so it is
  * computed once per entry point and passed down. */
 static inline dm_tls_t *tls_self(void) {
@@ -613,6 +631,8 @@ static bool live_reserve(dm_tls_t *t, dm_arena_t *a, size_t usable, size_t reque
             return true;
     dm_failure_t *f = &t->last_failure;
     f->seq++;
+    f->kind = DM_REFUSED_ARENA;
+    f->tag[0] = 0;
     memcpy(f->arena, a->name, sizeof(f->arena));
     f->rule[0] = 0;
     f->request = request;
@@ -660,6 +680,20 @@ static __attribute__((noinline)) void *slot_alloc_tracked(dm_tls_t *t, const rt_
  * limit and request it was: at most one line a second (a job that catches
  * MemoryError in a loop is not flooded), with the number not shown. Failure
  * path only; datamem.last_failure() gives the same for the calling thread. */
+/* "8 bytes", "1.5 KiB", "64.0 MiB", "2.0 GiB" */
+static void fmt_bytes(char *buf, size_t cap, uint64_t v) {
+    static const char *const units[] = {"KiB", "MiB", "GiB", "TiB"};
+    if (v < 1024) {
+        snprintf(buf, cap, "%llu bytes", (unsigned long long)v);
+        return;
+    }
+    double x = (double)v / 1024.0;
+    int u = 0;
+    while (x >= 1024.0 && u < 3)
+        x /= 1024.0, u++;
+    snprintf(buf, cap, "%.1f %s", x, units[u]);
+}
+
 static void limit_log(const dm_failure_t *f) {
     static _Atomic int64_t last_s;
     static _Atomic uint64_t quiet;
@@ -677,11 +711,20 @@ static void limit_log(const dm_failure_t *f) {
     if (more)
         snprintf(more_text, sizeof(more_text), " (%llu more refusals not shown)",
                  (unsigned long long)more);
-    dm__log("datamem: MemoryError: arena '%s' (rule '%s') is at its limit of %.1f MiB with "
-            "%.1f MiB live: a request of %.1f MiB was refused%s%s",
-            f->arena, f->rule, (double)f->limit / 1048576.0, (double)f->live / 1048576.0,
-            (double)f->request / 1048576.0,
-            f->fallback_tried ? "; the fallback arena had no room either" : "", more_text);
+    char lim[32], live[32], req[32];
+    fmt_bytes(lim, sizeof(lim), f->limit);
+    fmt_bytes(live, sizeof(live), f->live);
+    fmt_bytes(req, sizeof(req), f->request);
+    if (f->kind == DM_REFUSED_TAG)
+        dm__log("datamem: MemoryError: tag '%s' is at its limit of %s with %s live: a "
+                "request of %s was refused%s", f->tag, lim, live, req, more_text);
+    else if (f->kind == DM_REFUSED_WORKER)
+        dm__log("datamem: MemoryError: the worker limit of %s is reached with %s live: a "
+                "request of %s was refused%s", lim, live, req, more_text);
+    else
+        dm__log("datamem: MemoryError: arena '%s' (rule '%s') is at its limit of %s with %s "
+                "live: a request of %s was refused%s%s", f->arena, f->rule, lim, live, req,
+                f->fallback_tried ? "; the fallback arena had no room either" : "", more_text);
 }
 
 /* A tracked arena's block goes: its usable size leaves the arena's count. */
@@ -759,7 +802,7 @@ static void memo_fill(dm_tls_t *t, unsigned k) {
     const dm_view_t *v = t->view;
     size_t lo = k ? dm_sc_size(k - 1) + 1 : 1, hi = dm_sc_size(k);
     m->state = DM_MEMO_SLOW;
-    if (v->dt_mask != 0)
+    if (v->dt_mask != 0 || t->table->tally)
         return;
     uint32_t row = dm_view_interval(v, lo);
     if (row != dm_view_interval(v, hi))
@@ -795,12 +838,55 @@ alloc_counted(dm_tls_t *t, const rt_slot_t *s, int r, size_t size, int dt, int z
     return p;
 }
 
+/* Bytes per tag are counted (tally.c): the block's usable size is reserved
+ * against the worker limit and its context's tags, then allocated as
+ * alloc_counted does, then recorded for its free. A refusal fails the
+ * allocation (no fallback: another arena would not change the tag's bytes). */
+static __attribute__((noinline)) void *alloc_tallied(dm_tls_t *t, const dm_ctx_t *c,
+                                                     const rt_slot_t *s, int r, size_t size,
+                                                     int dt, int zero) {
+    const dm_ctx_t *cx = c ? c : &root_ctx;
+    size_t n = size ? size : 1;
+    n = (n + s->round) & ~s->round;
+    if (DM_UNLIKELY(n < size))
+        return alloc_counted(t, s, r, size, dt, zero); /* fails as it would untallied */
+    /* The usable size: jemalloc's class, from our table when no alignment
+     * flag changes it (sizeclass.h), else jemalloc's answer. */
+    bool small = s->flags == 0 && n <= DM_SC_MAX;
+    uint64_t est = small ? dm_sc_size(dm_sc_index(n)) : dmje_nallocx(n, s->flags);
+    if (DM_UNLIKELY(est == 0))
+        return alloc_counted(t, s, r, size, dt, zero);
+    if (DM_UNLIKELY(!dm__tally_reserve(cx, est, size, &t->last_failure))) {
+        DM_CTR_ADD(t->ctrs[s->arena_id].nfail, 1);
+        DM_CTR_ADD(t->rule_ctrs[r].nfail, 1);
+        DM_CTR_ADD(t->ctrs[s->arena_id].nlimit, 1);
+        DM_CTR_ADD(t->rule_ctrs[r].nlimit, 1);
+        const dm_policy_t *pol = t->table->policy;
+        snprintf(t->last_failure.rule, sizeof(t->last_failure.rule), "%s",
+                 r < pol->nrules ? pol->rules[r].name : "default");
+        snprintf(t->last_failure.arena, sizeof(t->last_failure.arena), "%s", s->arena->name);
+        limit_log(&t->last_failure);
+        return NULL;
+    }
+    void *p = alloc_counted(t, s, r, size, dt, zero);
+    if (DM_UNLIKELY(!p)) {
+        dm__tally_unreserve(cx, est);
+        return NULL;
+    }
+    /* the block's size is the one reserved unless the fallback arena served it */
+    je_arena_t *owner = dm__owner_of(p);
+    dm__tally_record(cx, p, est, small && owner && owner->owner == s->arena);
+    return p;
+}
+
 static __attribute__((noinline)) void *alloc_slow(dm_tls_t *t, const dm_ctx_t *c, size_t size,
                                                   int dt, int zero) {
     int r;
     const rt_slot_t *s = route(t, c, size, dt, &r);
     if (DM_UNLIKELY(!s))
         return NULL;
+    if (DM_UNLIKELY(t->table->tally))
+        return alloc_tallied(t, c, s, r, size, dt, zero);
     if (size - 1 < DM_SC_MAX) { /* the cached path, next time */
         unsigned k = dm_sc_index(size);
         if (t->memo[k].state == DM_MEMO_UNKNOWN)
@@ -825,6 +911,8 @@ static __attribute__((noinline)) void *alloc_site(dm_tls_t *t, const dm_ctx_t *c
         r = dm_table_site_pick(t->table->table, t->view, mask, size, dt, r);
         s = &t->table->slots[r];
     }
+    if (DM_UNLIKELY(t->table->tally))
+        return alloc_tallied(t, c, s, r, size, dt, zero);
     return alloc_counted(t, s, r, size, dt, zero);
 }
 
@@ -951,6 +1039,7 @@ static __attribute__((noinline)) void free_slow(dm_tls_t *t, void *p, _Atomic ui
     }
     DM_CTR_ADD(t->ctrs[ja->owner->id].nfree, 1);
     untrack(ja, p);
+    dm__tally_release(p);
     if (hint >= DM_BIG_THP_MIN && dm__big_keep(ja, p)) /* NumPy's size says big: maybe */
         return;
     TSAN_RELEASE();
@@ -999,12 +1088,28 @@ void dm_free_hint(void *p, size_t size_hint) { free_impl(p, size_hint); }
  * resize in place. Another arena: allocate there, copy, free here; never
  * rallocx across arenas, which would free the old block into the new arena's
  * thread cache. NumPy calls this with or without the GIL. */
+/* realloc while bytes are counted per tag: a new block in the caller's
+ * context, the bytes copied, the old block freed (its tags give its bytes
+ * back). Never in place: the block may change tags. */
+static __attribute__((noinline)) void *realloc_tallied(const dm_ctx_t *c, void *p, size_t size) {
+    void *q = dm_alloc(c, size, DM_DT_UNKNOWN);
+    if (!q)
+        return NULL; /* the old block stays valid */
+    size_t have = dmje_sallocx(p, 0);
+    memcpy(q, p, have < size ? have : size);
+    dm_free(p);
+    return q;
+}
+
 void *dm_realloc(const dm_ctx_t *c, void *p, size_t size) {
     if (!p)
         return dm_alloc(c, size, DM_DT_UNKNOWN);
     je_arena_t *old = dm__owner_of(p);
     if (DM_UNLIKELY(!old))
         return NULL;
+    rt_table_t *cur = atomic_load_explicit(&g_table, memory_order_acquire);
+    if (DM_UNLIKELY(cur && cur->tally))
+        return realloc_tallied(c, p, size);
     tag_drop(p); /* the block leaves the cached path: resized, moved or freed */
     dm_tls_t *t = tls_self();
     int r;
@@ -1196,6 +1301,9 @@ static void init_once_fn(void) {
     size_t sz = sizeof(narenas);
     dmje_mallctl("arenas.narenas", &narenas, &sz, NULL, 0);
     pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
+    pthread_mutex_lock(&dm__mu);
+    root_tally_init();
+    pthread_mutex_unlock(&dm__mu);
 }
 
 void dm_runtime_set_cudart(const char *path) {
@@ -1309,6 +1417,7 @@ int dm_runtime_install(dm_policy_t *p, dm_diags_t *d) {
     tab->fallback = p->fallback_arena;
     if (p->fallback_arena >= 0)
         slot_init(&tab->fallback_slot, byspec[p->fallback_arena], &p->arenas[p->fallback_arena]);
+    tab->tally = dm__tally_configure(p);
     rt_table_t *old = atomic_load_explicit(&g_table, memory_order_relaxed);
     tab->seq = reloads + 1;
     atomic_store_explicit(&g_table, tab, memory_order_release);
@@ -1453,13 +1562,21 @@ int dm_stats_snapshot(dm_stats_t *out) {
     out->last_reload_failed = last_reload_failed;
     out->nthreads = nthreads;
     out->ncontexts = ncontexts;
+    int trc = dm__tally_snapshot(out);
     out->tables_live = atomic_load_explicit(&tables_live, memory_order_relaxed);
     pthread_mutex_unlock(&dm__mu);
     out->foreign_frees = atomic_load_explicit(&foreign_frees, memory_order_relaxed);
+    if (trc) {
+        dm_stats_release(out);
+        return trc;
+    }
     return 0;
 }
 
 void dm_stats_release(dm_stats_t *s) {
     free(s->rules);
     s->rules = NULL;
+    free(s->tags);
+    s->tags = NULL;
+    s->ntags = 0;
 }

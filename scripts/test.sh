@@ -21,7 +21,7 @@ stage "C unit tests under ASan+UBSan"
 bazel test --config=asan //policy/... //runtime/... //service/...
 
 stage "runtime and stress tests under TSan"
-bazel test --config=tsan //runtime:runtime_test //runtime:stress_test
+bazel test --config=tsan //runtime:runtime_test //runtime:stress_test //runtime:tally_test
 
 stage "valgrind memcheck (the C tests that fit the time budget)"
 bazel test --run_under='valgrind -q --error-exitcode=9 --leak-check=full --errors-for-leak-kinds=definite' \
@@ -48,7 +48,7 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 "$venv/bin/python" -m pip install -q --disable-pip-version-check "distributed>=2023.4" \
   "ray>=2.9" "joblib>=1.3"
-"$venv/bin/python" -m pytest -q tests/python/test_engines.py
+"$venv/bin/python" -m pytest -q tests/python/test_engines.py tests/python/test_cluster_tasks.py
 
 stage "Python tests under NumPy 1.26 (same wheel)"
 venv=.venv-numpy126

@@ -3,10 +3,10 @@
  * /stats.json — served by a small HTTP/1.1 server of our own on one C thread per
  * endpoint, so it answers while Python holds the GIL (it never touches Python).
  *
- * Why our own server and not libmicrohttpd (used until issue 11): its only
- * timeout is an idle timeout, reset by every byte, so 17 clients that each send
- * one header byte every 4 s held every slot and no scrape got through; and every
- * malformed request wrote ~310 bytes to the job's stderr. What a stats endpoint
+ * Why our own server and not libmicrohttpd: its only timeout is an idle
+ * timeout, reset by every byte, so 17 clients that each send one header byte
+ * every 4 s hold every slot and no scrape gets through; and every malformed
+ * request writes ~310 bytes to the job's stderr. What a stats endpoint
  * needs is small — GET and HEAD of three paths, one response per connection —
  * and every limit below is ours to choose and test:
  *

@@ -298,6 +298,78 @@ static void process_u64(dm_buf_t *b, const char *cl, const char *name, const cha
     value_u64(&s, cl, v);
 }
 
+/* ---- bytes per tag ----------------------------------------------------------
+ * Tags can be many (one per Dask key prefix): the text and JSON show the
+ * biggest by live bytes (the snapshot comes sorted) and fold the rest into one
+ * row "(other)": live and refusals summed, peak the largest of theirs. */
+#define TAGS_TEXT_MAX 20
+#define TAGS_JSON_MAX 50
+
+static dm_tag_stats_t tags_other(const dm_stats_t *st, int shown) {
+    dm_tag_stats_t o;
+    memset(&o, 0, sizeof(o));
+    snprintf(o.name, sizeof(o.name), "(other)");
+    o.limit = UINT64_MAX;
+    for (int i = shown; i < st->ntags; i++) {
+        o.live += st->tags[i].live;
+        o.refused += st->tags[i].refused;
+        if (st->tags[i].peak > o.peak)
+            o.peak = st->tags[i].peak;
+    }
+    return o;
+}
+
+typedef struct tag_metric {
+    const char *name, *type, *help;
+    size_t off;
+} tag_metric_t;
+
+static const tag_metric_t tag_metrics[] = {
+    {"live_bytes", "gauge", "Live bytes (usable sizes) of the arrays made under the tag.",
+     offsetof(dm_tag_stats_t, live)},
+    {"peak_bytes", "gauge", "Most live bytes the tag has held.", offsetof(dm_tag_stats_t, peak)},
+    {"refusals_total", "counter", "Allocations the tag's limit refused.",
+     offsetof(dm_tag_stats_t, refused)},
+};
+
+static void tags_text(const dm_stats_t *st, const char *cl, dm_buf_t *b) {
+    if (!st->tally_on)
+        return;
+    process_u64(b, cl, "counted_live_bytes", "gauge",
+                "Live bytes of every counted array (tag_bytes): what worker_limit caps.",
+                st->tally_live);
+    process_u64(b, cl, "counted_peak_bytes", "gauge", "Most counted live bytes so far.",
+                st->tally_peak);
+    process_u64(b, cl, "worker_limit_refusals_total", "counter",
+                "Allocations the worker limit refused.", st->worker_refused);
+    if (st->worker_limit != UINT64_MAX)
+        process_u64(b, cl, "worker_limit_bytes", "gauge",
+                    "worker_limit: the most counted live bytes.", st->worker_limit);
+    int shown = st->ntags < TAGS_TEXT_MAX ? st->ntags : TAGS_TEXT_MAX;
+    dm_tag_stats_t other = tags_other(st, shown);
+    for (size_t m = 0; m < sizeof(tag_metrics) / sizeof(tag_metrics[0]); m++) {
+        const tag_metric_t *tm = &tag_metrics[m];
+        family(b, "datamem_tag_", tm->name, tm->type, tm->help);
+        for (int i = 0; i <= shown; i++) {
+            const dm_tag_stats_t *t = i < shown ? &st->tags[i] : &other;
+            if (i == shown && shown == st->ntags)
+                break;
+            sample_t s = sample_begin(b, "datamem_tag_", tm->name);
+            label(&s, "tag", t->name);
+            value_u64(&s, cl, *(const uint64_t *)((const char *)t + tm->off));
+        }
+    }
+    family(b, "datamem_", "tag_limit_bytes", "gauge",
+           "The tag's limit (tag_limits); tags without one have no sample.");
+    for (int i = 0; i < shown; i++) {
+        if (st->tags[i].limit == UINT64_MAX)
+            continue;
+        sample_t s = sample_begin(b, "datamem_", "tag_limit_bytes");
+        label(&s, "tag", st->tags[i].name);
+        value_u64(&s, cl, st->tags[i].limit);
+    }
+}
+
 void dm__metrics_text(const dm_stats_t *st, const char *cl, dm_buf_t *b) {
     char hash[17];
     snprintf(hash, sizeof(hash), "%016llx", (unsigned long long)st->policy_hash);
@@ -400,6 +472,7 @@ void dm__metrics_text(const dm_stats_t *st, const char *cl, dm_buf_t *b) {
             value_u64(&s, cl, rule_u64(&st->rules[r], rm));
         }
     }
+    tags_text(st, cl, b);
 }
 
 /* ---- JSON ------------------------------------------------------------------------ */
@@ -427,6 +500,44 @@ static void json_strv(dm_buf_t *b, int *n, const char *key, const char *v) {
 }
 
 static void metrics_http_json(const dm_http_counters_t *c, dm_buf_t *b);
+
+static void json_limit(dm_buf_t *b, int *n, const char *key, uint64_t v) {
+    json_key(b, n, key);
+    if (v == UINT64_MAX)
+        dm__buf_puts(b, "null");
+    else
+        dm__buf_printf(b, "%llu", (unsigned long long)v);
+}
+
+static void tags_json(const dm_stats_t *st, int *n, dm_buf_t *b) {
+    json_key(b, n, "tag_bytes");
+    int k = 0;
+    dm__buf_put(b, "{", 1);
+    json_bool(b, &k, "on", st->tally_on);
+    json_u64(b, &k, "live", st->tally_live);
+    json_u64(b, &k, "peak", st->tally_peak);
+    json_limit(b, &k, "worker_limit", st->worker_limit);
+    json_strv(b, &k, "worker_limit_source", st->worker_limit_source);
+    json_u64(b, &k, "worker_refused", st->worker_refused);
+    json_u64(b, &k, "ntags", (uint64_t)st->ntags);
+    dm__buf_put(b, "}", 1);
+    json_key(b, n, "tags");
+    dm__buf_put(b, "[", 1);
+    int shown = st->ntags < TAGS_JSON_MAX ? st->ntags : TAGS_JSON_MAX;
+    dm_tag_stats_t other = tags_other(st, shown);
+    for (int i = 0; i < shown || (i == shown && shown < st->ntags); i++) {
+        const dm_tag_stats_t *t = i < shown ? &st->tags[i] : &other;
+        k = 0;
+        dm__buf_puts(b, i ? ",{" : "{");
+        json_strv(b, &k, "tag", t->name);
+        json_u64(b, &k, "live", t->live);
+        json_u64(b, &k, "peak", t->peak);
+        json_limit(b, &k, "limit", t->limit);
+        json_u64(b, &k, "refused", t->refused);
+        dm__buf_put(b, "}", 1);
+    }
+    dm__buf_put(b, "]", 1);
+}
 
 void dm__metrics_json(const dm_stats_t *st, const dm_svc_stats_t *svc, dm_buf_t *b) {
     int n = 0;
@@ -499,6 +610,7 @@ void dm__metrics_json(const dm_stats_t *st, const dm_svc_stats_t *svc, dm_buf_t 
         dm__buf_put(b, "}", 1);
     }
     dm__buf_put(b, "}", 1);
+    tags_json(st, &n, b);
     if (svc) {
         json_key(b, &n, "http");
         metrics_http_json(&svc->http, b);

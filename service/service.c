@@ -2,8 +2,8 @@
  * service.c: plugs the services into the engine. Linking //service registers,
  * before main() (or when the extension is loaded), one engine observer that
  * tells the file watcher and then the stats export about every install and
- * every fork child — the order the engine used to call them in. The engine
- * itself calls no service.
+ * every fork child (the two share no state, so the order is only fixed, not
+ * needed). The engine itself calls no service.
  */
 #include "service/datamem_service.h"
 #include "service/export.h"

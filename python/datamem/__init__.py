@@ -25,7 +25,8 @@ from ._ext import PolicyError
 
 __all__ = ["install", "uninstall", "reload", "tag", "stats", "current_policy",
            "arena_of", "check", "explain", "PolicyError", "HANDLER_NAME", "__version__",
-           "metrics", "stats_url", "serve_stats", "sweep_textfiles", "last_failure"]
+           "metrics", "stats_url", "serve_stats", "sweep_textfiles", "last_failure",
+           "memory_error", "refusals"]
 
 HANDLER_NAME = _ext.HANDLER_NAME
 __version__ = _ext.VERSION
@@ -93,8 +94,8 @@ def reload(policy=None):
 
 def uninstall():
     """Restores NumPy's default allocator for the current context and for threads
-    started from now on. Arrays allocated by datamem stay valid and are freed
-    through datamem as before."""
+    started from now on. Arrays allocated by datamem stay valid and are still
+    freed through datamem."""
     with _lock:
         _ext.set_handler(None)
         _unpatch_threads()
@@ -140,8 +141,9 @@ def _publish_uncovered():
 
 
 def last_failure():
-    """Why the calling thread's last allocation failed, when an arena's `limit`
-    refused it: {"arena", "rule", "request", "limit", "live", "fallback_tried",
+    """Why the calling thread's last allocation failed, when a limit refused
+    it: {"kind" ("arena", "tag" or "worker"), "tag" (the tag at its limit, or
+    ""), "arena", "rule", "request", "limit", "live", "fallback_tried",
     "count"} (bytes; count = refusals so far on this thread), or None. NumPy's
     MemoryError text cannot carry this; datamem also logs it on stderr, at most
     once a second:
@@ -241,10 +243,93 @@ def _tagged(names):
         yield
         return
     prev = _ext.set_handler(_ext.handler(tuple(base) + names))
+    seen = _thread_refusals()
     try:
         yield
+    except MemoryError as e:
+        better = memory_error(e, since={"thread": seen})
+        if better is None:
+            raise
+        try:
+            raise better from e
+        finally:
+            better = None  # no cycle through this frame: the task's arrays go at once
     finally:
         _ext.set_handler(prev)
+
+
+# ---- MemoryError that says why ----------------------------------------------------
+# NumPy's MemoryError text is fixed ("Unable to allocate ..."). When a datamem
+# limit refused the allocation, memory_error() makes one that names the limit:
+# the calling thread's own refusal (exact), or, from another thread (a Dask
+# worker's event loop explaining its task's error), the last refusal of one of
+# the given tags or of the worker limit that happened after `since`.
+
+def _thread_refusals():
+    f = _ext.last_failure()
+    return f["count"] if f else 0
+
+
+def _mib(n):
+    """8 bytes, 1.5 KiB, 64.0 MiB (as the C side's stderr line says it)."""
+    if n < 1024:
+        return "%d bytes" % n
+    x = n / 1024.0
+    for unit in ("KiB", "MiB", "GiB"):
+        if x < 1024.0:
+            return "%.1f %s" % (x, unit)
+        x /= 1024.0
+    return "%.1f TiB" % x
+
+
+def _explain(kind, who, request, limit, live):
+    if kind == "tag":
+        what = "tag %r is at its limit of %s" % (who, _mib(limit))
+    elif kind == "worker":
+        what = "the worker limit of %s is reached" % _mib(limit)
+    else:
+        what = "arena %r is at its limit of %s" % (who, _mib(limit))
+    return ("datamem: %s (%s live): a request of %s was refused"
+            % (what, _mib(live), _mib(request)))
+
+
+def refusals(tags=()):
+    """A token for memory_error(since=...): how many refusals this thread, each
+    of `tags` and the worker limit have had so far."""
+    counts = {}
+    for name in tags:
+        r = _ext.refusals(name)
+        counts[name] = r[0] if r else 0
+    w = _ext.refusals(None)
+    return {"thread": _thread_refusals(), "tags": counts, "worker": w[0] if w else 0}
+
+
+def memory_error(exc, since=None, tags=()):
+    """A MemoryError naming the limit that refused the allocation behind `exc`
+    (the tag, arena or worker limit, the limit, the live bytes and the request),
+    or None when no datamem limit refused anything since `since` (a refusals()
+    token; None: any refusal this thread has had). Chain it: `raise
+    datamem.memory_error(e) or e from e`."""
+    if not isinstance(exc, MemoryError) or not _ext.active():
+        return None
+    since = since or {}
+    f = _ext.last_failure()
+    if f and f["count"] > since.get("thread", 0):
+        who = f["tag"] if f["kind"] == "tag" else f["arena"]
+        msg = _explain(f["kind"], who, f["request"], f["limit"], f["live"])
+    else:
+        msg = None
+        for name in list(tags) + [None]:
+            r = _ext.refusals(name)
+            before = since.get("worker", 0) if name is None else since.get("tags", {}).get(name, 0)
+            if r and r[0] > before:
+                msg = _explain("worker" if name is None else "tag", name, r[1], r[2], r[3])
+                break
+        if msg is None:
+            return None
+    err = MemoryError("%s; %s" % (msg, exc) if str(exc) else msg)
+    err.datamem = {"message": msg}
+    return err
 
 
 # ---- reload by signal, fork ---------------------------------------------------

@@ -7,6 +7,7 @@
     ...
     datamem.dask.reload(client, "policy.yaml")   # new rules on every worker, no restart
     datamem.dask.stats(client)                   # {worker address: datamem.stats()}
+    print(datamem.dask.tag_table(client))        # live / peak bytes per task tag per worker
 
 How the policy reaches a worker process. DATAMEM_CONFIG must be in a process's
 environment when the interpreter starts: the start-up hook (datamem.pth) installs
@@ -37,7 +38,26 @@ deployment needs no extra port. Worker processes started with `fork` or
 `forkserver` (distributed.worker.multiprocessing-method) do not run the start-up
 hook; dask_setup() installs the policy there itself and says that threads the
 worker started before it are not covered.
+
+Tasks (issue 25). dask_setup() also makes every task run under
+datamem.tag(<name>): the task's `datamem` annotation (tasks made, by
+collections or client.submit, inside `with dask.annotate(datamem="name"):`),
+else its key prefix as the dashboard groups it (dask.utils.key_split). The tag is set in
+the coroutine that Worker.execute runs as its own asyncio task; the worker
+hands the task to its thread pool with the coroutine's contextvars copied, and
+NumPy's handler is a ContextVar, so the arrays the task makes carry the tag in
+the pool thread. Names are made tag-safe by task_tag(). With per-tag counting
+on (the plugin sets DATAMEM_TAG_BYTES=1, and DATAMEM_MEMORY_LIMIT from the
+nanny's memory_limit for a policy's `worker_limit: 85%`), datamem.stats()
+["tags"] holds each tag's live and peak bytes, and a policy's `tag_limits`
+refuse the one task that passes its tag's limit: it fails with a MemoryError
+naming the tag, the limit and the request (datamem.memory_error, applied in
+the pool thread that allocated), and the worker and its other tasks carry on.
+Not covered: threads a task starts itself (they start with an empty context
+unless the task copies it: contextvars.copy_context().run), and tasks run by a
+process-pool executor (annotate executor=...), whose processes get no context.
 """
+import functools
 import hashlib
 import logging
 import os
@@ -46,11 +66,14 @@ import warnings
 
 import datamem
 from datamem import _files
+from datamem._tasks import task_tag, tag_rows, format_table
 from distributed.diagnostics.plugin import NannyPlugin
 
-__all__ = ["Policy", "reload", "stats", "policy_file", "PLUGIN_NAME"]
+__all__ = ["Policy", "reload", "stats", "tag_table", "tag_rows", "format_table", "task_tag", "policy_file",
+           "PLUGIN_NAME", "ANNOTATION"]
 
 PLUGIN_NAME = "datamem-policy"
+ANNOTATION = "datamem"  # dask.annotate(datamem="name"): the tag of the tasks made inside
 _PRELOAD = __name__  # "datamem.dask": run in each worker, calls dask_setup(worker)
 logger = logging.getLogger(__name__)
 
@@ -107,15 +130,20 @@ class Policy(NannyPlugin):
         self.stats_http = stats_http
         self.restart = restart
 
-    def environ(self):
-        """The variables a worker process gets (on the nanny's host)."""
-        env = {"DATAMEM_CONFIG": policy_file(self.text)}
+    def environ(self, nanny=None):
+        """The variables a worker process gets (on the nanny's host): the
+        policy, per-tag byte counting on, and the worker's memory_limit (bytes;
+        what a policy's `worker_limit: 85%` is a share of) when its nanny has one."""
+        env = {"DATAMEM_CONFIG": policy_file(self.text), "DATAMEM_TAG_BYTES": "1"}
+        limit = _memory_limit(nanny)
+        if limit:
+            env["DATAMEM_MEMORY_LIMIT"] = str(int(limit))
         if self.stats_http:
             env["DATAMEM_STATS_HTTP"] = str(self.stats_http)
         return env
 
     def setup(self, nanny):
-        env = self.environ()
+        env = self.environ(nanny)
         nanny.pre_spawn_env.update(env)
         nanny.env.update(env)
         _add_preload(nanny)
@@ -123,13 +151,26 @@ class Policy(NannyPlugin):
                     env["DATAMEM_CONFIG"])
 
     def teardown(self, nanny):
-        for key in ("DATAMEM_CONFIG", "DATAMEM_STATS_HTTP"):
+        for key in _ENV_KEYS:
             value = nanny.pre_spawn_env.pop(key, None)
             nanny.env.pop(key, None)
             if value is not None and os.environ.get(key) == value:
                 del os.environ[key]  # pre-spawn variables were copied there
         # Workers keep the policy until they restart; the preload stays (it only
         # exports metrics, and does nothing where datamem is not installed).
+
+
+def _memory_limit(nanny):
+    """The nanny's memory_limit in bytes, or None (distributed 2026.8 keeps it
+    on nanny.memory_manager; older releases on the nanny)."""
+    for owner in (getattr(nanny, "memory_manager", None), nanny):
+        limit = getattr(owner, "memory_limit", None)
+        if isinstance(limit, (int, float)) and limit > 0:
+            return int(limit)
+    return None
+
+
+_ENV_KEYS = ("DATAMEM_CONFIG", "DATAMEM_STATS_HTTP", "DATAMEM_TAG_BYTES", "DATAMEM_MEMORY_LIMIT")
 
 
 def _add_preload(nanny):
@@ -167,6 +208,101 @@ class _Collector:
 _collector = None
 
 
+def _tag_of(worker, key):
+    """The tag of task `key` on `worker`: its annotation, else its key prefix."""
+    ts = worker.state.tasks.get(key)
+    ann = getattr(ts, "annotations", None) or {}
+    name = ann.get(ANNOTATION)
+    if not name:
+        from dask.utils import key_split
+        name = key_split(key)
+    return task_tag(name)
+
+
+def _tag_tasks(worker):
+    """Wraps this worker's execute (an instance attribute that shadows the
+    method: the state machine calls self.execute) so each task runs under its
+    tag. Worker.execute runs as its own asyncio task, so the tag set here stays
+    in that task's context and reaches the executor thread through
+    run_in_executor_with_context's copy (checked with distributed 2026.8)."""
+    execute = worker.execute
+    if getattr(execute, "_datamem", False):
+        return
+
+    @functools.wraps(execute)
+    async def tagged_execute(key, *args, **kwargs):
+        try:
+            tag = _tag_of(worker, key)
+        except Exception:  # never let tagging fail a task
+            tag = None
+        if tag is None:
+            return await execute(key, *args, **kwargs)
+        with datamem.tag(tag):
+            return await execute(key, *args, **kwargs)
+
+    tagged_execute._datamem = True
+    worker.execute = tagged_execute
+
+
+def _detailed(run):
+    """Wraps distributed.worker's _run_task_simple / _run_task_async (they run
+    the task in the thread that allocates and turn its exception into the
+    message the client gets): a MemoryError caused by a datamem limit during
+    this task is replaced by datamem.memory_error(e), which names the tag or
+    arena, the limit and the request, chained to NumPy's. Built in the thread
+    that was refused, against the refusal count taken before the task (a pool
+    thread's earlier refusal never explains a later task's MemoryError); not in
+    execute, which runs on the event loop."""
+    from distributed.core import error_message
+
+    def redo(msg, since):
+        e = msg.get("actual_exception") if isinstance(msg, dict) else None
+        if msg.get("op") != "task-erred" or not isinstance(e, MemoryError) \
+                or getattr(e, "datamem", None) is not None:
+            return msg
+        try:
+            detail = datamem.memory_error(e, since=since)
+        except Exception:  # an explanation must never cost the task's own error
+            detail = None
+        if detail is None:
+            return msg
+        try:
+            raise detail.with_traceback(e.__traceback__) from e
+        except MemoryError as d:
+            new = error_message(d)
+        for k in ("status", "exception", "traceback", "exception_text", "traceback_text"):
+            if k in new:
+                msg[k] = new[k]
+        msg["actual_exception"] = detail
+        return msg
+
+    if getattr(run, "_datamem", False) or not hasattr(datamem, "memory_error"):
+        return run
+    import inspect
+    if inspect.iscoroutinefunction(run):
+        @functools.wraps(run)
+        async def wrapped(*args, **kwargs):
+            since = datamem.refusals()
+            return redo(await run(*args, **kwargs), since)
+    else:
+        @functools.wraps(run)
+        def wrapped(*args, **kwargs):
+            since = datamem.refusals()
+            return redo(run(*args, **kwargs), since)
+    wrapped._datamem = True
+    return wrapped
+
+
+def _detail_errors():
+    """Installs _detailed() on distributed.worker's task runners, once per
+    process; a distributed without them keeps NumPy's message."""
+    import distributed.worker as w
+    for name in ("_run_task_simple", "_run_task_async"):
+        run = getattr(w, name, None)
+        if callable(run):
+            setattr(w, name, _detailed(run))
+
+
 def dask_setup(worker):
     """Preload hook, run by each worker process at start."""
     global _collector
@@ -177,6 +313,9 @@ def dask_setup(worker):
         warnings.warn("datamem: worker %s installed %s after start (multiprocessing-method "
                       "is not spawn); threads it started before are not covered" %
                       (worker.address, path), RuntimeWarning)
+    if datamem.current_policy() is not None:
+        _tag_tasks(worker)
+        _detail_errors()
     try:
         import prometheus_client
     except ImportError:
@@ -237,3 +376,9 @@ def reload(client, policy=None):
 def stats(client):
     """{worker address: datamem.stats() of that worker}."""
     return client.run(datamem.stats)
+
+
+def tag_table(client):
+    """Live and peak bytes per task tag on every worker of `client`, as rows
+    (worker, tag, live, peak, limit, refused); format_table(rows) prints them."""
+    return tag_rows(stats(client))

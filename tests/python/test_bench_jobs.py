@@ -1,6 +1,6 @@
 """bench/jobs.py's summary: the columns that do not swing with the VM's page-zeroing
 cost (user time, best-of-N wall time) sit next to the medians (docs/performance.md,
-"Fourth pass")."""
+"How to read these numbers")."""
 import importlib.util
 import os
 import sys

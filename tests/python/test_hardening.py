@@ -26,7 +26,8 @@ from test_stats_export import families, get, job, job_env, samples
 def test_textfile_never_writes_through_a_planted_symlink(tmp_path):
     """Whoever can write to the textfile directory plants the old temporary name
     (<path>.tmp.<pid>) and the final name as symlinks to a file only root may
-    change: the write must replace neither target (it used to overwrite it)."""
+    change: the write must replace neither target (attack pinned: a write through
+    the link overwrites it)."""
     victim = tmp_path / "victim"
     victim.write_text("precious\n")
     os.chmod(victim, 0o600)
@@ -103,9 +104,9 @@ def _addr(url):
 
 
 def test_scrapes_succeed_while_200_slow_clients_are_connected(tmp_path):
-    """Slowloris: 200 clients each send one header byte every second (each
-    byte used to reset a 10 s idle timeout; 17 of them blocked every scrape)
-    and reconnect when dropped. Every real scrape must still be answered."""
+    """Slowloris: 200 clients each send one header byte every second (attack
+    pinned: with an idle timeout that each byte resets, 17 of them block every
+    scrape) and reconnect when dropped. Every real scrape must still be answered."""
     with job(tmp_path) as (p, info):
         addr = _addr(info["url"])
         stop = threading.Event()
@@ -320,7 +321,8 @@ def test_a_request_has_a_total_deadline(tmp_path):
 
 
 def test_bad_requests_are_counted_and_logged_at_most_once(tmp_path):
-    """2000 bad requests used to write ~620 KB to the job's stderr."""
+    """Attack pinned: logged one by one, 2000 bad requests write ~620 KB to the
+    job's stderr."""
     with job(tmp_path) as (p, info):
         addr = _addr(info["url"])
         for i in range(2000):
@@ -390,9 +392,9 @@ def test_ports_do_not_wrap(tmp_path, addr):
 # ---- sizes the machine cannot give, address-space limits ---------------------------------------
 
 def test_impossible_sizes_raise_memoryerror_at_once():
-    """np.zeros(2**45) (32 TiB) on a 24 GiB machine used to
-    succeed (MAP_NORESERVE reservations committed with mprotect were never
-    accounted) and the job was OOM-killed later; NumPy's default raises."""
+    """Bug pinned: with MAP_NORESERVE reservations committed by mprotect (never
+    accounted), np.zeros(2**45) (32 TiB) on a 24 GiB machine succeeds and the job
+    is OOM-killed later; NumPy's default raises."""
     code = r"""
 import numpy as np, datamem
 for make, n in ((np.zeros, 2**45), (np.empty, 2**40), (np.ones, 2**38)):
@@ -437,9 +439,9 @@ print(n, arena, datamem.stats()["arenas"][arena]["jemalloc_arenas"] if arena els
 @skip_under_asan
 @pytest.mark.parametrize("policy,gib", [("demo.yaml", 5), ("minimal.yaml", 2)])
 def test_jobs_start_under_an_address_space_limit(policy, gib):
-    """`prlimit --as=5GiB` (what HPC schedulers set) stopped demo.yaml at start-up
-    ("cannot create arenas: cannot create arena"): every arena reserved 1 GiB
-    when created. Now an arena costs address space only once it serves arrays."""
+    """Bug pinned: if every arena reserves 1 GiB when created, `prlimit --as=5GiB`
+    (what HPC schedulers set) stops demo.yaml at start-up ("cannot create arenas:
+    cannot create arena"). An arena costs address space only once it serves arrays."""
     e = dict(os.environ, DATAMEM_CONFIG=os.path.join(ROOT, "configs", policy))
     r = subprocess.run([sys.executable, "-c", GROW], env=e, capture_output=True, text=True,
                        timeout=120, cwd=ROOT, preexec_fn=_limited(gib))
@@ -474,8 +476,8 @@ def test_an_address_space_limit_is_mostly_usable():
 
 def test_hugepage_bytes_never_exceed_resident_bytes(write_policy):
     """Freed hugepage-backed memory purged lazily (MADV_FREE) stays resident and
-    THP-mapped until the kernel needs it, but jemalloc no longer counts it
-    resident: top showed hugepage bytes above resident bytes."""
+    THP-mapped until the kernel needs it, but jemalloc does not count it resident
+    (bug pinned: top showed hugepage bytes above resident bytes)."""
     pol = write_policy("version: 1\ndefault: big\narenas:\n"
                        "  big: {hugepages: on, alignment: 2MiB, decay: {dirty: 0ms, muzzy: never}}\n")
     code = r"""
@@ -538,7 +540,7 @@ for t in threads:
 # Thread.join() returns when Python is done with a thread, before the OS thread
 # runs its TLS destructors, where datamem hands a thread's caches back and counts
 # the thread out last: wait (bounded) until every worker is counted out, i.e. the
-# count is back to `base` (it used to stop at "> 1", with one worker still
+# count is back to `base` (waiting for "> 1" instead leaves one worker still
 # holding its caches, as the main thread is not counted: 2 failures in 8 runs).
 t_end = time.monotonic() + 30
 while (n := datamem.stats()["threads"]) != base:
@@ -565,9 +567,9 @@ print(json.dumps({"blocks": blocks, "blocks_1s_later": later,
 
 def test_reloads_under_load_hand_memory_back(write_policy):
     """4 threads allocating while reload() alternates the arena's alignment 300
-    times: with no array alive, jemalloc used to keep ~420 blocks (21-23 MiB)
-    and RSS grew from 36 to 144 MiB. Now the threads' caches of old tables go
-    back when they rebind or exit, and decay returns the pages."""
+    times. Bug pinned: if the threads' caches of old tables stay, jemalloc keeps
+    ~420 blocks (21-23 MiB) with no array alive and RSS grows from 36 to 144 MiB.
+    They go back when the threads rebind or exit, and decay returns the pages."""
     p64 = write_policy("version: 1\ndefault: general\narenas:\n  general: {alignment: 64}\n",
                        name="p64.yaml")
     p4k = write_policy("version: 1\ndefault: general\narenas:\n  general: {alignment: 4096}\n",

@@ -59,6 +59,7 @@ def write_policy(tmp_path, unix_socket=None):
     text = open(os.path.join(CONFIGS, "demo.yaml")).read().replace(
         "  ingest:\n    alignment: 64\n", "  ingest:\n    alignment: 64\n    limit: 1GiB\n")
     assert "limit: 1GiB" in text
+    text += "\ntag_limits: [{tag: ingest, limit: 64MiB}]\n"  # the page's bytes-per-tag card
     if unix_socket:
         text += "\nstats: {unix_socket: %s}\n" % json.dumps(unix_socket)
     p = tmp_path / "policy.yaml"
@@ -277,6 +278,16 @@ def test_page_in_headless_chromium(tmp_path):
         assert cells[k + "allocations"] == format(r["allocations"], ",")
         assert close_bytes(cells[k + "bytes_requested"], [s["rules"][rule]["bytes_requested"]
                                                           for s in both])
+    assert after["tag_bytes"]["on"]
+    for t in after["tags"]:
+        k = "tag:%s:" % t["tag"]
+        assert close_bytes(cells[k + "live"], [{x["tag"]: x for x in s["tags"]}[t["tag"]]["live"]
+                                               for s in both]), (t, cells[k + "live"])
+        assert close_bytes(cells[k + "peak"], [t["peak"]]), (t, cells[k + "peak"])
+        assert cells[k + "limit"] == ("-" if t["limit"] is None else cells[k + "limit"])
+    ingest = {x["tag"]: x for x in after["tags"]}["ingest"]
+    assert ingest["limit"] == 64 << 20 and ingest["live"] >= 8000, ingest
+    assert close_bytes(cells["tag:ingest:limit"], [64 << 20]), cells["tag:ingest:limit"]
     if "threads_not_covered" in after:
         assert ids["threads-not-covered-count"] == str(len(after["threads_not_covered"]))
     else:

@@ -1,5 +1,5 @@
 """Issue 11, the policy language and the command line: what a new user's first
-hour and an attack run found. Each test fails on the code before the fix."""
+hour and an attack run found. Each test fails without the check it pins."""
 import os
 import re
 import subprocess
@@ -43,7 +43,7 @@ def test_check_refuses_fifo_directory_and_device_but_follows_links(fifo, tmp_pat
     assert "error: not a regular file (a FIFO)" in r.stderr
     r = cli("check", str(tmp_path))
     assert r.returncode == 1 and "error: not a regular file (a directory)" in r.stderr
-    r = cli("check", "/dev/zero", timeout=30)  # before: read 1 MiB of zeros, then "too large"
+    r = cli("check", "/dev/zero", timeout=30)  # not read (1 MiB of zeros, then "too large")
     assert r.returncode == 1 and "error: not a regular file (a character device)" in r.stderr
     # Symbolic links are followed (no O_NOFOLLOW): the Kubernetes ConfigMap layout,
     # policy.yaml -> ..data/policy.yaml, ..data -> v1.

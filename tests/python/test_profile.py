@@ -226,8 +226,8 @@ def test_profile_writes_its_own_passthrough_policy(tmp_path):
     # Attack pinned: an existing DIR/passthrough.yaml was used as the job's
     # policy (whoever could write DIR chose it; a policy's stats.textfile then
     # overwrites any file), and the file was written with open("w") through
-    # whatever link sat at its name. Now the policy is always datamem's own text,
-    # written as a new file and renamed over the name, never through it.
+    # whatever link sat at its name. The defence: the policy is always datamem's
+    # own text, written as a new file and renamed over the name, never through it.
     out = tmp_path / "prof"
     out.mkdir(mode=0o700)
     evil = tmp_path / "evil.yaml"
@@ -393,8 +393,8 @@ def _writer(d, limit=0, victims=(), **env):
 
 def test_profile_never_writes_through_a_planted_symlink(tmp_path):
     # Attack pinned: DIR/<pid>.dmprof planted as a symbolic link to a victim file;
-    # the writer opened it with O_CREAT|O_TRUNC and overwrote the victim. Now the
-    # file is created with O_EXCL|O_NOFOLLOW and a taken name moves on.
+    # the writer opened it with O_CREAT|O_TRUNC and overwrote the victim. The
+    # defence: the file is created with O_EXCL|O_NOFOLLOW and a taken name moves on.
     d = tmp_path / "prof"
     d.mkdir(mode=0o700)
     victims = [tmp_path / "victim", tmp_path / "victim2"]

@@ -156,7 +156,8 @@ def test_zeros_of_a_fully_used_big_block_clears_it_in_place(n):
     """Every page resident (the last array used them all): clearing in place
     costs what the kernel's zero-fill would and saves the faults and the
     freeing and re-allocating of the pages (np.zeros + touch at 64 MiB: 0.19x
-    the default, was 1.11x; docs/performance.md). RSS stays, zeros read."""
+    the default, 1.11x when the block is given back and refaulted;
+    docs/performance.md). RSS stays, zeros read."""
     out = zeros(n, 1.0)
     assert out["nonzero"] == 0, out
     assert abs(out["before"] - out["after"]) < (4 << 20), out
@@ -226,8 +227,8 @@ print(json.dumps({"purges": st["growth_purges"] - before, "dirty": st["dirty_byt
 
 def test_growth_purge_slack_is_small():
     """The growth purge leaves the arena at most 1/64 of its active bytes dirty.
-    With 1/16 (the first version) a job with ~450 MB live kept 28 MB of freed
-    pages at its peak: sklearn_pipeline 1.05x NumPy's default peak RSS."""
+    With 1/16 a job with ~450 MB live keeps 28 MB of freed pages at its peak:
+    sklearn_pipeline 1.05x NumPy's default peak RSS."""
     r = run_py(SLACK, config=MINIMAL)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout.strip().splitlines()[-1])
@@ -286,7 +287,7 @@ print(json.dumps({"faults": out["faults"], "je_allocs": je1 - je0,
 def test_big_temporaries_in_two_threads_reuse_their_blocks():
     """The temporaries of `a * b + c` at 16 MiB in two threads: after a warm-up,
     80 iterations take their blocks back from the arena's kept blocks, with no
-    jemalloc call and no block refaulted (jemalloc's time decay used to purge one
+    jemalloc call and no block refaulted (jemalloc's time decay alone purges one
     block now and then: 2.5-34 faults per iteration at 64 MiB, 100 and more over
     40 iterations; a refaulted 16 MiB block is 4096). A stray fault or two per
     thread is not a block: Python's and NumPy's own small allocations can touch

@@ -1,0 +1,65 @@
+"""Task tags for engines (issue 25), shared by datamem.dask and datamem.ray:
+the rule that turns a task's name into a tag datamem.tag() accepts, and the
+per-tag table gathered over a cluster's workers. Imports no engine."""
+import re
+
+__all__ = ["task_tag", "tag_rows", "format_table", "TABLE_COLUMNS"]
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
+TABLE_COLUMNS = ("worker", "tag", "live", "peak", "limit", "refused")
+
+
+def task_tag(name):
+    """`name` (a Dask key prefix or annotation, a Ray function or class name)
+    as a tag datamem.tag() accepts ([A-Za-z_][A-Za-z0-9_-]{0,62}): each
+    character outside [A-Za-z0-9_-] becomes "_" (a non-ASCII letter too: one
+    "_" per character), a name that does not start with a letter or "_" gets
+    "_" in front, and the result is cut to 63 characters; an empty name is "_".
+    Distinct names can meet ("a.b" and "a/b" both give "a_b"): their bytes then
+    add up under one tag."""
+    s = _UNSAFE.sub("_", str(name))
+    if not s or not (s[0].isascii() and (s[0].isalpha() or s[0] == "_")):
+        s = "_" + s
+    return s[:63]
+
+
+def tag_rows(per_worker):
+    """Rows (worker, tag, live, peak, limit, refused) from {worker: stats()},
+    biggest live first, then by worker and tag; bytes as ints, limit None when
+    the tag has none. A worker without per-tag counting gives no rows."""
+    rows = []
+    for w, s in per_worker.items():
+        tags = (s or {}).get("tags") or {}
+        for tag, t in tags.items():
+            rows.append((str(w), str(tag), int(t.get("live", 0)), int(t.get("peak", 0)),
+                         t.get("limit"), int(t.get("refused", 0))))
+    rows.sort(key=lambda r: (-r[2], -r[3], r[0], r[1]))
+    return rows
+
+
+def format_table(rows):
+    """tag_rows() as an aligned text table, then one total line per tag over
+    all workers (live and peak summed: the peaks of different workers need not
+    have been at the same time)."""
+    from datamem._stats_cli import human_bytes
+
+    def size(n):
+        return "-" if n is None else human_bytes(n)
+
+    totals = {}
+    for _, tag, live, peak, _, refused in rows:
+        t = totals.setdefault(tag, [0, 0, 0])
+        t[0] += live
+        t[1] += peak
+        t[2] += refused
+    body = [(w, tag, size(live), size(peak), size(limit), str(refused))
+            for w, tag, live, peak, limit, refused in rows]
+    body += [("(all workers)", tag, size(t[0]), size(t[1]), "", str(t[2]))
+             for tag, t in sorted(totals.items(), key=lambda kv: (-kv[1][0], kv[0]))]
+    widths = [max([len(c)] + [len(r[i]) for r in body]) for i, c in enumerate(TABLE_COLUMNS)]
+    lines = []
+    for r in [TABLE_COLUMNS] + body:
+        cells = [r[0].ljust(widths[0]), r[1].ljust(widths[1])]
+        cells += [c.rjust(widths[i + 2]) for i, c in enumerate(r[2:])]
+        lines.append("  ".join(cells).rstrip())
+    return "\n".join(lines)

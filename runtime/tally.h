@@ -1,0 +1,53 @@
+/*
+ * tally.h: live and peak bytes per context tag, tag limits and the worker
+ * limit (tally.c). Internal to the runtime.
+ */
+#ifndef DM_RUNTIME_TALLY_H
+#define DM_RUNTIME_TALLY_H
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "runtime/internal.h"
+
+#define DM_TALLY_TAGS_MAX 4096 /* distinct tags counted; later ones count as untagged */
+#define DM_TALLY_GRAIN_SHIFT 4 /* shadow entry per 16 bytes: counted blocks are >= 16
+                                  bytes and 16-aligned */
+
+/* The shadow of each 1 GiB segment that ever held a counted block: a 16-bit
+ * entry per 16 bytes, the block's context id + 1 (0: not counted). */
+extern uint16_t *_Atomic dm__tally_shadow[1u << (DM_VA_BITS - DM_SEG_SHIFT)];
+
+/* Under dm__mu, when a context is interned: gives it an id and its tags'
+ * registry ids. False when out of memory (the context is then not made). */
+bool dm__tally_ctx_init(struct dm_ctx *c, bool root);
+
+/* Under dm__mu, at install: tag limits and the worker limit from `p`.
+ * Returns whether counting is on (sticky: once on, on for the process). */
+bool dm__tally_configure(const dm_policy_t *p);
+
+/* Reserves `n` bytes for a block about to be allocated in context `c`: against
+ * the worker limit, then each of the context's tags' limits (compare-and-swap:
+ * a count never passes its limit). False on refusal, with `f` filled (kind,
+ * tag, limit, live, request) and nothing reserved. */
+bool dm__tally_reserve(const struct dm_ctx *c, uint64_t n, uint64_t request, dm_failure_t *f);
+/* Takes back a reservation whose allocation failed. */
+void dm__tally_unreserve(const struct dm_ctx *c, uint64_t n);
+/* The block `p` was allocated for reservation `n`: settles the counts to its
+ * usable size (asks jemalloc unless `exact`: n is that size) and records its
+ * context in the shadow. */
+void dm__tally_record(const struct dm_ctx *c, void *p, uint64_t n, bool exact);
+
+/* A block is released: if it was counted, its usable size leaves its tags.
+ * Call before the block goes back to jemalloc. */
+void dm__tally_release_slow(const void *p);
+static inline void dm__tally_release(const void *p) {
+    uintptr_t seg = (uintptr_t)p >> DM_SEG_SHIFT;
+    if (DM_UNLIKELY(seg < (1u << (DM_VA_BITS - DM_SEG_SHIFT)) &&
+                    atomic_load_explicit(&dm__tally_shadow[seg], memory_order_acquire)))
+        dm__tally_release_slow(p);
+}
+
+/* Stats: fills out's tag fields (caller holds dm__mu). */
+int dm__tally_snapshot(dm_stats_t *out);
+
+#endif /* DM_RUNTIME_TALLY_H */

@@ -1,0 +1,200 @@
+/*
+ * tally_test.c: bytes per tag (tally.c) through the public API: counts that
+ * return to zero wherever blocks are freed (other threads, realloc, the small
+ * sizes the block cache would otherwise serve), tag limits that refuse only
+ * their own tag, never passed by racing threads, and the worker limit.
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "runtime/datamem.h"
+#include "testing/test.h"
+
+static void load(const char *text) {
+    static dm_diags_t d;
+    char path[64];
+    snprintf(path, sizeof(path), "/tmp/dm_tally_test_%d.yaml", (int)getpid());
+    FILE *f = fopen(path, "w");
+    fputs(text, f);
+    fclose(f);
+    dm_diags_init(&d, path);
+    int rc = dm_runtime_load(path, &d);
+    if (rc) {
+        char buf[8192];
+        dm_diags_format_all(&d, buf, sizeof(buf));
+        fprintf(stderr, "load failed: %s\n%s\n", dm_strerror(rc), buf);
+        exit(1);
+    }
+    unlink(path);
+}
+
+/* The tag's row in a fresh snapshot (live, peak, limit, refused). */
+static dm_tag_stats_t tag_stats(const char *name) {
+    dm_stats_t s;
+    dm_tag_stats_t out;
+    memset(&out, 0, sizeof(out));
+    if (dm_stats_snapshot(&s) != 0)
+        return out;
+    for (int i = 0; i < s.ntags; i++)
+        if (strcmp(s.tags[i].name, name) == 0)
+            out = s.tags[i];
+    dm_stats_release(&s);
+    return out;
+}
+
+static uint64_t total_live(void) {
+    dm_stats_t s;
+    dm_stats_snapshot(&s);
+    uint64_t v = s.tally_live;
+    dm_stats_release(&s);
+    return v;
+}
+
+static const char *POLICY =
+    "version: 1\n"
+    "default: general\n"
+    "arenas:\n"
+    "  general: {}\n"
+    "tag_limits:\n"
+    "  - {tag: 'runaway*', limit: 1MiB}\n"
+    "  - {tag: 'capped', limit: 4MiB}\n";
+
+static void test_counts_and_limits(void) {
+    const dm_ctx_t *run = dm_ctx_with_tag(NULL, "runaway-1");
+    const dm_ctx_t *calm = dm_ctx_with_tag(NULL, "calm");
+    const dm_ctx_t *both = dm_ctx_with_tag(calm, "runaway-1");
+    void *a = dm_alloc(run, 600 << 10, DM_DT_UNKNOWN);
+    EXPECT_TRUE(a != NULL, "under the limit");
+    dm_tag_stats_t t = tag_stats("runaway-1");
+    EXPECT_TRUE(t.live >= (600u << 10) && t.live <= (640u << 10), "live is the usable size");
+    EXPECT_UINT_EQ(t.limit, 1u << 20, "limit from the first matching glob");
+    void *b = dm_alloc(run, 600 << 10, DM_DT_UNKNOWN);
+    EXPECT_TRUE(b == NULL, "past the tag's limit: refused");
+    dm_failure_t f;
+    dm_runtime_last_failure(&f);
+    EXPECT_INT_EQ(f.kind, DM_REFUSED_TAG, "a tag refusal");
+    EXPECT_STR_EQ(f.tag, "runaway-1", "names the tag");
+    EXPECT_UINT_EQ(f.limit, 1u << 20, "names the limit");
+    EXPECT_UINT_EQ(f.request, 600u << 10, "names the request");
+    /* the same request in another tag, and with both tags: only the limited one refuses */
+    void *c = dm_alloc(calm, 600 << 10, DM_DT_UNKNOWN);
+    EXPECT_TRUE(c != NULL, "another tag carries on");
+    EXPECT_TRUE(dm_alloc(both, 600 << 10, DM_DT_UNKNOWN) == NULL, "every tag of a context is checked");
+    EXPECT_TRUE(tag_stats("calm").live >= (600u << 10) && tag_stats("calm").live <= (640u << 10),
+                "a refused allocation leaves no bytes in its other tags");
+    EXPECT_UINT_EQ(tag_stats("runaway-1").refused, 2, "refusals counted");
+    dm_free(a);
+    dm_free(c);
+    EXPECT_UINT_EQ(tag_stats("runaway-1").live, 0, "freed: back to zero");
+    EXPECT_TRUE(tag_stats("runaway-1").peak >= (600u << 10), "the peak stays");
+    EXPECT_UINT_EQ(tag_stats("calm").live, 0, "freed: back to zero");
+}
+
+/* Small sizes (the block cache's) and realloc: every byte comes back. */
+static void test_small_and_realloc(void) {
+    const dm_ctx_t *c = dm_ctx_with_tag(NULL, "small");
+    void *ps[1000];
+    for (int round = 0; round < 3; round++) {
+        for (int i = 0; i < 1000; i++)
+            ps[i] = dm_alloc(c, (size_t)(8 + i % 200), DM_DT_UNKNOWN);
+        EXPECT_TRUE(tag_stats("small").live >= 1000 * 16, "every small block counted");
+        for (int i = 0; i < 1000; i++)
+            dm_free_hint(ps[i], (size_t)(8 + i % 200));
+        EXPECT_UINT_EQ(tag_stats("small").live, 0, "small blocks: back to zero");
+    }
+    const dm_ctx_t *other = dm_ctx_with_tag(NULL, "grown");
+    void *p = dm_alloc(c, 100, DM_DT_UNKNOWN);
+    memset(p, 7, 100);
+    void *q = dm_realloc(other, p, 5 << 20);
+    EXPECT_TRUE(q && ((unsigned char *)q)[99] == 7, "realloc keeps the bytes");
+    EXPECT_UINT_EQ(tag_stats("small").live, 0, "realloc: the old block left its tag");
+    EXPECT_TRUE(tag_stats("grown").live >= (5u << 20), "realloc: the new block is the caller's tag's");
+    dm_free(q);
+    EXPECT_UINT_EQ(tag_stats("grown").live, 0, "freed");
+}
+
+/* Threads race one limited tag; others free blocks they did not allocate. */
+#define NTHREADS 4
+static const dm_ctx_t *capped;
+static _Atomic(void *) handoff[NTHREADS][64];
+static _Atomic int refused;
+
+static void *racer(void *arg) {
+    int me = (int)(intptr_t)arg;
+    for (int round = 0; round < 50; round++) {
+        for (int i = 0; i < 64; i++) {
+            void *p = dm_alloc(capped, 64 << 10, DM_DT_UNKNOWN);
+            if (!p)
+                atomic_fetch_add(&refused, 1);
+            /* hand it to the next thread, free what the previous one left */
+            void *old = atomic_exchange(&handoff[(me + 1) % NTHREADS][i], p);
+            if (old)
+                dm_free(old);
+        }
+    }
+    return NULL;
+}
+
+static void test_racing_threads(void) {
+    capped = dm_ctx_with_tag(NULL, "capped");
+    pthread_t th[NTHREADS];
+    for (int i = 0; i < NTHREADS; i++)
+        pthread_create(&th[i], NULL, racer, (void *)(intptr_t)i);
+    for (int i = 0; i < NTHREADS; i++)
+        pthread_join(th[i], NULL);
+    dm_tag_stats_t t = tag_stats("capped");
+    EXPECT_TRUE(t.peak <= (4u << 20), "the limit is never passed by racing threads");
+    EXPECT_TRUE(atomic_load(&refused) > 0, "and it did refuse");
+    for (int i = 0; i < NTHREADS; i++)
+        for (int k = 0; k < 64; k++) {
+            void *p = atomic_exchange(&handoff[i][k], NULL);
+            if (p)
+                dm_free(p);
+        }
+    EXPECT_UINT_EQ(tag_stats("capped").live, 0, "frees by other threads: back to zero");
+}
+
+static void test_worker_limit(void) {
+    load("version: 1\ndefault: general\narenas:\n  general: {}\nworker_limit: 8MiB\n");
+    uint64_t before = total_live();
+    void *a = dm_alloc(NULL, 6 << 20, DM_DT_UNKNOWN);
+    EXPECT_TRUE(a != NULL, "under the worker limit");
+    EXPECT_TRUE(tag_stats("(untagged)").live >= (6u << 20), "untagged blocks are counted");
+    EXPECT_TRUE(dm_alloc(dm_ctx_with_tag(NULL, "calm"), 4 << 20, DM_DT_UNKNOWN) == NULL,
+                "past the worker limit");
+    dm_failure_t f;
+    dm_runtime_last_failure(&f);
+    EXPECT_INT_EQ(f.kind, DM_REFUSED_WORKER, "a worker refusal");
+    EXPECT_UINT_EQ(f.limit, 8u << 20, "names the limit");
+    dm_free(a);
+    EXPECT_UINT_EQ(total_live(), before, "freed");
+    /* a reload without limits: counting stays on (blocks counted keep their tags) */
+    load("version: 1\ndefault: general\narenas:\n  general: {}\n");
+    void *b = dm_alloc(dm_ctx_with_tag(NULL, "calm"), 1000, DM_DT_UNKNOWN);
+    EXPECT_TRUE(tag_stats("calm").live >= 1000, "still counted after a reload");
+    dm_free(b);
+    dm_stats_t s;
+    dm_stats_snapshot(&s);
+    EXPECT_TRUE(s.tally_on, "on for the process");
+    EXPECT_UINT_EQ(s.worker_limit, UINT64_MAX, "the new policy has no worker limit");
+    dm_stats_release(&s);
+}
+
+int main(void) {
+    dm_runtime_init();
+    dm_stats_t s;
+    load("version: 1\ndefault: general\narenas:\n  general: {}\n");
+    dm_stats_snapshot(&s);
+    EXPECT_TRUE(!s.tally_on && s.ntags == 0, "off unless asked for");
+    dm_stats_release(&s);
+    load(POLICY);
+    test_counts_and_limits();
+    test_small_and_realloc();
+    test_racing_threads();
+    test_worker_limit();
+    return TEST_EXIT();
+}

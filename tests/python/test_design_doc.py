@@ -1,0 +1,90 @@
+"""docs/design.md against the tree: its picture of the layers matches the #include
+lines (tools/check_design_picture.py), and its "Where to change what" table names
+files and tests that exist. Both drifted before: the picture left out
+service/profile.c, export.h and pyext's direct use of jemalloc and policy.h."""
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+from conftest import ROOT
+
+CHECK = os.path.join(ROOT, "tools", "check_design_picture.py")
+
+
+def check(root):
+    return subprocess.run([sys.executable, CHECK, str(root)], capture_output=True, text=True,
+                          timeout=60)
+
+
+def copy_tree(tmp_path):
+    for layer in ("policy", "runtime", "service", "pyext"):
+        shutil.copytree(os.path.join(ROOT, layer), tmp_path / layer)
+    (tmp_path / "docs").mkdir()
+    shutil.copy(os.path.join(ROOT, "docs", "design.md"), tmp_path / "docs" / "design.md")
+    return tmp_path
+
+
+def test_the_picture_matches_the_includes():
+    r = check(ROOT)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_an_include_the_picture_lacks_fails_the_check(tmp_path):
+    root = copy_tree(tmp_path)
+    with open(root / "runtime" / "os.c", "a") as f:
+        f.write('#include "service/export.h"\n')  # the engine calling up
+    r = check(root)
+    assert r.returncode == 1, r.stdout
+    assert "runtime/os.c:" in r.stdout and "service/export.h" in r.stdout, r.stdout
+
+
+def test_an_arrow_no_file_follows_or_one_pointing_up_fails_the_check(tmp_path):
+    root = copy_tree(tmp_path)
+    doc = root / "docs" / "design.md"
+    text = doc.read_text()
+    assert "     |        -> runtime/datamem.h\n" in text
+    doc.write_text(text.replace("     |        -> runtime/datamem.h\n",
+                                "     |        -> runtime/datamem.h, pyext/x.h, libnuma\n"))
+    r = check(root)
+    assert r.returncode == 1, r.stdout
+    assert "service/ includes pyext/x.h; none of its files does" in r.stdout, r.stdout
+    assert "service/ -> pyext/x.h points up or sideways" in r.stdout, r.stdout
+    assert "service/ includes libnuma" in r.stdout, r.stdout
+
+
+def test_a_header_the_picture_does_not_name_fails_the_check(tmp_path):
+    root = copy_tree(tmp_path)
+    (root / "service" / "newthing.h").write_text("/* new */\n")
+    r = check(root)
+    assert r.returncode == 1, r.stdout
+    assert "does not name service/newthing.h" in r.stdout, r.stdout
+
+
+def test_every_file_and_test_the_change_table_names_exists():
+    with open(os.path.join(ROOT, "docs", "design.md"), encoding="utf-8") as f:
+        text = f.read()
+    table = text.split("## Where to change what", 1)[1].split("\n## ", 1)[0]
+    rows = [l for l in table.splitlines() if l.startswith("| ") and "---" not in l][1:]
+    assert [r.split("|")[1].strip() for r in rows] == [
+        "a policy key", "a metric", "an OS call", "a CLI command", "a benchmark job"]
+    missing, named = [], 0
+    for ref in re.findall(r"`([^`]+)`", table):
+        target = re.fullmatch(r"//(\w+):(\w+)", ref)
+        if target:  # a Bazel target: named in its package's BUILD
+            with open(os.path.join(ROOT, target.group(1), "BUILD"), encoding="utf-8") as f:
+                ok = '"%s"' % target.group(2) in f.read()
+        elif re.fullmatch(r"(tests/python/test_\w+\.py)::(\w+)", ref):
+            path, name = ref.split("::")
+            with open(os.path.join(ROOT, path), encoding="utf-8") as f:
+                ok = re.search(r"^def %s\(" % name, f.read(), re.M) is not None
+        elif re.fullmatch(r"[\w.-]+(/[\w.-]+)+/?", ref) and "NAME" not in ref:
+            ok = os.path.exists(os.path.join(ROOT, ref))
+        else:
+            continue  # a symbol, a command line
+        named += 1
+        if not ok:
+            missing.append(ref)
+    assert named > 30, named
+    assert not missing, missing

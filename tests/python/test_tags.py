@@ -1,0 +1,185 @@
+"""Bytes per tag (runtime/tally.c): live and peak bytes of the arrays made
+under each datamem.tag(), tag limits that fail only their own tag with a
+MemoryError that names it, the worker limit, and how they are exported.
+
+Each job runs in its own interpreter (counting is decided at start-up).
+"""
+import json
+
+from conftest import run_py
+
+MiB = 1 << 20
+
+POLICY = """\
+version: 1
+default: general
+arenas:
+  general: {}
+tag_limits:
+  - {tag: "runaway*", limit: 64MiB}
+"""
+
+
+def last_json(r):
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-6000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_a_runaway_tag_fails_alone_and_its_error_names_tag_limit_and_request(write_policy):
+    code = r"""
+import json, threading, numpy as np, datamem
+out = {}
+with datamem.tag("calm"):
+    keep = np.ones(10 * 2**20 // 8)          # 10 MiB, kept
+def runaway():
+    held = []
+    try:
+        with datamem.tag("runaway-7"):
+            for _ in range(100):
+                held.append(np.empty(16 * 2**20 // 8))   # 16 MiB each
+    except MemoryError as e:
+        out["error"] = str(e)
+        out["numpy"] = str(e.__cause__)
+        out["held"] = len(held)
+        out["live_at_error"] = datamem.stats()["tags"]["runaway-7"]["live"]
+t = threading.Thread(target=runaway); t.start(); t.join()
+with datamem.tag("calm"):
+    more = np.ones(2**20)                     # the other tag carries on
+tags = datamem.stats()["tags"]
+out["calm"] = tags["calm"]; out["runaway"] = tags["runaway-7"]
+print(json.dumps(out))
+"""
+    out = last_json(run_py(code, config=write_policy(POLICY)))
+    assert out["held"] == 4, out               # 4 x 16 MiB = the 64 MiB limit
+    assert out["live_at_error"] == 64 * MiB, out
+    assert out["error"].startswith("datamem: tag 'runaway-7' is at its limit of 64.0 MiB "
+                                   "(64.0 MiB live): a request of 16.0 MiB was refused; "
+                                   "Unable to allocate"), out["error"]
+    assert "Unable to allocate" in out["numpy"], out
+    r = out["runaway"]
+    assert r["live"] == 0 and r["peak"] == 64 * MiB and r["limit"] == 64 * MiB, r
+    assert r["refused"] == 1, r
+    c = out["calm"]
+    assert c["live"] >= 18 * MiB and c["limit"] is None and c["refused"] == 0, c
+
+
+def test_bytes_leave_their_tag_wherever_they_are_freed(write_policy):
+    """Arrays made under a tag in one thread and dropped in others (small ones
+    too, which the block cache would otherwise serve without the slow path):
+    the tag's live bytes go back to exactly zero; its peak stays."""
+    code = r"""
+import json, queue, threading, numpy as np, datamem
+q = queue.Queue()
+def make():
+    with datamem.tag("producer"):
+        for i in range(2000):
+            q.put(np.empty(1 + i % 300))       # 8 B .. 2.4 KiB
+        for i in range(20):
+            q.put(np.empty(2**20 + i))           # 8 MiB
+    q.put(None)
+def drop():
+    while q.get() is not None:
+        pass
+ts = [threading.Thread(target=make), threading.Thread(target=drop)]
+[t.start() for t in ts]; [t.join() for t in ts]
+print(json.dumps(datamem.stats()["tags"]["producer"]))
+"""
+    t = last_json(run_py(code, config=write_policy(POLICY)))
+    assert t["live"] == 0, t
+    assert t["peak"] > 0, t
+
+
+def test_counting_is_off_unless_asked_for_and_env_turns_it_on(write_policy):
+    plain = write_policy("version: 1\ndefault: general\narenas:\n  general: {}\n")
+    code = r"""
+import json, numpy as np, datamem
+with datamem.tag("job"):
+    a = np.ones(2**20)
+s = datamem.stats()
+print(json.dumps({"on": s["tag_bytes"]["on"], "tags": s["tags"],
+                  "metrics": [l for l in datamem.metrics().splitlines() if "datamem_tag_" in l]}))
+"""
+    off = last_json(run_py(code, config=plain))
+    assert off["on"] is False and off["tags"] == {} and off["metrics"] == [], off
+    on = last_json(run_py(code, config=plain, env={"DATAMEM_TAG_BYTES": "1"}))
+    assert on["on"] is True and on["tags"]["job"]["live"] >= 8 * MiB, on
+    assert on["tags"]["job"]["limit"] is None, on
+    assert 'datamem_tag_live_bytes{tag="job"} %d' % on["tags"]["job"]["live"] in on["metrics"]
+
+
+def test_worker_limit_is_a_share_of_the_memory_limit(write_policy):
+    pol = write_policy("version: 1\ndefault: general\narenas:\n  general: {}\n"
+                       "worker_limit: 50%\n")
+    code = r"""
+import json, numpy as np, datamem
+out = {"tb": datamem.stats()["tag_bytes"]}
+held = []
+try:
+    with datamem.tag("any"):
+        for _ in range(20):
+            held.append(np.empty(16 * 2**20 // 8))
+except MemoryError as e:
+    out["error"] = str(e)
+out["held"] = len(held)
+print(json.dumps(out))
+"""
+    out = last_json(run_py(code, config=pol, env={"DATAMEM_MEMORY_LIMIT": "256MiB"}))
+    assert out["tb"]["worker_limit"] == 128 * MiB, out
+    assert out["tb"]["worker_limit_source"] == "env", out
+    assert out["held"] == 8, out                 # exactly 8 x 16 MiB fit (nothing else live)
+    assert out["error"].startswith("datamem: the worker limit of 128.0 MiB is reached"), out
+
+
+def test_memory_error_explains_another_threads_refusal(write_policy):
+    """A Dask worker's event loop explains its task's MemoryError from another
+    thread: by the tag's refusals since a token, not the thread's own record."""
+    code = r"""
+import json, threading, numpy as np, datamem
+token = datamem.refusals(["runaway-x"])
+box = {}
+def task():
+    try:
+        with datamem._tagged(("runaway-x",)):   # no re-raise: the caller explains
+            np.empty(100 * 2**20)
+    except MemoryError as e:
+        box["e"] = e
+t = threading.Thread(target=task); t.start(); t.join()
+e = box["e"]
+err = datamem.memory_error(e.__cause__ or e, since=token, tags=["runaway-x"])
+none = datamem.memory_error(e, since=datamem.refusals(["runaway-x"]), tags=["runaway-x"])
+print(json.dumps({"msg": str(err), "none": none is None}))
+"""
+    out = last_json(run_py(code, config=write_policy(POLICY)))
+    assert out["msg"].startswith("datamem: tag 'runaway-x' is at its limit of 64.0 MiB (0 bytes "
+                                 "live): a request of 800.0 MiB was refused"), out
+    assert out["none"], out
+
+
+def test_many_tags_metrics_show_the_biggest_and_fold_the_rest(write_policy):
+    code = r"""
+import json, numpy as np, datamem
+keep = []
+for i in range(30):
+    with datamem.tag("t%02d" % i):
+        keep.append(np.ones((i + 1) * 2**14))
+lines = [l for l in datamem.metrics().splitlines() if l.startswith("datamem_tag_live_bytes")]
+print(json.dumps(lines))
+"""
+    lines = last_json(run_py(code, config=write_policy(POLICY),
+                             env={"DATAMEM_TAG_BYTES": "1"}))
+    assert len(lines) == 21, lines                # 20 biggest + "(other)"
+    shown = [l.split('"')[1] for l in lines]
+    assert "t29" in shown[:4] and "t00" not in shown, shown   # biggest first
+    assert lines[-1].startswith('datamem_tag_live_bytes{tag="(other)"}'), lines
+
+
+def test_bad_tag_limits_and_worker_limit_are_reported_at_their_line(write_policy):
+    import datamem
+    bad = write_policy("version: 1\ndefault: general\narenas:\n  general: {}\n"
+                       "tag_limits:\n  - {tag: \"[oops\", limit: 1MiB}\n  - {limit: 2MiB}\n"
+                       "worker_limit: 150%\n")
+    ok, diag, _ = datamem.check(bad)
+    assert not ok
+    assert ":6:" in diag and "invalid glob" in diag, diag
+    assert ":7:" in diag and "missing required key 'tag'" in diag, diag
+    assert ":8:15:" in diag and "out of range" in diag, diag
