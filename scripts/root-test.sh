@@ -16,7 +16,7 @@ bash scripts/roots.sh make "$name" >/dev/null
 abi_arch=$(bash scripts/roots.sh run "$name" python -c \
   'import sys, platform; print("cp%d%d %s" % (sys.version_info[:2] + (platform.machine(),)))')
 read -r abi arch <<<"$abi_arch"
-whl=$(ls dist/datamem-*-"$abi"-"$abi"-manylinux_*_"$arch".whl 2>/dev/null | head -1)
+whl=$(ls dist/datamem-*-"$abi"-"$abi"-manylinux_*_"$arch".whl 2>/dev/null | head -1 || true)
 [ -n "$whl" ] || { echo "root-test.sh: no $abi $arch wheel in dist/ (run scripts/wheels.sh)" >&2; exit 1; }
 [ $# -gt 0 ] || set -- tests/python
 # Arguments name files in the clone: make them paths inside the root.
