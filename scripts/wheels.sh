@@ -104,14 +104,14 @@ for v in "${VERSIONS[@]}"; do
     # against, and about the oldest it is tested on, scripts/test.sh), not the lower
     # tag auditwheel would allow (no symbol newer than 2.17). auditwheel checks it:
     # the glibc symbol versions fit that tag, and nothing outside glibc is needed.
-    show=$("$tools/bin/auditwheel" show "$tmp/$name" 2>&1 | tr -s '\n ' '  ')
+    show=$("$tools/bin/auditwheel" show "$tmp/$name" 2>&1 | tr -s '\n ' '  ' || true)
     ok=$(sed -n 's/.*consistent with the following platform tag: "manylinux_\([0-9]*\)_\([0-9]*\)_.*/\1 \2/p' <<<"$show")
     if [ -z "$ok" ] || [ "$(printf '%s\n' "${ok/ /.}" "$GLIBC" | sort -V | tail -1)" != "$GLIBC" ]; then
       echo "$show"; echo "wheels.sh: $name does not fit manylinux_${GLIBC/./_}" >&2; exit 1
     fi
     cp -f "$tmp/$name" dist/
     chmod 644 "dist/$name"
-    echo "$name: auditwheel: fits manylinux_${ok/ /_} and up"
+    echo "$name: auditwheel: its symbols fit manylinux_${ok/ /_}, tagged manylinux_${GLIBC/./_}"
     built+=("cp${v/./}-$arch")
   done
 done
