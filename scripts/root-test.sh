@@ -12,12 +12,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 name=${1:?usage: root-test.sh NAME [PYTEST ARGS...]}
 shift
-bash scripts/roots.sh make "$name" >/dev/null
+root=$(bash scripts/roots.sh make "$name")
 abi_arch=$(bash scripts/roots.sh run "$name" python -c \
   'import sys, platform; print("cp%d%d %s" % (sys.version_info[:2] + (platform.machine(),)))')
 read -r abi arch <<<"$abi_arch"
-whl=$(ls dist/datamem-*-"$abi"-"$abi"-manylinux_*_"$arch".whl 2>/dev/null | head -1 || true)
+whl=${DATAMEM_TEST_WHEEL:-$(ls dist/datamem-*-"$abi"-"$abi"-manylinux_*_"$arch".whl 2>/dev/null | head -1 || true)}
 [ -n "$whl" ] || { echo "root-test.sh: no $abi $arch wheel in dist/ (run scripts/wheels.sh)" >&2; exit 1; }
+# Into the root's /tmp: the wheel may be anywhere (DATAMEM_TEST_WHEEL=PATH picks one).
+cp "$whl" "$root/tmp/"
 [ $# -gt 0 ] || set -- tests/python
 # Arguments name files in the clone: make them paths inside the root.
 args=()
@@ -27,7 +29,7 @@ done
 bash scripts/roots.sh run "$name" sh -c '
   set -e
   w=$1; shift
-  python -m pip install -q --force-reinstall --no-deps "/tmp/datamem-src/$w"
+  python -m pip install -q --force-reinstall --no-deps "/tmp/$w"
   rm -rf /tmp/datamem-run && mkdir -p /tmp/datamem-run && cd /tmp/datamem-run
   python -c "import os, platform, multiprocessing as mp, numpy, datamem
 print(\"%s: %s, Linux %s, CPython %s, NumPy %s, glibc %s, %d-byte pages, start method %s\" % (
@@ -35,4 +37,4 @@ print(\"%s: %s, Linux %s, CPython %s, NumPy %s, glibc %s, %d-byte pages, start m
     numpy.__version__, os.confstr(\"CS_GNU_LIBC_VERSION\").split()[1],
     os.sysconf(\"SC_PAGE_SIZE\"), mp.get_start_method()))"
   PYTHONDONTWRITEBYTECODE=1 exec python -m pytest -q -p no:cacheprovider "$@"
-' sh "$whl" "${args[@]}"
+' sh "${whl##*/}" "${args[@]}"
