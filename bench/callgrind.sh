@@ -14,6 +14,7 @@
 # allocations cancel out. Only PyDataMem_UserNEW/PyDataMem_UserFREE and what they
 # call are collected (--toggle-collect). Needs valgrind (bench/setup.sh) and the
 # installed wheel (its .so keeps its symbols: `file` says "not stripped").
+# The sampled profiler's cost on whole real jobs: bench/callgrind_profiler.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SIZES=("$@")

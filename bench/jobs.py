@@ -2,7 +2,7 @@
 
     python3 bench/jobs.py [--quick] [--reps N] [--only J1,J2] [--configs C1,C2]
                           [--variant NAME:VAR=VAL;...] [--out bench/results/NAME.json]
-                          [--plot bench/results/NAME.png]
+                          [--plot bench/results/NAME.png] [--shares]
 
 The discipline of bench/run.py, on whole jobs (bench/jobs/*.py): every (job,
 configuration) runs in a fresh process (bench/jobs/child.py), the order of
@@ -18,6 +18,11 @@ peak RSS of the process (ru_maxrss, interpreter and libraries included), minor
 faults during the job, and with datamem each arena's dirty and retained bytes
 at the end. The children run with OPENBLAS_CORETYPE/OPENBLAS_L2_SIZE unset and
 one BLAS/OpenMP thread, identically for every configuration.
+
+--shares adds one untimed run of every (job, configuration) with a sampler
+(child.py --peak) and a table of what each job's peak RSS is made of: the part
+datamem's arenas held (what a policy can act on), pyarrow's pool, the rest
+(docs/what-a-policy-governs.md). `--reps 0 --shares` runs only that.
 
 Nothing here is a test; nothing asserts a time. Needs bench/setup.sh (pandas,
 scikit-learn, SciPy and the peer allocators).
@@ -42,7 +47,8 @@ CONFIGS["dm-demo"] = ({"DATAMEM_CONFIG": os.path.join(ROOT, "configs/demo.yaml")
 DEFAULT_CONFIGS = ["default", "glibc-tuned", "jemalloc", "jemalloc-tuned", "tcmalloc", "mimalloc",
                    "dm-minimal", "dm-throughput", "dm-demo"]
 PEERS = ["glibc-tuned", "jemalloc", "jemalloc-tuned", "tcmalloc", "mimalloc"]
-JOBS = ["pandas_etl", "sklearn_pipeline", "scipy_cg", "fft_image", "stencil_big", "threadpool"]
+JOBS = ["pandas_etl", "pandas3_etl", "pandas3_arrow", "sklearn_pipeline", "scipy_cg", "fft_image",
+        "stencil_big", "threadpool"]
 RATIO_METRICS = ["wall_s", "cpu_s", "user_s", "wall_best_s", "maxrss_mb"]
 # This VM's system time is bimodal for the same job and configuration (0.1 s or
 # 0.6-1.2 s for pandas_etl, almost all of it the kernel zeroing fresh pages,
@@ -53,9 +59,10 @@ LIBS = {"jemalloc": "jemalloc", "jemalloc-tuned": "jemalloc", "tcmalloc": "tcmal
         "mimalloc": "mimalloc"}
 
 
-def run_one(job, config, scale, timeout):
+def run_one(job, config, scale, timeout, peak=False):
     extra, _ = CONFIGS[config]
     cmd = [sys.executable, os.path.join(HERE, "jobs", "child.py"), job, "--scale", str(scale)]
+    cmd += ["--peak"] if peak else []
     p = subprocess.run(cmd, env=child_env(extra), capture_output=True, text=True,
                        timeout=timeout, cwd=ROOT)
     if p.returncode != 0:
@@ -178,6 +185,24 @@ def markdown_steady(med, ratio, configs):
                        "user s, best wall s", "%.2f, %.2f")
 
 
+def markdown_shares(samples):
+    """What each job's peak RSS is made of (--shares runs): the sampled peak,
+    ru_maxrss, and at the sampled peak the arenas' resident bytes, their share,
+    pyarrow's pool and the rest."""
+    lines = ["| job | config | peak RSS MB (sampled / ru_maxrss) | datamem's arenas MB | "
+             "arenas' share | pyarrow MB | other MB |", "|---|---|---|---|---|---|---|"]
+    for smp in samples:
+        p = smp["peak"]
+        arenas, arrow = p["arenas_mb"], p["pyarrow_mb"]
+        other = p["rss_mb"] - (arenas or 0) - (arrow or 0)
+        lines.append("| %s | %s | %.0f / %.0f | %s | %s | %s | %.0f |" % (
+            smp["job"], smp["config"], p["rss_mb"], smp["maxrss_mb"],
+            "-" if arenas is None else "%.0f" % arenas,
+            "-" if arenas is None else "%.0f%%" % (100 * min(arenas, p["rss_mb"]) / p["rss_mb"]),
+            "-" if arrow is None else "%.0f" % arrow, max(0, other)))
+    return "\n".join(lines)
+
+
 def plot(med, ratio, configs, path):
     import matplotlib
     matplotlib.use("Agg")
@@ -222,6 +247,8 @@ def main():
     ap.add_argument("--replot", metavar="JSON", help="only redraw --plot (and print the "
                     "markdown table) from a result file")
     ap.add_argument("--seed", type=int)
+    ap.add_argument("--shares", action="store_true", help="also one untimed run of each with "
+                    "a sampler: what the peak RSS is made of (arenas, pyarrow, other)")
     args = ap.parse_args()
     if args.replot:
         d = json.load(open(args.replot))
@@ -242,7 +269,7 @@ def main():
         if "DATAMEM_CONFIG" in env:
             env["DATAMEM_CONFIG"] = os.path.join(ROOT, env["DATAMEM_CONFIG"])
         CONFIGS[name] = (env, None)
-    reps = args.reps or (2 if args.quick else 3)
+    reps = args.reps if args.reps is not None else (2 if args.quick else 3)
     scale = args.scale or (0.4 if args.quick else 1.0)
     jobs = args.only.split(",") if args.only else list(JOBS)
     configs = args.configs.split(",") if args.configs else list(DEFAULT_CONFIGS)
@@ -270,13 +297,19 @@ def main():
                 samples.append({"rep": rep, "config": c, **out})
         print("repetition %d/%d done, %.0f s, load %.2f" % (rep + 1, reps, time.time() - t_start,
                                                              os.getloadavg()[0]), file=sys.stderr)
-    bad = check_checksums(samples)
+    shares = [{"config": c, **run_one(j, c, scale, 600, peak=True)}
+              for j in (jobs if args.shares else []) for c in configs]
+    bad = check_checksums(samples + shares)
     med, ratio = summarize(raw)
-    print_table(med, ratio, configs)
-    print()
-    print(markdown(med, ratio, configs))
-    print()
-    print(markdown_steady(med, ratio, configs))
+    if samples:
+        print_table(med, ratio, configs)
+        print()
+        print(markdown(med, ratio, configs))
+        print()
+        print(markdown_steady(med, ratio, configs))
+    if shares:
+        print()
+        print(markdown_shares(shares))
     meta = {
         "quick": args.quick, "reps": reps, "scale": scale, "seconds": round(time.time() - t_start),
         "python": platform.python_version(), "cpus": os.cpu_count(), "kernel": platform.release(),
@@ -292,8 +325,8 @@ def main():
         pass
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"meta": meta, "medians": med, "ratios": ratio, "samples": samples},
-                      f, indent=1, sort_keys=True)
+            json.dump({"meta": meta, "medians": med, "ratios": ratio, "samples": samples,
+                       "shares": shares}, f, indent=1, sort_keys=True)
         print("wrote " + args.out, file=sys.stderr)
     if args.plot:
         plot(med, ratio, configs, args.plot)

@@ -21,3 +21,7 @@ python3 -c "import matplotlib" 2>/dev/null ||
   python3 -m pip install -q --disable-pip-version-check "matplotlib>=3.5"
 python3 -c "import pandas, sklearn, scipy" 2>/dev/null ||
   python3 -m pip install -q --disable-pip-version-check "pandas>=2" "scikit-learn>=1.3" "scipy>=1.10"
+# bench/jobs/pandas3_etl.py: pandas 3 (Python >= 3.11), run with and without pyarrow.
+python3 -c "import sys, pandas, pyarrow; sys.exit(int(pandas.__version__.split('.')[0]) < 3)" 2>/dev/null ||
+  python3 -m pip install -q --disable-pip-version-check "pandas>=3" "pyarrow>=15" ||
+  echo "bench/setup.sh: pandas 3 and pyarrow not installed: bench/jobs.py --only without pandas3_etl,pandas3_arrow" >&2

@@ -769,28 +769,38 @@ static void check_rule_name(dm__pctx_t *c, int i, int node) {
     }
 }
 
+/* The entries of a list section (rules, tag_limits) that will be read: 0 when
+ * it is null, -1 when it is not a list (reported), at most the row's max (more
+ * reported). */
+static int64_t list_count(dm__pctx_t *c, int row, int node, const char *what) {
+    const dm__ynode_t *n = NODE(c, node);
+    if (is_null(c, node))
+        return 0;
+    if (n->kind != DM_YN_SEQ) {
+        type_error(c, row, node);
+        return -1;
+    }
+    if (n->n > ROW(row)->max) {
+        ERR(c, node, "too many %s: %u (at most %llu)", what, n->n,
+            (unsigned long long)ROW(row)->max);
+        return (int64_t)ROW(row)->max;
+    }
+    return n->n;
+}
+
 static void parse_rules(dm__pctx_t *c, int row, int node, void *sect) {
     const dm__ynode_t *n = NODE(c, node);
     dm_policy_t *p = sect;
-    uint32_t count = n->n;
-    if (is_null(c, node))
+    int64_t count = list_count(c, row, node, "rules");
+    if (count < 0 || (count == 0 && is_null(c, node)))
         return;
-    if (n->kind != DM_YN_SEQ) {
-        type_error(c, row, node);
-        return;
-    }
-    if (count > ROW(row)->max) {
-        ERR(c, node, "too many rules: %u (at most %llu)", count,
-            (unsigned long long)ROW(row)->max);
-        count = (uint32_t)ROW(row)->max;
-    }
-    p->rules = calloc(count ? count : 1, sizeof *p->rules);
+    p->rules = calloc((size_t)(count ? count : 1), sizeof *p->rules);
     if (!p->rules) {
         c->nomem = true;
         return;
     }
     int i = 0;
-    for (int k = n->first; k >= 0 && (uint32_t)i < count; k = NODE(c, k)->next) {
+    for (int k = n->first; k >= 0 && i < count; k = NODE(c, k)->next) {
         dm_rule_spec_t *r = &p->rules[i];
         apply_defaults(DM_SECT_RULE, r);
         r->line = NODE(c, k)->line, r->col = NODE(c, k)->col;
@@ -807,20 +817,9 @@ static void parse_rules(dm__pctx_t *c, int row, int node, void *sect) {
 static void parse_tag_limits(dm__pctx_t *c, int row, int node, void *sect) {
     const dm__ynode_t *n = NODE(c, node);
     dm_policy_t *p = sect;
-    uint32_t count = n->n;
-    if (is_null(c, node))
-        return;
-    if (n->kind != DM_YN_SEQ) {
-        type_error(c, row, node);
-        return;
-    }
-    if (count > ROW(row)->max) {
-        ERR(c, node, "too many tag limits: %u (at most %llu)", count,
-            (unsigned long long)ROW(row)->max);
-        count = (uint32_t)ROW(row)->max;
-    }
+    int64_t count = list_count(c, row, node, "tag limits");
     int i = 0;
-    for (int k = n->first; k >= 0 && (uint32_t)i < count; k = NODE(c, k)->next) {
+    for (int k = count > 0 ? n->first : -1; k >= 0 && i < count; k = NODE(c, k)->next) {
         dm_tag_limit_spec_t *t = &p->tag_limits[i];
         memset(t, 0, sizeof *t);
         apply_defaults(DM_SECT_TAG_LIMIT, t);

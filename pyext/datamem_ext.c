@@ -993,9 +993,11 @@ static PyObject *py_stats(PyObject *self, PyObject *unused) {
     dm_stats_t *s = PyMem_RawMalloc(sizeof(*s));
     if (!s)
         return PyErr_NoMemory();
+    dm_process_stats_t proc;
     Py_BEGIN_ALLOW_THREADS
     dm_stats_snapshot(s);
     dm_stats_hugepages(s);
+    dm_stats_process(s, &proc);
     Py_END_ALLOW_THREADS
     PyObject *arenas = NULL, *rules = NULL, *d = PyDict_New();
     if (!d)
@@ -1044,6 +1046,10 @@ static PyObject *py_stats(PyObject *self, PyObject *unused) {
     dm_watch_counts(&wr, &ws);
     SET_U64(d, "watch_reloads", wr);
     SET_U64(d, "watch_unchanged", ws);
+    if (proc.resident) { /* pyarrow_allocated_bytes: datamem.stats() reads it live */
+        SET_U64(d, "process_resident_bytes", proc.resident);
+        SET_U64(d, "outside_arenas_resident_bytes", proc.outside_arenas);
+    }
     if (set_tags(d, s) < 0)
         goto fail;
     Py_DECREF(arenas);
@@ -1326,6 +1332,15 @@ static PyObject *py_set_threads_not_covered(PyObject *self, PyObject *arg) {
     Py_RETURN_NONE;
 }
 
+/* set_pyarrow_bytes(n): pyarrow's pool for /metrics and /stats.json; n < 0: not loaded */
+static PyObject *py_set_pyarrow_bytes(PyObject *self, PyObject *arg) {
+    long long n = PyLong_AsLongLong(arg);
+    if (n == -1 && PyErr_Occurred())
+        return NULL;
+    dm_stats_set_pyarrow_bytes((int64_t)n);
+    Py_RETURN_NONE;
+}
+
 /* set_cudart(path): where libcudart is, for `pinned: cuda` (DATAMEM_CUDART) */
 static PyObject *py_set_cudart(PyObject *self, PyObject *args) {
     PyObject *path_obj = NULL;
@@ -1460,6 +1475,7 @@ static PyMethodDef methods[] = {
     {"last_failure", py_last_failure, METH_NOARGS, "last_failure() -> the thread's last limit refusal, or None"},
     {"site_rules_active", py_site_rules_active, METH_NOARGS, "whether call-site rules are in force"},
     {"set_threads_not_covered", py_set_threads_not_covered, METH_O, "set_threads_not_covered(names)"},
+    {"set_pyarrow_bytes", py_set_pyarrow_bytes, METH_O, "set_pyarrow_bytes(n): pyarrow's pool for the exporter"},
     {"set_cudart", py_set_cudart, METH_VARARGS, "set_cudart(path): the CUDA runtime for pinned: cuda"},
     {"fault_lock", py_fault_lock, METH_VARARGS, "fault_lock(n): the next n page-locks fail (tests)"},
     {"warnings_changed", py_warnings_changed, METH_O, "warnings_changed(text) -> whether these policy warnings are new to this process"},

@@ -1,12 +1,13 @@
 /*
  * bigblock.h: what NumPy's default allocator does for big arrays, done for the
  * blocks datamem serves (bigblock.c): hugepage advice from 4 MiB while NumPy's
- * own setting asks for it, zeroing by giving pages back from 32 MiB, and the
- * last freed blocks of 4 MiB or more kept for the next array of their size.
+ * own setting asks for it, zeroing by giving pages back from 32 MiB, the
+ * last freed blocks of 4 MiB or more kept for the next array of their size,
+ * and the pages of a block's size class past its request given back.
  *
- * Thread safety: every function may be called from any thread; the advice and
- * zeroing are lock-free, reuse takes the arena's reuse_mu (never across a
- * jemalloc call).
+ * Thread safety: every function may be called from any thread; the advice,
+ * zeroing and trimming are lock-free, reuse takes the arena's reuse_mu (never
+ * across a jemalloc call).
  */
 #ifndef DM_RUNTIME_BIGBLOCK_H
 #define DM_RUNTIME_BIGBLOCK_H
@@ -34,6 +35,14 @@ void dm__big_advise(void *p, size_t n);
  * Returns p. */
 void *dm__big_zero(void *p, size_t n);
 
+/* A block of n >= DM_BIG_THP_MIN bytes about to be handed out: its pages
+ * past n, up to `touched` bytes from p (its last user's request; SIZE_MAX:
+ * unknown) and at most to the end of its size class, go back to the kernel
+ * when there are DM_BIG_TRIM_MIN bytes of them or more (bigblock.c,
+ * "Trimming"). */
+#define DM_BIG_TRIM_MIN ((size_t)64 << 10)
+void dm__big_trim(void *p, size_t n, size_t touched);
+
 struct je_arena;
 
 /* The jemalloc flags for a block of n >= DM_BIG_THP_MIN bytes from ja: 2 MiB
@@ -42,16 +51,17 @@ int dm__big_flags(const struct je_arena *ja, int flags);
 
 /* Reuse of freed big blocks (bigblock.c, "Reuse"). dm__big_take: a kept block
  * of the size class jemalloc would serve for mallocx(n, flags), aligned as
- * `flags` asks, or NULL, in which case every block the arena kept has gone
- * back to jemalloc (so that it can split or merge them for this request).
- * dm__big_keep: keeps p (a live block of the arena, not yet freed) for the
- * next allocation of its size; false if it is not kept (the caller frees it).
+ * `flags` asks, trimmed for n, or NULL, in which case every block the arena
+ * kept has gone back to jemalloc (so that it can split or merge them for this
+ * request). dm__big_keep: keeps p (a live block of the arena, not yet freed,
+ * last asked for as `hint` bytes) for the next allocation of its size; false
+ * if it is not kept (the caller frees it).
  * dm__big_expire_all (under dm__mu): every arena hands back what waited longer
  * than its decay.dirty, and all it keeps once it counts live bytes (`limit`).
  * dm__big_fork: 0 before fork() (takes every arena's lock), 1 after it, in
  * both processes. */
 void *dm__big_take(struct je_arena *ja, size_t n, int flags);
-bool dm__big_keep(struct je_arena *ja, void *p);
+bool dm__big_keep(struct je_arena *ja, void *p, size_t hint);
 void dm__big_expire_all(void);
 void dm__big_fork(int phase);
 

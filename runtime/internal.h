@@ -97,6 +97,7 @@ typedef struct je_arena {
     struct {
         void *p;
         size_t usable;
+        size_t touched;      /* its last user's request: the pages past it are not resident */
         int64_t at_ms;
     } reuse[DM_REUSE_MAX];
     _Atomic size_t reuse_bytes;

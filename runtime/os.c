@@ -10,6 +10,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <fcntl.h>
+#include <malloc.h>
 #include <numa.h>
 #include <numaif.h>
 #include <sched.h>
@@ -196,6 +197,12 @@ int dm__os_numa(void *p, size_t n, int mode, uint64_t nodes) {
 
 int dm__os_purge(void *p, size_t n, bool forced) {
     return madvise(p, n, forced ? MADV_DONTNEED : MADV_FREE) == 0 ? 0 : -errno;
+}
+
+void dm__os_trim_libc(void) {
+#ifdef __GLIBC__
+    malloc_trim(0);
+#endif
 }
 
 bool dm__os_resident(void *p, size_t n) {

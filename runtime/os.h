@@ -51,6 +51,9 @@ int dm__os_numa(void *p, size_t n, int mode, uint64_t nodes);
 /* Returns pages to the kernel: lazily (MADV_FREE) or at once (MADV_DONTNEED). */
 int dm__os_purge(void *p, size_t n, bool forced);
 
+/* glibc's malloc gives the free pages of its heaps back (malloc_trim). */
+void dm__os_trim_libc(void);
+
 /* Whether every page of [p, p+n) (page-aligned) is resident (mincore); false
  * on any error. */
 bool dm__os_resident(void *p, size_t n);

@@ -9,16 +9,19 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 #include <valgrind/valgrind.h>
 
 #include "jemalloc/jemalloc.h"
+#include "runtime/bigblock.h"
 #include "runtime/datamem.h"
 #include "runtime/internal.h"
 #include "runtime/os.h"
 #include "runtime/sizeclass.h"
+#include "runtime/test_policy.h"
 
 static int failures;
 
@@ -36,27 +39,9 @@ static int failures;
     CHECK((a) && (b) && strcmp((a), (b)) == 0, "'%s' != '%s'", (a) ? (a) : "(null)", \
           (b) ? (b) : "(null)")
 
-static const char *write_policy(const char *text) {
-    static char path[64];
-    snprintf(path, sizeof(path), "/tmp/dm_runtime_test_%d.yaml", (int)getpid());
-    FILE *f = fopen(path, "w");
-    fputs(text, f);
-    fclose(f);
-    return path;
-}
+static const char *write_policy(const char *text) { return test_write_policy("runtime_test", text); }
 
-static void load_ok(const char *text) {
-    static dm_diags_t d;
-    const char *path = write_policy(text);
-    dm_diags_init(&d, path);
-    int rc = dm_runtime_load(path, &d);
-    if (rc) {
-        char buf[8192];
-        dm_diags_format_all(&d, buf, sizeof(buf));
-        fprintf(stderr, "load failed: %s\n%s\n", dm_strerror(rc), buf);
-        exit(1);
-    }
-}
+static void load_ok(const char *text) { test_load_policy("runtime_test", text); }
 
 static const char *POLICY =
     "version: 1\n"
@@ -612,9 +597,28 @@ static void test_big_halves(void) {
     CHECK(njemalloc("halves") == 2, "two jemalloc arenas, got %d", njemalloc("halves"));
     char *grown = dm_realloc(root, big, 16 * MB), *shrunk = dm_realloc(root, grown, 1 * MB);
     CHECK(dm__owner_of(shrunk) == jb, "a big block stays in the big half through realloc");
+    /* Grown past 4 MiB, a block moves to the big half, where its free is kept
+     * for the next big array (issue 28: pandas' hash-table vectors grow by
+     * realloc; kept in the small half, they waited out their decay unused). */
+    memset(small, 0x5a, 64 << 10);
     char *up = dm_realloc(root, small, 6 * MB);
-    CHECK(dm__owner_of(up) == js, "a small block grown past 4 MiB stays in place");
-    dm_free(shrunk), dm_free(up);
+    CHECK(dm__owner_of(up) == jb, "a block grown past 4 MiB moves to the big half");
+    CHECK(up[0] == 0x5a && up[(64 << 10) - 1] == 0x5a, "realloc keeps the contents");
+    size_t kept = jb->reuse_bytes;
+    dm_free_hint(up, 6 * MB);
+    CHECK(jb->reuse_bytes > kept, "its free is kept in the big half: %zu -> %zu", kept,
+          (size_t)jb->reuse_bytes);
+    char *again = dm_alloc(root, 6 * MB, DM_DT_UNKNOWN);
+    CHECK(again == up, "and serves the next block of its size: %p %p", (void *)again, (void *)up);
+    dm_free(shrunk), dm_free(again);
+    /* A small half never keeps a big block: only the big half's allocations
+     * look for kept blocks. */
+    void *odd = dmje_mallocx(6 * MB, MALLOCX_ARENA(js->index) | MALLOCX_TCACHE_NONE);
+    CHECK(odd, "a 6 MiB block from the small half");
+    if (odd && dm__big_keep(js, odd, 6 * MB))
+        CHECK(false, "the small half kept a big block (%zu bytes kept)", (size_t)js->reuse_bytes);
+    else if (odd)
+        dmje_dallocx(odd, MALLOCX_TCACHE_NONE);
 
     load_ok("version: 1\ndefault: whole\narenas:\n  whole: {hugepages: off}\n");
     small = dm_alloc(root, 64 << 10, DM_DT_UNKNOWN), big = dm_alloc(root, 8 * MB, DM_DT_UNKNOWN);
@@ -622,6 +626,37 @@ static void test_big_halves(void) {
     CHECK(njemalloc("whole") == 1, "one jemalloc arena, got %d", njemalloc("whole"));
     dm_free(small), dm_free(big);
 
+}
+
+static size_t resident_bytes(char *p, size_t n) {
+    static unsigned char vec[1024];
+    size_t page = dm__os_page_size(), np = n / page, r = 0;
+    if (np > sizeof(vec) || mincore(p, n, vec) != 0)
+        return SIZE_MAX;
+    for (size_t i = 0; i < np; i++)
+        r += (vec[i] & 1) * page;
+    return r;
+}
+
+/* jemalloc serves a big block from a size class: a 20 MiB + 4 KiB request
+ * gets 24 MiB. The pages past the request go back to the kernel as the block
+ * is handed out (bigblock.c, "Trimming"), here those a 24 MiB array wrote
+ * into the same block before. */
+static void test_big_tail_trimmed(void) {
+    const dm_ctx_t *root = dm_ctx_root();
+    const size_t MB = (size_t)1 << 20;
+    load_ok("version: 1\ndefault: trim\narenas:\n  trim: {}\n");
+    char *a = dm_alloc(root, 24 * MB, DM_DT_UNKNOWN);
+    touch(a, 24 * MB);
+    dm_free_hint(a, 24 * MB);
+    char *b = dm_alloc(root, 20 * MB + 4096, DM_DT_UNKNOWN);
+    CHECK(b && dmje_sallocx(b, 0) == 24 * MB, "a 24 MiB size class: %zu",
+          b ? dmje_sallocx(b, 0) : 0);
+    touch(b, 20 * MB + 4096);
+    size_t tail = resident_bytes(b + 21 * MB, 3 * MB);
+    CHECK(tail == 0, "the last 3 MiB of the class, past the request, are not resident: %zu "
+          "bytes are (%s block)", tail, b == a ? "the same" : "another");
+    dm_free(b);
 }
 
 /* The small half growing past the peak purges the dirty pages of a big half
@@ -950,6 +985,7 @@ int main(void) {
     test_purge_on_growth();
     test_big_halves();
     test_idle_big_half_purged();
+    test_big_tail_trimmed();
     test_exit_hands_caches_back_before_count();
     test_fork_child_retires_threads();
     unlink(write_policy(""));

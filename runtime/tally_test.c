@@ -12,25 +12,10 @@
 #include <unistd.h>
 
 #include "runtime/datamem.h"
+#include "runtime/test_policy.h"
 #include "testing/test.h"
 
-static void load(const char *text) {
-    static dm_diags_t d;
-    char path[64];
-    snprintf(path, sizeof(path), "/tmp/dm_tally_test_%d.yaml", (int)getpid());
-    FILE *f = fopen(path, "w");
-    fputs(text, f);
-    fclose(f);
-    dm_diags_init(&d, path);
-    int rc = dm_runtime_load(path, &d);
-    if (rc) {
-        char buf[8192];
-        dm_diags_format_all(&d, buf, sizeof(buf));
-        fprintf(stderr, "load failed: %s\n%s\n", dm_strerror(rc), buf);
-        exit(1);
-    }
-    unlink(path);
-}
+static void load(const char *text) { test_load_policy("tally_test", text); }
 
 /* The tag's row in a fresh snapshot (live, peak, limit, refused). */
 static dm_tag_stats_t tag_stats(const char *name) {

@@ -68,6 +68,22 @@ DM_API bool dm_watch_warnings_changed(const char *text);
  * "threads_not_covered" (names, cut at 1 KiB; the count stays exact). */
 DM_API void dm_stats_set_threads_not_covered(const char *const *names, int n);
 
+/* The process around the arenas (process.c; docs/what-a-policy-governs.md). */
+typedef struct dm_process_stats {
+    uint64_t resident;          /* the process's resident set (/proc/self/statm); 0: unreadable */
+    uint64_t arenas_resident;   /* every arena's resident_bytes, summed */
+    uint64_t outside_arenas;    /* resident - arenas_resident, at least 0 */
+    int64_t pyarrow_allocated;  /* pyarrow's default pool as the Python layer last set it;
+                                   -1: pyarrow not loaded */
+} dm_process_stats_t;
+/* Fills `out` for snapshot `s` (after dm_stats_hugepages, which raises an
+ * arena's resident to its THP-backed bytes). DM_ESYS when /proc cannot be read
+ * (resident and outside_arenas are 0 then). Cheap: one pread. */
+DM_API int dm_stats_process(const dm_stats_t *s, dm_process_stats_t *out);
+/* pyarrow.total_allocated_bytes(), from the Python layer (the exporter's
+ * threads never call Python); negative: pyarrow is not loaded. */
+DM_API void dm_stats_set_pyarrow_bytes(int64_t bytes);
+
 #ifdef __cplusplus
 }
 #endif

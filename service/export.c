@@ -166,6 +166,7 @@ int dm__export_render(int format, const char *const_labels, char **out, size_t *
         dm_buf_t b = {0};
         dm_svc_stats_t svc;
         dm__svc_stats(&svc);
+        dm_stats_process(s, &svc.process);
         if (format == DM_STATS_JSON) {
             dm__metrics_json(s, &svc, &b);
         } else {
@@ -234,17 +235,9 @@ static int write_atomic(const char *path, const char *data, size_t len, mode_t m
     int fd = mkostemp(tmp, O_CLOEXEC);
     if (fd < 0)
         return DM_ESYS;
-    size_t done = 0;
-    bool ok = fchmod(fd, mode) == 0; /* mkostemp creates 0600 */
-    while (ok && done < len) {
-        ssize_t n = write(fd, data + done, len - done);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0)
-            break;
-        done += (size_t)n;
-    }
-    if (close(fd) != 0 || !ok || done != len || rename(tmp, path) != 0) {
+    bool ok = fchmod(fd, mode) == 0 /* mkostemp creates 0600 */ &&
+              dm__file_write_all(fd, data, len);
+    if (close(fd) != 0 || !ok || rename(tmp, path) != 0) {
         int e = errno;
         unlink(tmp);
         errno = e;
@@ -424,16 +417,8 @@ static int write_atomic_at(int dirfd, const char *name, const char *data, size_t
     }
     if (fd < 0)
         return DM_ESYS;
-    size_t done = 0;
-    while (done < len) {
-        ssize_t n = write(fd, data + done, len - done);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0)
-            break;
-        done += (size_t)n;
-    }
-    if (close(fd) != 0 || done != len || renameat(dirfd, tmp, dirfd, name) != 0) {
+    bool ok = dm__file_write_all(fd, data, len);
+    if (close(fd) != 0 || !ok || renameat(dirfd, tmp, dirfd, name) != 0) {
         int e = errno;
         unlinkat(dirfd, tmp, 0);
         errno = e;

@@ -82,16 +82,20 @@ typedef struct dm_http_counters {
 } dm_http_counters_t;
 void dm__http_counters(dm_http_counters_t *c);
 
-/* What the services add to a snapshot: the endpoint's counters and the Python
- * threads that do not allocate through datamem (dm_stats_set_threads_not_covered). */
+/* What the services add to a snapshot: the endpoint's counters, the Python
+ * threads that do not allocate through datamem (dm_stats_set_threads_not_covered)
+ * and the process around the arenas (dm_stats_process). */
 #define DM_UNCOVERED_NAMES_MAX 1024
 struct dm_svc_stats {
     dm_http_counters_t http;
     int threads_not_covered;
     char uncovered_names[DM_UNCOVERED_NAMES_MAX]; /* NUL-separated, at most this */
+    dm_process_stats_t process;
 };
 void dm__svc_stats(dm_svc_stats_t *out);
-/* metrics.c: families datamem_http_* and datamem_threads_not_covered. */
+/* metrics.c: families datamem_http_*, datamem_threads_not_covered and the
+ * process's (datamem_process_resident_bytes, datamem_outside_arenas_resident_bytes,
+ * datamem_pyarrow_allocated_bytes). */
 void dm__metrics_service_text(const dm_svc_stats_t *svc, const char *const_labels, dm_buf_t *out);
 
 #endif /* DM_SERVICE_EXPORT_H */

@@ -69,3 +69,16 @@ int dm__dir_open_owned(const char *path, bool create, mode_t mode, char *why, si
 int dm__file_create(int dirfd, const char *name, mode_t mode) {
     return openat(dirfd, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
 }
+
+bool dm__file_write_all(int fd, const char *data, size_t len) {
+    size_t done = 0;
+    while (done < len) {
+        ssize_t n = write(fd, data + done, len - done);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return false;
+        done += (size_t)n;
+    }
+    return true;
+}

@@ -29,4 +29,8 @@ int dm__dir_open_owned(const char *path, bool create, mode_t mode, char *why, si
  * a symbolic link included, is already there. -1 and errno on failure. */
 int dm__file_create(int dirfd, const char *name, mode_t mode);
 
+/* Writes all `len` bytes to `fd` (retrying short writes and EINTR): true when
+ * every byte went out. */
+bool dm__file_write_all(int fd, const char *data, size_t len);
+
 #endif /* DM_SERVICE_FILES_H */

@@ -500,6 +500,8 @@ static void json_strv(dm_buf_t *b, int *n, const char *key, const char *v) {
 }
 
 static void metrics_http_json(const dm_http_counters_t *c, dm_buf_t *b);
+static void metrics_process_json(const dm_process_stats_t *p, dm_buf_t *b, int *n);
+static void metrics_process_text(const dm_process_stats_t *p, const char *cl, dm_buf_t *b);
 
 static void json_limit(dm_buf_t *b, int *n, const char *key, uint64_t v) {
     json_key(b, n, key);
@@ -625,6 +627,7 @@ void dm__metrics_json(const dm_stats_t *st, const dm_svc_stats_t *svc, dm_buf_t 
         }
         dm__buf_put(b, "]", 1);
         json_u64(b, &n, "threads_not_covered_count", (uint64_t)svc->threads_not_covered);
+        metrics_process_json(&svc->process, b, &n);
     }
     dm__buf_put(b, "}\n", 2);
 }
@@ -654,6 +657,51 @@ void dm__metrics_service_text(const dm_svc_stats_t *svc, const char *cl, dm_buf_
         label(&s, "reason", drop_reason[i]);
         value_u64(&s, cl, c->dropped[i]);
     }
+    metrics_process_text(&svc->process, cl, b);
+}
+
+/* ---- the process around the arenas (process.c) ---------------------------------- */
+
+/* One stem per number: the metric is datamem_<key>, /stats.json and
+ * datamem.stats() use <key>. No sample when the number is unknown (/proc
+ * unreadable, pyarrow not loaded). */
+#define PROCESS_HELP_RESIDENT                                                                \
+    "The process's resident set (RSS, /proc/self/statm): datamem's arenas, every other "     \
+    "allocator's memory, the interpreter, code and libraries."
+#define PROCESS_HELP_OUTSIDE                                                                 \
+    "Resident bytes outside datamem's arenas: the process's resident set minus every "       \
+    "arena's resident_bytes, at least 0 (Python objects, pandas' hash tables, Arrow "        \
+    "buffers, BLAS work space, code). A policy does not govern these."
+#define PROCESS_HELP_PYARROW                                                                 \
+    "Bytes allocated from pyarrow's default memory pool (pyarrow.total_allocated_bytes()) "  \
+    "as datamem's Python layer last read it (every second while pyarrow is loaded; no "      \
+    "sample before). Part of the bytes outside the arenas."
+
+static void metrics_process_text(const dm_process_stats_t *p, const char *cl, dm_buf_t *b) {
+    family(b, "datamem_", "process_resident_bytes", "gauge", PROCESS_HELP_RESIDENT);
+    if (p->resident) {
+        sample_t s = sample_begin(b, "datamem_", "process_resident_bytes");
+        value_u64(&s, cl, p->resident);
+    }
+    family(b, "datamem_", "outside_arenas_resident_bytes", "gauge", PROCESS_HELP_OUTSIDE);
+    if (p->resident) {
+        sample_t s = sample_begin(b, "datamem_", "outside_arenas_resident_bytes");
+        value_u64(&s, cl, p->outside_arenas);
+    }
+    family(b, "datamem_", "pyarrow_allocated_bytes", "gauge", PROCESS_HELP_PYARROW);
+    if (p->pyarrow_allocated >= 0) {
+        sample_t s = sample_begin(b, "datamem_", "pyarrow_allocated_bytes");
+        value_u64(&s, cl, (uint64_t)p->pyarrow_allocated);
+    }
+}
+
+static void metrics_process_json(const dm_process_stats_t *p, dm_buf_t *b, int *n) {
+    if (p->resident) {
+        json_u64(b, n, "process_resident_bytes", p->resident);
+        json_u64(b, n, "outside_arenas_resident_bytes", p->outside_arenas);
+    }
+    if (p->pyarrow_allocated >= 0)
+        json_u64(b, n, "pyarrow_allocated_bytes", (uint64_t)p->pyarrow_allocated);
 }
 
 static void metrics_http_json(const dm_http_counters_t *c, dm_buf_t *b) {

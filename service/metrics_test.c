@@ -15,11 +15,13 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <inttypes.h>
 
 #include "service/datamem_service.h"
+#include "service/export.h"
 #include "testing/test.h"
 
 /* `text` has `line` as a whole line. */
@@ -246,6 +248,111 @@ static void test_json(void) {
     free(j);
 }
 
+/* ---- the process around the arenas (process.c) ------------------------------------ */
+
+/* VmRSS of this process, read fresh (the reference dm_stats_process must match). */
+static uint64_t vmrss(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    unsigned long long kb = 0;
+    while (f && fgets(line, sizeof(line), f))
+        if (sscanf(line, "VmRSS: %llu kB", &kb) == 1)
+            break;
+    if (f)
+        fclose(f);
+    return (uint64_t)kb << 10;
+}
+
+static void test_process(void) {
+    /* Rendering: exact lines, a sample only for what is known. */
+    dm_svc_stats_t svc;
+    memset(&svc, 0, sizeof(svc));
+    svc.process = (dm_process_stats_t){.resident = 1 << 30, .arenas_resident = 768 << 20,
+                                       .outside_arenas = 256 << 20,
+                                       .pyarrow_allocated = 100 << 20};
+    dm_buf_t b = {0};
+    dm__metrics_service_text(&svc, NULL, &b);
+    char *t = NULL;
+    EXPECT_INT_EQ(dm__buf_finish(&b, &t, NULL), 0, "render");
+    EXPECT_LINE(t, "# TYPE datamem_process_resident_bytes gauge");
+    EXPECT_LINE(t, "datamem_process_resident_bytes 1073741824");
+    EXPECT_LINE(t, "# TYPE datamem_outside_arenas_resident_bytes gauge");
+    EXPECT_LINE(t, "datamem_outside_arenas_resident_bytes 268435456");
+    EXPECT_LINE(t, "# TYPE datamem_pyarrow_allocated_bytes gauge");
+    EXPECT_LINE(t, "datamem_pyarrow_allocated_bytes 104857600");
+    free(t);
+    b = (dm_buf_t){0};
+    dm__metrics_json(sample_stats(), &svc, &b);
+    EXPECT_INT_EQ(dm__buf_finish(&b, &t, NULL), 0, "render");
+    EXPECT_CONTAINS(t, ",\"process_resident_bytes\":1073741824,"
+                       "\"outside_arenas_resident_bytes\":268435456,"
+                       "\"pyarrow_allocated_bytes\":104857600}", "json");
+    free(t);
+    svc.process = (dm_process_stats_t){.pyarrow_allocated = -1}; /* nothing known */
+    b = (dm_buf_t){0};
+    dm__metrics_service_text(&svc, "pid=\"7\"", &b);
+    EXPECT_INT_EQ(dm__buf_finish(&b, &t, NULL), 0, "render");
+    EXPECT_LINE(t, "# TYPE datamem_process_resident_bytes gauge"); /* the family, no sample */
+    EXPECT_TRUE(!strstr(t, "\ndatamem_process_resident_bytes"), t);
+    EXPECT_TRUE(!strstr(t, "\ndatamem_outside_arenas_resident_bytes"), t);
+    EXPECT_TRUE(!strstr(t, "\ndatamem_pyarrow_allocated_bytes"), t);
+    free(t);
+    b = (dm_buf_t){0};
+    dm__metrics_json(sample_stats(), &svc, &b);
+    EXPECT_INT_EQ(dm__buf_finish(&b, &t, NULL), 0, "render");
+    EXPECT_TRUE(!strstr(t, "process_resident_bytes") && !strstr(t, "pyarrow"), t);
+    free(t);
+
+    /* The definition: the arenas' resident bytes summed; outside clamped at 0. */
+    dm_stats_t *s = sample_stats(); /* arenas resident: 2 MiB + 0 */
+    dm_process_stats_t p;
+    EXPECT_INT_EQ(dm_stats_process(s, &p), 0, "/proc/self/statm readable");
+    EXPECT_UINT_EQ(p.arenas_resident, 2097152, "sum of the arenas' resident bytes");
+    EXPECT_UINT_EQ(p.outside_arenas, p.resident - p.arenas_resident, "outside");
+    EXPECT_INT_EQ(p.pyarrow_allocated, -1, "pyarrow not reported");
+    s->arenas[1].resident = UINT64_C(1) << 50; /* more than this process has */
+    dm_stats_process(s, &p);
+    EXPECT_UINT_EQ(p.outside_arenas, 0, "clamped at 0");
+    dm_stats_set_pyarrow_bytes(12345);
+    dm_stats_process(s, &p);
+    EXPECT_INT_EQ(p.pyarrow_allocated, 12345, "pyarrow as set");
+    dm_stats_set_pyarrow_bytes(-5);
+    dm_stats_process(s, &p);
+    EXPECT_INT_EQ(p.pyarrow_allocated, -1, "negative: not loaded");
+
+    /* Live: memory from another allocator grows `outside`, not the arenas. */
+    dm_stats_process(NULL, &p);
+    uint64_t before = p.resident, ref = vmrss();
+    EXPECT_TRUE(before + (8 << 20) > ref && ref + (8 << 20) > before, "statm agrees with VmRSS");
+    size_t n = 64 << 20;
+    char *m = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    EXPECT_TRUE(m != MAP_FAILED, "mmap");
+    if (m == MAP_FAILED)
+        return;
+    memset(m, 1, n);
+    dm_stats_process(NULL, &p);
+    EXPECT_TRUE(p.resident >= before + n - (4 << 20), "64 MiB touched: resident grew");
+    EXPECT_TRUE(p.outside_arenas >= before + n - (4 << 20), "and it is outside the arenas");
+
+    /* A fork child reads its own statm, not the descriptor its parent opened:
+     * it touches 64 MiB more than the parent has. */
+    pid_t pid = fork();
+    if (pid == 0) {
+        char *c = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (c == MAP_FAILED)
+            _exit(3);
+        memset(c, 2, n);
+        dm_process_stats_t q;
+        dm_stats_process(NULL, &q);
+        uint64_t own = vmrss();
+        _exit(q.resident + (8 << 20) > own && own + (8 << 20) > q.resident ? 0 : 1);
+    }
+    int st = -1;
+    EXPECT_INT_EQ(waitpid(pid, &st, 0), pid, "waitpid");
+    EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the child read its own resident set");
+    munmap(m, n);
+}
+
 /* ---- the endpoint, in this process ------------------------------------------------ */
 
 /* GET (or `method`) `path` from 127.0.0.1:port; returns the whole response. */
@@ -320,6 +427,8 @@ static void test_endpoint(void) {
         EXPECT_CONTAINS(r, "\ndatamem_rule_allocations_total{rule=\"huge\",arena=\"big\"} 1\n",
                         "the allocation");
         EXPECT_CONTAINS(r, "\ndatamem_policy_info{path=\"", "policy");
+        EXPECT_CONTAINS(r, "\ndatamem_process_resident_bytes ", "the process's resident set");
+        EXPECT_CONTAINS(r, "\ndatamem_outside_arenas_resident_bytes ", "outside the arenas");
         free(r);
     }
     r = http_get(port, "GET", "/stats.json");
@@ -327,6 +436,7 @@ static void test_endpoint(void) {
         EXPECT_CONTAINS(r, "HTTP/1.1 200", "status");
         EXPECT_CONTAINS(r, "Content-Type: application/json", "type");
         EXPECT_CONTAINS(r, "\"rules\":{\"huge\":{\"arena\":\"big\",\"allocations\":1,", "json");
+        EXPECT_CONTAINS(r, "\"process_resident_bytes\":", "json: the process");
         free(r);
     }
     r = http_get(port, "GET", "/nope");
@@ -403,6 +513,7 @@ static void test_endpoint(void) {
 int main(void) {
     test_text();
     test_json();
+    test_process();
     test_endpoint();
     return TEST_EXIT();
 }

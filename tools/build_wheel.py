@@ -1,7 +1,8 @@
 """Assembles datamem's wheel from Bazel outputs (no setuptools, no network).
 
 Usage: build_wheel.py --ext _ext.so [--lib LIB.so]... --info python_info.txt --out DIR/datamem.whl FILE...
-FILEs are the Python package sources (python/datamem/*.py) and datamem.pth.
+FILEs are the Python package sources (python/datamem/*.py), datamem.pth and
+_datamem_boot.py (the last two go to the top of site-packages).
 The output path is fixed for Bazel; `scripts/build.sh` copies it to dist/ under
 its proper PEP 427 name.
 """
@@ -45,7 +46,9 @@ def main():
     entries = []
     for f in a.files:
         base = os.path.basename(f)
-        arc = base if base.endswith(".pth") else "%s/%s" % (NAME, base)
+        # the start-up hook and its boot module sit at the top of site-packages
+        top = base.endswith(".pth") or base == "_datamem_boot.py"
+        arc = base if top else "%s/%s" % (NAME, base)
         entries.append((arc, open(f, "rb").read()))
     entries.append(("%s/_ext%s" % (NAME, info["ext_suffix"]), open(a.ext, "rb").read()))
     for lib in a.lib:

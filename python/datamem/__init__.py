@@ -20,7 +20,7 @@ import sys
 import threading
 import weakref
 
-from . import _ext
+from . import _arrow, _ext
 from ._ext import PolicyError
 
 __all__ = ["install", "uninstall", "reload", "tag", "stats", "current_policy",
@@ -77,6 +77,7 @@ def install(policy):
         _patch_threads()
         _apply_settings()
         _publish_uncovered()
+        _arrow.watch()
 
 
 def reload(policy=None):
@@ -124,9 +125,16 @@ def explain(policy, size, dtype="unknown", thread="MainThread", tags=(), table=F
 def stats():
     """Per-arena and per-rule numbers as a plain dict. `threads_not_covered`
     names live Python threads that do not allocate through datamem (started
-    before datamem was installed, or created outside `threading`)."""
+    before datamem was installed, or created outside `threading`).
+    `process_resident_bytes` is the process's resident set and
+    `outside_arenas_resident_bytes` the part of it no arena holds (what a policy
+    does not govern); `pyarrow_allocated_bytes`, present while pyarrow is
+    loaded, is its pool's total (docs/what-a-policy-governs.md)."""
     s = _ext.stats()
     s["threads_not_covered"] = _publish_uncovered()
+    arrow = _arrow.publish()
+    if arrow is not None:
+        s["pyarrow_allocated_bytes"] = arrow
     return s
 
 

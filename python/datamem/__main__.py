@@ -15,21 +15,16 @@
 """
 import argparse
 import os
-import re
 import sys
 
-from . import _ext, _stats_cli
-
-_UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
-          "kb": 10 ** 3, "mb": 10 ** 6, "gb": 10 ** 9, "tb": 10 ** 12}
-
+from . import _ext, _stats_cli, _text
 
 def parse_size(text):
-    m = re.fullmatch(r"\s*(\d+)\s*([A-Za-z]*)\s*", text)
-    if not m or m.group(2).lower() not in _UNITS:
-        raise argparse.ArgumentTypeError(
-            "bad size %r (bytes, or a number with B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)" % text)
-    return int(m.group(1)) * _UNITS[m.group(2).lower()]
+    """A size argument (_text.parse_size), as argparse reports a bad one."""
+    try:
+        return _text.parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def parse_dtype(text):

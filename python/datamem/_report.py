@@ -2,7 +2,7 @@
 
 summarize(profile) computes everything once, as plain data (what --json
 prints); text() and html() render it. Sampled profiles are estimates: every
-count and byte figure is a sum of the records' weights (see _profile.py), so
+count and byte figure is a sum of the records' weights (see _profile_read.py), so
 "allocations" and "bytes" are estimates of all allocations, not of the samples.
 
 Medians are by bytes (half of a site's bytes were in arrays at most this big,
@@ -24,7 +24,7 @@ import math
 import numpy as np
 
 from ._text import printable
-from ._profile import LIFE_EDGES, LONG, SHORT, SITE_COLUMNS, SIZE_EDGES  # noqa: F401
+from ._profile_read import LIFE_EDGES, LONG, SHORT, SITE_COLUMNS, SIZE_EDGES  # noqa: F401
 
 # C0 and C1 controls (ESC, CR, NEL...), DEL, the line and paragraph separators
 # (line breaks to YAML), bidirectional overrides, and lone surrogates (bytes that
@@ -74,8 +74,8 @@ def _site_rows(p):
     return list(range(1, len(p.site_sums))) + [0]
 
 
-def summarize(p, top=10):
-    T = p.totals
+def _site_dicts(p):
+    """One dict per call site that allocated, in site order (unknown last)."""
     c = {name: i for i, name in enumerate(SITE_COLUMNS)}
     sites = []
     for r in _site_rows(p):
@@ -101,9 +101,10 @@ def summarize(p, top=10):
             "rules": p.site_set("rule", i),
             "index": i,
         })
-    by_bytes = sorted(sites, key=lambda s: -s["bytes"])
-    by_count = sorted(sites, key=lambda s: -s["allocations"])
+    return sites
 
+
+def _size_histogram(p):
     size_hist = []
     for k, (lo, hi) in enumerate(zip(SIZE_EDGES, SIZE_EDGES[1:] + [float("inf")])):
         w, b, n = p.size_hist[k]
@@ -113,6 +114,10 @@ def summarize(p, top=10):
                               if hi != float("inf") else ">= %s" % fmt_size_edge(lo),
                               "allocations": float(w), "bytes": float(b),
                               "median_lifetime": p.median_life_size.median(k)})
+    return size_hist
+
+
+def _lifetime_histogram(p):
     life_hist = []
     for k, (lo, hi) in enumerate(zip(LIFE_EDGES, LIFE_EDGES[1:] + [float("inf")])):
         w, b, n = p.life_hist[k]
@@ -125,7 +130,11 @@ def summarize(p, top=10):
         life_hist.append({"min": None, "max": None, "label": "live at exit",
                           "allocations": float(p.live_end_hist[0]),
                           "bytes": float(p.live_end_hist[1])})
+    return life_hist
 
+
+def _peak(p, top):
+    """The peak of live bytes, and the `top` call sites that held most of it."""
     pk = p.peak
     peak_sites = []
     rows = _site_rows(p)
@@ -136,7 +145,17 @@ def summarize(p, top=10):
             peak_sites.append({"bytes": float(sb[j]),
                                "allocations": float(pk["site_allocations"][r]),
                                "name": p.site_label(r - 1)})
-    peak = {"bytes": float(pk["bytes"]), "time": float(pk["time"]), "sites": peak_sites}
+    return {"bytes": float(pk["bytes"]), "time": float(pk["time"]), "sites": peak_sites}
+
+
+def summarize(p, top=10):
+    T = p.totals
+    sites = _site_dicts(p)
+    by_bytes = sorted(sites, key=lambda s: -s["bytes"])
+    by_count = sorted(sites, key=lambda s: -s["allocations"])
+    size_hist = _size_histogram(p)
+    life_hist = _lifetime_histogram(p)
+    peak = _peak(p, top)
 
     return {
         "directory": p.directory,

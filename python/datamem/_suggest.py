@@ -34,7 +34,7 @@ name would otherwise end the comment and add YAML of the profiled job's choosing
 """
 import numpy as np
 
-from ._profile import BIG, SITE_COLUMNS
+from ._profile_read import BIG, SITE_COLUMNS
 from ._report import LONG, SHORT, fmt_bytes, fmt_count, fmt_time
 from ._text import printable
 
@@ -66,28 +66,21 @@ def _top_sites(p, column, limit=3):
     return out, int((sb > 0).sum())
 
 
-def suggest(p, call_site_rules=False, resident_arena=False):
-    """Returns the policy text (YAML with comments)."""
+def _below(log2, bound):
+    """Bytes of `log2` (bytes by floor(log2(size)): Profile.log2_bytes) in arrays
+    smaller than `bound` (a power of two)."""
+    return float(log2[:bound.bit_length() - 1].sum())
+
+
+def _pct(x, total):
+    return "%.0f%%" % (100.0 * x / total)
+
+
+def _head(p):
+    """The comment lines that open the policy: what was recorded."""
     T = p.totals
-    total = T["bytes"] or 1.0
     est = "" if p.full else " (estimated from samples)"
-    res_log2, temp_log2 = p.log2_bytes  # bytes by floor(log2(size))
-    res_b, temp_b, big_b = T["resident_bytes"], T["temp_bytes"], T["big_bytes"]
-
-    def res_below(bound):  # resident bytes in arrays smaller than bound (a power of two)
-        return float(res_log2[:bound.bit_length() - 1].sum())
-
-    def temp_below(bound):
-        return float(temp_log2[:bound.bit_length() - 1].sum())
-
-    def pct(x):
-        return "%.0f%%" % (100.0 * x / total)
-
-    # The size from which arrays are "big": 4 MiB as in throughput.yaml (a 2 MiB
-    # bound measured more peak RSS for no speed: module docstring).
-    big_min = BIG
-
-    head = ["# Suggested by `python -m datamem suggest %s`" % printable(p.directory),
+    return ["# Suggested by `python -m datamem suggest %s`" % printable(p.directory),
             "# from %s%s: %s allocated in %s arrays over %.2f s, %d process%s."
             % ("every allocation" if p.full else
                "%s samples (one per %s allocated)" % (fmt_count(len(p)), fmt_bytes(p.sample_bytes)),
@@ -97,123 +90,161 @@ def suggest(p, call_site_rules=False, resident_arena=False):
             "# Check it: python -m datamem check policy.yaml; see where an array goes:",
             "# python -m datamem explain policy.yaml --size 8MiB"]
 
+
+def _misplaced(p, sep):
+    """Big bytes on the wrong side of size bound `sep` ("size_min" or
+    "size_max_below", bound): temporaries with the long-lived or the reverse."""
+    res_log2, temp_log2 = p.log2_bytes
+    res_b, temp_b = p.totals["resident_bytes"], p.totals["temp_bytes"]
+    kind, bound = sep
+    if kind == "size_min":
+        return _below(res_log2, bound) + (temp_b - _below(temp_log2, bound))
+    return (res_b - _below(res_log2, bound)) + _below(temp_log2, bound)
+
+
+def _separating_bound(p):
+    """("size_min" or "size_max_below", bound): the power of two from BIG up that
+    separates long-lived big arrays from the temporaries, misplacing the fewest
+    bytes and at most 10% of the big ones; None if there is none."""
+    best = None
+    for e in range(int(np.log2(BIG)), 41):
+        bound = 1 << e
+        for cand in ((_misplaced(p, ("size_min", bound)), "size_min", bound),
+                     (_misplaced(p, ("size_max_below", bound)), "size_max_below", bound)):
+            if (cand[2] > BIG or cand[1] == "size_min") and (best is None or cand[0] < best[0]):
+                best = cand
+    if best and best[0] <= 0.1 * p.totals["big_bytes"]:
+        return best[1:]
+    return None
+
+
+def _resident(p, call_site_rules, resident_arena, arenas, rules, estimate):
+    """Long-lived big arrays: their own arena with `resident_arena`, if a size
+    bound separates them from the temporaries (a power of two, misplacing at
+    most 10% of their bytes); else a comment saying why they share reuse."""
+    T = p.totals
+    res_b, big_b = T["resident_bytes"], T["big_bytes"]
+    sep = _separating_bound(p)
+    sites, nsites = _top_sites(p, "resident_bytes")
+    comment = ["  # long-lived big arrays: sizes >= %s freed after %s or never: %s (%s of bytes),"
+               % (fmt_bytes(BIG), fmt_time(LONG), fmt_bytes(res_b), _pct(res_b, T["bytes"] or 1.0)),
+               "  # %s arrays, from %d site%s: %s"
+               % (fmt_count(T["resident_allocations"]), nsites, "" if nsites == 1 else "s",
+                  ", ".join(sites))]
+    if sep is None or not resident_arena:
+        if sep is None:
+            rules_note = ("  # no size bound separates them from the temporaries%s; they "
+                          "share the reuse arena" % ("" if call_site_rules else
+                                                     " (and this policy uses no call-site "
+                                                     "rules)"))
+        else:
+            rules_note = ("  # they share the reuse arena: an arena of their own keeps its "
+                          "freed pages apart (more peak RSS); `suggest --resident` "
+                          "separates them at %s" % _size_text(sep[1]))
+        rules += comment + [rules_note]
+        return
+    arenas.append("  resident: {alignment: 4096, hugepages: on}")
+    if sep[0] == "size_min":
+        match = "{size: {min: %s}}" % _size_text(sep[1])
+    else:
+        match = "{size: {min: %s, max: %d}}" % (_size_text(BIG), sep[1] - 1)
+    misplaced = _misplaced(p, sep)
+    comment.append("  # %s %s separates them from the temporaries (%s of big bytes "
+                   "on the other side)" % ("size >=" if sep[0] == "size_min" else "size <",
+                                           _size_text(sep[1]),
+                                           "%.0f%%" % (100 * misplaced / big_b)))
+    rules += comment + ["  # -> their own hugepage arena, away from the temporaries' "
+                        "dirty pages",
+                        "  - name: resident",
+                        "    match: %s" % match,
+                        "    arena: resident"]
+    estimate.append("#   resident: %s of long-lived arrays on hugepages (random access: "
+                    "0.92x the default's time in the benchmark's gather)"
+                    % fmt_bytes(res_b))
+
+
+def _temporaries(p, arenas, rules, estimate):
+    """Big temporaries: the reuse arena."""
+    T = p.totals
+    temp_b = T["temp_bytes"]
+    if temp_b <= 0:
+        rules.append("  # no big temporaries (>= %s freed within %s): no reuse arena"
+                     % (fmt_bytes(BIG), fmt_time(LONG)))
+        return
+    peak_t = p.temp_peak
+    # throughput.yaml's decay: on the real-job benchmark (bench/jobs.py,
+    # fft_image) `dirty: never` with a budget sized to the temporaries' peak
+    # (512 MiB) held 1.34x the default's peak RSS against 1.11x, and was no faster.
+    sites, nsites = _top_sites(p, "temp_bytes")
+    med = p.median_life_temp.median(0)
+    arenas.append("  reuse: {alignment: 4096, decay: {dirty: 30s, muzzy: 0ms}}")
+    rules += ["  # big temporaries: sizes >= %s freed within %s: %s (%s of bytes), "
+              "median lifetime %s,"
+              % (fmt_bytes(BIG), fmt_time(LONG), fmt_bytes(temp_b),
+                 _pct(temp_b, T["bytes"] or 1.0), fmt_time(med)),
+              "  # %s arrays (%s freed within %s), peak %s live at once, from %d site%s: %s"
+              % (fmt_count(T["temp_allocations"]),
+                 "%.0f%%" % (100.0 * T["temp_short_bytes"] / temp_b), fmt_time(SHORT),
+                 fmt_bytes(peak_t), nsites, "" if nsites == 1 else "s", ", ".join(sites)),
+              "  # -> reuse arena: freed pages kept 30 s for the next iteration, at most",
+              "  #    1/64 of its active bytes of them when it grows (a steady loop that",
+              "  #    still faults: dirty: never, budget >= %s, the peak above)"
+              % _size_text(_pow2_ceil(int(peak_t))),
+              "  - name: temporaries",
+              "    match: {size: {min: %s}}" % _size_text(BIG),
+              "    arena: reuse"]
+    faults = temp_b / 4096
+    estimate += ["#   temporaries: %s in %s arrays reused instead of mapped afresh: up to %s "
+                 "minor page faults" % (fmt_bytes(temp_b), fmt_count(T["temp_allocations"]),
+                                        fmt_count(faults)),
+                 "#     avoided (NumPy's default returns blocks this big to the kernel); "
+                 "benchmark: temporaries",
+                 "#     8 MiB 0.45x, 64 MiB 0.73x of the default's time "
+                 "(docs/performance.md)",
+                 "#   memory: freed temporaries kept when the arena grows: at most 1/64 "
+                 "of its active bytes"]
+
+
+def _tiny(p, arenas, rules):
+    """Tiny arrays: a 16-byte-aligned arena."""
+    T = p.totals
+    if T["tiny_allocations"] <= 0:
+        return
+    arenas.insert(1, "  tiny: {alignment: 16}")
+    sites, nsites = _top_sites(p, "tiny_bytes")
+    rules += ["  # tiny arrays <= 1 KiB: %s arrays (%.0f%% of the count), %s; from %d site%s: %s"
+              % (fmt_count(T["tiny_allocations"]),
+                 100.0 * T["tiny_allocations"] / (T["allocations"] or 1),
+                 fmt_bytes(T["tiny_bytes"]), nsites, "" if nsites == 1 else "s",
+                 ", ".join(sites)),
+              "  # -> 16-byte alignment, NumPy's own (throughput.yaml's `tiny`)",
+              "  - name: tiny",
+              "    match: {size: {max: 1KiB}}",
+              "    arena: tiny"]
+
+
+def suggest(p, call_site_rules=False, resident_arena=False):
+    """Returns the policy text (YAML with comments). "Big" arrays start at BIG,
+    4 MiB as in throughput.yaml (a 2 MiB bound measured more peak RSS for no
+    speed: module docstring)."""
+    T = p.totals
+    total = T["bytes"] or 1.0
     arenas = ["arenas:", "  general: {alignment: 64}"]
     rules = ["rules:"]
     estimate = ["#", "# What it changes (estimate):"]
-
-    # -- long-lived big arrays: their own arena, if a size bound separates them
-    # from the temporaries (a power of two, misplacing at most 10% of their bytes)
-    sep = None
+    res_b = T["resident_bytes"]
     if res_b > 0 and res_b >= 0.05 * total:
-        best = None
-        for e in range(int(np.log2(big_min)), 41):
-            bound = 1 << e
-            above = (res_below(bound) + (temp_b - temp_below(bound)), "size_min", bound)
-            below = ((res_b - res_below(bound)) + temp_below(bound), "size_max_below", bound)
-            for cand in (above, below):
-                if (cand[2] > big_min or cand[1] == "size_min") and (best is None or cand[0] < best[0]):
-                    best = cand
-        if best and best[0] <= 0.1 * big_b:
-            sep = best[1:]
-    if res_b > 0 and res_b >= 0.05 * total:
-        sites, nsites = _top_sites(p, "resident_bytes")
-        comment = ["  # long-lived big arrays: sizes >= %s freed after %s or never: %s (%s of bytes),"
-                   % (fmt_bytes(big_min), fmt_time(LONG), fmt_bytes(res_b), pct(res_b)),
-                   "  # %s arrays, from %d site%s: %s"
-                   % (fmt_count(T["resident_allocations"]), nsites, "" if nsites == 1 else "s",
-                      ", ".join(sites))]
-        if sep is None or not resident_arena:
-            if sep is None:
-                rules_note = ("  # no size bound separates them from the temporaries%s; they "
-                              "share the reuse arena" % ("" if call_site_rules else
-                                                         " (and this policy uses no call-site "
-                                                         "rules)"))
-            else:
-                rules_note = ("  # they share the reuse arena: an arena of their own keeps its "
-                              "freed pages apart (more peak RSS); `suggest --resident` "
-                              "separates them at %s" % _size_text(sep[1]))
-            rules += comment + [rules_note]
-        else:
-            arenas.append("  resident: {alignment: 4096, hugepages: on}")
-            if sep[0] == "size_min":
-                match = "{size: {min: %s}}" % _size_text(sep[1])
-            else:
-                match = "{size: {min: %s, max: %d}}" % (_size_text(big_min), sep[1] - 1)
-            misplaced = (res_below(sep[1]) + (temp_b - temp_below(sep[1]))
-                         if sep[0] == "size_min" else
-                         (res_b - res_below(sep[1])) + temp_below(sep[1]))
-            comment.append("  # %s %s separates them from the temporaries (%s of big bytes "
-                           "on the other side)" % ("size >=" if sep[0] == "size_min" else "size <",
-                                                   _size_text(sep[1]),
-                                                   "%.0f%%" % (100 * misplaced / big_b)))
-            rules += comment + ["  # -> their own hugepage arena, away from the temporaries' "
-                                "dirty pages",
-                                "  - name: resident",
-                                "    match: %s" % match,
-                                "    arena: resident"]
-            estimate.append("#   resident: %s of long-lived arrays on hugepages (random access: "
-                            "0.92x the default's time in the benchmark's gather)"
-                            % fmt_bytes(res_b))
-
-    # -- big temporaries: the reuse arena
-    if temp_b > 0:
-        peak_t = p.temp_peak
-        # throughput.yaml's decay: on the real-job benchmark (bench/jobs.py,
-        # fft_image) `dirty: never` with a budget sized to the temporaries' peak
-        # (512 MiB) held 1.34x the default's peak RSS against 1.11x, and was no faster.
-        sites, nsites = _top_sites(p, "temp_bytes")
-        med = p.median_life_temp.median(0)
-        arenas.append("  reuse: {alignment: 4096, decay: {dirty: 30s, muzzy: 0ms}}")
-        rules += ["  # big temporaries: sizes >= %s freed within %s: %s (%s of bytes), "
-                  "median lifetime %s,"
-                  % (fmt_bytes(big_min), fmt_time(LONG), fmt_bytes(temp_b), pct(temp_b),
-                     fmt_time(med)),
-                  "  # %s arrays (%s freed within %s), peak %s live at once, from %d site%s: %s"
-                  % (fmt_count(T["temp_allocations"]),
-                     "%.0f%%" % (100.0 * T["temp_short_bytes"] / temp_b), fmt_time(SHORT),
-                     fmt_bytes(peak_t), nsites, "" if nsites == 1 else "s", ", ".join(sites)),
-                  "  # -> reuse arena: freed pages kept 30 s for the next iteration, at most",
-                  "  #    1/64 of its active bytes of them when it grows (a steady loop that",
-                  "  #    still faults: dirty: never, budget >= %s, the peak above)"
-                  % _size_text(_pow2_ceil(int(peak_t))),
-                  "  - name: temporaries",
-                  "    match: {size: {min: %s}}" % _size_text(big_min),
-                  "    arena: reuse"]
-        faults = temp_b / 4096
-        estimate += ["#   temporaries: %s in %s arrays reused instead of mapped afresh: up to %s "
-                     "minor page faults" % (fmt_bytes(temp_b), fmt_count(T["temp_allocations"]),
-                                            fmt_count(faults)),
-                     "#     avoided (NumPy's default returns blocks this big to the kernel); "
-                     "benchmark: temporaries",
-                     "#     8 MiB 0.45x, 64 MiB 0.73x of the default's time "
-                     "(docs/performance.md)",
-                     "#   memory: freed temporaries kept when the arena grows: at most 1/64 "
-                     "of its active bytes"]
-    else:
-        rules.append("  # no big temporaries (>= %s freed within %s): no reuse arena"
-                     % (fmt_bytes(big_min), fmt_time(LONG)))
-
-    # -- tiny arrays
-    if T["tiny_allocations"] > 0:
-        arenas.insert(1, "  tiny: {alignment: 16}")
-        sites, nsites = _top_sites(p, "tiny_bytes")
-        rules += ["  # tiny arrays <= 1 KiB: %s arrays (%.0f%% of the count), %s; from %d site%s: %s"
-                  % (fmt_count(T["tiny_allocations"]),
-                     100.0 * T["tiny_allocations"] / (T["allocations"] or 1),
-                     fmt_bytes(T["tiny_bytes"]), nsites, "" if nsites == 1 else "s",
-                     ", ".join(sites)),
-                  "  # -> 16-byte alignment, NumPy's own (throughput.yaml's `tiny`)",
-                  "  - name: tiny",
-                  "    match: {size: {max: 1KiB}}",
-                  "    arena: tiny"]
-    rest = max(0.0, T["bytes"] - T["tiny_bytes"] - big_b)
+        _resident(p, call_site_rules, resident_arena, arenas, rules, estimate)
+    _temporaries(p, arenas, rules, estimate)
+    _tiny(p, arenas, rules)
+    rest = max(0.0, T["bytes"] - T["tiny_bytes"] - T["big_bytes"])
     estimate.append("#   everything else (%s, %s of bytes): the 64-byte-aligned default arena, "
                     "served by datamem's block cache up to 256 KiB"
-                    % (fmt_bytes(rest), pct(rest)))
+                    % (fmt_bytes(rest), _pct(rest, total)))
     policies = sorted({q["policy"] for q in p.processes if q["policy"]})
     if policies:
         estimate.append("#   recorded under: %s" % printable(", ".join(policies)))
     if not any(r.startswith("  - name:") for r in rules):
         rules = rules[1:] + ["rules: []"]
-    return "\n".join(head + estimate + ["", "version: 1", "default: general", ""] + arenas +
+    return "\n".join(_head(p) + estimate + ["", "version: 1", "default: general", ""] + arenas +
                      [""] + rules) + "\n"

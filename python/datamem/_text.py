@@ -1,6 +1,7 @@
-"""Text from outside (a target's names and paths, a profile's call sites, argv)
-made safe to print: the one rule every command uses before writing to a
-terminal, a YAML comment or a log line.
+"""Text rules every command shares. Text from outside (a target's names and
+paths, a profile's call sites, argv) made safe to print: the one rule every
+command uses before writing to a terminal, a YAML comment or a log line. And
+sizes as commands and environment variables take them (parse_size).
 
 Escaped: C0 and C1 controls and DEL (terminal escape sequences, line breaks,
 including NEL that YAML reads as one), the Unicode line and paragraph separators,
@@ -26,3 +27,17 @@ def printable(text, keep=""):
     if keep:
         return _UNPRINTABLE.sub(lambda m: m.group() if m.group() in keep else _escape(m), text)
     return _UNPRINTABLE.sub(_escape, text)
+
+
+_UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
+          "kb": 10 ** 3, "mb": 10 ** 6, "gb": 10 ** 9, "tb": 10 ** 12}
+
+
+def parse_size(text):
+    """Bytes from "4096", "64KiB", "1 GB" (units as in policies, any case);
+    ValueError naming the text otherwise."""
+    m = re.fullmatch(r"\s*(\d+)\s*([A-Za-z]*)\s*", text)
+    if not m or m.group(2).lower() not in _UNITS:
+        raise ValueError(
+            "bad size %r (bytes, or a number with B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)" % text)
+    return int(m.group(1)) * _UNITS[m.group(2).lower()]

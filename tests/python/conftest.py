@@ -1,3 +1,5 @@
+import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -43,6 +45,46 @@ def run_py(code, config=None, env=None, timeout=120):
         e.update(env)
     return subprocess.run([sys.executable, "-c", code], env=e, capture_output=True,
                           text=True, timeout=timeout, cwd=ROOT)
+
+
+def untrusted_dir(d, how):
+    """Makes directory `d` one an attacker could write into: "another user's"
+    (owned by nobody; root only, else the test skips), "writable by others",
+    or, for any other `how`, a symbolic link to it. Returns the path to name it
+    by (the link, or d)."""
+    d.mkdir(mode=0o755)
+    if how == "another user's":
+        if os.geteuid() != 0:
+            pytest.skip("SKIP: making a directory of another user needs root")
+        os.chown(d, 65534, 65534)
+    elif how == "writable by others":
+        os.chmod(d, 0o777)
+    else:
+        link = d.parent / (d.name + "-link")
+        link.symlink_to(d)
+        return link
+    return d
+
+
+def last_json(r):
+    """The JSON object a job printed last; the job must have exited 0."""
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-6000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def need(module, extra):
+    """Skips unless `module` is installed (an engine from datamem's extras)."""
+    if importlib.util.find_spec(module) is None:
+        pytest.skip("%s is not installed (pip install 'datamem[%s]'; scripts/test.sh installs "
+                    "it in the 'Dask, Ray and joblib workers' stage)" % (module, extra))
+
+
+def run_script(tmp_path, name, text, args, timeout):
+    """Writes `text` to tmp_path/name and runs it as __main__ with sys.argv = [name] + args."""
+    script = tmp_path / name
+    script.write_text(text)
+    return run_py("import runpy, sys; sys.argv = %r; runpy.run_path(%r, run_name='__main__')"
+                  % ([name] + [str(a) for a in args], str(script)), timeout=timeout)
 
 
 @pytest.fixture

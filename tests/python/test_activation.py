@@ -195,3 +195,49 @@ def test_missing_policy_path_that_is_not_utf8_stops_with_its_name(tmp_path):
     assert r.returncode == 2 and "job ran" not in r.stdout
     assert "DATAMEM_CONFIG=%s" % os.fsencode(path).decode("utf-8", "backslashreplace") in r.stderr
     assert "codec" not in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_activates_in_a_venv_whose_numpy_is_the_base_interpreters(tmp_path, demo_policy):
+    """A virtual environment made with --system-site-packages, datamem installed
+    in it and NumPy only in the base interpreter: site.py runs the venv's
+    datamem.pth before the base site-packages is on sys.path, so the hook must
+    wait for NumPy (_datamem_boot) instead of failing to import datamem and
+    letting the job run without its policy."""
+    import glob
+    import importlib.util
+    wheels = glob.glob(os.path.join(ROOT, "dist", "datamem-*-linux_*.whl"))
+    assert wheels, "build and install first (scripts/build.sh)"
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip",
+                    str(venv)], check=True)
+    site_dir = subprocess.run([str(venv / "bin" / "python"), "-c",
+                               "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
+                    "--disable-pip-version-check", "--target", site_dir, wheels[0]], check=True)
+    assert not os.path.exists(os.path.join(site_dir, "numpy"))      # NumPy: the base's
+    assert os.path.exists(os.path.join(site_dir, "datamem.pth"))
+    assert importlib.util.find_spec("numpy") is not None
+    code = ("import numpy as np, datamem\n"
+            "print(np.core.multiarray.get_handler_name() if np.__version__ < '2' else "
+            "np._core.multiarray.get_handler_name(), datamem.__file__.startswith(%r))" % site_dir)
+    env = dict(os.environ, DATAMEM_CONFIG=demo_policy)
+    env.pop("PYTHONPATH", None)
+    r = subprocess.run([str(venv / "bin" / "python"), "-c", code], env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["datamem", "True"], (r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr, r.stderr
+    # No NumPy at all (a venv without the base's site-packages): the job still
+    # stops, with the reason, when site.py has added every directory.
+    bare = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
+    bare_site = subprocess.run([str(bare / "bin" / "python"), "-c",
+                                "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
+                    "--disable-pip-version-check", "--target", bare_site, wheels[0]], check=True)
+    r = subprocess.run([str(bare / "bin" / "python"), "-c", "print('JOB RAN')"], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert "JOB RAN" not in r.stdout and r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    assert "datamem: cannot activate" in r.stderr and "numpy" in r.stderr.lower(), r.stderr

@@ -36,3 +36,33 @@ def test_samples_without_user_time_leave_the_steady_table_out():
                    "dm-x": [{"wall_s": 1.0, "maxrss_mb": 1.0}]}}
     med, ratio = jobs.summarize(raw)
     assert jobs.markdown_steady(med, ratio, ["default", "dm-x"]).count("\n") == 1
+
+
+def test_shares_table_splits_the_peak_into_arenas_pyarrow_and_other():
+    smp = [{"job": "j", "config": "dm-x", "maxrss_mb": 1030.0,
+            "peak": {"rss_mb": 1000.0, "arenas_mb": 600.0, "pyarrow_mb": 100.0}},
+           {"job": "j", "config": "default", "maxrss_mb": 990.0,
+            "peak": {"rss_mb": 980.0, "arenas_mb": None, "pyarrow_mb": None}}]
+    lines = jobs.markdown_shares(smp).splitlines()
+    assert lines[2] == "| j | dm-x | 1000 / 1030 | 600 | 60% | 100 | 300 |"
+    assert lines[3] == "| j | default | 980 / 990 | - | - | - | 980 |"
+
+
+def test_child_peak_sampler_sees_the_arenas_hold_a_numpy_job():
+    # stencil_big at 0.1: a 100 MiB grid and its temporaries, all NumPy's.
+    import json
+    import subprocess
+    child = os.path.join(ROOT, "bench", "jobs", "child.py")
+    env = dict(os.environ, DATAMEM_CONFIG=os.path.join(ROOT, "configs", "throughput.yaml"))
+    r = subprocess.run([sys.executable, child, "stencil_big", "--scale", "0.1", "--peak"],
+                       env=env, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    p = out["peak"]
+    assert p["rss_mb"] <= out["maxrss_mb"] * 1.02, out  # sampled: at most the true peak
+    assert p["rss_mb"] >= 200, out                       # the grid and two temporaries
+    assert p["arenas_mb"] >= 0.8 * p["rss_mb"], out      # most of it in datamem's arenas
+    assert p["pyarrow_mb"] is None, out
+    r = subprocess.run([sys.executable, child, "stencil_big", "--scale", "0.1"], env=env,
+                       capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert json.loads(r.stdout.strip().splitlines()[-1])["peak"] is None  # off unless asked

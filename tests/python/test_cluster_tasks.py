@@ -6,15 +6,13 @@ interpreter, as a user would run them, and skip with the reason when not
 installed (scripts/test.sh installs them in its "Dask, Ray and joblib workers"
 stage, which runs this file). The name rule (datamem._tasks) is tested
 everywhere."""
-import importlib.util
-import json
 
 import pytest
 
 import datamem
 from datamem._tasks import format_table, tag_rows, task_tag
 
-from conftest import run_py
+from conftest import last_json, need, run_script
 
 
 # ---- names: what a Dask key prefix or a Ray function name becomes ----------------------------
@@ -63,15 +61,8 @@ def test_tag_rows_and_table():
                for l in lines), text
 
 
-def need(module, extra):
-    if importlib.util.find_spec(module) is None:
-        pytest.skip("%s is not installed (pip install 'datamem[%s]'; scripts/test.sh installs "
-                    "it in the 'Dask, Ray and joblib workers' stage)" % (module, extra))
 
 
-def last_json(r):
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-6000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])
 
 
 POLICY = """version: 1
@@ -184,10 +175,7 @@ def test_dask_runaway_task_fails_alone_and_names_its_tag(tmp_path):
     need("distributed", "dask")
     pol = tmp_path / "policy.yaml"
     pol.write_text(POLICY)
-    script = tmp_path / "dask_tasks.py"
-    script.write_text(DASK)
-    r = run_py("import runpy, sys; sys.argv = ['dask_tasks.py', %r, 'plugin']; "
-               "runpy.run_path(%r, run_name='__main__')" % (str(pol), str(script)), timeout=240)
+    r = run_script(tmp_path, "dask_tasks.py", DASK, [pol, "plugin"], timeout=240)
     out = last_json(r)
     assert out["env"] == [["1", str(int(1.5 * 2**30))]]  # counting on; the nanny's limit
     live, peak = out["hold10"]
@@ -272,10 +260,7 @@ def test_ray_tasks_and_actors_are_tagged_and_a_runaway_fails_alone(tmp_path):
     need("ray", "ray")
     pol = tmp_path / "policy.yaml"
     pol.write_text(POLICY)
-    script = tmp_path / "ray_tasks.py"
-    script.write_text(RAY)
-    r = run_py("import runpy, sys; sys.argv = ['ray_tasks.py', %r]; "
-               "runpy.run_path(%r, run_name='__main__')" % (str(pol), str(script)), timeout=300)
+    r = run_script(tmp_path, "ray_tasks.py", RAY, [pol], timeout=300)
     out = last_json(r)
     assert out["plain"] == ["plain"] and out["named"] == ["my_loader"]
     assert out["actor"] == ["Store"] and out["actor_live"] >= 10 << 20

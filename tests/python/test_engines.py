@@ -3,14 +3,13 @@
 local cluster) and joblib/loky. Each test runs its engine in a fresh interpreter,
 as a user would, and skips with the reason when the engine is not installed
 (scripts/test.sh installs them in its "Dask, Ray and joblib workers" stage)."""
-import importlib.util
 import json
 import os
 import stat
 
 import pytest
 
-from conftest import run_py
+from conftest import last_json, need, run_py
 
 POLICY = """version: 1
 default: general
@@ -24,15 +23,8 @@ rules:
 """
 
 
-def need(module, extra):
-    if importlib.util.find_spec(module) is None:
-        pytest.skip("%s is not installed (pip install 'datamem[%s]'; scripts/test.sh installs "
-                    "it in the 'Dask, Ray and joblib workers' stage)" % (module, extra))
 
 
-def last_json(r):
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-6000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])
 
 
 # Made in the tasks: 1,000,000 bytes, which only the rule "task-arrays" matches.

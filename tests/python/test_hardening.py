@@ -18,7 +18,7 @@ import time
 import pytest
 
 from conftest import ROOT, UNDER_ASAN, run_py, skip_under_asan, wait_for
-from test_stats_export import families, get, job, job_env, samples
+from test_stats_export import families, get, job, samples
 
 
 # ---- the textfile ---------------------------------------------------------------------------
@@ -103,6 +103,17 @@ def _addr(url):
     return host.strip("[]"), int(port)
 
 
+def _connect_nowait(addr):
+    """A TCP socket whose connect to `addr` has started, not waited for."""
+    s = socket.socket()
+    s.setblocking(False)
+    try:
+        s.connect(addr)
+    except BlockingIOError:
+        pass
+    return s
+
+
 def test_scrapes_succeed_while_200_slow_clients_are_connected(tmp_path):
     """Slowloris: 200 clients each send one header byte every second (attack
     pinned: with an idle timeout that each byte resets, 17 of them block every
@@ -113,18 +124,9 @@ def test_scrapes_succeed_while_200_slow_clients_are_connected(tmp_path):
         dribbling = threading.Event()  # every slow client has connected and sent a byte
         socks = []
 
-        def slow_connect():
-            s = socket.socket()
-            s.setblocking(False)
-            try:
-                s.connect(addr)
-            except BlockingIOError:
-                pass
-            return s
-
         def attacker():
             for _ in range(200):
-                socks.append(slow_connect())
+                socks.append(_connect_nowait(addr))
             end = time.monotonic() + 20  # bounded
             while not stop.is_set() and time.monotonic() < end:
                 for i, s in enumerate(socks):
@@ -134,7 +136,7 @@ def test_scrapes_succeed_while_200_slow_clients_are_connected(tmp_path):
                         pass
                     except OSError:  # dropped: come back, as an attacker would
                         s.close()
-                        socks[i] = slow_connect()
+                        socks[i] = _connect_nowait(addr)
                 dribbling.set()
                 stop.wait(1.0)
 
@@ -259,13 +261,7 @@ def test_a_scraper_behind_a_full_syn_queue_is_not_evicted_by_a_flood(tmp_path):
             while _syncookies_sent() == cookies:  # held in the SYN queue by TCP_DEFER_ACCEPT
                 assert len(silent) < 4096, "no SYN cookie after 4096 silent connections"
                 for _ in range(32):
-                    s = socket.socket()
-                    s.setblocking(False)
-                    try:
-                        s.connect(addr)
-                    except BlockingIOError:
-                        pass
-                    silent.append(s)
+                    silent.append(_connect_nowait(addr))
                 time.sleep(0.01)
             for _ in range(100):  # until the scraper's own handshake is a cookie's
                 before = _syncookies_sent()

@@ -278,6 +278,16 @@ def test_page_in_headless_chromium(tmp_path):
         assert cells[k + "allocations"] == format(r["allocations"], ",")
         assert close_bytes(cells[k + "bytes_requested"], [s["rules"][rule]["bytes_requested"]
                                                           for s in both])
+    # The process around the arenas: its resident set moves a little between
+    # polls (the endpoint's own buffers), the arenas' sum is the table's.
+    rss = [s["process_resident_bytes"] for s in both]
+    assert min(rss) * 0.97 <= parse_bytes(ids["process-resident"]) <= max(rss) * 1.03, ids
+    outside = [s["outside_arenas_resident_bytes"] for s in both]
+    assert min(outside) * 0.9 <= parse_bytes(ids["outside-arenas"]) <= max(outside) * 1.1, ids
+    assert close_bytes(ids["process-arenas"], [sum(a["resident_bytes"] for a in s["arenas"].values())
+                                               for s in both])
+    assert re.fullmatch(r"\(\d+% of resident\)", ids["process-arenas-share"]), ids
+    assert ids["pyarrow"] == "not loaded"  # the job never imports pyarrow
     assert after["tag_bytes"]["on"]
     for t in after["tags"]:
         k = "tag:%s:" % t["tag"]

@@ -65,8 +65,25 @@ def test_multiprocessing_start_methods(tmp_path):
         assert set(out[method + "_returned"]) <= {"small", "general", "big", "None"}
 
 
+# Both fork jobs below wait for each child the same way: bounded, and a child
+# that does not exit in time is counted as hung (a deadlock), killed and reaped.
+WAIT_CHILD = r"""
+def wait_child(pid, timeout):
+    # the child's exit code, or None when it had not exited after `timeout` s
+    deadline = time.monotonic() + timeout
+    while True:
+        r, status = os.waitpid(pid, os.WNOHANG)
+        if r:
+            return os.waitstatus_to_exitcode(status)
+        if time.monotonic() > deadline:
+            os.kill(pid, 9); os.waitpid(pid, 0)
+            return None
+        time.sleep(0.002)
+"""
+
 FORK_STRESS = r"""
 import os, sys, threading, time, numpy as np, datamem
+""" + WAIT_CHILD + r"""
 stop = threading.Event()
 def churn():
     keep = []
@@ -86,15 +103,10 @@ for i in range(60):
         ok = ok and all(datamem.arena_of(a) for a in arrs)
         t = threading.Thread(target=lambda: np.ones(5000)); t.start(); t.join()
         os._exit(0 if ok else 7)
-    deadline = time.monotonic() + 20
-    while True:
-        r, status = os.waitpid(pid, os.WNOHANG)
-        if r:
-            bad += os.waitstatus_to_exitcode(status) != 0
-            break
-        if time.monotonic() > deadline:
-            os.kill(pid, 9); print("deadlock in child", i); sys.exit(3)
-        time.sleep(0.005)
+    rc = wait_child(pid, 20)
+    if rc is None:
+        print("deadlock in child", i); sys.exit(3)
+    bad += rc != 0
 stop.set()
 [t.join() for t in threads]
 print("children failed:", bad)
@@ -115,6 +127,7 @@ def test_fork_while_threads_allocate():
 # forever in a stats snapshot holding the runtime lock (5 of 5 children hung).
 FORK_STORM = r"""
 import os, sys, threading, time, numpy as np, datamem
+""" + WAIT_CHILD.replace("%", "%%") + r"""
 stop = threading.Event()
 def busy():
     keep = []
@@ -148,17 +161,9 @@ for i in range(N):
             rc = child()
         finally:
             os._exit(rc)
-    deadline = time.monotonic() + 30
-    while True:
-        r, status = os.waitpid(pid, os.WNOHANG)
-        if r:
-            bad += os.waitstatus_to_exitcode(status) != 0
-            break
-        if time.monotonic() > deadline:
-            hung += 1
-            os.kill(pid, 9); os.waitpid(pid, 0)
-            break
-        time.sleep(0.002)
+    rc = wait_child(pid, 30)
+    hung += rc is None
+    bad += rc not in (0, None)
 stop.set()
 [t.join() for t in threads]
 print("forks %%d hung %%d failed %%d" %% (N, hung, bad))

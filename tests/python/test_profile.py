@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, untrusted_dir
 
 JOB = textwrap.dedent('''
     import multiprocessing as mp
@@ -414,18 +414,7 @@ def test_profile_never_writes_through_a_planted_symlink(tmp_path):
 def _untrusted_dir(tmp_path, how):
     """A profile directory an attacker could write into, and the path to name it by."""
     d = tmp_path / "prof"
-    d.mkdir(mode=0o755)
-    target = d
-    if how == "another user's":
-        if os.geteuid() != 0:
-            pytest.skip("SKIP: making a directory of another user needs root")
-        os.chown(d, 65534, 65534)
-    elif how == "writable by others":
-        os.chmod(d, 0o777)
-    else:
-        target = tmp_path / "link"
-        target.symlink_to(d)
-    return d, target
+    return d, untrusted_dir(d, how)
 
 
 _UNTRUSTED_WHY = {"another user's": "owned by uid 65534, not by this user",

@@ -12,7 +12,7 @@ import os
 
 import pytest
 
-from conftest import CONFIGS, run_py
+from conftest import CONFIGS, run_py, skip_under_asan
 from test_arena_powers import fake_cudart  # noqa: F401  (fixture: a CUDA runtime stand-in)
 
 MINIMAL = os.path.join(CONFIGS, "minimal.yaml")
@@ -235,6 +235,44 @@ def test_growth_purge_slack_is_small():
     assert out["purges"] == 1 and out["dirty"] < (10 << 20), out
 
 
+GLIBC_HOLE = r"""
+import ctypes, json
+import numpy as np
+import datamem
+
+libc = ctypes.CDLL(None)
+libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+
+libc.free(libc.malloc(32 << 20))   # a mapped block freed: glibc's mmap threshold rises
+chunks = [libc.malloc(1 << 20) for _ in range(64)]   # so these come from its heap
+for c in chunks:
+    ctypes.memset(c, 1, 1 << 20)
+for c in chunks[:-1]:
+    libc.free(c)                    # 63 MiB free inside glibc's heap, under a live chunk
+before = rss()
+a = np.ones(64 << 17)               # 64 MiB: datamem's footprint passes its peak
+print(json.dumps({"grew": rss() - before}))
+"""
+
+
+@skip_under_asan  # ASan's malloc, not glibc's, serves ctypes' malloc there
+def test_growth_past_the_peak_trims_glibc():
+    """With NumPy's arrays in datamem's arenas, memory the rest of the process
+    frees (pandas' hash tables, Python objects) stays in glibc's heap, where
+    NumPy's default would have put the next arrays. When datamem's footprint
+    passes its peak, glibc gives its free pages back (issue 28: pandas_etl's
+    peak had 17 MiB of them, 1.020x NumPy's default peak RSS; 1.002x)."""
+    r = run_py(GLIBC_HOLE, config=MINIMAL)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["grew"] < (32 << 20), out      # the array's 64 MiB, less glibc's 63 MiB
+
+
 def test_zeros_in_a_pinned_arena_keeps_its_pages(write_policy, fake_cudart):
     """Memory registered with the CUDA runtime must keep its pages: np.zeros of a
     reused big block there is cleared with memset, never given back."""
@@ -347,6 +385,34 @@ def test_kept_big_block_comes_back_zeroed_and_goes_back_on_a_miss():
     # to jemalloc first (which may split one for it), so none is hidden from the
     # growth purge.
     assert out["after_miss"]["reuse_bytes"] == 0, out
+
+
+def test_blocks_grown_by_realloc_are_reused():
+    """pandas' hash tables grow their vectors by ndarray.resize (realloc). Under
+    a one-arena policy a block grown past 4 MiB stayed in the arena's small
+    half, and its free was kept there for 10 s (decay.dirty), where no
+    allocation ever looks, while the next big arrays took fresh memory: eight
+    rounds of 24 MB held 226 MB (issue 28: a pandas 3 job at 1.10x-1.17x NumPy's
+    default peak RSS). Now the grown block moves to the big half and its free
+    serves the next big array."""
+    r = run_py(r"""
+import json
+import numpy as np
+import datamem
+for i in range(8):
+    a = np.ones(1000)
+    a.resize(3_000_000 + 1000 * i, refcheck=False)   # realloc: 8 KB -> 24 MB
+    a[:] = 1.0
+    del a
+    b = np.ones(3_000_000)
+    del b
+m = datamem.stats()["arenas"]["main"]
+print(json.dumps({k: m[k] for k in ("active_bytes", "reuse_bytes", "reallocs")}))
+""", config=MINIMAL)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["reallocs"] >= 8, out
+    assert out["active_bytes"] < (64 << 20), out   # one or two 24 MB blocks, not eight
 
 
 def test_kept_big_block_waits_at_most_decay_dirty(write_policy):

@@ -13,7 +13,6 @@ import socket
 import stat
 import subprocess
 import sys
-import threading
 import time
 import urllib.parse
 import urllib.request
@@ -21,7 +20,7 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import CONFIGS, ROOT, run_py
+from conftest import CONFIGS, ROOT, run_py, untrusted_dir
 
 DEMO = os.path.join(CONFIGS, "demo.yaml")
 
@@ -650,13 +649,7 @@ def test_discovery_directory_it_cannot_trust_is_refused(tmp_path, how):
     # lets them plant files that `ls` then reports, or links. The process is not
     # listed; the job runs on.
     disc = tmp_path / "discovery"
-    disc.mkdir(mode=0o755)
-    if how == "another user's":
-        if os.geteuid() != 0:
-            pytest.skip("SKIP: making a directory of another user needs root")
-        os.chown(disc, 65534, 65534)
-    else:
-        os.chmod(disc, 0o777)
+    untrusted_dir(disc, how)
     code = "import datamem\nprint('JOB DONE', datamem.stats_url() is not None)"
     r = run_py(code, config=DEMO, env={"DATAMEM_STATS_HTTP": "127.0.0.1:0",
                                         "DATAMEM_STATS_DIR": str(disc)})

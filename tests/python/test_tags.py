@@ -4,9 +4,8 @@ MemoryError that names it, the worker limit, and how they are exported.
 
 Each job runs in its own interpreter (counting is decided at start-up).
 """
-import json
 
-from conftest import run_py
+from conftest import last_json, run_py
 
 MiB = 1 << 20
 
@@ -20,9 +19,6 @@ tag_limits:
 """
 
 
-def last_json(r):
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-6000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])
 
 
 def test_a_runaway_tag_fails_alone_and_its_error_names_tag_limit_and_request(write_policy):
