@@ -121,7 +121,7 @@ class PeakSampler(threading.Thread):
             p["arenas_mb"] = sum(a["resident_bytes"] for a in s["arenas"].values()) / MIB
             if "pyarrow_allocated_bytes" in s:
                 p["pyarrow_mb"] = s["pyarrow_allocated_bytes"] / MIB
-        elif "pyarrow" in sys.modules:
+        elif sys.modules.get("pyarrow") is not None:  # None: hidden (pandas3_etl)
             p["pyarrow_mb"] = sys.modules["pyarrow"].total_allocated_bytes() / MIB
         self.peak = p
 

@@ -84,7 +84,7 @@ def _unwatch():
 
 def watch():
     """Called at install: refreshes now if pyarrow is loaded, else waits for it."""
-    if "pyarrow" in sys.modules:
+    if sys.modules.get("pyarrow") is not None:  # None: a job that hides pyarrow
         _start()
     elif _Watch not in sys.meta_path:
         sys.meta_path.insert(0, _Watch)
