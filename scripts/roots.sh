@@ -63,6 +63,19 @@ unmount_all() {
   MOUNTED=()
 }
 
+# rm -rf of a root, never through a mount: a run killed before its trap (or
+# debootstrap's own /proc) can leave /dev or the clone bound inside it.
+remove_root() {
+  local d=$1 m
+  [ -e "$d" ] || return 0
+  while read -r m; do umount -l "$m" 2>/dev/null || true; done < <(
+    awk -v d="$(realpath "$d")/" 'index($2, d) == 1 {print $2}' /proc/self/mounts | sort -r)
+  if awk -v d="$(realpath "$d")/" 'index($2, d) == 1' /proc/self/mounts | grep -q .; then
+    die "$d still has mounts under it; not removed"
+  fi
+  rm -rf --one-file-system "$d"
+}
+
 in_root() {  # in_root ROOT CMD...: chroot with the mounts, a clean environment
   local r=$1; shift
   env -i PATH=/opt/v/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 \
@@ -82,7 +95,7 @@ make_root() {
   esac
   host_pkgs
   echo "roots.sh: making $r ($suite, $arch)" >&2
-  rm -rf "$r" "$r.part"
+  remove_root "$r"; remove_root "$r.part"
   mkdir -p "$ROOTS"
   debootstrap --arch="$arch" --variant=minbase --include="$include" "$suite" "$r.part" \
     >"$ROOTS/$name.log" 2>&1 || { tail -20 "$ROOTS/$name.log" >&2; die "debootstrap $suite failed (log: $ROOTS/$name.log)"; }
