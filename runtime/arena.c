@@ -652,6 +652,20 @@ static uint64_t stat_zu(unsigned idx, const char *leaf) {
     return v;
 }
 
+/* jemalloc's pactive/pdirty/pmuzzy count its own pages (LG_PAGE: 64 KiB in the
+ * aarch64 wheels, for kernels with 4, 16 or 64 KiB pages; third_party/jemalloc),
+ * not the kernel's. */
+static uint64_t je_page_size(void) {
+    static _Atomic size_t page;
+    size_t p = atomic_load_explicit(&page, memory_order_relaxed), n = sizeof(p);
+    if (!p) {
+        if (dmje_mallctl("arenas.page", &p, &n, NULL, 0) != 0 || !p)
+            p = dm__os_page_size();
+        atomic_store_explicit(&page, p, memory_order_relaxed);
+    }
+    return p;
+}
+
 static uint64_t stat_u64(unsigned idx, const char *leaf) {
     uint64_t v = 0;
     if (stat_read(idx, leaf, &v, sizeof(v)) != 0)
@@ -701,7 +715,7 @@ void dm__arena_after_growth(je_arena_t *ja) {
     if (budget == SIZE_MAX || !ja->purge_mib[0])
         return;
     /* Growth is rare: the stats readers' lock (dm__mu) is affordable here. */
-    uint64_t epoch = 1, page = dm__os_page_size();
+    uint64_t epoch = 1, page = je_page_size();
     pthread_mutex_lock(&dm__mu);
     dmje_mallctl("epoch", NULL, NULL, &epoch, sizeof(epoch)); /* refresh the stats */
     /* Past the peak, the jemalloc arena that grew is purged if it holds dirty
@@ -758,7 +772,7 @@ void dm__arena_after_growth(je_arena_t *ja) {
 
 static void je_stats_add(je_arena_t *ja, dm_arena_stats_t *o) {
     unsigned i = ja->index;
-    size_t page = dm__os_page_size();
+    uint64_t page = je_page_size();
     o->allocated += stat_zu(i, "small.allocated") + stat_zu(i, "large.allocated");
     o->active += stat_zu(i, "pactive") * page;
     o->dirty += stat_zu(i, "pdirty") * page;

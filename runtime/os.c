@@ -206,7 +206,7 @@ void dm__os_trim_libc(void) {
 }
 
 bool dm__os_resident(void *p, size_t n) {
-    unsigned char vec[4096]; /* one byte per page: 16 MiB per call */
+    unsigned char vec[4096]; /* one byte per page: 4096 pages (16 MiB of 4 KiB pages) a call */
     size_t page = dm__os_page_size();
     for (size_t off = 0; off < n;) {
         size_t len = n - off < sizeof(vec) * page ? n - off : sizeof(vec) * page;

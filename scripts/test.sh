@@ -60,14 +60,33 @@ fi
 "$venv/bin/python" -m pip install -q --disable-pip-version-check --force-reinstall --no-deps dist/datamem-*.whl
 "$venv/bin/python" -m pytest -q tests/python
 
-stage "manylinux wheels for every CPython 3.10-3.13 found (scripts/wheels.sh)"
+stage "Debian roots: testing (CPython 3.14), bookworm arm64 (qemu), bullseye (glibc 2.31) (scripts/roots.sh, cached)"
+for r in forky arm64 bullseye; do bash scripts/roots.sh make "$r"; done
+
+stage "manylinux_2_28 wheels, CPython 3.10-3.14, x86_64 and aarch64 (scripts/wheels.sh)"
 bash scripts/wheels.sh
 
 stage "the CPython 3.13 wheel: Python tests in a fresh virtual environment"
 bash scripts/wheel-venv-test.sh 3.13
 
-stage "each wheel: only glibc outside it (ldd), imports with system libyaml/libnuma hidden"
-python3 tools/check_wheels.py dist/datamem-*-manylinux_*.whl
+stage "each x86_64 wheel this machine has a Python for: only glibc outside it (ldd), imports with system libyaml/libnuma hidden"
+host_wheels=()
+for w in dist/datamem-*-manylinux_*_x86_64.whl; do
+  abi=$(basename "$w" | cut -d- -f3)
+  [ ! -x ".venv-wheels/$abi/bin/python" ] || host_wheels+=("$w")
+done
+python3 tools/check_wheels.py "${host_wheels[@]}"
+
+stage "the CPython 3.14 wheel in Debian testing (NumPy 2.5): Python tests"
+bash scripts/root-test.sh forky tests/python
+
+stage "the aarch64 CPython 3.11 wheel under qemu (bookworm arm64): smoke tests"
+bash scripts/root-test.sh arm64 tests/python/test_packaging.py tests/python/test_build.py \
+  tests/python/test_handler.py tests/python/test_processes.py
+
+stage "the x86_64 CPython 3.11 wheel on glibc 2.31 (bullseye): smoke tests"
+bash scripts/root-test.sh bullseye tests/python/test_packaging.py tests/python/test_build.py \
+  tests/python/test_handler.py tests/python/test_processes.py
 
 stage "NumPy's own test suite (slice) under datamem vs the default allocator"
 python3 tools/numpy_suite.py   # the whole suite: python3 tools/numpy_suite.py --full

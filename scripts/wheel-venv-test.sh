@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 v=${1:?usage: wheel-venv-test.sh 3.13}
 py=$(bash scripts/wheels.sh --python "$v")
-whl=$(ls dist/datamem-*-cp${v/./}-cp${v/./}-manylinux_*.whl 2>/dev/null | head -1)
+whl=$(ls dist/datamem-*-cp${v/./}-cp${v/./}-manylinux_*_"$(uname -m)".whl 2>/dev/null | head -1)
 [ -n "$whl" ] || { echo "wheel-venv-test.sh: no CPython $v manylinux wheel in dist/ (run scripts/wheels.sh)" >&2; exit 1; }
 venv=.venv-wheel-test-cp${v/./}
 rm -rf "$venv"

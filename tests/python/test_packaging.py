@@ -12,8 +12,8 @@ import pytest
 import datamem
 from datamem import _ext
 
-GLIBC = {"linux-vdso.so.1", "libc.so.6", "libm.so.6", "libpthread.so.0", "libdl.so.2",
-         "librt.so.1", "ld-linux-x86-64.so.2"}
+GLIBC = {"linux-vdso.so.1", "libc.so.6", "libm.so.6", "libpthread.so.0",
+         "libdl.so.2", "librt.so.1", "ld-linux-x86-64.so.2", "ld-linux-aarch64.so.1"}
 
 
 def test_version_cli_names_every_component():
@@ -47,3 +47,18 @@ def test_extension_needs_only_glibc_and_its_own_library():
                 continue
             path = os.path.realpath(parts[2])
             assert os.path.dirname(path) == pkg, "%s needs %s from the system" % (so, line.strip())
+
+
+def test_source_build_without_bazel_says_what_to_install(tmp_path):
+    # `pip install datamem-X.tar.gz` (or `pip install .`) on a machine without Bazel:
+    # the build backend's answer is one line naming what to install, no traceback.
+    from conftest import ROOT
+    code = ("import sys; sys.path.insert(0, %r); import datamem_backend; "
+            "datamem_backend.build_wheel(%r)" % (os.path.join(ROOT, "tools", "pep517"),
+                                                 str(tmp_path / "wheels")))
+    r = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, PATH=str(tmp_path)),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1, (r.returncode, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert "Bazel" in lines[0] and "apt-get install bazel-bootstrap" in lines[0], lines[0]

@@ -13,7 +13,22 @@ We build the same source with
 The source comes from `apt-get source` (Debian's archive is the one registry we may
 use); scripts/setup.sh adds the deb-src entries and dpkg-dev. The build runs once per
 Bazel output base, outside any --config, so sanitizer builds reuse it.
+
+Cross builds (scripts/wheels.sh, each target in its own output base) set
+DATAMEM_TARGET (a zig target, e.g. aarch64-linux-gnu.2.28) and DATAMEM_TARGET_CC
+(the compiler for it). The page size is then fixed, not probed on the build machine:
+jemalloc cannot run where the kernel's page is larger than its LG_PAGE, and arm64
+kernels come with 4, 16 or 64 KiB pages, so aarch64 gets 64 KiB (--with-lg-page=16,
+as Debian, Fedora and Arch build it); x86_64 has 4 KiB pages only. The hugepage
+size is 2 MiB on both (4 KiB-page kernels; on a 64 KiB-page arm64 kernel THP is
+512 MiB and jemalloc's hugepage alignment there is only a missed optimisation).
 """
+
+# Per target architecture: configure's --host and jemalloc's page size.
+_CROSS = {
+    "x86_64": ["--host=x86_64-linux-gnu", "--with-lg-page=12", "--with-lg-hugepage=21"],
+    "aarch64": ["--host=aarch64-linux-gnu", "--with-lg-page=16", "--with-lg-hugepage=21"],
+}
 
 _VERSION = "5.3.0"
 
@@ -35,6 +50,17 @@ def _debian_jemalloc_impl(rctx):
 
     rctx.report_progress("configuring jemalloc")
     env = {"CFLAGS": "-O2 -g -fPIC -fno-omit-frame-pointer", "CC": "gcc"}
+    cross = []
+    target = rctx.os.environ.get("DATAMEM_TARGET", "")
+    if target:
+        arch = target.split("-")[0]
+        if arch not in _CROSS:
+            fail("jemalloc: DATAMEM_TARGET=%s: supported architectures are %s" % (target, ", ".join(_CROSS)))
+        if not rctx.os.environ.get("DATAMEM_TARGET_CC"):
+            fail("jemalloc: DATAMEM_TARGET=%s needs DATAMEM_TARGET_CC, its C compiler (scripts/wheels.sh sets both)" % target)
+        env["CC"] = rctx.os.environ["DATAMEM_TARGET_CC"]
+        env["AR"] = "ar"  # GNU ar archives objects of any architecture
+        cross = _CROSS[arch]
     _run(rctx, [
         "sh",
         "-c",
@@ -44,7 +70,7 @@ def _debian_jemalloc_impl(rctx):
         "--without-export " +
         "--disable-initial-exec-tls " +
         "--disable-cxx --disable-shared " +
-        "--disable-doc",
+        "--disable-doc " + " ".join(cross),
     ], "configure", env = env)
     rctx.report_progress("building jemalloc (about a minute)")
     _run(rctx, ["sh", "-c", "cd src && make -s -j$(nproc) build_lib_static"], "make", env = env)
@@ -60,5 +86,6 @@ debian_jemalloc = repository_rule(
     attrs = {
         "build_file": attr.label(default = "//third_party/jemalloc:jemalloc.BUILD"),
     },
+    environ = ["DATAMEM_TARGET", "DATAMEM_TARGET_CC"],
     local = False,
 )

@@ -27,8 +27,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 _SKIP_DIRS = {".git", "dist", "build", "__pycache__", ".pytest_cache", ".hypothesis"}
 
 
-class BuildError(RuntimeError):
-    pass
+class BuildError(SystemExit):
+    """A build that cannot go on: pip (and `python -m build`) show its one-line
+    message as the hook's whole output, with no traceback."""
 
 
 def _version():
@@ -48,9 +49,10 @@ def _metadata():
 def _bazel():
     bazel = shutil.which("bazel")
     if not bazel:
-        raise BuildError("datamem: `bazel` not found on PATH. datamem builds with Bazel: on "
-                         "Debian, run scripts/setup.sh (or apt-get install bazel-bootstrap "
-                         "dpkg-dev build-essential), then pip install again.")
+        raise BuildError("datamem: building from source needs Bazel, and `bazel` is not on "
+                         "PATH: on Debian or Ubuntu, apt-get install bazel-bootstrap dpkg-dev "
+                         "build-essential (or run scripts/setup.sh from the source tree), then "
+                         "pip install again.")
     return bazel
 
 
