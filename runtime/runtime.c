@@ -1113,15 +1113,14 @@ void *dm_realloc(const dm_ctx_t *c, void *p, size_t size) {
     je_arena_t *old = dm__owner_of(p);
     if (DM_UNLIKELY(!old))
         return NULL;
-    rt_table_t *cur = atomic_load_explicit(&g_table, memory_order_acquire);
-    if (DM_UNLIKELY(cur && cur->tally))
-        return realloc_tallied(c, p, size);
     tag_drop(p); /* the block leaves the cached path: resized, moved or freed */
     dm_tls_t *t = tls_self();
     int r;
     const rt_slot_t *s = route(t, c, size, DM_DT_UNKNOWN, &r);
     if (DM_UNLIKELY(!s))
         return NULL;
+    if (DM_UNLIKELY(t->table->tally)) /* the bound table: route() holds a reference */
+        return realloc_tallied(c, p, size);
     je_arena_t *ja = slot_je(s);
     je_arena_t *big = ja ? atomic_load_explicit(&ja->big, memory_order_acquire) : NULL;
     if (big && old == big)

@@ -11,10 +11,13 @@
 
 #include "runtime/datamem.h"
 
-/* The policy file's path: /tmp/dm_<who>_<pid>.yaml, rewritten with `text`. */
+/* The policy file's path: $TEST_TMPDIR (Bazel's, one per test run: sandboxed
+ * runs may share a pid) or /tmp, dm_<who>_<pid>.yaml, rewritten with `text`. */
 static inline const char *test_write_policy(const char *who, const char *text) {
-    static char path[96];
-    snprintf(path, sizeof(path), "/tmp/dm_%s_%d.yaml", who, (int)getpid());
+    static char path[512];
+    const char *dir = getenv("TEST_TMPDIR");
+    snprintf(path, sizeof(path), "%s/dm_%s_%d.yaml", dir && *dir ? dir : "/tmp", who,
+             (int)getpid());
     FILE *f = fopen(path, "w");
     if (!f) {
         perror(path);
