@@ -219,7 +219,7 @@ def arena_of(array):
 
 # A policy's match.tag accepts only these names (policy/units.c, dm__name_valid),
 # so tag() refuses the rest rather than tagging what no rule can match (issue 11);
-# tests/python/test_papercuts.py checks both sides agree.
+# tests/python/test_tags.py checks both sides agree.
 _TAG_PATTERN = "[A-Za-z_][A-Za-z0-9_-]*"
 _TAG = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,62}")
 
