@@ -47,11 +47,12 @@ uint64_t dm__alloc_foreign_frees(void) {
 /* ---- the calling thread ----------------------------------------------------- */
 
 /* The calling thread's state. We are dlopen'ed, so dm__thread_self is
- * global-dynamic and every &dm__thread_self is a call (a TLS descriptor here, -mtls-dialect=gnu2; otherwise
- * __tls_get_addr); GCC rematerializes it after each call rather than keep it in
- * a register (with __tls_get_addr: 5 calls per malloc+free, 55 instructions;
- * bench/callgrind.sh). The empty asm hides where the pointer came from, so it is
- * computed once per entry point and passed down. */
+ * global-dynamic and every &dm__thread_self is a call (a TLS descriptor here,
+ * -mtls-dialect=gnu2; otherwise __tls_get_addr); GCC rematerializes it after
+ * each call rather than keep it in a register (with __tls_get_addr: 5 calls per
+ * malloc+free, 55 instructions; bench/callgrind.sh). The empty asm hides where
+ * the pointer came from, so it is computed once per entry point and passed
+ * down. */
 static inline dm__thread_t *tls_self(void) {
     dm__thread_t *t = &dm__thread_self;
     __asm__("" : "+r"(t));
@@ -103,7 +104,8 @@ static inline dm__arena_je_t *slot_je(const dm__dispatch_slot_t *s) {
                                     : dm__arena_je_for_node(s->arena, dm__os_current_node());
 }
 
-static void *slot_alloc_tracked(dm__thread_t *t, const dm__dispatch_slot_t *s, size_t size, int zero);
+static void *slot_alloc_tracked(dm__thread_t *t, const dm__dispatch_slot_t *s, size_t size,
+                                int zero);
 
 /* Where a block of n >= DM_BIG_THP_MIN bytes goes: ja's big half if it has one
  * (arena.c, "Big halves"). */
@@ -112,7 +114,8 @@ static inline dm__arena_je_t *big_half(dm__arena_je_t *ja) {
     return big ? big : ja;
 }
 
-static inline void *je_alloc_flags(dm__thread_t *t, int flags, dm__arena_je_t *ja, size_t n, int zero) {
+static inline void *je_alloc_flags(dm__thread_t *t, int flags, dm__arena_je_t *ja, size_t n,
+                                   int zero) {
     DM_TSAN_ACQUIRE();
     if (ja == t->auto_je && flags == 0) /* the thread's bound arena */
         return zero ? dmje_mallocx(n, MALLOCX_ZERO) : dmje_malloc(n);
@@ -120,7 +123,8 @@ static inline void *je_alloc_flags(dm__thread_t *t, int flags, dm__arena_je_t *j
                                  (unsigned)MALLOCX_ARENA(ja->index) | tcache_flags(t, ja)));
 }
 
-static inline void *je_alloc(dm__thread_t *t, const dm__dispatch_slot_t *s, dm__arena_je_t *ja, size_t n, int zero) {
+static inline void *je_alloc(dm__thread_t *t, const dm__dispatch_slot_t *s, dm__arena_je_t *ja,
+                             size_t n, int zero) {
     return je_alloc_flags(t, s->flags, ja, n, zero);
 }
 
@@ -193,7 +197,8 @@ static bool live_reserve(dm__thread_t *t, dm__arena_t *a, size_t usable, size_t 
  * *before* it is allocated, and taken back if jemalloc then fails, so
  * concurrent threads can never take the arena past it. Frees (free_slow) subtract the same usable
  * size. No block cache: its blocks are never tagged. */
-static __attribute__((noinline)) void *slot_alloc_tracked(dm__thread_t *t, const dm__dispatch_slot_t *s,
+static __attribute__((noinline)) void *slot_alloc_tracked(dm__thread_t *t,
+                                                          const dm__dispatch_slot_t *s,
                                                           size_t size, int zero) {
     size_t n = size ? size : 1;
     n = (n + s->round) & ~s->round;
@@ -360,8 +365,8 @@ alloc_counted(dm__thread_t *t, const dm__dispatch_slot_t *s, int r, size_t size,
  * alloc_counted does, then recorded for its free. A refusal fails the
  * allocation (no fallback: another arena would not change the tag's bytes). */
 static __attribute__((noinline)) void *alloc_tallied(dm__thread_t *t, const dm_ctx_t *c,
-                                                     const dm__dispatch_slot_t *s, int r, size_t size,
-                                                     int dt, int zero) {
+                                                     const dm__dispatch_slot_t *s, int r,
+                                                     size_t size, int dt, int zero) {
     const dm_ctx_t *cx = c ? c : &dm__context_root;
     size_t n = size ? size : 1;
     n = (n + s->round) & ~s->round;
@@ -436,8 +441,8 @@ static __attribute__((noinline)) void *alloc_site(dm__thread_t *t, const dm_ctx_
 
 /* A block leaves through the cached path: tag it with its class and arena,
  * and count it. */
-static inline __attribute__((always_inline)) void bcache_hand_out(const dm__bcache_memo_t *m, void *p,
-                                                              size_t size) {
+static inline __attribute__((always_inline)) void
+bcache_hand_out(const dm__bcache_memo_t *m, void *p, size_t size) {
     atomic_store_explicit(dm__bcache_tag_word((uintptr_t)p), (uintptr_t)p | m->tag_bits,
                           memory_order_relaxed);
     DM_CTR_ADD(m->arena_ctrs->nalloc, 1);

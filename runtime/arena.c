@@ -69,7 +69,8 @@ static int je_settings(dm__arena_je_t *ja, const dm_arena_spec_t *spec) {
 static dm__arena_je_t *je_create(dm__arena_t *owner, int node, const dm_arena_spec_t *spec) {
     if (nje >= DM_JE_MAX)
         return NULL;
-    dm__arena_je_t *ja = dmje_mallocx(sizeof(*ja), MALLOCX_ZERO | MALLOCX_TCACHE_NONE | MALLOCX_ARENA(0));
+    dm__arena_je_t *ja =
+        dmje_mallocx(sizeof(*ja), MALLOCX_ZERO | MALLOCX_TCACHE_NONE | MALLOCX_ARENA(0));
     if (!ja)
         return NULL;
     ja->hooks = dm__extent_hooks;
@@ -238,7 +239,8 @@ dm__arena_t *dm__arena_get(const char *name, const dm_arena_spec_t *spec) {
             return arenas[i];
     if (narenas >= DM_RT_ARENAS_MAX)
         return NULL;
-    dm__arena_t *a = dmje_mallocx(sizeof(*a), MALLOCX_ZERO | MALLOCX_TCACHE_NONE | MALLOCX_ARENA(0));
+    dm__arena_t *a =
+        dmje_mallocx(sizeof(*a), MALLOCX_ZERO | MALLOCX_TCACHE_NONE | MALLOCX_ARENA(0));
     if (!a)
         return NULL;
     snprintf(a->name, sizeof(a->name), "%s", name);

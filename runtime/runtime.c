@@ -39,7 +39,7 @@
  * allocated, i.e. on every big array (190 of 700 instructions per 256 KiB
  * malloc+free, bench/callgrind.sh); push it out of the way.
  * oversize_threshold:0: no hidden "huge" arena. A thread's bound arena (see
- * auto_bind) is served by plain malloc(), which would otherwise send requests
+ * thread.c, auto_bind) is served by plain malloc(), which would otherwise send requests
  * of 8 MiB and more to jemalloc's own huge arena instead of ours. */
 DM_API const char *dmje_malloc_conf =
     "tcache_max:1048576,tcache_nslots_large:4,tcache_gc_incr_bytes:1073741824,"

@@ -409,7 +409,7 @@ static void test_reload_keeps_live_blocks(void) {
     dm_free(m);
 }
 
-/* ---- the block cache (runtime.c) ----------------------------------------- */
+/* ---- the block cache (bcache.c) ----------------------------------------- */
 
 /* The cache computes jemalloc's size classes itself: they must be jemalloc's. */
 static void test_size_classes(void) {
@@ -624,7 +624,8 @@ static void test_big_halves(void) {
 
     load_ok("version: 1\ndefault: whole\narenas:\n  whole: {hugepages: off}\n");
     small = dm_alloc(root, 64 << 10, DM_DT_UNKNOWN), big = dm_alloc(root, 8 * MB, DM_DT_UNKNOWN);
-    CHECK(dm__arena_owner_of(small) == dm__arena_owner_of(big), "hugepages: off: one jemalloc arena");
+    CHECK(dm__arena_owner_of(small) == dm__arena_owner_of(big),
+          "hugepages: off: one jemalloc arena");
     CHECK(njemalloc("whole") == 1, "one jemalloc arena, got %d", njemalloc("whole"));
     dm_free(small), dm_free(big);
 

@@ -5,7 +5,7 @@
  * Counting is on when the policy asks for it (tag_bytes, tag_limits,
  * worker_limit) or DATAMEM_TAG_BYTES=1; once on it stays on for the process,
  * so every block counted at its allocation is uncounted at its free. While it
- * is on, every allocation takes the runtime's slow path (runtime.c,
+ * is on, every allocation takes the runtime's slow path (alloc.c,
  * alloc_tallied: no small-block cache), which reserves the block's usable size
  * against the worker limit and each of its context's tags, allocates, and
  * records the block's context in a shadow table; any thread's free reads the
@@ -21,7 +21,7 @@
  * 32 KiB of small blocks, per 8 MiB span of big ones.
  *
  * Tags: a registry of up to DM_TALLY_TAGS_MAX names, entry 0 "(untagged)" for
- * the root context. Contexts are interned (runtime.c) and get their tags' ids
+ * the root context. Contexts are interned (context.c) and get their tags' ids
  * once, when made. Limits are set at install from the policy's tag_limits
  * (the first glob that matches).
  *
