@@ -1,4 +1,4 @@
-"""`python -m datamem suggest DIR > policy.yaml`: a policy from a profile (issue 13).
+"""`python -m datamem suggest DIR > policy.yaml`: a policy from a profile.
 
 The proposal follows what the allocator benchmark measured
 (docs/performance.md, configs/throughput.yaml), scaled to the job's own
