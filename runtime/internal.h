@@ -134,13 +134,13 @@ typedef struct dm__arena {
     _Atomic uint64_t numa_nodes;
     _Atomic size_t alignment;
     _Atomic bool per_node, in_policy;
-    _Atomic size_t dirty_budget;  /* decay.budget; SIZE_MAX = never */
-    _Atomic int64_t reuse_ms;     /* decay.dirty: how long a kept big block waits; -1 = no limit */
+    _Atomic size_t dirty_budget; /* decay.budget; SIZE_MAX = never */
+    _Atomic int64_t reuse_ms;    /* decay.dirty: how long a kept big block waits; -1 = no limit */
     /* Written under dm__runtime_mu, read by the per_node fast path without it. */
-    dm__arena_je_t *_Atomic single;              /* the arena when not per_node */
+    dm__arena_je_t *_Atomic single; /* the arena when not per_node */
     dm__arena_je_t *_Atomic by_node[DM_NODES_MAX];
     dm__ctr_t placement_errors;
-    dm__ctr_t growth_purges;          /* purges by decay.budget */
+    dm__ctr_t growth_purges;     /* purges by decay.budget */
     /* `limit` (reloadable; SIZE_MAX = none). An arena counts its live bytes
      * (usable sizes, one atomic add per allocation and free) from the first
      * install that gives it a limit, for the rest of the process; untracked
@@ -151,9 +151,9 @@ typedef struct dm__arena {
     /* lock / pinned: settings for new extents, and bytes currently locked or
      * registered (extent hooks). */
     _Atomic bool lock;
-    _Atomic int pinned;              /* dm_pin_t */
+    _Atomic int pinned;          /* dm_pin_t */
     _Atomic uint64_t locked_bytes, pinned_bytes;
-    dm__ctrs_t dead;            /* counters of threads that exited */
+    dm__ctrs_t dead;             /* counters of threads that exited */
 } dm__arena_t;
 
 /* One per rule, plus one for the default, in a published table. */
@@ -161,7 +161,7 @@ typedef struct dm__dispatch_slot {
     int flags;          /* MALLOCX_ARENA | MALLOCX_ALIGN (when > 64) */
     size_t round;       /* size rounding mask for alignment <= 64 */
     dm__arena_t *arena;
-    dm__arena_je_t *je;     /* NULL when per_node: chosen per call */
+    dm__arena_je_t *je; /* NULL when per_node: chosen per call */
     uint16_t arena_id;
     bool tracked;       /* the arena counts live bytes (a limit): never cached */
 } dm__dispatch_slot_t;
@@ -175,15 +175,15 @@ typedef struct dm__dispatch_view {
 typedef struct dm__dispatch {
     dm_table_t *table;
     dm_policy_t *policy;
-    dm__dispatch_slot_t *slots;            /* nrules + 1 */
+    dm__dispatch_slot_t *slots;  /* nrules + 1 */
     int nslots;
     bool uses_dtype;
     uint64_t seq;                /* its install number (site masks name it) */
     int fallback;                /* slot index of the fallback arena, or -1 */
     dm__dispatch_slot_t fallback_slot;
     _Atomic int refs;
-    dm__dispatch_view_t *views;      /* guarded by the runtime mutex */
-    dm__ctrs_t *rule_ctrs;  /* per slot, folded from threads that moved on
+    dm__dispatch_view_t *views;  /* guarded by the runtime mutex */
+    dm__ctrs_t *rule_ctrs;       /* per slot, folded from threads that moved on
                                     (nfree unused); guarded by dm__runtime_mu */
     bool tally;                  /* bytes are counted per tag (tally.c): every
                                     allocation takes alloc_tallied */
@@ -196,7 +196,7 @@ typedef struct dm__dispatch {
 typedef struct dm__bcache_bin {
     _Atomic uint32_t n;          /* written by its thread, read by stats */
     uint32_t tag;                /* the je arena (slot + 1) of every block here */
-    dm__ctr_t *nfree;             /* that arena's free counter in this thread */
+    dm__ctr_t *nfree;            /* that arena's free counter in this thread */
     void *items[DM_BCACHE_SLOTS];
 } dm__bcache_bin_t;
 
@@ -204,7 +204,7 @@ typedef struct dm__bcache_bin {
  * (bcache.c, dm__bcache_learn) and forgotten at every bind. */
 typedef enum { DM_MEMO_UNKNOWN = 0, DM_MEMO_SLOW, DM_MEMO_CACHED } dm__bcache_memo_state_t;
 typedef struct dm__bcache_memo {
-    dm__bcache_bin_t *bin;            /* the bin of the class its blocks have */
+    dm__bcache_bin_t *bin;       /* the bin of the class its blocks have */
     uint64_t tag_bits;           /* class and arena fields of its blocks' tags */
     dm__ctrs_t *arena_ctrs, *rule_ctrs;
     uint32_t tag;                /* its je arena (slot + 1) */
@@ -228,7 +228,7 @@ typedef struct dm__thread {
      * and per raw size class what the bound view does with it (DM_MEMO_*). */
     dm__bcache_memo_t memo[DM_SC_COUNT];
     dm__bcache_bin_t bins[DM_SC_COUNT];
-    dm__ctrs_t *rule_ctrs;  /* per slot of `table` (nfree unused) */
+    dm__ctrs_t *rule_ctrs;       /* per slot of `table` (nfree unused) */
     /* explicit jemalloc thread caches, per je arena slot: index + 1, 0 = none */
     unsigned tcache[DM_JE_MAX];
     dm__ctrs_t ctrs[DM_RT_ARENAS_MAX];
@@ -236,7 +236,7 @@ typedef struct dm__thread {
     dm_failure_t last_failure;   /* the thread's last allocation refused by a limit */
     bool limit_refused;          /* set by the tracked path, read by alloc_failed */
     bool registered, exiting;
-    struct dm__thread *next, *prev;  /* registry, under the runtime mutex */
+    struct dm__thread *next, *prev; /* registry, under the runtime mutex */
 } dm__thread_t;
 
 struct dm_ctx {

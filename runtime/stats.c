@@ -77,7 +77,8 @@ int dm_stats_snapshot(dm_stats_t *out) {
         for (int r = 0; out->rules && r < tab->nslots; r++) {
             dm_rule_stats_t *rs = &out->rules[r];
             const dm_policy_t *p = tab->policy;
-            snprintf(rs->name, sizeof(rs->name), "%s", r < p->nrules ? p->rules[r].name : "default");
+            snprintf(rs->name, sizeof(rs->name), "%s",
+                     r < p->nrules ? p->rules[r].name : "default");
             snprintf(rs->arena, sizeof(rs->arena), "%s", tab->slots[r].arena->name);
             counts_add(&rs->counts, &tab->rule_ctrs[r]);
             for (dm__thread_t *t = dm__thread_registry; t; t = t->next)
