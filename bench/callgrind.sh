@@ -98,7 +98,7 @@ print()
 print("datamem's own instructions per pair (self cost), by function:")
 mine = ("h_malloc", "h_free", "dm_alloc", "dm_calloc", "dm_free", "alloc_impl",
         "slot_alloc", "route", "tcache_flags", "__tls_get_addr", "PyCapsule_GetPointer",
-        "__strcmp_avx2", "strcmp", "_dl_tlsdesc_dynamic", "free_slow", "fc_miss")
+        "__strcmp_avx2", "strcmp", "_dl_tlsdesc_dynamic", "free_slow", "bcache_miss")
 for size, s, m in rows:
     parts = []
     for k in sorted(s, key=lambda k: -s[k]):
