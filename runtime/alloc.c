@@ -128,13 +128,13 @@ static inline void *je_alloc(dm__thread_t *t, const dm__dispatch_slot_t *s, dm__
     return je_alloc_flags(t, s->flags, ja, n, zero);
 }
 
-/* n >= 4 MiB: a block kept by dm__big_keep if one of its size is there
+/* n >= 4 MiB: a block kept by dm__bigblock_keep if one of its size is there
  * (bigblock.c, "Reuse"), else jemalloc's, its pages past n trimmed
  * ("Trimming"), then the growth check. */
 static __attribute__((noinline)) void *slot_alloc_big(dm__thread_t *t, const dm__dispatch_slot_t *s,
                                                       dm__arena_je_t *ja, size_t n, int zero) {
-    int flags = dm__big_flags(ja, s->flags);
-    void *p = dm__big_take(ja, n, flags);
+    int flags = dm__bigblock_flags(ja, s->flags);
+    void *p = dm__bigblock_take(ja, n, flags);
     if (p) {
         if (zero)
             memset(p, 0, n);
@@ -142,7 +142,7 @@ static __attribute__((noinline)) void *slot_alloc_big(dm__thread_t *t, const dm_
     }
     p = je_alloc_flags(t, flags, ja, n, zero);
     if (p)
-        dm__big_trim(p, n, SIZE_MAX);
+        dm__bigblock_trim(p, n, SIZE_MAX);
     dm__arena_check_growth(ja);
     return p;
 }
@@ -222,7 +222,7 @@ static __attribute__((noinline)) void *slot_alloc_tracked(dm__thread_t *t,
         atomic_fetch_sub_explicit(&a->live, usable, memory_order_relaxed);
     } else if (n > DM_SC_MAX) {
         if (n >= DM_BIG_THP_MIN)
-            dm__big_trim(p, n, SIZE_MAX);
+            dm__bigblock_trim(p, n, SIZE_MAX);
         dm__arena_check_growth(ja);
     }
     return p;
@@ -496,8 +496,8 @@ static __attribute__((noinline)) void *alloc_big(const dm_ctx_t *c, size_t size,
     void *p = alloc_impl(c, size, dt, zero && !purge ? MALLOCX_ZERO : 0);
     if (DM_UNLIKELY(!p))
         return NULL;
-    dm__big_advise(p, size);
-    return purge ? dm__big_zero(p, size) : p;
+    dm__bigblock_advise(p, size);
+    return purge ? dm__bigblock_zero(p, size) : p;
 }
 
 void *dm_alloc(const dm_ctx_t *c, size_t size, int dt) {
@@ -518,7 +518,7 @@ void *dm_alloc_site(const dm_ctx_t *c, size_t size, int dt, uint64_t mask, uint6
         return dm_alloc(c, size, dt);
     void *p = alloc_site(tls_fast(), c, size, dt, mask, gen, 0);
     if (p && size >= DM_BIG_THP_MIN) /* big blocks: as dm_alloc does */
-        dm__big_advise(p, size);
+        dm__bigblock_advise(p, size);
     return p;
 }
 
@@ -529,8 +529,8 @@ void *dm_calloc_site(const dm_ctx_t *c, size_t size, int dt, uint64_t mask, uint
     void *p = alloc_site(tls_fast(), c, size, dt, mask, gen, purge ? 0 : MALLOCX_ZERO);
     if (!p || !big)
         return p;
-    dm__big_advise(p, size);
-    return purge ? dm__big_zero(p, size) : p;
+    dm__bigblock_advise(p, size);
+    return purge ? dm__bigblock_zero(p, size) : p;
 }
 
 static __attribute__((noinline)) void free_slow(dm__thread_t *t, void *p, _Atomic uint64_t *w,
@@ -547,7 +547,7 @@ static __attribute__((noinline)) void free_slow(dm__thread_t *t, void *p, _Atomi
     DM_CTR_ADD(t->ctrs[ja->owner->id].nfree, 1);
     untrack(ja, p);
     dm__tally_release(p);
-    if (hint >= DM_BIG_THP_MIN && dm__big_keep(ja, p, hint)) /* NumPy's size says big: maybe */
+    if (hint >= DM_BIG_THP_MIN && dm__bigblock_keep(ja, p, hint)) /* NumPy's size says big: maybe */
         return;
     DM_TSAN_RELEASE();
     if (ja == t->auto_je)

@@ -18,7 +18,7 @@
  *     loads instead of a system call (np.empty(4 MiB) create/destroy stays
  *     ~0.4 us). The advice is never taken back (an arena's memory stays its
  *     own), as NumPy's stays on a heap it reuses. Such blocks are allocated
- *     2 MiB-aligned (dm__big_flags): page-aligned, a 23 MB block loses up to
+ *     2 MiB-aligned (dm__bigblock_flags): page-aligned, a 23 MB block loses up to
  *     two frames at its ends to 4 KiB pages, and NumPy's heap, whose advised
  *     neighbours merge into one hugepage mapping, does not (pandas_etl: 39.6k
  *     faults page-aligned, 29.6k aligned, the default 21.3k). jemalloc's
@@ -100,13 +100,13 @@
 static _Atomic uint64_t advised[NFRAMES / 64];
 static _Atomic bool numpy_thp = true;
 
-void dm__big_set_numpy_thp(bool on) {
+void dm__bigblock_set_numpy_thp(bool on) {
     atomic_store_explicit(&numpy_thp, on, memory_order_relaxed);
 }
 
-void dm_runtime_set_numpy_hugepages(bool on) { dm__big_set_numpy_thp(on); }
+void dm_runtime_set_numpy_hugepages(bool on) { dm__bigblock_set_numpy_thp(on); }
 
-bool dm__big_numpy_thp(void) { return atomic_load_explicit(&numpy_thp, memory_order_relaxed); }
+bool dm__bigblock_numpy_thp(void) { return atomic_load_explicit(&numpy_thp, memory_order_relaxed); }
 
 static bool frames_advised(uintptr_t f0, uintptr_t f1) {
     for (uintptr_t f = f0; f < f1; f++)
@@ -122,7 +122,7 @@ static bool takes_numpy_advice(const dm__arena_je_t *ja) {
            atomic_load_explicit(&ja->owner->thp, memory_order_relaxed) == DM_THP_SYSTEM;
 }
 
-void dm__big_advise(void *p, size_t n) {
+void dm__bigblock_advise(void *p, size_t n) {
     uintptr_t lo = ((uintptr_t)p + FRAME - 1) & ~(FRAME - 1);
     uintptr_t hi = ((uintptr_t)p + n) & ~(FRAME - 1);
     if (hi <= lo || (hi >> FRAME_SHIFT) > NFRAMES)
@@ -142,13 +142,13 @@ void dm__big_advise(void *p, size_t n) {
                                  memory_order_relaxed);
 }
 
-int dm__big_flags(const dm__arena_je_t *ja, int flags) {
+int dm__bigblock_flags(const dm__arena_je_t *ja, int flags) {
     if ((flags & LG_ALIGN_MASK) >= FRAME_SHIFT || !takes_numpy_advice(ja))
         return flags;
     return (flags & ~LG_ALIGN_MASK) | MALLOCX_LG_ALIGN(FRAME_SHIFT);
 }
 
-void *dm__big_zero(void *p, size_t n) {
+void *dm__bigblock_zero(void *p, size_t n) {
     uintptr_t page = dm__os_page_size();
     uintptr_t b = (uintptr_t)p, e = b + n;
     uintptr_t lo = (b + page - 1) & ~(page - 1), hi = e & ~(page - 1);
@@ -171,7 +171,7 @@ void *dm__big_zero(void *p, size_t n) {
 
 /* ---- Trimming ---------------------------------------------------------------- */
 
-void dm__big_trim(void *p, size_t n, size_t touched) {
+void dm__bigblock_trim(void *p, size_t n, size_t touched) {
     uintptr_t page = dm__os_page_size();
     size_t usable = dmje_sallocx(p, 0);
     uintptr_t lo = ((uintptr_t)p + n + page - 1) & ~(page - 1);
@@ -227,7 +227,7 @@ static int64_t ttl_of(const dm__arena_je_t *ja) {
     return ms < 0 ? INT64_MAX : ms;
 }
 
-void *dm__big_take(dm__arena_je_t *ja, size_t n, int flags) {
+void *dm__bigblock_take(dm__arena_je_t *ja, size_t n, int flags) {
     if (atomic_load_explicit(&ja->reuse_bytes, memory_order_relaxed) == 0)
         return NULL; /* a racy peek: a miss here only costs a jemalloc call */
     size_t want = dmje_nallocx(n, flags & LG_ALIGN_MASK);
@@ -250,11 +250,11 @@ void *dm__big_take(dm__arena_je_t *ja, size_t n, int flags) {
     pthread_mutex_unlock(&ja->reuse_mu);
     give_back(out, nout);
     if (p) /* a block that served a bigger array: its pages past n go */
-        dm__big_trim(p, n, touched);
+        dm__bigblock_trim(p, n, touched);
     return p;
 }
 
-bool dm__big_keep(dm__arena_je_t *ja, void *p, size_t hint) {
+bool dm__bigblock_keep(dm__arena_je_t *ja, void *p, size_t hint) {
     int64_t ttl = ttl_of(ja);
     /* Only the arena that serves the big blocks ever takes one back: a small
      * half's kept block would wait out its decay for nothing, resident. */
@@ -302,12 +302,12 @@ static void expire(dm__arena_je_t *ja) {
     give_back(out, nout);
 }
 
-void dm__big_expire_all(void) {
+void dm__bigblock_expire_all(void) {
     for (int i = 0; i < DM_JE_MAX && dm__arena_by_slot[i]; i++)
         expire(dm__arena_by_slot[i]);
 }
 
-void dm__big_fork(int phase) {
+void dm__bigblock_fork(int phase) {
     for (int i = 0; i < DM_JE_MAX && dm__arena_by_slot[i]; i++) {
         if (phase == 0)
             pthread_mutex_lock(&dm__arena_by_slot[i]->reuse_mu);

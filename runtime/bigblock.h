@@ -27,13 +27,13 @@
  * `hugepages: system` and NumPy's setting is on, the whole 2 MiB frames inside
  * it are advised MADV_HUGEPAGE (once: later blocks at the same place cost a
  * bitmap look-up). */
-void dm__big_advise(void *p, size_t n);
+void dm__bigblock_advise(void *p, size_t n);
 
 /* Makes [p, p+n) read as zeros: whole pages are given back to the kernel
  * (MADV_DONTNEED: zero pages on next touch), the partial pages at the ends
  * cleared; memset where the pages cannot be given back (mlock, pinned: cuda).
  * Returns p. */
-void *dm__big_zero(void *p, size_t n);
+void *dm__bigblock_zero(void *p, size_t n);
 
 /* A block of n >= DM_BIG_THP_MIN bytes about to be handed out: its pages
  * past n, up to `touched` bytes from p (its last user's request; SIZE_MAX:
@@ -41,33 +41,33 @@ void *dm__big_zero(void *p, size_t n);
  * when there are DM_BIG_TRIM_MIN bytes of them or more (bigblock.c,
  * "Trimming"). */
 #define DM_BIG_TRIM_MIN ((size_t)64 << 10)
-void dm__big_trim(void *p, size_t n, size_t touched);
+void dm__bigblock_trim(void *p, size_t n, size_t touched);
 
 struct dm__arena_je;
 
 /* The jemalloc flags for a block of n >= DM_BIG_THP_MIN bytes from ja: 2 MiB
- * alignment where dm__big_advise will advise it. */
-int dm__big_flags(const struct dm__arena_je *ja, int flags);
+ * alignment where dm__bigblock_advise will advise it. */
+int dm__bigblock_flags(const struct dm__arena_je *ja, int flags);
 
-/* Reuse of freed big blocks (bigblock.c, "Reuse"). dm__big_take: a kept block
+/* Reuse of freed big blocks (bigblock.c, "Reuse"). dm__bigblock_take: a kept block
  * of the size class jemalloc would serve for mallocx(n, flags), aligned as
  * `flags` asks, trimmed for n, or NULL, in which case every block the arena
  * kept has gone back to jemalloc (so that it can split or merge them for this
- * request). dm__big_keep: keeps p (a live block of the arena, not yet freed,
+ * request). dm__bigblock_keep: keeps p (a live block of the arena, not yet freed,
  * last asked for as `hint` bytes) for the next allocation of its size; false
  * if it is not kept (the caller frees it).
- * dm__big_expire_all (under dm__runtime_mu): every arena hands back what waited longer
+ * dm__bigblock_expire_all (under dm__runtime_mu): every arena hands back what waited longer
  * than its decay.dirty, and all it keeps once it counts live bytes (`limit`).
- * dm__big_fork: 0 before fork() (takes every arena's lock), 1 after it, in
+ * dm__bigblock_fork: 0 before fork() (takes every arena's lock), 1 after it, in
  * both processes. */
-void *dm__big_take(struct dm__arena_je *ja, size_t n, int flags);
-bool dm__big_keep(struct dm__arena_je *ja, void *p, size_t hint);
-void dm__big_expire_all(void);
-void dm__big_fork(int phase);
+void *dm__bigblock_take(struct dm__arena_je *ja, size_t n, int flags);
+bool dm__bigblock_keep(struct dm__arena_je *ja, void *p, size_t hint);
+void dm__bigblock_expire_all(void);
+void dm__bigblock_fork(int phase);
 
 /* What NumPy's default handler does (np._core.multiarray._get_madvise_hugepage();
  * NUMPY_MADVISE_HUGEPAGE). On until told otherwise, as in NumPy. */
-void dm__big_set_numpy_thp(bool on);
-bool dm__big_numpy_thp(void);
+void dm__bigblock_set_numpy_thp(bool on);
+bool dm__bigblock_numpy_thp(void);
 
 #endif /* DM_RUNTIME_BIGBLOCK_H */

@@ -127,7 +127,7 @@ static uint64_t publish(dm__dispatch_t *tab, dm__dispatch_t **old) {
     *old = dm__dispatch_publish(tab);
     reloads++;
     last_reload_failed = false;
-    dm__big_expire_all(); /* new decay times and limits apply to kept blocks at once */
+    dm__bigblock_expire_all(); /* new decay times and limits apply to kept blocks at once */
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     last_reload_time = (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;

@@ -112,9 +112,9 @@ static void fork_lock_all(int phase) {
     if (phase == 0) {
         pthread_mutex_lock(&dm__runtime_mu);
         dm__arena_fork(0);
-        dm__big_fork(0);
+        dm__bigblock_fork(0);
     } else {
-        dm__big_fork(1);
+        dm__bigblock_fork(1);
         dm__arena_fork(1);
         pthread_mutex_unlock(&dm__runtime_mu);
     }

@@ -617,7 +617,7 @@ static void test_big_halves(void) {
      * look for kept blocks. */
     void *odd = dmje_mallocx(6 * MB, MALLOCX_ARENA(js->index) | MALLOCX_TCACHE_NONE);
     CHECK(odd, "a 6 MiB block from the small half");
-    if (odd && dm__big_keep(js, odd, 6 * MB))
+    if (odd && dm__bigblock_keep(js, odd, 6 * MB))
         CHECK(false, "the small half kept a big block (%zu bytes kept)", (size_t)js->reuse_bytes);
     else if (odd)
         dmje_dallocx(odd, MALLOCX_TCACHE_NONE);

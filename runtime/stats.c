@@ -42,7 +42,7 @@ int dm_stats_snapshot(dm_stats_t *out) {
     /* Kept big blocks that waited out their arena's decay.dirty go back now:
      * with an exporter running this is their clock when the job is idle.
      * (dm__runtime_mu, then an arena's reuse_mu: the order fork's handlers take.) */
-    dm__big_expire_all();
+    dm__bigblock_expire_all();
     dmje_mallctl("epoch", &epoch, &esz, &epoch, esz);
     out->narenas = dm__arena_count();
     for (int i = 0; i < out->narenas; i++) {
