@@ -1,9 +1,10 @@
 /*
  * module.c: the module datamem._ext: PyInit__ext (NumPy's C API, the runtime,
  * each file's functions and the module's constants) and the small wrappers
- * over the runtime that belong to no other file: active(), jemalloc_version(),
- * owner_arena(), process settings (thread name, NumPy's hugepage setting, the
- * CUDA runtime), the fork-child restart and the fault switches for tests.
+ * over the runtime that belong to no other file: active(),
+ * site_rules_active(), jemalloc_version(), owner_arena(), process settings
+ * (thread name, NumPy's hugepage setting, the CUDA runtime), the fork-child
+ * restart and the fault switches for tests.
  * Runs with the GIL.
  */
 #define DM_PYEXT_IMPORT_ARRAY /* this file imports NumPy's C API for all of pyext/ */
