@@ -3,7 +3,7 @@
 # NEP 49 handler), counted exactly by callgrind: NumPy's default allocator vs
 # datamem, and for datamem how many are jemalloc's (its entry points, inclusive;
 # none on a block-cache hit) and how many are datamem's dispatch (h_malloc/h_free
-# inclusive minus jemalloc's). The issue-7 target: dispatch <= 20 instructions on
+# inclusive minus jemalloc's). The target: dispatch <= 20 instructions on
 # top of one jemalloc call.
 #
 #   bash bench/callgrind.sh [SIZES...]      default sizes: 64 16384 262144
