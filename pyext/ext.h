@@ -41,8 +41,8 @@
 
 #define HANDLER_NAME "datamem"
 
-/* Paths are bytes (issue 24): a path argument is str, bytes or os.PathLike,
- * encoded as the file system does ("O&" with PyUnicode_FSConverter: a str from
+/* Paths are bytes: a path argument is str, bytes or os.PathLike, encoded as
+ * the file system does ("O&" with PyUnicode_FSConverter: a str from
  * os.environ or sys.argv gives back the very bytes it came from, undecodable
  * ones included) and held as a bytes object the caller releases. Text that
  * carries a path back (diagnostics) is decoded with undecodable bytes shown

@@ -1,8 +1,8 @@
 /*
- * record.c: allocation profiles (issue 13) from the extension's side: the
- * recording handler functions, their sampler, and the Python functions that
- * start, flush and stop a profile (DATAMEM_PROFILE, `python -m datamem
- * profile`). While a profile is recorded every datamem handler calls the
+ * record.c: allocation profiles from the extension's side: the recording
+ * handler functions, their sampler, and the Python functions that start,
+ * flush and stop a profile (DATAMEM_PROFILE, `python -m datamem profile`).
+ * While a profile is recorded every datamem handler calls the
  * dm__record_* functions instead of handler.c's plain ones, so that the plain
  * handler costs nothing extra; records go to the writer
  * (service/datamem_profile.h), call sites come from site.c.
