@@ -2,7 +2,7 @@
 
 Recording: DATAMEM_PROFILE=DIR (set by `python -m datamem profile`, or by hand)
 makes the start-up hook record every process's NumPy allocations into
-DIR/<pid>.dmprof through datamem's recording handler (pyext/datamem_ext.c) and
+DIR/<pid>.dmprof through datamem's recording handler (pyext/record.c) and
 writer (service/profile.c). Settings, read once at start-up:
 
   DATAMEM_PROFILE          the directory (created if missing)
@@ -32,7 +32,7 @@ from ._profile_read import SITE_COLUMNS, TOTAL_COLUMNS, Profile, load  # noqa: F
 DEFAULT_SAMPLE = 512 * 1024
 
 # The call site of an allocation is the innermost Python frame outside these
-# packages (pyext/datamem_ext.c, internal_packages): what a user means by "my
+# packages (pyext/site.c, internal_packages): what a user means by "my
 # code" when NumPy, pandas, SciPy or scikit-learn made the array for them.
 INTERNAL_PACKAGES = ("numpy", "pandas", "scipy", "sklearn", "datamem")
 

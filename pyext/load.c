@@ -1,0 +1,250 @@
+/*
+ * load.c: policy files from Python: load() (parse, compile and publish),
+ * check() and explain() (read a file aside, never installed),
+ * policy_settings() (the policy in force), warnings_changed(), and the
+ * datamem.PolicyError they raise. Runs with the GIL, released around file
+ * reads and installs.
+ */
+#include "pyext/ext.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "policy/policy.h"
+#include "runtime/datamem.h"
+#include "service/datamem_service.h"
+
+static PyObject *PolicyError;
+
+static PyObject *text_of(const char *s) {
+    return PyUnicode_DecodeUTF8(s, (Py_ssize_t)strlen(s), "backslashreplace");
+}
+
+static PyObject *raise_diags(const dm_diags_t *d, int rc) {
+    char buf[16384];
+    if (d->n == 0)
+        snprintf(buf, sizeof(buf), "%s: %s", d->file, dm_strerror(rc));
+    else
+        dm_diags_format_all(d, buf, sizeof(buf));
+    PyObject *text = text_of(buf);
+    if (text) {
+        PyErr_SetObject(PolicyError, text);
+        Py_DECREF(text);
+    }
+    return NULL;
+}
+
+/* Diagnostics for `path` (too big for the stack), or NULL with MemoryError set. */
+static dm_diags_t *diags_new(const char *path) {
+    dm_diags_t *d = PyMem_RawMalloc(sizeof(*d));
+    if (!d) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    dm_diags_init(d, path);
+    return d;
+}
+
+static PyObject *py_load(PyObject *self, PyObject *args) {
+    PyObject *path_obj;
+    if (!PyArg_ParseTuple(args, "O&", PyUnicode_FSConverter, &path_obj))
+        return NULL;
+    const char *path = PyBytes_AS_STRING(path_obj);
+    dm_diags_t *d = diags_new(path);
+    if (!d) {
+        Py_DECREF(path_obj);
+        return NULL;
+    }
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = dm_runtime_load(path, d);
+    Py_END_ALLOW_THREADS
+    PyObject *res = NULL;
+    if (rc)
+        raise_diags(d, rc);
+    else {
+        if (dm_runtime_wants_dtype())
+            dm__handler_dtype_hooks_enable();
+        char buf[8192] = "";
+        if (d->nwarnings)
+            dm_diags_format_all(d, buf, sizeof(buf));
+        res = text_of(buf); /* warnings, "" if none */
+    }
+    PyMem_RawFree(d);
+    Py_DECREF(path_obj);
+    return res;
+}
+
+/* warnings_changed(text) -> whether to print these policy warnings: they differ
+ * from the set this process reported last (shared with the file watcher). */
+static PyObject *py_warnings_changed(PyObject *self, PyObject *text) {
+    const char *t = PyUnicode_AsUTF8(text);
+    if (!t)
+        return NULL;
+    return PyBool_FromLong(dm_watch_warnings_changed(t));
+}
+
+/* ---- policy files read aside (check, explain) -------------------------------- */
+
+/* A policy file read and never installed, with a text buffer for its report. */
+typedef struct aside {
+    dm_diags_t *diags;   /* its diagnostics */
+    dm_policy_t *policy; /* NULL unless it loaded */
+    int rc;              /* dm_policy_load_ex's */
+    char *text;          /* "" to begin with */
+    size_t cap;          /* bytes at text */
+} aside_t;
+
+/* Reads `path` with `flags` (DM_PARSE_*), the GIL released. 0, or -1 with
+ * MemoryError set; aside_free() in both cases. */
+static int aside_read(aside_t *a, const char *path, unsigned flags, size_t cap) {
+    *a = (aside_t){.cap = cap};
+    a->text = PyMem_RawMalloc(cap);
+    if (!a->text) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    a->text[0] = 0;
+    if (!(a->diags = diags_new(path)))
+        return -1;
+    dm_topology_t topo;
+    dm_runtime_topology(&topo);
+    Py_BEGIN_ALLOW_THREADS
+    a->rc = dm_policy_load_ex(path, &topo, flags, &a->policy, a->diags);
+    Py_END_ALLOW_THREADS
+    return 0;
+}
+
+static void aside_free(aside_t *a) {
+    dm_policy_free(a->policy);
+    PyMem_RawFree(a->diags);
+    PyMem_RawFree(a->text);
+}
+
+/* check(path) -> (ok, diagnostics text, summary) without installing anything */
+static PyObject *py_check(PyObject *self, PyObject *args) {
+    PyObject *path_obj;
+    if (!PyArg_ParseTuple(args, "O&", PyUnicode_FSConverter, &path_obj))
+        return NULL;
+    const char *path = PyBytes_AS_STRING(path_obj);
+    aside_t a;
+    PyObject *res = NULL;
+    if (aside_read(&a, path, DM_PARSE_LINT, 16384) == 0) { /* check lints */
+        if (a.diags->n)
+            dm_diags_format_all(a.diags, a.text, a.cap);
+        else if (a.rc)
+            snprintf(a.text, a.cap, "%s: error: %s\n", path, dm_strerror(a.rc));
+        char summary[256] = "";
+        const dm_policy_t *p = a.policy;
+        if (p)
+            snprintf(summary, sizeof(summary), "%d arena%s, %d rule%s, default '%s'",
+                     p->narenas, p->narenas == 1 ? "" : "s", p->nrules,
+                     p->nrules == 1 ? "" : "s", p->arenas[p->default_arena].name);
+        PyObject *text = text_of(a.text);
+        res = text ? Py_BuildValue("(ONs)", a.rc == 0 ? Py_True : Py_False, text, summary)
+                   : NULL;
+    }
+    aside_free(&a);
+    Py_DECREF(path_obj);
+    return res;
+}
+
+/* explain's text for the policy at `path`: its table (ctx NULL) or the route
+ * of one allocation. */
+static PyObject *explain_text(const char *path, const dm_context_t *ctx, size_t size, int dt) {
+    aside_t a;
+    dm_table_t *t = NULL;
+    PyObject *res = NULL;
+    if (aside_read(&a, path, 0, 1 << 16) < 0)
+        goto done;
+    if (a.rc) {
+        raise_diags(a.diags, a.rc);
+        goto done;
+    }
+    if (dm_table_compile(a.policy, &t) != 0) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (!ctx)
+        dm_table_dump(t, a.text, a.cap);
+    else
+        dm_table_explain(t, ctx, size, dt, a.text, a.cap);
+    res = text_of(a.text);
+done:
+    dm_table_free(t);
+    aside_free(&a);
+    return res;
+}
+
+/* The dtype code of a name explain() accepts (policy.h's DM_DTYPE_LIST), or
+ * -1 with ValueError set. */
+static int dtype_code(const char *name) {
+    for (int i = 0; i < DM_DT_COUNT; i++)
+        if (strcmp(dm_dtype_name(i), name) == 0)
+            return i;
+    PyErr_Format(PyExc_ValueError, "unknown dtype '%s'", name);
+    return -1;
+}
+
+/* explain(path, size, dtype_name, thread, tags, table) -> text */
+static PyObject *py_explain(PyObject *self, PyObject *args) {
+    const char *dtype, *thread, *module = NULL, *function = NULL;
+    PyObject *path_obj;
+    unsigned long long size;
+    PyObject *tags;
+    int table;
+    if (!PyArg_ParseTuple(args, "O&KssOp|zz", PyUnicode_FSConverter, &path_obj, &size, &dtype,
+                          &thread, &tags, &table, &module, &function))
+        return NULL;
+    PyObject *res = NULL, *seq = NULL;
+    int dt = dtype_code(dtype);
+    if (dt < 0 || !(seq = PySequence_Fast(tags, "tags must be a sequence of str")))
+        goto done;
+    Py_ssize_t ntags = PySequence_Fast_GET_SIZE(seq);
+    const char *tagv[64];
+    if (ntags > 64)
+        ntags = 64;
+    for (Py_ssize_t i = 0; i < ntags; i++)
+        if (!(tagv[i] = PyUnicode_AsUTF8(PySequence_Fast_GET_ITEM(seq, i))))
+            goto done;
+    dm_context_t ctx = {thread, tagv, (int)ntags, module, function};
+    res = explain_text(PyBytes_AS_STRING(path_obj), table ? NULL : &ctx, (size_t)size, dt);
+done:
+    Py_XDECREF(seq);
+    Py_DECREF(path_obj);
+    return res;
+}
+
+/* policy_settings() -> dict of the policy in force's process-level settings */
+static PyObject *py_policy_settings(PyObject *self, PyObject *unused) {
+    dm_policy_t *p = dm_runtime_policy_copy();
+    if (!p)
+        Py_RETURN_NONE;
+    PyObject *d = Py_BuildValue(
+        "{s:N,s:O,s:O,s:L,s:s,s:s,s:s,s:L}", "path", PyUnicode_DecodeFSDefault(p->path),
+        "reload_watch", p->reload.watch ? Py_True : Py_False,
+        "reload_signal", p->reload.signal ? Py_True : Py_False,
+        "reload_debounce_ms", (long long)p->reload.debounce_ms,
+        "stats_http", p->stats.http, "stats_unix_socket", p->stats.unix_socket,
+        "stats_textfile", p->stats.textfile, "stats_interval_ms", (long long)p->stats.interval_ms);
+    dm_policy_free(p);
+    return d;
+}
+
+
+int dm__load_init(PyObject *m) {
+    PolicyError = PyErr_NewExceptionWithDoc(
+        "datamem.PolicyError", "A policy file could not be loaded.", PyExc_ValueError, NULL);
+    if (!PolicyError || PyModule_AddObject(m, "PolicyError", Py_NewRef(PolicyError)) < 0)
+        return -1;
+    return 0;
+}
+
+PyMethodDef dm__load_methods[] = {
+    {"load", py_load, METH_VARARGS, "load(path) -> warnings: parse, compile and publish a policy"},
+    {"check", py_check, METH_VARARGS, "check(path) -> (ok, diagnostics, summary)"},
+    {"explain", py_explain, METH_VARARGS, "explain(path, size, dtype, thread, tags, table) -> text"},
+    {"policy_settings", py_policy_settings, METH_NOARGS, "process-level settings of the policy in force"},
+    {"warnings_changed", py_warnings_changed, METH_O, "warnings_changed(text) -> whether these policy warnings are new to this process"},
+    {NULL, NULL, 0, NULL},
+};
