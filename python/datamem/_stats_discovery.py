@@ -40,8 +40,13 @@ def _warn(text):
 # ---- discovery -----------------------------------------------------------------
 
 def stats_dir():
-    """Where serving processes announce themselves ($DATAMEM_STATS_DIR or
-    /tmp/datamem-<uid>); the C runtime uses the same rule."""
+    """Where serving processes announce themselves ($DATAMEM_STATS_DIR if set and
+    not empty, else /tmp/datamem-<uid>). The C side writes the same rule
+    (service/discovery.c, dm__discovery_dir). It stays written twice: asking C
+    would take a new wrapper in pyext/ for a one-line rule and tie this
+    pure-Python module to the extension;
+    tests/python/test_stats_export.py::test_stats_dir_rule_is_the_c_sides pins
+    the two equal in every branch instead."""
     return os.environ.get("DATAMEM_STATS_DIR") or "/tmp/datamem-%d" % os.getuid()
 
 
