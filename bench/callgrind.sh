@@ -3,7 +3,7 @@
 # NEP 49 handler), counted exactly by callgrind: NumPy's default allocator vs
 # datamem, and for datamem how many are jemalloc's (its entry points, inclusive;
 # none on a block-cache hit) and how many are datamem's dispatch (h_malloc/h_free
-# inclusive minus jemalloc's). The issue-7 target: dispatch <= 20 instructions on
+# inclusive minus jemalloc's). The target: dispatch <= 20 instructions on
 # top of one jemalloc call.
 #
 #   bash bench/callgrind.sh [SIZES...]      default sizes: 64 16384 262144
@@ -98,7 +98,7 @@ print()
 print("datamem's own instructions per pair (self cost), by function:")
 mine = ("h_malloc", "h_free", "dm_alloc", "dm_calloc", "dm_free", "alloc_impl",
         "slot_alloc", "route", "tcache_flags", "__tls_get_addr", "PyCapsule_GetPointer",
-        "__strcmp_avx2", "strcmp", "_dl_tlsdesc_dynamic", "free_slow", "fc_miss")
+        "__strcmp_avx2", "strcmp", "_dl_tlsdesc_dynamic", "free_slow", "bcache_miss")
 for size, s, m in rows:
     parts = []
     for k in sorted(s, key=lambda k: -s[k]):

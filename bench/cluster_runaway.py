@@ -1,4 +1,4 @@
-"""One runaway task among many on a small cluster (issue 25): what Dask, and Ray,
+"""One runaway task among many on a small cluster: what Dask, and Ray,
 do alone, and what they do under datamem's plugin with a tag limit or a worker limit.
 
 Dask: LocalCluster(n_workers=2, processes=True, threads_per_worker=2,

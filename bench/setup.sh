@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set-up for bench/ only (not needed by the tests): the allocators that
-# bench/run.py and bench/jobs.py compare against through LD_PRELOAD, matplotlib
+# bench/run.py and bench/jobs/ compare against through LD_PRELOAD, matplotlib
 # for the plots, and the libraries the real jobs use (pandas, scikit-learn,
 # SciPy: bench/jobs/). Never part of CI's test requirements.
 # Idempotent; Debian bookworm, root or sudo.
@@ -24,4 +24,4 @@ python3 -c "import pandas, sklearn, scipy" 2>/dev/null ||
 # bench/jobs/pandas3_etl.py: pandas 3 (Python >= 3.11), run with and without pyarrow.
 python3 -c "import sys, pandas, pyarrow; sys.exit(int(pandas.__version__.split('.')[0]) < 3)" 2>/dev/null ||
   python3 -m pip install -q --disable-pip-version-check "pandas>=3" "pyarrow>=15" ||
-  echo "bench/setup.sh: pandas 3 and pyarrow not installed: bench/jobs.py --only without pandas3_etl,pandas3_arrow" >&2
+  echo "bench/setup.sh: pandas 3 and pyarrow not installed: python3 -m bench.jobs --only without pandas3_etl,pandas3_arrow" >&2

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Issue 13's proof: for each real job of bench/jobs.py, profile it (sampled),
+# Issue 13's proof: for each real job of bench/jobs/, profile it (sampled),
 # let `datamem suggest` write its policy, then benchmark NumPy's default,
 # throughput.yaml and the suggested policy side by side (fresh process per run,
-# interleaved, medians; bench/jobs.py's discipline).
+# interleaved, medians; python3 -m bench.jobs's discipline).
 #
 #   bash bench/suggest_proof.sh [--reps N] [--scale S]      (bench/setup.sh first)
 #
@@ -29,7 +29,7 @@ for job in "${JOBS[@]}"; do
   python3 -m datamem check "$OUT/$job.yaml" > /dev/null
 done
 for job in "${JOBS[@]}"; do
-  python3 bench/jobs.py --only "$job" --scale "$SCALE" --reps "$REPS" \
+  python3 -m bench.jobs --only "$job" --scale "$SCALE" --reps "$REPS" \
     --configs default,dm-throughput \
     --variant "dm-suggested:DATAMEM_CONFIG=$OUT/$job.yaml" \
     --out "$OUT/$job.json"

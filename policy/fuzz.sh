@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # fuzz.sh [SECONDS]: builds policy/parse_fuzz.c with libFuzzer, ASan and UBSan
 # (clang, outside Bazel) into $TMPDIR and runs it for SECONDS (default 30) from
-# the seed corpus tests/fuzz/policy_corpus. New inputs go to a scratch corpus
-# in $TMPDIR, never into the checked-in one. Exits non-zero on a crash, a leak
+# two seed corpora: tests/fuzz/policy_corpus (inputs no fixture holds) and the
+# policy fixtures in tests/policies (read recursively). New inputs go to a
+# scratch corpus in $TMPDIR, never into the checked-in ones. Exits non-zero on a crash, a leak
 # or a failed check; the reproducer is left in the scratch directory.
 set -euo pipefail
 secs="${1:-30}"
@@ -26,4 +27,4 @@ printf '%s\n' '"KiB"' '"MiB"' '"GiB"' '"ms"' '"never"' '"float32"' '"number"' \
 cd "$work"
 exec ./parse_fuzz -max_total_time="$secs" -max_len=4096 -timeout=10 \
   -dict="$work/policy.dict" -print_final_stats=1 \
-  "$work/corpus" "$root/tests/fuzz/policy_corpus"
+  "$work/corpus" "$root/tests/fuzz/policy_corpus" "$root/tests/policies"

@@ -2,7 +2,7 @@
  * fuzz_driver.c: replays files through LLVMFuzzerTestOneInput without
  * libFuzzer, so that the seed corpus and the policy fixtures run as a plain
  * test under any compiler (//policy:parse_fuzz_test). Arguments are files or
- * directories (not recursive).
+ * directories (walked recursively).
  */
 #include <dirent.h>
 #include <stdint.h>

@@ -6,7 +6,8 @@
  *  - dm__sbuf_t: snprintf-semantics appending into a caller's buffer.
  *  - dm__ytree_t: the YAML document as a small node tree (yaml_tree.c), the
  *    only place that talks to libyaml.
- *  - dm__pctx_t: the state of one parse (parse.c fills, validate.c checks).
+ *  - dm__pctx_t: the state of one parse (parse.c and parse_match.c fill,
+ *    validate.c checks).
  *
  * Nothing here keeps global state; every function works on what it is given.
  */
@@ -148,6 +149,15 @@ typedef struct dm__pctx {
  * adds the checks that need the whole policy (shadowed rules, unused arenas). */
 void dm__policy_walk(dm__pctx_t *c, int root);
 void dm__policy_validate(dm__pctx_t *c);
+
+/* parse.c, for the value readers beside it: a diagnostic at node's position
+ * under the current key path (node < 0: none); the node's text when it is a
+ * scalar that is not null, else NULL with a type error for `row`. */
+void dm__parse_report(dm__pctx_t *c, dm_severity_t sev, int node, const char *fmt, ...)
+    DM__PRINTF(4, 5);
+const char *dm__parse_scalar_of(dm__pctx_t *c, int row, int node);
+/* parse_match.c: a rule's match list (dtype, thread, module, function, tag). */
+void dm__parse_match_list(dm__pctx_t *c, int row, int node, void *sect);
 
 /* Rule matching shared by compile.c and explain.c (ctx may be NULL). */
 bool dm__rule_ctx_match(const dm_rule_spec_t *r, const dm_context_t *ctx);

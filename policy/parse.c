@@ -5,7 +5,8 @@
  * schema.def whose parent it is, and every value is converted by its row's
  * type. Errors go to the diagnostics and the walk goes on, so that one pass
  * reports everything; arena names are only recorded here and resolved by
- * validate.c once every arena is known. Reentrant: all state is in dm__pctx_t.
+ * validate.c once every arena is known. A rule's match lists are read by
+ * parse_match.c. Reentrant: all state is in dm__pctx_t.
  */
 #include <stdlib.h>
 #include <stdio.h>
@@ -23,18 +24,15 @@ typedef void parse_fn(dm__pctx_t *c, int row, int node, void *sect);
 
 /* ---- reporting ---------------------------------------------------------- */
 
-static void report(dm__pctx_t *c, dm_severity_t sev, int node, const char *fmt,
-                   ...) DM__PRINTF(4, 5);
-static void report(dm__pctx_t *c, dm_severity_t sev, int node, const char *fmt,
-                   ...) {
+void dm__parse_report(dm__pctx_t *c, dm_severity_t sev, int node, const char *fmt, ...) {
     const dm__ynode_t *n = node >= 0 ? NODE(c, node) : NULL;
     va_list ap;
     va_start(ap, fmt);
     dm__diag_vadd(c->ds, sev, n ? n->line : 0, n ? n->col : 0, c->path, fmt, ap);
     va_end(ap);
 }
-#define ERR(c, node, ...) report((c), DM_SEV_ERROR, (node), __VA_ARGS__)
-#define NOTE(c, node, ...) report((c), DM_SEV_NOTE, (node), __VA_ARGS__)
+#define ERR(c, node, ...) dm__parse_report((c), DM_SEV_ERROR, (node), __VA_ARGS__)
+#define NOTE(c, node, ...) dm__parse_report((c), DM_SEV_NOTE, (node), __VA_ARGS__)
 
 static size_t path_push(dm__pctx_t *c, const char *fmt, ...) DM__PRINTF(2, 3);
 static size_t path_push(dm__pctx_t *c, const char *fmt, ...) {
@@ -115,7 +113,7 @@ static bool is_null(dm__pctx_t *c, int node) {
 }
 
 /* The node's text when it is a scalar that is not null; else a type error. */
-static const char *scalar_of(dm__pctx_t *c, int row, int node) {
+const char *dm__parse_scalar_of(dm__pctx_t *c, int row, int node) {
     if (NODE(c, node)->kind != DM_YN_SCALAR || is_null(c, node)) {
         type_error(c, row, node);
         return NULL;
@@ -438,7 +436,7 @@ static void warn_decimal_size(dm__pctx_t *c, int node, const char *s) {
             continue;
         char bytes[32];
         with_commas(v * units[i].mult, bytes, sizeof bytes);
-        report(c, DM_SEV_WARNING, node, "%s is %s bytes; did you mean %.*s%.*siB? "
+        dm__parse_report(c, DM_SEV_WARNING, node, "%s is %s bytes; did you mean %.*s%.*siB? "
                "(write %llu to keep decimal bytes)", s, bytes, (int)(u - s), s,
                (int)strlen(u) - 1, u, (unsigned long long)(v * units[i].mult));
         return;
@@ -456,16 +454,16 @@ static void warn_bare_duration(dm__pctx_t *c, int node, const char *s) {
         return;
     size_t n = strlen(s);
     if (n > 3 && strcmp(s + n - 3, "000") == 0) /* whole seconds */
-        report(c, DM_SEV_WARNING, node, "%s is read as %s ms; write %sms or %.*ss",
+        dm__parse_report(c, DM_SEV_WARNING, node, "%s is read as %s ms; write %sms or %.*ss",
                s, s, s, (int)n - 3, s);
     else
-        report(c, DM_SEV_WARNING, node, "%s is read as %s ms; write %sms, or %ss "
+        dm__parse_report(c, DM_SEV_WARNING, node, "%s is read as %s ms; write %sms, or %ss "
                "if you meant seconds", s, s, s, s);
 }
 
 static void parse_scalar(dm__pctx_t *c, int row, int node, void *sect) {
     char why[WHY_MAX];
-    const char *s = scalar_of(c, row, node);
+    const char *s = dm__parse_scalar_of(c, row, node);
     if (!s)
         return;
     if (convert(ROW(row), s, NODE(c, node)->quoted, sect, why))
@@ -477,7 +475,7 @@ static void parse_scalar(dm__pctx_t *c, int row, int node, void *sect) {
 }
 
 static void parse_arena_ref(dm__pctx_t *c, int row, int node, void *sect) {
-    const char *s = scalar_of(c, row, node);
+    const char *s = dm__parse_scalar_of(c, row, node);
     if (!s)
         return;
     if (!*s) {
@@ -545,7 +543,7 @@ static void format_nodes(uint64_t m, char *buf, size_t cap) {
 
 static void parse_node_number(dm__pctx_t *c, int row, int node, uint64_t *mask) {
     const dm__schema_row_t *r = ROW(row);
-    const char *s = scalar_of(c, row, node);
+    const char *s = dm__parse_scalar_of(c, row, node);
     int64_t v;
     char have[256];
     if (!s)
@@ -582,112 +580,6 @@ static void parse_nodes(dm__pctx_t *c, int row, int node, void *sect) {
         type_error(c, row, node);
     }
     store(sect, r, mask);
-}
-
-/* ---- string lists: dtype, thread, tag ----------------------------------- */
-
-static void unknown_dtype(dm__pctx_t *c, int node) {
-    static const char *const kinds[] = {
-#define DM_KIND_NAME(name, mask, doc) name,
-        DM_DTYPE_KINDS(DM_KIND_NAME)
-#undef DM_KIND_NAME
-    };
-    const char *cands[DM_DT_COUNT + sizeof kinds / sizeof kinds[0]];
-    int n = 0;
-    char q[DM__QUOTE_CAP];
-    for (int i = 1; i < DM_DT_COUNT; i++)
-        cands[n++] = dm_dtype_name(i);
-    for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++)
-        cands[n++] = kinds[i];
-    const char *s = TEXT(c, node), *near = dm__nearest(s, cands, n);
-    dm__quote(q, sizeof q, s, strlen(s));
-    if (near)
-        ERR(c, node, "unknown dtype %s (did you mean '%s'?)", q, near);
-    else
-        ERR(c, node, "unknown dtype %s; use a dtype name such as float32 or a "
-            "kind: int, uint, integer, float, complex, number, ...", q);
-}
-
-/* A thread glob "X-*" where X could name a thread pool: Python's pools name
- * their threads X_0, X_1, ... (ThreadPoolExecutor(thread_name_prefix=X);
- * asyncio's default executor uses "asyncio"), so "X-*" matches none of them
- * and the rule silently never applies (issue 11). Lint only (DM_PARSE_LINT:
- * check and explain, not every start-up), because a job may well name its own
- * threads "worker-1" (the demo does). Python's own dashed names pass:
- * "Thread-*" (threading's default, "Thread-3 (run)"), "ThreadPoolExecutor-*"
- * (an executor without a prefix, "ThreadPoolExecutor-0_1") and "Dummy-*"
- * (threads not started by threading); so does a prefix that is not a plain
- * name. */
-static void warn_pool_glob(dm__pctx_t *c, int node, const char *s) {
-    static const char *const dash_named[] = {"Thread", "ThreadPoolExecutor", "Dummy"};
-    size_t n = strlen(s);
-    if (n < 3 || strcmp(s + n - 2, "-*") != 0 ||
-        strspn(s, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
-                  "0123456789_.-") != n - 1)
-        return;
-    int k = (int)(n - 2);
-    for (size_t i = 0; i < sizeof dash_named / sizeof dash_named[0]; i++)
-        if (strlen(dash_named[i]) == (size_t)k && strncmp(s, dash_named[i], (size_t)k) == 0)
-            return;
-    if (k == 7 && strncmp(s, "asyncio", 7) == 0)
-        report(c, DM_SEV_WARNING, node, "'%s' matches no thread of asyncio's default "
-               "executor (its threads are named asyncio_0, asyncio_1, ...); did you "
-               "mean 'asyncio_*'?", s);
-    else
-        report(c, DM_SEV_WARNING, node, "'%s' matches no thread of ThreadPoolExecutor("
-               "thread_name_prefix='%.*s') (its threads are named %.*s_0, %.*s_1, ...); "
-               "did you mean '%.*s_*'?", s, k, s, k, s, k, s, k, s);
-}
-
-static void parse_list_item(dm__pctx_t *c, int row, int node, void *sect) {
-    const dm__schema_row_t *r = ROW(row);
-    dm_rule_spec_t *rule = sect;
-    const char *s = scalar_of(c, row, node), *why = NULL;
-    char q[DM__QUOTE_CAP];
-    if (!s)
-        return;
-    dm__quote(q, sizeof q, s, strlen(s));
-    if (r->type == DM_ST_DTYPES) {
-        dm_dtype_mask_t m = dm__dtype_mask(s);
-        if (!m)
-            unknown_dtype(c, node);
-        rule->dtypes |= m;
-        return;
-    }
-    bool glob = r->type == DM_ST_GLOBS;
-    int *count = glob ? &rule->nthreads : &rule->ntags;
-    char(*dst)[DM_NAME_MAX] = glob ? rule->threads : rule->tags;
-    int cap = DM_GLOBS_MAX;
-    if (row == DM_SK_MATCH_MODULE || row == DM_SK_MATCH_FUNCTION) {
-        bool mod = row == DM_SK_MATCH_MODULE;
-        count = mod ? &rule->nmodules : &rule->nfunctions;
-        dst = mod ? rule->modules : rule->functions;
-        cap = DM_SITE_GLOBS_MAX;
-    }
-    if (strlen(s) > r->max)
-        ERR(c, node, "%s is %zu bytes long; at most %llu allowed", q, strlen(s),
-            (unsigned long long)r->max);
-    else if (glob && !dm_glob_valid(s, NULL, &why))
-        ERR(c, node, "invalid glob %s: %s", q, why);
-    else if (!glob && !dm__name_valid(s))
-        ERR(c, node, "invalid tag %s: tags match [A-Za-z_][A-Za-z0-9_-]*", q);
-    else if (*count == cap)
-        ERR(c, node, "too many entries: at most %d", cap);
-    else {
-        memcpy(dst[(*count)++], s, strlen(s) + 1);
-        if (row == DM_SK_MATCH_THREAD && c->lint)
-            warn_pool_glob(c, node, s);
-    }
-}
-
-static void parse_list(dm__pctx_t *c, int row, int node, void *sect) {
-    const dm__ynode_t *n = NODE(c, node);
-    if (n->kind == DM_YN_SEQ) {
-        for (int i = n->first; i >= 0; i = NODE(c, i)->next)
-            parse_list_item(c, row, i, sect);
-    } else {
-        parse_list_item(c, row, node, sect);
-    }
 }
 
 /* ---- arenas and rules ----------------------------------------------------- */
@@ -836,9 +728,9 @@ static void parse_value(dm__pctx_t *c, int row, int node, void *sect) {
         [DM_ST_MAP] = parse_map,         [DM_ST_ARENAS] = parse_arenas,
         [DM_ST_RULES] = parse_rules,     [DM_ST_ARENA_REF] = parse_arena_ref,
         [DM_ST_NUMA] = parse_numa,       [DM_ST_NODES] = parse_nodes,
-        [DM_ST_SIZE_RANGE] = parse_size_range,
-        [DM_ST_DTYPES] = parse_list,     [DM_ST_GLOBS] = parse_list,
-        [DM_ST_TAGS] = parse_list,       [DM_ST_TAG_LIMITS] = parse_tag_limits,
+        [DM_ST_SIZE_RANGE] = parse_size_range, [DM_ST_TAG_LIMITS] = parse_tag_limits,
+        [DM_ST_DTYPES] = dm__parse_match_list, [DM_ST_GLOBS] = dm__parse_match_list,
+        [DM_ST_TAGS] = dm__parse_match_list,
     };
     parse_fn *f = parsers[ROW(row)->type];
     (f ? f : parse_scalar)(c, row, node, sect);

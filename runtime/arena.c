@@ -1,13 +1,16 @@
 /*
- * arena.c: policy arenas, the jemalloc arenas behind them, and their extent hooks.
+ * arena.c: policy arenas, the jemalloc arenas behind them (their settings,
+ * big halves, purge on growth, stats, hugepage accounting) and explicit
+ * thread caches.
  *
- * Each jemalloc arena we create gets extent hooks that hand out memory from
- * address-space regions reserved for that arena alone (a bump pointer over
- * PROT_NONE reservations, committed on demand). Three things follow:
+ * Each jemalloc arena we create gets extent hooks (extent.c) that hand out
+ * memory from address-space regions reserved for that arena alone (a bump
+ * pointer over PROT_NONE reservations, committed on demand). Three things
+ * follow:
  *   - placement: NUMA policy (mbind) and hugepage advice (madvise) are applied to
  *     whole extents as they are created, so they never split a mapping per array;
  *   - ownership: every 1 GiB segment of address space maps to one arena in
- *     dm__seg_owner, so free() learns the owning arena with one load and can use
+ *     dm__arena_seg_owner, so free() learns the owning arena with one load and can use
  *     that arena's explicit thread cache (jemalloc's thread caches ignore arenas:
  *     a shared cache would hand one arena's memory out as another's);
  *   - zeroing: with non-default hooks jemalloc zeroes reused memory for calloc
@@ -18,11 +21,9 @@
  *
  * Arenas live for the process: arrays outlive every policy that named them.
  *
- * Thread safety: arena creation and settings changes run under dm__mu. Hooks
- * run on any thread, inside jemalloc; they take only their arena's bump mutex
- * (a leaf lock) and read settings with relaxed atomics.
+ * Thread safety: arena creation and settings changes run under
+ * dm__runtime_mu; the hooks read the settings with relaxed atomics.
  */
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,321 +31,12 @@
 #include "runtime/internal.h"
 #include "runtime/os.h"
 
-_Atomic uint16_t dm__seg_owner[1u << (DM_VA_BITS - DM_SEG_SHIFT)];
-je_arena_t *dm__je[DM_JE_MAX];
+_Atomic uint16_t dm__arena_seg_owner[1u << (DM_VA_BITS - DM_SEG_SHIFT)];
+dm__arena_je_t *dm__arena_by_slot[DM_JE_MAX];
 
-static dm_arena_t *arenas[DM_RT_ARENAS_MAX];
+static dm__arena_t *arenas[DM_RT_ARENAS_MAX];
 static int narenas;
 static int nje;
-/* Fault injection for tests: the next n events fail (-1: all, 0: none). */
-static _Atomic int64_t fault_extent_allocs, fault_placements;
-
-void dm_fault_extent_alloc(int64_t n) {
-    atomic_store_explicit(&fault_extent_allocs, n, memory_order_relaxed);
-}
-
-void dm_fault_placement(int64_t n) {
-    atomic_store_explicit(&fault_placements, n, memory_order_relaxed);
-}
-
-static bool fault_fire(_Atomic int64_t *budget) {
-    int64_t n = atomic_load_explicit(budget, memory_order_relaxed);
-    while (n != 0) {
-        int64_t next = n < 0 ? n : n - 1;
-        if (atomic_compare_exchange_weak(budget, &n, next))
-            return true;
-    }
-    return false;
-}
-
-/* ---- extent hooks ------------------------------------------------------ */
-
-static size_t align_up(size_t x, size_t a) { return (x + a - 1) & ~(a - 1); }
-
-/* Once per process: why address space ran out, naming RLIMIT_AS when set. */
-static void log_reserve_failure(const dm_arena_t *a, size_t len) {
-    static _Atomic bool said;
-    if (atomic_exchange_explicit(&said, true, memory_order_relaxed))
-        return;
-    uint64_t lim = dm__os_as_limit();
-    if (lim)
-        dm__log("datamem: arena '%s': cannot reserve %zu MiB of address space: the address-space "
-                "limit RLIMIT_AS (ulimit -v, prlimit --as) is %llu MiB and is reached; datamem "
-                "reserves address space in 1 GiB segments per arena in use. Allocations that "
-                "do not fit fail with MemoryError.", a->name, len >> 20,
-                (unsigned long long)(lim >> 20));
-    else
-        dm__log("datamem: arena '%s': cannot reserve %zu MiB of address space: %s", a->name,
-                len >> 20, strerror(errno));
-}
-
-/* Reserves a fresh region of at least `need` bytes and marks its segments. The
- * old region's unused whole segments go back to the kernel (their owner entries
- * cleared first): under an RLIMIT_AS they are address space the job needs. */
-static bool region_grow(je_arena_t *ja, size_t need) {
-    size_t len = align_up(need > DM_SEG_SIZE ? need : DM_SEG_SIZE, DM_SEG_SIZE);
-    char *base = dm__os_reserve(len, DM_SEG_SIZE);
-    if (!base) {
-        log_reserve_failure(ja->owner, len);
-        return false;
-    }
-    uintptr_t first = (uintptr_t)base >> DM_SEG_SHIFT;
-    uintptr_t last = ((uintptr_t)base + len - 1) >> DM_SEG_SHIFT;
-    if (last >= (1u << (DM_VA_BITS - DM_SEG_SHIFT)))
-        return false; /* outside the map: leave it reserved but unused */
-    for (uintptr_t s = first; s <= last; s++)
-        atomic_store_explicit(&dm__seg_owner[s], (uint16_t)(ja->slot + 1),
-                              memory_order_release);
-    if (ja->cur) { /* remember the old region's committed part (stats) */
-        if (ja->nold < DM_JE_OLD_MAX) {
-            ja->old[ja->nold][0] = ja->base;
-            ja->old[ja->nold][1] = ja->cur;
-        }
-        ja->nold++;
-        char *unused = (char *)align_up((size_t)ja->cur, DM_SEG_SIZE);
-        if (unused < ja->end) {
-            for (uintptr_t s = (uintptr_t)unused >> DM_SEG_SHIFT;
-                 s <= ((uintptr_t)ja->end - 1) >> DM_SEG_SHIFT; s++)
-                atomic_store_explicit(&dm__seg_owner[s], 0, memory_order_release);
-            dm__os_release(unused, (size_t)(ja->end - unused));
-            ja->reserved -= (size_t)(ja->end - unused);
-        }
-    }
-    ja->base = base;
-    ja->cur = base;
-    ja->end = base + len;
-    ja->reserved += len;
-    return true;
-}
-
-/* Memory jemalloc asks for while it creates an arena (its metadata): mapped
- * on its own, outside every segment, so an arena costs no address space until
- * it serves an array (with a 1 GiB segment per arena at creation, demo.yaml
- * would not start under `prlimit --as=5GiB`). No array is ever there. */
-static void *meta_alloc(size_t size, size_t alignment) {
-    char *p = dm__os_reserve(align_up(size, dm__os_page_size()), alignment);
-    if (p && dm__os_commit(p, size) != 0)
-        p = NULL; /* the reservation stays: a few MiB, once */
-    return p;
-}
-
-static void place(je_arena_t *ja, void *p, size_t size) {
-    dm_arena_t *a = ja->owner;
-    int thp = atomic_load_explicit(&a->thp, memory_order_relaxed);
-    int numa = atomic_load_explicit(&a->numa, memory_order_relaxed);
-    uint64_t nodes = atomic_load_explicit(&a->numa_nodes, memory_order_relaxed);
-    if (ja->node >= 0) { /* per_node: this arena serves one node */
-        numa = DM_NUMA_BIND;
-        nodes = UINT64_C(1) << ja->node;
-    }
-    int errs = (dm__os_thp(p, size, thp) != 0) + (dm__os_numa(p, size, numa, nodes) != 0);
-    if (DM_UNLIKELY(fault_fire(&fault_placements))) {
-        errno = EIO; /* injected */
-        errs++;
-    }
-    if (DM_LIKELY(errs == 0))
-        return;
-    /* The memory is still served, only not placed as asked: count it (stats,
-     * metrics) and warn once per arena. Hooks run on any thread: atomic add. */
-    if (atomic_fetch_add_explicit(&a->placement_errors, (uint64_t)errs, memory_order_relaxed) == 0)
-        dm__log("datamem: arena '%s': cannot apply its NUMA/hugepage placement to new memory "
-                "(%s); serving it unplaced, counting in placement_errors",
-                a->name, strerror(errno));
-}
-
-/* ---- lock and pinned ------------------------------------------------------
- * `lock`: an extent is mlock'ed as it starts to serve (a fresh extent, or a
- * decommitted range committed again) and munlock'ed just before its pages go
- * back to the kernel (purge, decommit: madvise refuses locked pages anyway).
- * `pinned: cuda`: a fresh extent is registered with cudaHostRegister. The CUDA
- * runtime unregisters only whole registrations, while jemalloc purges parts of
- * extents, so a pinned arena never gives pages back (its purge and decommit
- * hooks decline): registered memory stays registered and resident for the
- * process, as in the CUDA caching host allocators. A failure (RLIMIT_MEMLOCK,
- * the CUDA runtime's error) is counted in placement_errors, logged once per
- * arena, and the memory served as ordinary pageable memory. */
-
-static _Atomic int64_t fault_locks; /* tests: the next n locks fail (ENOMEM) */
-
-void dm_fault_lock(int64_t n) { atomic_store_explicit(&fault_locks, n, memory_order_relaxed); }
-
-static void pin_failed(dm_arena_t *a, const char *what, const char *why) {
-    if (atomic_fetch_add_explicit(&a->placement_errors, 1, memory_order_relaxed) != 0)
-        return;
-    uint64_t lim = dm__os_memlock_limit();
-    char limtext[64] = "unlimited";
-    if (lim != UINT64_MAX)
-        snprintf(limtext, sizeof(limtext), "%llu KiB", (unsigned long long)(lim >> 10));
-    dm__log("datamem: arena '%s': cannot %s new memory (%s; RLIMIT_MEMLOCK, ulimit -l, is %s); "
-            "serving it as ordinary pageable memory, counting in placement_errors",
-            a->name, what, why, limtext);
-}
-
-static void pin_range(je_arena_t *ja, void *p, size_t size, bool fresh) {
-    dm_arena_t *a = ja->owner;
-    if (atomic_load_explicit(&a->lock, memory_order_relaxed)) {
-        int rc = fault_fire(&fault_locks) ? -ENOMEM : dm__os_lock(p, size);
-        if (rc == 0) {
-            atomic_fetch_add_explicit(&a->locked_bytes, size, memory_order_relaxed);
-            ja->ever_locked = true;
-        } else {
-            pin_failed(a, "page-lock (mlock)", strerror(-rc));
-        }
-    }
-    if (fresh && atomic_load_explicit(&a->pinned, memory_order_relaxed) == DM_PIN_CUDA) {
-        char why[160];
-        if (dm__os_gpu_register(p, size, why, sizeof(why)) == 0) {
-            atomic_fetch_add_explicit(&a->pinned_bytes, size, memory_order_relaxed);
-            ja->ever_pinned = true;
-        } else {
-            pin_failed(a, "register with the CUDA runtime (cudaHostRegister)", why);
-        }
-    }
-}
-
-/* Before [p, p+len) goes back to the kernel. False: the pages must stay. */
-static bool unpin_range(je_arena_t *ja, void *p, size_t len) {
-    if (ja->ever_pinned)
-        return false;
-    if (ja->ever_locked && dm__os_unlock(p, len) == 0) {
-        dm_arena_t *a = ja->owner;
-        uint64_t cur = atomic_load_explicit(&a->locked_bytes, memory_order_relaxed);
-        while (!atomic_compare_exchange_weak_explicit(&a->locked_bytes, &cur,
-                                                      cur > len ? cur - len : 0,
-                                                      memory_order_relaxed, memory_order_relaxed))
-            ;
-    }
-    return true;
-}
-
-static void *hook_alloc(extent_hooks_t *h, void *new_addr, size_t size,
-                        size_t alignment, bool *zero, bool *commit,
-                        unsigned arena_ind) {
-    je_arena_t *ja = (je_arena_t *)h;
-    if (DM_UNLIKELY(fault_fire(&fault_extent_allocs)))
-        return NULL;
-    if (alignment < dm__os_page_size())
-        alignment = dm__os_page_size();
-    /* Hugepage-backed arenas align big extents to 2 MiB so THP can back them. */
-    if (atomic_load_explicit(&ja->owner->thp, memory_order_relaxed) == DM_THP_ON &&
-        size >= ((size_t)2 << 20) && alignment < ((size_t)2 << 20))
-        alignment = (size_t)2 << 20;
-
-    if (DM_UNLIKELY(ja->creating) && !new_addr) {
-        void *m = meta_alloc(size, alignment);
-        if (m) {
-            *zero = true;
-            *commit = true;
-        }
-        return m;
-    }
-    pthread_mutex_lock(&ja->mu);
-    char *p = NULL;
-    if (new_addr) { /* in-place growth: only right after our last extent */
-        if ((char *)new_addr == ja->cur && (size_t)(ja->end - ja->cur) >= size)
-            p = new_addr;
-    } else {
-        char *at = ja->cur ? (char *)align_up((size_t)ja->cur, alignment) : NULL;
-        if (!at || at > ja->end || (size_t)(ja->end - at) < size) {
-            if (region_grow(ja, size + alignment))
-                at = (char *)align_up((size_t)ja->cur, alignment);
-            else
-                at = NULL;
-        }
-        p = at;
-    }
-    if (p) {
-        if (dm__os_commit(p, size) != 0)
-            p = NULL;
-        else
-            ja->cur = p + size;
-    }
-    pthread_mutex_unlock(&ja->mu);
-    if (!p)
-        return NULL;
-    place(ja, p, size);
-    *zero = true; /* never handed out before: fresh anonymous pages */
-    dm_arena_t *a = ja->owner;
-    if (!*commit && !atomic_load_explicit(&a->lock, memory_order_relaxed) &&
-        atomic_load_explicit(&a->pinned, memory_order_relaxed) == DM_PIN_NONE) {
-        /* jemalloc grows by more than it needs and keeps the rest as retained
-         * address space. The mapping is committed already, but reporting it
-         * uncommitted makes jemalloc call hook_commit for each part it starts
-         * to use, which is where growth is counted: counting the whole
-         * mapping here hid every later first use of the retained rest from
-         * the growth purge (dm__arena_after_growth). */
-        return p;
-    }
-    pin_range(ja, p, size, true);
-    atomic_fetch_add_explicit(&ja->grown, size, memory_order_relaxed);
-    *commit = true;
-    return p;
-}
-
-/* Opt out: jemalloc keeps the extent as retained address space and reuses it. */
-static bool hook_dalloc(extent_hooks_t *h, void *addr, size_t size,
-                        bool committed, unsigned arena_ind) {
-    return true;
-}
-
-static void hook_destroy(extent_hooks_t *h, void *addr, size_t size,
-                         bool committed, unsigned arena_ind) {
-    /* Arenas are never destroyed; if jemalloc asks, keep the address space. */
-}
-
-/* Decommit drops the pages (MADV_DONTNEED; the mapping stays), so commit
- * has nothing to do but note that the arena grows again: jemalloc commits a
- * decommitted (retained) range only to reuse it, and its pages will be faulted
- * in anew. The pages read as zeros, as commit promises. */
-static bool hook_commit(extent_hooks_t *h, void *addr, size_t size,
-                        size_t offset, size_t length, unsigned arena_ind) {
-    je_arena_t *ja = (je_arena_t *)h;
-    atomic_fetch_add_explicit(&ja->grown, length, memory_order_relaxed);
-    pin_range(ja, (char *)addr + offset, length, false);
-    return false;
-}
-
-static bool hook_decommit(extent_hooks_t *h, void *addr, size_t size,
-                          size_t offset, size_t length, unsigned arena_ind) {
-    je_arena_t *ja = (je_arena_t *)h;
-    if (!unpin_range(ja, (char *)addr + offset, length))
-        return true; /* declined: the pages stay committed */
-    return dm__os_purge((char *)addr + offset, length, true) != 0;
-}
-
-static bool hook_purge_lazy(extent_hooks_t *h, void *addr, size_t size,
-                            size_t offset, size_t length, unsigned arena_ind) {
-    je_arena_t *ja = (je_arena_t *)h;
-    if (!unpin_range(ja, (char *)addr + offset, length))
-        return true;
-    return dm__os_purge((char *)addr + offset, length, false) != 0;
-}
-
-static bool hook_purge_forced(extent_hooks_t *h, void *addr, size_t size,
-                              size_t offset, size_t length, unsigned arena_ind) {
-    je_arena_t *ja = (je_arena_t *)h;
-    if (!unpin_range(ja, (char *)addr + offset, length))
-        return true;
-    return dm__os_purge((char *)addr + offset, length, true) != 0;
-}
-
-static bool hook_split(extent_hooks_t *h, void *addr, size_t size,
-                       size_t size_a, size_t size_b, bool committed,
-                       unsigned arena_ind) {
-    return false; /* one mapping: any split is fine */
-}
-
-static bool hook_merge(extent_hooks_t *h, void *addr_a, size_t size_a,
-                       void *addr_b, size_t size_b, bool committed,
-                       unsigned arena_ind) {
-    /* Only extents of one arena can meet, all inside our reservations. */
-    return false;
-}
-
-static const extent_hooks_t hooks_template = {
-    hook_alloc, hook_dalloc, hook_destroy, hook_commit, hook_decommit,
-    hook_purge_lazy, hook_purge_forced, hook_split, hook_merge,
-};
 
 /* ---- jemalloc arenas ---------------------------------------------------- */
 
@@ -354,7 +46,7 @@ static int mallctl_arena_ssize(unsigned idx, const char *leaf, ssize_t v) {
     return dmje_mallctl(name, NULL, NULL, &v, sizeof(v));
 }
 
-static int je_settings(je_arena_t *ja, const dm_arena_spec_t *spec) {
+static int je_settings(dm__arena_je_t *ja, const dm_arena_spec_t *spec) {
     char name[96];
     /* Eager purge re-faults every page of 8-64 MiB temporaries (2.4-3.1x slower
      * than NumPy's default, docs/performance.md): never treat a size as
@@ -362,7 +54,7 @@ static int je_settings(je_arena_t *ja, const dm_arena_spec_t *spec) {
     size_t never = (size_t)1 << 62;
     snprintf(name, sizeof(name), "arena.%u.oversize_threshold", ja->index);
     int rc = dmje_mallctl(name, NULL, NULL, &never, sizeof(never));
-    /* A pinned arena never gives pages back (see lock and pinned below): no
+    /* A pinned arena never gives pages back (extent.c, lock and pinned): no
      * decay that would only try, and be declined, again and again. */
     bool keep = spec->pinned != DM_PIN_NONE;
     if (rc == 0)
@@ -374,13 +66,14 @@ static int je_settings(je_arena_t *ja, const dm_arena_spec_t *spec) {
     return rc == 0 ? 0 : DM_EARENA;
 }
 
-static je_arena_t *je_create(dm_arena_t *owner, int node, const dm_arena_spec_t *spec) {
+static dm__arena_je_t *je_create(dm__arena_t *owner, int node, const dm_arena_spec_t *spec) {
     if (nje >= DM_JE_MAX)
         return NULL;
-    je_arena_t *ja = dmje_mallocx(sizeof(*ja), MALLOCX_ZERO | MALLOCX_TCACHE_NONE | MALLOCX_ARENA(0));
+    dm__arena_je_t *ja =
+        dmje_mallocx(sizeof(*ja), MALLOCX_ZERO | MALLOCX_TCACHE_NONE | MALLOCX_ARENA(0));
     if (!ja)
         return NULL;
-    ja->hooks = hooks_template;
+    ja->hooks = dm__extent_hooks;
     ja->node = node;
     ja->owner = owner;
     ja->slot = (uint16_t)nje;
@@ -388,10 +81,10 @@ static je_arena_t *je_create(dm_arena_t *owner, int node, const dm_arena_spec_t 
     pthread_mutex_init(&ja->mu, NULL);
     pthread_mutex_init(&ja->reuse_mu, NULL);
     /* Publish before jemalloc can call the hooks (arenas.create may allocate). */
-    dm__je[nje] = ja;
+    dm__arena_by_slot[nje] = ja;
     extent_hooks_t *hp = &ja->hooks;
     size_t sz = sizeof(ja->index);
-    ja->creating = true; /* under dm__mu: no other arena is being created */
+    ja->creating = true; /* under dm__runtime_mu: no other arena is being created */
     int rc = dmje_mallctl("arenas.create", &ja->index, &sz, &hp, sizeof(hp));
     ja->creating = false;
     if (rc != 0) {
@@ -403,7 +96,7 @@ static je_arena_t *je_create(dm_arena_t *owner, int node, const dm_arena_spec_t 
         else
             dm__log("datamem: arena '%s': jemalloc cannot create an arena (%s)", owner->name,
                     strerror(rc));
-        dm__je[nje] = NULL;
+        dm__arena_by_slot[nje] = NULL;
         dmje_dallocx(ja, MALLOCX_TCACHE_NONE);
         return NULL;
     }
@@ -428,7 +121,7 @@ static je_arena_t *je_create(dm_arena_t *owner, int node, const dm_arena_spec_t 
     return ja;
 }
 
-static void store_settings(dm_arena_t *a, const dm_arena_spec_t *spec) {
+static void store_settings(dm__arena_t *a, const dm_arena_spec_t *spec) {
     atomic_store_explicit(&a->thp, spec->hugepages, memory_order_relaxed);
     atomic_store_explicit(&a->numa, spec->numa, memory_order_relaxed);
     uint64_t nodes = spec->numa_all ? dm__os_numa_nodes() : spec->numa_nodes;
@@ -444,7 +137,7 @@ static void store_settings(dm_arena_t *a, const dm_arena_spec_t *spec) {
     atomic_store_explicit(&a->in_policy, true, memory_order_relaxed);
 }
 
-static je_arena_t *je_get(je_arena_t *_Atomic *p) {
+static dm__arena_je_t *je_get(dm__arena_je_t *_Atomic *p) {
     return atomic_load_explicit(p, memory_order_acquire);
 }
 
@@ -467,21 +160,21 @@ static je_arena_t *je_get(je_arena_t *_Atomic *p) {
  * an address-space limit (RLIMIT_AS, what HPC schedulers set) that is what
  * runs out first, so there no big half is made and one jemalloc arena serves
  * every size. */
-static void ensure_big_half(dm_arena_t *a, je_arena_t *ja, const dm_arena_spec_t *spec) {
+static void ensure_big_half(dm__arena_t *a, dm__arena_je_t *ja, const dm_arena_spec_t *spec) {
     if (je_get(&ja->big) || spec->hugepages != DM_THP_SYSTEM || dm__os_as_limit())
         return;
-    je_arena_t *big = je_create(a, ja->node, spec);
+    dm__arena_je_t *big = je_create(a, ja->node, spec);
     if (!big)
         return; /* logged; ja serves its big blocks too */
     big->is_big = true;
     atomic_store_explicit(&ja->big, big, memory_order_release);
 }
 
-/* Called with dm__mu held: creates the jemalloc arenas `spec` needs. Nothing
+/* Called with dm__runtime_mu held: creates the jemalloc arenas `spec` needs. Nothing
  * visible changes for the policy in force: the new arenas serve no slot yet. */
-int dm__arena_ensure(dm_arena_t *a, const dm_arena_spec_t *spec) {
+int dm__arena_ensure(dm__arena_t *a, const dm_arena_spec_t *spec) {
     if (!spec->per_node) {
-        je_arena_t *ja = je_get(&a->single);
+        dm__arena_je_t *ja = je_get(&a->single);
         if (!ja) {
             if (!(ja = je_create(a, -1, spec)))
                 return DM_EARENA;
@@ -494,7 +187,7 @@ int dm__arena_ensure(dm_arena_t *a, const dm_arena_spec_t *spec) {
     for (int n = 0; n < DM_NODES_MAX; n++) {
         if (!(nodes & (UINT64_C(1) << n)))
             continue;
-        je_arena_t *ja = je_get(&a->by_node[n]);
+        dm__arena_je_t *ja = je_get(&a->by_node[n]);
         if (!ja) {
             if (!(ja = je_create(a, n, spec)))
                 return DM_EARENA;
@@ -507,46 +200,47 @@ int dm__arena_ensure(dm_arena_t *a, const dm_arena_spec_t *spec) {
 
 static uint64_t stat_zu(unsigned idx, const char *leaf);
 
-/* Called with dm__mu held, before a table with a limit on `a` is published:
+/* Called with dm__runtime_mu held, before a table with a limit on `a` is published:
  * from now on the arena counts its live bytes. Blocks made before are counted
  * from jemalloc's "allocated" (which also counts blocks sitting in threads'
  * caches, so the count may err high by what those hold: at most 2.3 MiB of
  * block cache and 26 MiB of jemalloc cache per thread; docs/operations.md). */
-static void track_start(dm_arena_t *a) {
+static void track_start(dm__arena_t *a) {
     if (atomic_load_explicit(&a->tracked, memory_order_relaxed))
         return;
     uint64_t epoch = 1, sum = 0;
     size_t esz = sizeof(epoch);
     dmje_mallctl("epoch", &epoch, &esz, &epoch, esz);
     for (int j = 0; j < nje; j++)
-        if (dm__je[j]->owner == a)
-            sum += stat_zu(dm__je[j]->index, "small.allocated") +
-                   stat_zu(dm__je[j]->index, "large.allocated");
+        if (dm__arena_by_slot[j]->owner == a)
+            sum += stat_zu(dm__arena_by_slot[j]->index, "small.allocated") +
+                   stat_zu(dm__arena_by_slot[j]->index, "large.allocated");
     atomic_store_explicit(&a->live, sum, memory_order_relaxed);
     atomic_store_explicit(&a->tracked, true, memory_order_release);
     for (int j = 0; j < nje; j++)
-        if (dm__je[j]->owner == a)
-            atomic_store_explicit(&dm__je[j]->tracked, true, memory_order_release);
+        if (dm__arena_by_slot[j]->owner == a)
+            atomic_store_explicit(&dm__arena_by_slot[j]->tracked, true, memory_order_release);
 }
 
-/* Called with dm__mu held: new settings for new extents and decay. */
-void dm__arena_apply(dm_arena_t *a, const dm_arena_spec_t *spec) {
+/* Called with dm__runtime_mu held: new settings for new extents and decay. */
+void dm__arena_apply(dm__arena_t *a, const dm_arena_spec_t *spec) {
     store_settings(a, spec);
     if (spec->limit != SIZE_MAX)
         track_start(a);
     for (int j = 0; j < nje; j++)
-        if (dm__je[j]->owner == a && je_settings(dm__je[j], spec) != 0)
+        if (dm__arena_by_slot[j]->owner == a && je_settings(dm__arena_by_slot[j], spec) != 0)
             dm__log("datamem: arena '%s': cannot apply decay settings", a->name);
 }
 
-/* Called with dm__mu held: finds the arena by name, creating it if new. */
-dm_arena_t *dm__arena_get(const char *name, const dm_arena_spec_t *spec) {
+/* Called with dm__runtime_mu held: finds the arena by name, creating it if new. */
+dm__arena_t *dm__arena_get(const char *name, const dm_arena_spec_t *spec) {
     for (int i = 0; i < narenas; i++)
         if (strcmp(arenas[i]->name, name) == 0)
             return arenas[i];
     if (narenas >= DM_RT_ARENAS_MAX)
         return NULL;
-    dm_arena_t *a = dmje_mallocx(sizeof(*a), MALLOCX_ZERO | MALLOCX_TCACHE_NONE | MALLOCX_ARENA(0));
+    dm__arena_t *a =
+        dmje_mallocx(sizeof(*a), MALLOCX_ZERO | MALLOCX_TCACHE_NONE | MALLOCX_ARENA(0));
     if (!a)
         return NULL;
     snprintf(a->name, sizeof(a->name), "%s", name);
@@ -562,8 +256,8 @@ void dm__arena_mark_all_unused(void) {
         atomic_store_explicit(&arenas[i]->in_policy, false, memory_order_relaxed);
 }
 
-je_arena_t *dm__arena_je_for_node(dm_arena_t *a, int node) {
-    je_arena_t *ja;
+dm__arena_je_t *dm__arena_je_for_node(dm__arena_t *a, int node) {
+    dm__arena_je_t *ja;
     if (node >= 0 && node < DM_NODES_MAX && (ja = je_get(&a->by_node[node])))
         return ja;
     if ((ja = je_get(&a->single)))
@@ -575,11 +269,11 @@ je_arena_t *dm__arena_je_for_node(dm_arena_t *a, int node) {
 }
 
 int dm__arena_count(void) { return narenas; }
-dm_arena_t *dm__arena_at(int id) { return id < narenas ? arenas[id] : NULL; }
+dm__arena_t *dm__arena_at(int id) { return id < narenas ? arenas[id] : NULL; }
 
 /* ---- explicit thread caches -------------------------------------------- */
 
-unsigned dm__tcache_create(void) {
+unsigned dm__arena_tcache_create(void) {
     unsigned tc;
     size_t sz = sizeof(tc);
     if (dmje_mallctl("tcache.create", &tc, &sz, NULL, 0) != 0)
@@ -587,7 +281,7 @@ unsigned dm__tcache_create(void) {
     return tc + 1;
 }
 
-void dm__tcache_destroy(unsigned tc) {
+void dm__arena_tcache_destroy(unsigned tc) {
     unsigned idx = tc - 1;
     dmje_mallctl("tcache.destroy", NULL, NULL, &idx, sizeof(idx));
 }
@@ -595,11 +289,11 @@ void dm__tcache_destroy(unsigned tc) {
 /* A thread inside an extent hook holds its arena's bump lock and none of
  * ours; fork must not copy it held. */
 void dm__arena_fork(int phase) {
-    for (int i = 0; i < DM_JE_MAX && dm__je[i]; i++) {
+    for (int i = 0; i < DM_JE_MAX && dm__arena_by_slot[i]; i++) {
         if (phase == 0)
-            pthread_mutex_lock(&dm__je[i]->mu);
+            pthread_mutex_lock(&dm__arena_by_slot[i]->mu);
         else
-            pthread_mutex_unlock(&dm__je[i]->mu);
+            pthread_mutex_unlock(&dm__arena_by_slot[i]->mu);
     }
 }
 
@@ -608,7 +302,7 @@ void dm__arena_fork(int phase) {
 /* "stats.arenas.<i>.<leaf>" by cached MIB: the name is translated once
  * (mallctlnametomib, ~170 ns like any by-name call), then each read is a
  * mallctlbymib with mib[2] = the arena index (~20 ns; notes/jemalloc.md). With
- * 16 arenas that is 208 reads per snapshot. Guarded by dm__mu, which every
+ * 16 arenas that is 208 reads per snapshot. Guarded by dm__runtime_mu, which every
  * caller (dm_stats_snapshot, dm__arena_after_growth) holds. */
 #define STAT_MIBS_MAX 16
 #define STAT_MIB_LEN 8
@@ -692,7 +386,7 @@ static uint64_t stat_u64(unsigned idx, const char *leaf) {
  * default's time instead of 0.91x, the same peak RSS; real jobs: the same
  * peak RSS to the megabyte, sklearn_pipeline 7.6k faults instead of 11k).
  * The check runs after allocations above the block cache's sizes, outside
- * jemalloc, and reads jemalloc's stats (under dm__mu like every stats reader)
+ * jemalloc, and reads jemalloc's stats (under dm__runtime_mu like every stats reader)
  * only when the arena did grow. docs/performance.md has the numbers.
  *
  * Past the peak, glibc's malloc is also asked to give back its free pages
@@ -705,18 +399,18 @@ static uint64_t stat_u64(unsigned idx, const char *leaf) {
  * held 17 MiB free: 1.020x NumPy's default peak RSS, 1.002x with the trim;
  * pandas3_etl 1.018x, 1.010x. 4 to 23 calls per job, 4.4 ms in
  * all at most (bench/results/issue28.md). */
-static uint64_t peak_footprint; /* under dm__mu */
-static uint64_t trimmed_at;     /* the footprint at the last malloc_trim, under dm__mu */
+static uint64_t peak_footprint; /* under dm__runtime_mu */
+static uint64_t trimmed_at;     /* the footprint at the last malloc_trim, under dm__runtime_mu */
 
-void dm__arena_after_growth(je_arena_t *ja) {
+void dm__arena_after_growth(dm__arena_je_t *ja) {
     if (atomic_exchange_explicit(&ja->grown, 0, memory_order_relaxed) == 0)
         return;
     size_t budget = atomic_load_explicit(&ja->owner->dirty_budget, memory_order_relaxed);
     if (budget == SIZE_MAX || !ja->purge_mib[0])
         return;
-    /* Growth is rare: the stats readers' lock (dm__mu) is affordable here. */
+    /* Growth is rare: the stats readers' lock (dm__runtime_mu) is affordable here. */
     uint64_t epoch = 1, page = je_page_size();
-    pthread_mutex_lock(&dm__mu);
+    pthread_mutex_lock(&dm__runtime_mu);
     dmje_mallctl("epoch", NULL, NULL, &epoch, sizeof(epoch)); /* refresh the stats */
     /* Past the peak, the jemalloc arena that grew is purged if it holds dirty
      * pages over its budget plus 1/64 of its active ones; so is, on the same
@@ -725,14 +419,14 @@ void dm__arena_after_growth(je_arena_t *ja) {
      * this growth (sklearn_pipeline: 111 MB of them, or 1.034x the default's
      * peak RSS instead of 1.01x). */
     struct candidate {
-        je_arena_t *x;
+        dm__arena_je_t *x;
         uint64_t dirty, active;
         bool due;
     } mine[2 * DM_NODES_MAX]; /* one per node, or one, and their big halves */
     int nmine = 0;
     uint64_t footprint = 0, purged = 0;
     for (int j = 0; j < nje; j++) { /* one read of each arena's stats */
-        je_arena_t *x = dm__je[j];
+        dm__arena_je_t *x = dm__arena_by_slot[j];
         uint64_t d = stat_zu(x->index, "pdirty") * page, a = stat_zu(x->index, "pactive") * page;
         footprint += d + a;
         if (x->owner != ja->owner || nmine == 2 * DM_NODES_MAX)
@@ -761,7 +455,7 @@ void dm__arena_after_growth(je_arena_t *ja) {
     bool trim = past && footprint > trimmed_at + (trimmed_at >> 4);
     if (trim)
         trimmed_at = footprint;
-    pthread_mutex_unlock(&dm__mu);
+    pthread_mutex_unlock(&dm__runtime_mu);
     for (int k = 0; k < npurge; k++)
         dmje_mallctlbymib(mine[k].x->purge_mib, 3, NULL, NULL, NULL, 0);
     if (trim)
@@ -770,7 +464,7 @@ void dm__arena_after_growth(je_arena_t *ja) {
         atomic_fetch_add_explicit(&ja->owner->growth_purges, 1, memory_order_relaxed);
 }
 
-static void je_stats_add(je_arena_t *ja, dm_arena_stats_t *o) {
+static void je_stats_add(dm__arena_je_t *ja, dm_arena_stats_t *o) {
     unsigned i = ja->index;
     uint64_t page = je_page_size();
     o->allocated += stat_zu(i, "small.allocated") + stat_zu(i, "large.allocated");
@@ -789,11 +483,11 @@ static void je_stats_add(je_arena_t *ja, dm_arena_stats_t *o) {
     o->njemalloc++;
 }
 
-/* Called with dm__mu held, after an "epoch" refresh. */
-void dm__arena_je_stats(dm_arena_t *a, dm_arena_stats_t *out) {
+/* Called with dm__runtime_mu held, after an "epoch" refresh. */
+void dm__arena_je_stats(dm__arena_t *a, dm_arena_stats_t *out) {
     for (int j = 0; j < nje; j++)
-        if (dm__je[j]->owner == a)
-            je_stats_add(dm__je[j], out);
+        if (dm__arena_by_slot[j]->owner == a)
+            je_stats_add(dm__arena_by_slot[j], out);
 }
 
 /* ---- hugepage-backed bytes ------------------------------------------------- */
@@ -809,8 +503,8 @@ static void huge_add(void *arg, uintptr_t start, uintptr_t end, uint64_t huge) {
         return;
     for (uintptr_t seg = start >> DM_SEG_SHIFT; seg <= (end - 1) >> DM_SEG_SHIFT && seg < nseg;
          seg++) {
-        uint16_t s = atomic_load_explicit(&dm__seg_owner[seg], memory_order_acquire);
-        je_arena_t *ja = s ? dm__je[s - 1] : NULL;
+        uint16_t s = atomic_load_explicit(&dm__arena_seg_owner[seg], memory_order_acquire);
+        dm__arena_je_t *ja = s ? dm__arena_by_slot[s - 1] : NULL;
         if (!ja)
             continue;
         uintptr_t lo = seg << DM_SEG_SHIFT, hi = lo + DM_SEG_SIZE;
@@ -832,7 +526,7 @@ static void huge_add(void *arg, uintptr_t start, uintptr_t end, uint64_t huge) {
 /* Adds each policy arena's THP-backed bytes to out[arena id] (cap entries):
  * PAGEMAP_SCAN over the committed part of every region (exact; the PROT_NONE
  * rest of a reservation is not walked), else /proc/self/smaps. The ranges are
- * copied under dm__mu (then each arena's bump mutex); the scan runs unlocked. */
+ * copied under dm__runtime_mu (then each arena's bump mutex); the scan runs unlocked. */
 int dm__arena_hugepages(uint64_t *out, int cap) {
     if (cap < DM_RT_ARENAS_MAX)
         return DM_ERANGE;
@@ -842,9 +536,9 @@ int dm__arena_hugepages(uint64_t *out, int cap) {
     uint64_t *bytes = calloc(MAXR, sizeof(*bytes));
     int n = 0, rc = 0;
     bool whole = !r || !id || !bytes; /* some ranges unknown: use smaps */
-    pthread_mutex_lock(&dm__mu);
+    pthread_mutex_lock(&dm__runtime_mu);
     for (int j = 0; j < nje && !whole; j++) {
-        je_arena_t *ja = dm__je[j];
+        dm__arena_je_t *ja = dm__arena_by_slot[j];
         pthread_mutex_lock(&ja->mu);
         if (ja->nold > DM_JE_OLD_MAX || n + ja->nold + 1 > MAXR)
             whole = true;
@@ -858,7 +552,7 @@ int dm__arena_hugepages(uint64_t *out, int cap) {
         }
         pthread_mutex_unlock(&ja->mu);
     }
-    pthread_mutex_unlock(&dm__mu);
+    pthread_mutex_unlock(&dm__runtime_mu);
     if (!whole && dm__os_huge_bytes((const uintptr_t(*)[2])r, n, bytes) == 0) {
         for (int i = 0; i < n; i++)
             out[id[i]] += bytes[i];

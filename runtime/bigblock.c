@@ -117,7 +117,7 @@ static bool frames_advised(uintptr_t f0, uintptr_t f1) {
 }
 
 /* Whether ja's big blocks get NumPy's advice (and so the 2 MiB alignment). */
-static bool takes_numpy_advice(const je_arena_t *ja) {
+static bool takes_numpy_advice(const dm__arena_je_t *ja) {
     return atomic_load_explicit(&numpy_thp, memory_order_relaxed) &&
            atomic_load_explicit(&ja->owner->thp, memory_order_relaxed) == DM_THP_SYSTEM;
 }
@@ -127,7 +127,7 @@ void dm__big_advise(void *p, size_t n) {
     uintptr_t hi = ((uintptr_t)p + n) & ~(FRAME - 1);
     if (hi <= lo || (hi >> FRAME_SHIFT) > NFRAMES)
         return;
-    je_arena_t *ja = dm__owner_of(p);
+    dm__arena_je_t *ja = dm__arena_owner_of(p);
     if (!ja || !takes_numpy_advice(ja))
         return;
     uintptr_t f0 = lo >> FRAME_SHIFT, f1 = hi >> FRAME_SHIFT;
@@ -142,7 +142,7 @@ void dm__big_advise(void *p, size_t n) {
                                  memory_order_relaxed);
 }
 
-int dm__big_flags(const je_arena_t *ja, int flags) {
+int dm__big_flags(const dm__arena_je_t *ja, int flags) {
     if ((flags & LG_ALIGN_MASK) >= FRAME_SHIFT || !takes_numpy_advice(ja))
         return flags;
     return (flags & ~LG_ALIGN_MASK) | MALLOCX_LG_ALIGN(FRAME_SHIFT);
@@ -154,7 +154,7 @@ void *dm__big_zero(void *p, size_t n) {
     uintptr_t lo = (b + page - 1) & ~(page - 1), hi = e & ~(page - 1);
     /* Memory registered with the CUDA runtime (`pinned: cuda`) must keep its
      * pages: MADV_DONTNEED would swap them under the GPU's mapping. */
-    je_arena_t *ja = dm__owner_of(p);
+    dm__arena_je_t *ja = dm__arena_owner_of(p);
     bool keep = ja && atomic_load_explicit(&ja->ever_pinned, memory_order_relaxed);
     /* Every page resident (the last user touched the whole block): clearing
      * in place costs what the kernel's zero-fill would, without the faults or
@@ -179,7 +179,7 @@ void dm__big_trim(void *p, size_t n, size_t touched) {
                                     : ((uintptr_t)p + usable) & ~(page - 1);
     if (hi <= lo || hi - lo < DM_BIG_TRIM_MIN)
         return;
-    je_arena_t *ja = dm__owner_of(p);
+    dm__arena_je_t *ja = dm__arena_owner_of(p);
     if (!ja || atomic_load_explicit(&ja->ever_pinned, memory_order_relaxed) ||
         atomic_load_explicit(&ja->ever_locked, memory_order_relaxed))
         return; /* registered or locked pages stay as they are */
@@ -197,7 +197,7 @@ static int64_t now_ms(void) {
 }
 
 /* Removes entry i (under reuse_mu). */
-static void drop_at(je_arena_t *ja, int i) {
+static void drop_at(dm__arena_je_t *ja, int i) {
     atomic_store_explicit(&ja->reuse_bytes,
                           atomic_load_explicit(&ja->reuse_bytes, memory_order_relaxed) -
                               ja->reuse[i].usable,
@@ -208,7 +208,7 @@ static void drop_at(je_arena_t *ja, int i) {
 
 /* Moves the entries that waited ttl ms or longer into out[] (under reuse_mu);
  * returns how many. all: every entry. */
-static int take_expired(je_arena_t *ja, int64_t ttl, int64_t now, bool all, void **out) {
+static int take_expired(dm__arena_je_t *ja, int64_t ttl, int64_t now, bool all, void **out) {
     int n = 0;
     while (ja->nreuse > 0 && (all || now - ja->reuse[0].at_ms >= ttl)) {
         out[n++] = ja->reuse[0].p;
@@ -222,12 +222,12 @@ static void give_back(void **blocks, int n) {
         dmje_dallocx(blocks[i], MALLOCX_TCACHE_NONE);
 }
 
-static int64_t ttl_of(const je_arena_t *ja) {
+static int64_t ttl_of(const dm__arena_je_t *ja) {
     int64_t ms = atomic_load_explicit(&ja->owner->reuse_ms, memory_order_relaxed);
     return ms < 0 ? INT64_MAX : ms;
 }
 
-void *dm__big_take(je_arena_t *ja, size_t n, int flags) {
+void *dm__big_take(dm__arena_je_t *ja, size_t n, int flags) {
     if (atomic_load_explicit(&ja->reuse_bytes, memory_order_relaxed) == 0)
         return NULL; /* a racy peek: a miss here only costs a jemalloc call */
     size_t want = dmje_nallocx(n, flags & LG_ALIGN_MASK);
@@ -254,7 +254,7 @@ void *dm__big_take(je_arena_t *ja, size_t n, int flags) {
     return p;
 }
 
-bool dm__big_keep(je_arena_t *ja, void *p, size_t hint) {
+bool dm__big_keep(dm__arena_je_t *ja, void *p, size_t hint) {
     int64_t ttl = ttl_of(ja);
     /* Only the arena that serves the big blocks ever takes one back: a small
      * half's kept block would wait out its decay for nothing, resident. */
@@ -288,7 +288,7 @@ bool dm__big_keep(je_arena_t *ja, void *p, size_t hint) {
     return true;
 }
 
-static void expire(je_arena_t *ja) {
+static void expire(dm__arena_je_t *ja) {
     if (atomic_load_explicit(&ja->reuse_bytes, memory_order_relaxed) == 0)
         return;
     void *out[DM_REUSE_MAX];
@@ -303,15 +303,15 @@ static void expire(je_arena_t *ja) {
 }
 
 void dm__big_expire_all(void) {
-    for (int i = 0; i < DM_JE_MAX && dm__je[i]; i++)
-        expire(dm__je[i]);
+    for (int i = 0; i < DM_JE_MAX && dm__arena_by_slot[i]; i++)
+        expire(dm__arena_by_slot[i]);
 }
 
 void dm__big_fork(int phase) {
-    for (int i = 0; i < DM_JE_MAX && dm__je[i]; i++) {
+    for (int i = 0; i < DM_JE_MAX && dm__arena_by_slot[i]; i++) {
         if (phase == 0)
-            pthread_mutex_lock(&dm__je[i]->reuse_mu);
+            pthread_mutex_lock(&dm__arena_by_slot[i]->reuse_mu);
         else
-            pthread_mutex_unlock(&dm__je[i]->reuse_mu);
+            pthread_mutex_unlock(&dm__arena_by_slot[i]->reuse_mu);
     }
 }

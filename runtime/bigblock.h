@@ -43,11 +43,11 @@ void *dm__big_zero(void *p, size_t n);
 #define DM_BIG_TRIM_MIN ((size_t)64 << 10)
 void dm__big_trim(void *p, size_t n, size_t touched);
 
-struct je_arena;
+struct dm__arena_je;
 
 /* The jemalloc flags for a block of n >= DM_BIG_THP_MIN bytes from ja: 2 MiB
  * alignment where dm__big_advise will advise it. */
-int dm__big_flags(const struct je_arena *ja, int flags);
+int dm__big_flags(const struct dm__arena_je *ja, int flags);
 
 /* Reuse of freed big blocks (bigblock.c, "Reuse"). dm__big_take: a kept block
  * of the size class jemalloc would serve for mallocx(n, flags), aligned as
@@ -56,12 +56,12 @@ int dm__big_flags(const struct je_arena *ja, int flags);
  * request). dm__big_keep: keeps p (a live block of the arena, not yet freed,
  * last asked for as `hint` bytes) for the next allocation of its size; false
  * if it is not kept (the caller frees it).
- * dm__big_expire_all (under dm__mu): every arena hands back what waited longer
+ * dm__big_expire_all (under dm__runtime_mu): every arena hands back what waited longer
  * than its decay.dirty, and all it keeps once it counts live bytes (`limit`).
  * dm__big_fork: 0 before fork() (takes every arena's lock), 1 after it, in
  * both processes. */
-void *dm__big_take(struct je_arena *ja, size_t n, int flags);
-bool dm__big_keep(struct je_arena *ja, void *p, size_t hint);
+void *dm__big_take(struct dm__arena_je *ja, size_t n, int flags);
+bool dm__big_keep(struct dm__arena_je *ja, void *p, size_t hint);
 void dm__big_expire_all(void);
 void dm__big_fork(int phase);
 

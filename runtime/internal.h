@@ -1,20 +1,27 @@
 /*
- * internal.h: what the runtime's .c files share and nobody else sees.
+ * internal.h: what the runtime's .c files share and nobody else sees: the
+ * engine's objects and each file's cross-file functions.
  *
  * Objects and lifetimes:
- *   dm_arena_t  a policy arena, found by name; lives for the process (arrays
- *               outlive policies). Behind it one jemalloc arena, or one per NUMA
- *               node with per_node.
- *   je_arena_t  one jemalloc arena with our extent hooks; `slot` is its small
- *               integer id, also stored in the segment map so that free() finds
- *               the owner from the address with one load.
- *   rt_table_t  a published dispatch table (compiled policy + slots), reference
- *               counted: the global pointer holds one reference, each thread
- *               bound to it holds one. Freed when the last goes.
- *   dm_tls_t    per-thread state: the bound table, view cache, the block
- *               cache (bins per size class, memo per size class), explicit
- *               jemalloc thread caches (one per je arena) and counters. Reached
- *               through datamem_tls_anchor (tls_anchor.c) on the fast path.
+ *   dm__arena_t     a policy arena (arena.c), found by name; lives for the
+ *                   process (arrays outlive policies). Behind it one jemalloc
+ *                   arena, or one per NUMA node with per_node.
+ *   dm__arena_je_t  one jemalloc arena with our extent hooks (extent.c); `slot`
+ *                   is its small integer id, also stored in the segment map so
+ *                   that free() finds the owner from the address with one load.
+ *   dm__dispatch_t  a published dispatch table (dispatch.c: compiled policy +
+ *                   slots), reference counted: the global pointer holds one
+ *                   reference, each thread bound to it holds one. Freed when
+ *                   the last goes.
+ *   dm__thread_t    per-thread state (thread.c): the bound table, view cache,
+ *                   the block cache (bcache.h: bins per size class, memo per
+ *                   size class), explicit jemalloc thread caches (one per je
+ *                   arena) and counters. Reached through datamem_tls_anchor
+ *                   (tls_anchor.c) on the fast path.
+ *
+ * Names: a cross-file internal is dm__<file>_* after the file that defines it
+ * (dm__arena_get in arena.c, dm__thread_bind in thread.c); what this header
+ * itself defines for every file (counters, limits) is dm__ctr*, DM_*.
  */
 #ifndef DM_RUNTIME_INTERNAL_H
 #define DM_RUNTIME_INTERNAL_H
@@ -44,26 +51,42 @@
 
 /* Counters one thread writes and any thread reads: relaxed atomics compile to
  * plain adds on x86-64 (no lock prefix), and keep TSan honest. */
-typedef _Atomic uint64_t dm_ctr_t;
+typedef _Atomic uint64_t dm__ctr_t;
 #define DM_CTR_ADD(c, n)                                                       \
     atomic_store_explicit(&(c), atomic_load_explicit(&(c), memory_order_relaxed) + (n), \
                           memory_order_relaxed)
 #define DM_CTR_GET(c) atomic_load_explicit(&(c), memory_order_relaxed)
 
-typedef struct dm_arena_ctrs {
-    dm_ctr_t nalloc, nfree, nrealloc, nfail, nfallback, ndtype_known, bytes, nlimit;
-} dm_arena_ctrs_t;
+/* jemalloc is not instrumented, so ThreadSanitizer cannot see that a block freed
+ * on one thread and handed out again on another was passed through jemalloc's
+ * locks. In TSan builds free releases and alloc acquires one sync object
+ * (alloc.c), which models that hand-off (coarsely: it orders every free before
+ * every later allocation). Compiled out otherwise. */
+#if defined(__SANITIZE_THREAD__)
+void __tsan_acquire(void *addr);
+void __tsan_release(void *addr);
+extern char dm__alloc_tsan_sync;
+#define DM_TSAN_ACQUIRE() __tsan_acquire(&dm__alloc_tsan_sync)
+#define DM_TSAN_RELEASE() __tsan_release(&dm__alloc_tsan_sync)
+#else
+#define DM_TSAN_ACQUIRE() ((void)0)
+#define DM_TSAN_RELEASE() ((void)0)
+#endif
 
-typedef struct je_arena {
+typedef struct dm__ctrs {
+    dm__ctr_t nalloc, nfree, nrealloc, nfail, nfallback, ndtype_known, bytes, nlimit;
+} dm__ctrs_t;
+
+typedef struct dm__arena_je {
     extent_hooks_t hooks;    /* first: jemalloc hands &hooks back to us */
     unsigned index;          /* jemalloc's arena index */
     uint16_t slot;           /* our id; segment map holds slot + 1 */
     int node;                /* per_node arenas: their node; else -1 */
-    struct dm_arena *owner;
+    struct dm__arena *owner;
     /* The big half (arena.c, "Big halves"): the jemalloc arena serving this
      * one's blocks of DM_BIG_THP_MIN bytes and more; NULL when there is none
-     * (then this one serves them). Set once, under dm__mu. */
-    struct je_arena *_Atomic big;
+     * (then this one serves them). Set once, under dm__runtime_mu. */
+    struct dm__arena_je *_Atomic big;
     bool is_big;             /* this is some arena's big half */
     pthread_mutex_t mu;      /* guards the bump region below */
     char *cur, *end;         /* committed-on-demand bump region */
@@ -77,16 +100,16 @@ typedef struct je_arena {
      * ranges committed again) since dm__arena_after_growth last looked. */
     _Atomic uint64_t grown;
     /* Kept big blocks handed out again (bigblock.c), which jemalloc does not
-     * count; and, under dm__mu, the allocations counted at the last growth
+     * count; and, under dm__runtime_mu, the allocations counted at the last growth
      * check (dm__arena_after_growth: an arena with none since is idle). */
     _Atomic uint64_t reused;
     uint64_t ops_seen;
     size_t purge_mib[3];         /* "arena.<index>.purge" */
-    bool creating;               /* inside arenas.create (under dm__mu) */
+    bool creating;               /* inside arenas.create (under dm__runtime_mu) */
     /* Some extent was mlock'ed / registered with the GPU runtime: purges
      * unlock first / are declined (arena.c). Only ever set to true. */
     _Atomic bool ever_locked, ever_pinned;
-    /* Its owner counts live bytes (a copy of dm_arena_t.tracked, so that a
+    /* Its owner counts live bytes (a copy of dm__arena_t.tracked, so that a
      * free, which has `ja` in hand, tests it with one load). */
     _Atomic bool tracked;
     /* Freed blocks of 4 MiB or more kept for the next allocation of their
@@ -101,9 +124,9 @@ typedef struct je_arena {
         int64_t at_ms;
     } reuse[DM_REUSE_MAX];
     _Atomic size_t reuse_bytes;
-} je_arena_t;
+} dm__arena_je_t;
 
-typedef struct dm_arena {
+typedef struct dm__arena {
     char name[DM_NAME_MAX];
     int id;
     /* Placement for new extents; hooks read these, reload rewrites them. */
@@ -111,13 +134,13 @@ typedef struct dm_arena {
     _Atomic uint64_t numa_nodes;
     _Atomic size_t alignment;
     _Atomic bool per_node, in_policy;
-    _Atomic size_t dirty_budget;  /* decay.budget; SIZE_MAX = never */
-    _Atomic int64_t reuse_ms;     /* decay.dirty: how long a kept big block waits; -1 = no limit */
-    /* Written under dm__mu, read by the per_node fast path without it. */
-    je_arena_t *_Atomic single;              /* the arena when not per_node */
-    je_arena_t *_Atomic by_node[DM_NODES_MAX];
-    dm_ctr_t placement_errors;
-    dm_ctr_t growth_purges;          /* purges by decay.budget */
+    _Atomic size_t dirty_budget; /* decay.budget; SIZE_MAX = never */
+    _Atomic int64_t reuse_ms;    /* decay.dirty: how long a kept big block waits; -1 = no limit */
+    /* Written under dm__runtime_mu, read by the per_node fast path without it. */
+    dm__arena_je_t *_Atomic single; /* the arena when not per_node */
+    dm__arena_je_t *_Atomic by_node[DM_NODES_MAX];
+    dm__ctr_t placement_errors;
+    dm__ctr_t growth_purges;     /* purges by decay.budget */
     /* `limit` (reloadable; SIZE_MAX = none). An arena counts its live bytes
      * (usable sizes, one atomic add per allocation and free) from the first
      * install that gives it a limit, for the rest of the process; untracked
@@ -128,93 +151,93 @@ typedef struct dm_arena {
     /* lock / pinned: settings for new extents, and bytes currently locked or
      * registered (extent hooks). */
     _Atomic bool lock;
-    _Atomic int pinned;              /* dm_pin_t */
+    _Atomic int pinned;          /* dm_pin_t */
     _Atomic uint64_t locked_bytes, pinned_bytes;
-    dm_arena_ctrs_t dead;            /* counters of threads that exited */
-} dm_arena_t;
+    dm__ctrs_t dead;             /* counters of threads that exited */
+} dm__arena_t;
 
 /* One per rule, plus one for the default, in a published table. */
-typedef struct rt_slot {
+typedef struct dm__dispatch_slot {
     int flags;          /* MALLOCX_ARENA | MALLOCX_ALIGN (when > 64) */
     size_t round;       /* size rounding mask for alignment <= 64 */
-    dm_arena_t *arena;
-    je_arena_t *je;     /* NULL when per_node: chosen per call */
+    dm__arena_t *arena;
+    dm__arena_je_t *je; /* NULL when per_node: chosen per call */
     uint16_t arena_id;
     bool tracked;       /* the arena counts live bytes (a limit): never cached */
-} rt_slot_t;
+} dm__dispatch_slot_t;
 
-typedef struct rt_view_entry {
-    struct rt_view_entry *next;
+typedef struct dm__dispatch_view {
+    struct dm__dispatch_view *next;
     dm_view_t *view;
     uint64_t key[];     /* dm_table_ctx_key_words words */
-} rt_view_entry_t;
+} dm__dispatch_view_t;
 
-typedef struct rt_table {
+typedef struct dm__dispatch {
     dm_table_t *table;
     dm_policy_t *policy;
-    rt_slot_t *slots;            /* nrules + 1 */
+    dm__dispatch_slot_t *slots;  /* nrules + 1 */
     int nslots;
     bool uses_dtype;
     uint64_t seq;                /* its install number (site masks name it) */
     int fallback;                /* slot index of the fallback arena, or -1 */
-    rt_slot_t fallback_slot;
+    dm__dispatch_slot_t fallback_slot;
     _Atomic int refs;
-    rt_view_entry_t *views;      /* guarded by the runtime mutex */
-    dm_arena_ctrs_t *rule_ctrs;  /* per slot, folded from threads that moved on
-                                    (nfree unused); guarded by dm__mu */
+    dm__dispatch_view_t *views;  /* guarded by the runtime mutex */
+    dm__ctrs_t *rule_ctrs;       /* per slot, folded from threads that moved on
+                                    (nfree unused); guarded by dm__runtime_mu */
     bool tally;                  /* bytes are counted per tag (tally.c): every
                                     allocation takes alloc_tallied */
-} rt_table_t;
+} dm__dispatch_t;
 
-#define DM_FC_SLOTS 8                      /* most blocks per class and thread */
-#define DM_FC_CLASS_BYTES ((size_t)64 << 10) /* fewer for big classes (at least 1):
+#define DM_BCACHE_SLOTS 8                      /* most blocks per class and thread */
+#define DM_BCACHE_CLASS_BYTES ((size_t)64 << 10) /* fewer for big classes (at least 1):
                                                 2.3 MiB per thread at most */
 
-typedef struct dm_fc_bin {
+typedef struct dm__bcache_bin {
     _Atomic uint32_t n;          /* written by its thread, read by stats */
     uint32_t tag;                /* the je arena (slot + 1) of every block here */
-    dm_ctr_t *nfree;             /* that arena's free counter in this thread */
-    void *items[DM_FC_SLOTS];
-} dm_fc_bin_t;
+    dm__ctr_t *nfree;            /* that arena's free counter in this thread */
+    void *items[DM_BCACHE_SLOTS];
+} dm__bcache_bin_t;
 
 /* What the bound view does with one raw size class, learnt on first use
- * (runtime.c, memo_fill) and forgotten at every bind. */
-typedef enum { DM_MEMO_UNKNOWN = 0, DM_MEMO_SLOW, DM_MEMO_CACHED } dm_memo_state_t;
-typedef struct dm_memo {
-    dm_fc_bin_t *bin;            /* the bin of the class its blocks have */
+ * (bcache.c, dm__bcache_learn) and forgotten at every bind. */
+typedef enum { DM_MEMO_UNKNOWN = 0, DM_MEMO_SLOW, DM_MEMO_CACHED } dm__bcache_memo_state_t;
+typedef struct dm__bcache_memo {
+    dm__bcache_bin_t *bin;       /* the bin of the class its blocks have */
     uint64_t tag_bits;           /* class and arena fields of its blocks' tags */
-    dm_arena_ctrs_t *arena_ctrs, *rule_ctrs;
+    dm__ctrs_t *arena_ctrs, *rule_ctrs;
     uint32_t tag;                /* its je arena (slot + 1) */
     uint16_t rule;               /* its slot in the table */
-    uint8_t state;               /* dm_memo_state_t */
-} dm_memo_t;
+    uint8_t state;               /* dm__bcache_memo_state_t */
+} dm__bcache_memo_t;
 
-typedef struct dm_tls {
+typedef struct dm__thread {
     /* hot: the bound (table, context) and its view */
-    rt_table_t *table;
+    dm__dispatch_t *table;
     const dm_ctx_t *ctx;
     const dm_view_t *view;
     /* The jemalloc arena this thread is bound to ("thread.arena"), whose small
      * blocks go through jemalloc's own malloc/free fast paths and the thread's
      * automatic cache; NULL = none. Only blocks of this arena ever enter that
      * cache, so it cannot mix arenas. */
-    je_arena_t *auto_je;
+    dm__arena_je_t *auto_je;
     bool fast;                   /* bound: the fast paths may run */
     bool auto_stale;             /* recompute auto_je at the next bind */
-    /* The block cache (runtime.c): per size class, freed blocks of one arena,
+    /* The block cache (bcache.h): per size class, freed blocks of one arena,
      * and per raw size class what the bound view does with it (DM_MEMO_*). */
-    dm_memo_t memo[DM_SC_COUNT];
-    dm_fc_bin_t bins[DM_SC_COUNT];
-    dm_arena_ctrs_t *rule_ctrs;  /* per slot of `table` (nfree unused) */
+    dm__bcache_memo_t memo[DM_SC_COUNT];
+    dm__bcache_bin_t bins[DM_SC_COUNT];
+    dm__ctrs_t *rule_ctrs;       /* per slot of `table` (nfree unused) */
     /* explicit jemalloc thread caches, per je arena slot: index + 1, 0 = none */
     unsigned tcache[DM_JE_MAX];
-    dm_arena_ctrs_t ctrs[DM_RT_ARENAS_MAX];
+    dm__ctrs_t ctrs[DM_RT_ARENAS_MAX];
     char thread_name[DM_NAME_MAX];
     dm_failure_t last_failure;   /* the thread's last allocation refused by a limit */
     bool limit_refused;          /* set by the tracked path, read by alloc_failed */
     bool registered, exiting;
-    struct dm_tls *next, *prev;  /* registry, under the runtime mutex */
-} dm_tls_t;
+    struct dm__thread *next, *prev; /* registry, under the runtime mutex */
+} dm__thread_t;
 
 struct dm_ctx {
     struct dm_ctx *next;
@@ -225,44 +248,97 @@ struct dm_ctx {
     uint16_t *tally;             /* its tags' tally registry ids (root: "(untagged)") */
 };
 
+/* Cross-file internals are hidden (as -fvisibility=hidden makes their
+ * definitions): a file reaches another's variables as directly as its own
+ * statics, with no GOT load (the fast path reads several). */
+#pragma GCC visibility push(hidden)
+
 /* arena.c */
-dm_arena_t *dm__arena_get(const char *name, const dm_arena_spec_t *spec);
-int dm__arena_ensure(dm_arena_t *a, const dm_arena_spec_t *spec);
-void dm__arena_apply(dm_arena_t *a, const dm_arena_spec_t *spec);
+dm__arena_t *dm__arena_get(const char *name, const dm_arena_spec_t *spec);
+int dm__arena_ensure(dm__arena_t *a, const dm_arena_spec_t *spec);
+void dm__arena_apply(dm__arena_t *a, const dm_arena_spec_t *spec);
 void dm__arena_mark_all_unused(void);
-je_arena_t *dm__arena_je_for_node(dm_arena_t *a, int node);
+dm__arena_je_t *dm__arena_je_for_node(dm__arena_t *a, int node);
 int dm__arena_count(void);
-dm_arena_t *dm__arena_at(int id);
-void dm__arena_je_stats(dm_arena_t *a, dm_arena_stats_t *out);
+dm__arena_t *dm__arena_at(int id);
+void dm__arena_je_stats(dm__arena_t *a, dm_arena_stats_t *out);
 int dm__arena_hugepages(uint64_t *out, int cap);
-unsigned dm__tcache_create(void);
+unsigned dm__arena_tcache_create(void);
 /* After an allocation outside the block cache: if the arena grew meanwhile
  * while holding dirty pages, those did not fit and are given back. */
-void dm__arena_after_growth(je_arena_t *ja);
-static inline void dm__arena_check_growth(je_arena_t *ja) {
+void dm__arena_after_growth(dm__arena_je_t *ja);
+static inline void dm__arena_check_growth(dm__arena_je_t *ja) {
     if (DM_UNLIKELY(atomic_load_explicit(&ja->grown, memory_order_relaxed) != 0))
         dm__arena_after_growth(ja);
 }
-void dm__tcache_destroy(unsigned tc);
-/* fork: 0 before it takes every jemalloc arena's bump lock (dm__mu held), 1
+void dm__arena_tcache_destroy(unsigned tc);
+/* fork: 0 before it takes every jemalloc arena's bump lock (dm__runtime_mu held), 1
  * after it, in parent and child, releases them. */
 void dm__arena_fork(int phase);
 
-extern je_arena_t *dm__je[DM_JE_MAX];
-extern _Atomic uint16_t dm__seg_owner[1u << (DM_VA_BITS - DM_SEG_SHIFT)];
+extern dm__arena_je_t *dm__arena_by_slot[DM_JE_MAX];
+extern _Atomic uint16_t dm__arena_seg_owner[1u << (DM_VA_BITS - DM_SEG_SHIFT)];
 
-static inline je_arena_t *dm__owner_of(const void *p) {
+static inline dm__arena_je_t *dm__arena_owner_of(const void *p) {
     uintptr_t seg = (uintptr_t)p >> DM_SEG_SHIFT;
     if (DM_UNLIKELY(seg >= (1u << (DM_VA_BITS - DM_SEG_SHIFT))))
         return NULL;
-    uint16_t s = atomic_load_explicit(&dm__seg_owner[seg], memory_order_relaxed);
-    return s ? dm__je[s - 1] : NULL;
+    uint16_t s = atomic_load_explicit(&dm__arena_seg_owner[seg], memory_order_relaxed);
+    return s ? dm__arena_by_slot[s - 1] : NULL;
 }
 
-/* runtime.c */
-extern pthread_mutex_t dm__mu;
-/* The size class a block's tag records, or -1 when it has none (tests). */
-int dm__tag_class(const void *p);
+/* extent.c: the extent hooks every jemalloc arena of ours is created with. */
+extern const extent_hooks_t dm__extent_hooks;
+
+/* runtime.c: the engine's lock (arenas, tables, the thread registry, stats)
+ * and the services' seam. */
+extern pthread_mutex_t dm__runtime_mu;
+/* After a successful install, outside dm__runtime_mu: the observers see it. */
+void dm__runtime_notify_install(const dm_policy_t *p, uint64_t seq);
+
+/* context.c: the root context (what NULL means) and one never handed out,
+ * which forces the next allocation to bind. */
+extern struct dm_ctx dm__context_root, dm__context_stale;
+/* Under dm__runtime_mu: the root context's tally ids (tally.c), once. */
+void dm__context_root_tally_init(void);
+int dm__context_count(void); /* under dm__runtime_mu */
+
+/* dispatch.c: the table in force (release-store, acquire-load). */
+extern _Atomic(dm__dispatch_t *) dm__dispatch_current;
+/* A compiled table with its slots for `nslots` rules, one reference, counted
+ * in dm__dispatch_live; NULL when out of memory (tt and p are the caller's). */
+dm__dispatch_t *dm__dispatch_new(dm_table_t *tt, dm_policy_t *p, int nslots);
+void dm__dispatch_destroy(dm__dispatch_t *t);
+void dm__dispatch_release(dm__dispatch_t *t);
+void dm__dispatch_slot_init(dm__dispatch_slot_t *s, dm__arena_t *a, const dm_arena_spec_t *spec);
+/* Under dm__runtime_mu: publishes `tab` (its site masks too); returns the
+ * table it replaces, whose reference passes to the caller. */
+dm__dispatch_t *dm__dispatch_publish(dm__dispatch_t *tab);
+/* Under dm__runtime_mu: the view of `tab` for a context and thread name. */
+const dm_view_t *dm__dispatch_view(dm__dispatch_t *tab, const dm_ctx_t *c, const char *thread);
+int dm__dispatch_live(void); /* tables published or still referenced */
+
+/* thread.c: the calling thread's state, the registry of live threads (under
+ * dm__runtime_mu) and binding a thread to the table in force. */
+extern __thread dm__thread_t dm__thread_self;
+extern dm__thread_t *dm__thread_registry;
+extern int dm__thread_n;
+void dm__thread_init(void); /* once, at dm_runtime_init */
+void dm__thread_register(dm__thread_t *t); /* under dm__runtime_mu */
+bool dm__thread_bind(dm__thread_t *t, const dm_ctx_t *key);
+/* fork, in the child: dm__thread_fork_unlink (under dm__runtime_mu) takes every
+ * thread but the caller out of the registry; dm__thread_fork_release (no lock
+ * held) frees what they held. */
+dm__thread_t *dm__thread_fork_unlink(void);
+void dm__thread_fork_release(dm__thread_t *gone);
+
+/* alloc.c: frees of blocks that were not ours (stats). */
+uint64_t dm__alloc_foreign_frees(void);
+
+/* install.c (under dm__runtime_mu): the reload counts, into a snapshot. */
+void dm__install_stats(dm_stats_t *out);
+
+#pragma GCC visibility pop
 
 /* The engine logs through the same function it offers the services. */
 #define dm__log dm_log

@@ -16,6 +16,7 @@
 #include <valgrind/valgrind.h>
 
 #include "jemalloc/jemalloc.h"
+#include "runtime/bcache.h"
 #include "runtime/bigblock.h"
 #include "runtime/datamem.h"
 #include "runtime/internal.h"
@@ -408,7 +409,7 @@ static void test_reload_keeps_live_blocks(void) {
     dm_free(m);
 }
 
-/* ---- the block cache (runtime.c) ----------------------------------------- */
+/* ---- the block cache (bcache.c) ----------------------------------------- */
 
 /* The cache computes jemalloc's size classes itself: they must be jemalloc's. */
 static void test_size_classes(void) {
@@ -488,16 +489,17 @@ static void test_cache_tags_die_with_blocks(void) {
     dm_free(dm_alloc(root, 64, DM_DT_UNKNOWN)); /* binds, learns the class */
     dm_free(dm_alloc(root, 200, DM_DT_UNKNOWN));
     void *p = dm_alloc(root, 64, DM_DT_UNKNOWN);
-    CHECK(dm__tag_class(p) == (int)dm_sc_index(64), "64 B tagged: %d", dm__tag_class(p));
+    CHECK(dm__bcache_tag_class(p) == (int)dm_sc_index(64), "64 B tagged: %d",
+          dm__bcache_tag_class(p));
     void *q = dm_realloc(root, p, 3000); /* moves to another class */
-    CHECK(q != p && dm__tag_class(p) == -1, "realloc drops the old tag");
+    CHECK(q != p && dm__bcache_tag_class(p) == -1, "realloc drops the old tag");
     dm_free(q);
-    CHECK(dm__tag_class(q) == -1, "free consumes the tag");
+    CHECK(dm__bcache_tag_class(q) == -1, "free consumes the tag");
     void *r = dm_alloc(root, 200, DM_DT_UNKNOWN);
     pthread_t th;
     pthread_create(&th, NULL, tag_free_other_thread, r); /* another arena's thread */
     pthread_join(th, NULL);
-    CHECK(dm__tag_class(r) == -1, "a free by a thread bound elsewhere drops the tag");
+    CHECK(dm__bcache_tag_class(r) == -1, "a free by a thread bound elsewhere drops the tag");
 }
 
 /* Two arenas with different alignments both served from the cache: every
@@ -514,7 +516,7 @@ static void test_cache_two_arenas(void) {
             CHECK(p && (uintptr_t)p % align == 0, "size %zu: %p not %zu-aligned", n, p, align);
             CHECK_STR(dm_owner_arena(p), n <= 1024 ? "small" : "big");
             if (pass == 2) /* learnt and warm: the cached path */
-                CHECK(dm__tag_class(p) >= 0, "size %zu not on the cached path", n);
+                CHECK(dm__bcache_tag_class(p) >= 0, "size %zu not on the cached path", n);
             dm_free(p);
             if (failures)
                 return;
@@ -584,25 +586,25 @@ static int njemalloc(const char *name) {
  * half (arena.c, "Big halves"), a jemalloc arena of their own; a block keeps
  * its half through realloc. `on` and `off` arenas have one jemalloc arena for
  * every size, and so does every arena made under an address-space limit
- * (tests/python/test_hardening.py: sanitizers need the address space). */
+ * (tests/python/test_arenas.py: sanitizers need the address space). */
 static void test_big_halves(void) {
     const dm_ctx_t *root = dm_ctx_root();
     const size_t MB = (size_t)1 << 20;
     load_ok("version: 1\ndefault: halves\narenas:\n  halves: {}\n");
     char *small = dm_alloc(root, 64 << 10, DM_DT_UNKNOWN), *big = dm_alloc(root, 8 * MB, DM_DT_UNKNOWN);
-    je_arena_t *js = dm__owner_of(small), *jb = dm__owner_of(big);
+    dm__arena_je_t *js = dm__arena_owner_of(small), *jb = dm__arena_owner_of(big);
     CHECK(js && jb && js != jb && js->big == jb && jb->is_big && !js->is_big,
           "small and big blocks in the two halves: %p %p", (void *)js, (void *)jb);
     CHECK_STR(dm_owner_arena(big), "halves");
     CHECK(njemalloc("halves") == 2, "two jemalloc arenas, got %d", njemalloc("halves"));
     char *grown = dm_realloc(root, big, 16 * MB), *shrunk = dm_realloc(root, grown, 1 * MB);
-    CHECK(dm__owner_of(shrunk) == jb, "a big block stays in the big half through realloc");
+    CHECK(dm__arena_owner_of(shrunk) == jb, "a big block stays in the big half through realloc");
     /* Grown past 4 MiB, a block moves to the big half, where its free is kept
      * for the next big array (issue 28: pandas' hash-table vectors grow by
      * realloc; kept in the small half, they waited out their decay unused). */
     memset(small, 0x5a, 64 << 10);
     char *up = dm_realloc(root, small, 6 * MB);
-    CHECK(dm__owner_of(up) == jb, "a block grown past 4 MiB moves to the big half");
+    CHECK(dm__arena_owner_of(up) == jb, "a block grown past 4 MiB moves to the big half");
     CHECK(up[0] == 0x5a && up[(64 << 10) - 1] == 0x5a, "realloc keeps the contents");
     size_t kept = jb->reuse_bytes;
     dm_free_hint(up, 6 * MB);
@@ -622,7 +624,8 @@ static void test_big_halves(void) {
 
     load_ok("version: 1\ndefault: whole\narenas:\n  whole: {hugepages: off}\n");
     small = dm_alloc(root, 64 << 10, DM_DT_UNKNOWN), big = dm_alloc(root, 8 * MB, DM_DT_UNKNOWN);
-    CHECK(dm__owner_of(small) == dm__owner_of(big), "hugepages: off: one jemalloc arena");
+    CHECK(dm__arena_owner_of(small) == dm__arena_owner_of(big),
+          "hugepages: off: one jemalloc arena");
     CHECK(njemalloc("whole") == 1, "one jemalloc arena, got %d", njemalloc("whole"));
     dm_free(small), dm_free(big);
 

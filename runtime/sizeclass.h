@@ -1,6 +1,6 @@
 /*
  * sizeclass.h: jemalloc's size classes up to 256 KiB, computed without calling
- * jemalloc, for the per-thread block cache (runtime.c).
+ * jemalloc, for the per-thread block cache (bcache.h).
  *
  * jemalloc 5.3 on x86-64 (LG_QUANTUM 4, 4 classes per doubling): 8, then 16..64
  * by 16, then each doubling (2^g, 2^(g+1)] split into 4 equal steps: 80, 96, 112,

@@ -5,7 +5,7 @@
  * Counting is on when the policy asks for it (tag_bytes, tag_limits,
  * worker_limit) or DATAMEM_TAG_BYTES=1; once on it stays on for the process,
  * so every block counted at its allocation is uncounted at its free. While it
- * is on, every allocation takes the runtime's slow path (runtime.c,
+ * is on, every allocation takes the runtime's slow path (alloc.c,
  * alloc_tallied: no small-block cache), which reserves the block's usable size
  * against the worker limit and each of its context's tags, allocates, and
  * records the block's context in a shadow table; any thread's free reads the
@@ -21,11 +21,11 @@
  * 32 KiB of small blocks, per 8 MiB span of big ones.
  *
  * Tags: a registry of up to DM_TALLY_TAGS_MAX names, entry 0 "(untagged)" for
- * the root context. Contexts are interned (runtime.c) and get their tags' ids
+ * the root context. Contexts are interned (context.c) and get their tags' ids
  * once, when made. Limits are set at install from the policy's tag_limits
  * (the first glob that matches).
  *
- * Thread safety: registry growth and configuration under dm__mu; counts are
+ * Thread safety: registry growth and configuration under dm__runtime_mu; counts are
  * atomics; shadow entries are atomics written by the allocating thread and
  * cleared (exchange) by the freeing one. A block's allocation happens-before
  * its free, so the free sees its entry.
@@ -52,12 +52,12 @@ typedef struct tally_tag {
 } tally_tag_t;
 
 static tally_tag_t tags[DM_TALLY_TAGS_MAX];
-static int ntags;                         /* under dm__mu */
+static int ntags;                         /* under dm__runtime_mu */
 static const struct dm_ctx *by_id[DM_CTX_MAX];
-static int nctx;                          /* under dm__mu */
+static int nctx;                          /* under dm__runtime_mu */
 static tally_tag_t total = {.limit = UINT64_MAX}; /* every counted block */
-static bool on;                           /* under dm__mu */
-static const dm_policy_t *limits_from;    /* the policy in force (dm__mu) */
+static bool on;                           /* under dm__runtime_mu */
+static const dm_policy_t *limits_from;    /* the policy in force (dm__runtime_mu) */
 static char worker_source[16];
 
 /* The limit of tag `name` under the policy in force. */
@@ -258,11 +258,11 @@ void dm__tally_release_slow(const void *p) {
 int dm_runtime_refusals(const char *name, dm_refusals_t *out) {
     memset(out, 0, sizeof(*out));
     const tally_tag_t *t = name ? NULL : &total;
-    pthread_mutex_lock(&dm__mu);
+    pthread_mutex_lock(&dm__runtime_mu);
     for (int i = 0; name && !t && i < ntags; i++)
         if (strcmp(tags[i].name, name) == 0)
             t = &tags[i];
-    pthread_mutex_unlock(&dm__mu);
+    pthread_mutex_unlock(&dm__runtime_mu);
     if (!t)
         return DM_ENOENT;
     out->count = atomic_load_explicit(&t->refused, memory_order_acquire);

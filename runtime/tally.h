@@ -17,11 +17,11 @@
  * entry per 16 bytes, the block's context id + 1 (0: not counted). */
 extern uint16_t *_Atomic dm__tally_shadow[1u << (DM_VA_BITS - DM_SEG_SHIFT)];
 
-/* Under dm__mu, when a context is interned: gives it an id and its tags'
+/* Under dm__runtime_mu, when a context is interned: gives it an id and its tags'
  * registry ids. False when out of memory (the context is then not made). */
 bool dm__tally_ctx_init(struct dm_ctx *c, bool root);
 
-/* Under dm__mu, at install: tag limits and the worker limit from `p`.
+/* Under dm__runtime_mu, at install: tag limits and the worker limit from `p`.
  * Returns whether counting is on (sticky: once on, on for the process). */
 bool dm__tally_configure(const dm_policy_t *p);
 
@@ -47,7 +47,7 @@ static inline void dm__tally_release(const void *p) {
         dm__tally_release_slow(p);
 }
 
-/* Stats: fills out's tag fields (caller holds dm__mu). */
+/* Stats: fills out's tag fields (caller holds dm__runtime_mu). */
 int dm__tally_snapshot(dm_stats_t *out);
 
 #endif /* DM_RUNTIME_TALLY_H */

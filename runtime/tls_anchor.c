@@ -1,7 +1,7 @@
 /*
  * tls_anchor.c: the one thread-local pointer the allocation fast path reads.
  *
- * The runtime's thread state (runtime.c, `tls`) is large, and so is jemalloc's;
+ * The runtime's thread state (thread.c, dm__thread_self) is large, and so is jemalloc's;
  * in the dlopen'ed extension both are dynamic TLS, which costs a TLS-descriptor
  * call (17 instructions) per handler call, a fifth of the cached path. An
  * initial-exec variable would be one %fs-relative load, but glibc must then

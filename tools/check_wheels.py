@@ -1,4 +1,4 @@
-"""Checks datamem wheels for what a user's machine must provide (issue #18).
+"""Checks datamem wheels for what a user's machine must provide.
 
 For each wheel given (scripts/wheels.sh writes them to dist/):
   1. its tag is manylinux, not linux_x86_64;

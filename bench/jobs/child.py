@@ -1,10 +1,10 @@
 """One real job in this process: `python3 bench/jobs/child.py JOB [--scale S] [--expect CFG]`.
 
-bench/jobs.py starts this once per (job, configuration) with the configuration's
-environment. Prints one JSON object on stdout: wall and CPU time of the job
-itself (imports excluded), minor faults during it, peak RSS of the process
-(ru_maxrss: interpreter, libraries and job), AnonHugePages at the end, the
-handler NumPy used, the allocator libraries mapped in (LD_PRELOAD check), the
+__main__.py (python3 -m bench.jobs) starts this once per (job, configuration)
+with the configuration's environment. Prints one JSON object on stdout: wall and
+CPU time of the job itself (imports excluded), minor faults during it, peak RSS
+of the process (ru_maxrss: interpreter, libraries and job), AnonHugePages at the
+end, the handler NumPy used, the allocator libraries mapped in (LD_PRELOAD check), the
 datamem policy in force, and with datamem each arena's bytes at the end.
 With --peak, also "peak": the largest resident set a sampler saw during the
 job and, at that moment, what datamem's arenas held of it and pyarrow's pool
@@ -95,7 +95,7 @@ class PeakSampler(threading.Thread):
     (~150 us) per new peak, in every configuration alike (without datamem only
     the statm read). Jobs release the GIL in NumPy, so the sampler runs while
     they compute; a peak between two samples is missed (ru_maxrss has it).
-    The stats() calls add ~1-3% to a short job's time: bench/jobs.py --shares
+    The stats() calls add ~1-3% to a short job's time: python3 -m bench.jobs --shares
     runs it in repetitions of their own, never in the timed ones."""
     PERIOD_S = 0.02
 

@@ -43,7 +43,7 @@ def _warn(text):
 
 def _warn_policy(text):
     """A load's warnings ("" if none), printed once per distinct set in this
-    process, not on every reload (issue 24: 2000 reloads printed 6003 lines).
+    process, not on every reload (2000 reloads printed 6003 lines).
     The file watcher shares the record (_ext.warnings_changed)."""
     if _ext.warnings_changed(text):
         _warn(text)
@@ -52,7 +52,7 @@ def _warn_policy(text):
 def _policy_path(policy):
     """An absolute path (str, bytes or os.PathLike) as str. Paths are bytes: one
     that is not UTF-8 comes back as os.fsdecode gives it, and _ext turns it into
-    the same bytes again (issue 24)."""
+    the same bytes again."""
     return os.path.abspath(os.fsdecode(policy))  # the watcher must survive chdir
 
 
@@ -218,8 +218,8 @@ def arena_of(array):
 
 
 # A policy's match.tag accepts only these names (policy/units.c, dm__name_valid),
-# so tag() refuses the rest rather than tagging what no rule can match (issue 11);
-# tests/python/test_papercuts.py checks both sides agree.
+# so tag() refuses the rest rather than tagging what no rule can match;
+# tests/python/test_tags.py checks both sides agree.
 _TAG_PATTERN = "[A-Za-z_][A-Za-z0-9_-]*"
 _TAG = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,62}")
 

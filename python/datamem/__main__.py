@@ -66,7 +66,7 @@ def version_text():
 
 
 def profile_commands(a, pr):
-    """profile / report / suggest (issue 13)."""
+    """profile / report / suggest."""
     from . import _profile
     if a.cmd == "profile":
         cmd = a.command[1:] if a.command[:1] == ["--"] else a.command
@@ -184,7 +184,7 @@ def main(argv=None):
             from . import _shown
             print("%s: ok: %s" % (_shown(a.policy), summary))
         return 0 if ok else 1
-    if a.size is None and not a.table:  # explaining size 0 by default misled (issue 11)
+    if a.size is None and not a.table:  # explaining size 0 by default misled
         e.error("the following arguments are required: --size (or --table for the whole table)")
     ok, text, _ = check(a.policy)  # the same diagnostics as check, warnings included
     if text:

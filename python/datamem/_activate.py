@@ -18,7 +18,7 @@ def _shown(path):
 def _activate():
     path = os.environ.get("DATAMEM_CONFIG", "")
     try:
-        if os.environ.get("DATAMEM_PROFILE"):  # record an allocation profile (issue 13)
+        if os.environ.get("DATAMEM_PROFILE"):  # record an allocation profile
             from datamem import _profile
             path = _profile.activate_from_env()
             return

@@ -1,4 +1,4 @@
-"""The file rules of the Python side, in one place (issue 24, "Trust"; the C side
+"""The file rules of the Python side, in one place (the C side
 holds the same ones in service/files.h).
 
 - A directory the package did not create itself is used only if it is a real

@@ -1,4 +1,4 @@
-"""Allocation profiles (issue 13): recording and reading.
+"""Allocation profiles: recording and reading.
 
 Recording: DATAMEM_PROFILE=DIR (set by `python -m datamem profile`, or by hand)
 makes the start-up hook record every process's NumPy allocations into
@@ -117,7 +117,7 @@ def _patch_exit():
 
 def passthrough_policy(directory):
     """The pass-through policy's path in DIRECTORY, which is created (mode 0700)
-    or must be owned by this user and not writable by others (issue 24: whoever
+    or must be owned by this user and not writable by others (whoever
     owns the directory would otherwise choose the job's policy). The file there
     always holds our own text: an existing one is replaced through a temporary
     file and os.replace (never written through a planted link), unless it is

@@ -1,4 +1,4 @@
-"""Reading a profile directory (issue 13): load(DIR) streams every file
+"""Reading a profile directory: load(DIR) streams every file
 (format and per-file reader in _profile_file.py), pairs frees with
 allocations, and returns one Profile holding sums per call site, label, size
 and lifetime class, the peak of live bytes and a small random sample of
@@ -19,7 +19,7 @@ from ._profile_file import (  # noqa: F401
 # ---- reading -------------------------------------------------------------------
 #
 # A profile directory is read as a stream, one block of each file at a time, and
-# summed up as it goes (issue 24: reading whole files as Python rows took ~9x
+# summed up as it goes (reading whole files as Python rows took ~9x
 # the profile's size in memory). What stays in memory: the distinct strings,
 # call sites and labels; the arrays live at once (until their free is read);
 # a fixed-size histogram per call site for its medians; and, for the peak of

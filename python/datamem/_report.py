@@ -1,4 +1,4 @@
-"""`python -m datamem report DIR`: what a recorded profile says (issue 13).
+"""`python -m datamem report DIR`: what a recorded profile says.
 
 summarize(profile) computes everything once, as plain data (what --json
 prints); text() and html() render it. Sampled profiles are estimates: every

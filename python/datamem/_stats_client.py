@@ -22,7 +22,7 @@ _ENDPOINTS = ("/metrics", "/stats.json")
 
 # The most a reply from a target may hold (`top`, `stats`, `record`): /metrics of
 # a process with every arena and rule is well under 1 MiB; an endless or huge
-# reply is refused, not held (one grew the client to 3 GB: issue 24).
+# reply is refused, not held (an unbounded read once grew the client to 3 GB).
 MAX_REPLY = 16 << 20
 
 

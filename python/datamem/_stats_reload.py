@@ -35,7 +35,7 @@ def _maps_datamem(pid):
     is the very file (device and inode) now at that path, a regular file owned
     by this user or root and not writable by every user, in such a directory. A
     file that is merely named libdatamem_tls.so (anyone can make one and map it)
-    is not enough (issue 24). Group write is allowed here: an install made under
+    is not enough. Group write is allowed here: an install made under
     umask 002 is still an install, and the uid check in not_ours() is what keeps
     other users' processes out."""
     files = {}

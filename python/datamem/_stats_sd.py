@@ -34,8 +34,8 @@ def write_sd(path, groups):
     """Writes `groups` to `path` through a temporary file renamed over it, so
     Prometheus never reads half a file. The temporary file's name is
     unpredictable and created with O_EXCL|O_NOFOLLOW (_files.write_atomic):
-    issue 24, a symbolic link planted at "FILE.tmp.<pid>" made a root `ls
-    --prometheus-sd` overwrite any file. Returns the text written."""
+    with a predictable name, a symbolic link planted at "FILE.tmp.<pid>" would
+    make a root `ls --prometheus-sd` overwrite any file. Returns the text written."""
     text = json.dumps(groups, indent=2, sort_keys=True) + "\n"
     _files.write_atomic(path, text, mode=0o644)
     return text

@@ -8,7 +8,7 @@ from ._text import printable
 
 # ---- formatting ------------------------------------------------------------------------
 
-WIDTH = 80  # every line `top` prints fits a classic terminal (issue #11)
+WIDTH = 80  # every line `top` prints fits a classic terminal
 
 
 def human_bytes(n):
@@ -160,7 +160,7 @@ def top_text(cur, prev, target, width=WIDTH):
 
 
 def reload_label(cur):
-    """Plain words for the reload counters: "loads 3 ok, 1 failed" (issue #11: the
+    """Plain words for the reload counters: "loads 3 ok, 1 failed" (the
     old "reloads 3/1 failed" read as a fraction)."""
     text = "loads %d ok, %d failed" % (cur.get("reloads", 0), cur.get("reload_failures", 0))
     if not cur.get("last_reload_successful", True):

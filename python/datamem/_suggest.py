@@ -1,4 +1,4 @@
-"""`python -m datamem suggest DIR > policy.yaml`: a policy from a profile (issue 13).
+"""`python -m datamem suggest DIR > policy.yaml`: a policy from a profile.
 
 The proposal follows what the allocator benchmark measured
 (docs/performance.md, configs/throughput.yaml), scaled to the job's own
@@ -172,7 +172,7 @@ def _temporaries(p, arenas, rules, estimate):
                      % (fmt_bytes(BIG), fmt_time(LONG)))
         return
     peak_t = p.temp_peak
-    # throughput.yaml's decay: on the real-job benchmark (bench/jobs.py,
+    # throughput.yaml's decay: on the real-job benchmark (python3 -m bench.jobs,
     # fft_image) `dirty: never` with a budget sized to the temporaries' peak
     # (512 MiB) held 1.34x the default's peak RSS against 1.11x, and was no faster.
     sites, nsites = _top_sites(p, "temp_bytes")

@@ -1,4 +1,4 @@
-"""Task tags for engines (issue 25), shared by datamem.dask and datamem.ray:
+"""Task tags for engines, shared by datamem.dask and datamem.ray:
 the rule that turns a task's name into a tag datamem.tag() accepts, and the
 per-tag table gathered over a cluster's workers. Imports no engine."""
 import re

@@ -39,7 +39,7 @@ deployment needs no extra port. Worker processes started with `fork` or
 hook; dask_setup() installs the policy there itself and says that threads the
 worker started before it are not covered.
 
-Tasks (issue 25). dask_setup() also makes every task run under
+Tasks: dask_setup() also makes every task run under
 datamem.tag(<name>): the task's `datamem` annotation (tasks made, by
 collections or client.submit, inside `with dask.annotate(datamem="name"):`),
 else its key prefix as the dashboard groups it (dask.utils.key_split). The tag is set in
@@ -84,7 +84,7 @@ def policy_file(text):
     same name that this user wrote and that holds the same bytes is left alone
     (never rewritten under a running process); anything else there is replaced.
 
-    The directory is checked the way the C side checks its own (issue 24): a
+    The directory is checked the way the C side checks its own: a
     real directory, not a symbolic link, owned by this user and writable by no
     one else, checked on the descriptor that the file is then written through
     (_files.owned_dir). Its name is predictable, so another user may have made

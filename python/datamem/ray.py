@@ -16,7 +16,7 @@ directory, which Ray unpacks on every node. `stats_http` ("127.0.0.1:0") makes
 each worker serve /metrics and announce itself, so `python -m datamem ls
 --prometheus-sd FILE` on each node keeps Prometheus' targets current.
 
-Tasks (issue 25). runtime_env() also turns per-tag byte counting on
+Tasks: runtime_env() also turns per-tag byte counting on
 (DATAMEM_TAG_BYTES=1) and names worker_setup() as the job's
 `worker_process_setup_hook`: each worker then runs every remote function under
 datamem.tag(<its name>) and every actor method under datamem.tag(<the class's

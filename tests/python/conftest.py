@@ -1,9 +1,13 @@
+import contextlib
+import http.client
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
+import urllib.parse
 
 import pytest
 
@@ -99,6 +103,138 @@ def write_policy(tmp_path):
         p.write_text(text)
         return str(p)
     return w
+
+
+# ---- a FIFO as the policy ----------------------------------------------------------------
+
+@pytest.fixture
+def fifo(tmp_path):
+    p = tmp_path / "policy.yaml"
+    os.mkfifo(p)
+    return str(p)
+
+
+# ---- a stand-in CUDA runtime (pinned: cuda) ----------------------------------------------
+
+FAKE_CUDART = r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include <stddef.h>
+/* A stand-in for libcudart: records registrations in $FAKE_CUDART_LOG; fails
+ * them with error 2 when $FAKE_CUDART_FAIL is set. */
+static void note(const char *what, void *p, size_t n) {
+    const char *path = getenv("FAKE_CUDART_LOG");
+    FILE *f = path ? fopen(path, "a") : NULL;
+    if (f) { fprintf(f, "%s %lu %lu\n", what, (unsigned long)p, (unsigned long)n); fclose(f); }
+}
+int cudaHostRegister(void *p, size_t n, unsigned int flags) {
+    if (getenv("FAKE_CUDART_FAIL")) return 2;
+    note(flags == 1 ? "register-portable" : "register", p, n);
+    return 0;
+}
+int cudaHostUnregister(void *p) { note("unregister", p, 0); return 0; }
+const char *cudaGetErrorString(int e) { return e == 2 ? "out of memory" : "unknown"; }
+"""
+
+
+@pytest.fixture(scope="module")
+def fake_cudart(tmp_path_factory):
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        pytest.skip("SKIP: no C compiler to build the CUDA stand-in")
+    d = tmp_path_factory.mktemp("cudart")
+    src = d / "fake_cudart.c"
+    src.write_text(FAKE_CUDART)
+    lib = d / "libcudart.so"
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
+    return str(lib)
+
+
+# ---- a job that serves stats (test_stats_export.py, test_http.py) ---------------------
+
+DEMO = os.path.join(CONFIGS, "demo.yaml")
+
+# A job that allocates through every demo arena, says where it serves, then
+# waits for its stdin to close (readline releases the GIL).
+SERVE = r"""
+import json, os, sys, threading
+import numpy as np
+import datamem
+keep = [np.ones(10), np.ones(10_000), np.ones(1 << 20)]
+def worker():
+    keep.append(np.ones(1000))
+t = threading.Thread(target=worker, name="worker-1"); t.start(); t.join()
+with datamem.tag("ingest"):
+    keep.append(np.ones(1000))
+print(json.dumps({"pid": os.getpid(), "url": datamem.stats_url()}), flush=True)
+sys.stdin.readline()
+"""
+
+
+def job_env(tmp_path, http="127.0.0.1:0", config=DEMO, extra=None):
+    e = dict(os.environ)
+    e.pop("DATAMEM_STATS_HTTP", None)
+    e["DATAMEM_STATS_DIR"] = str(tmp_path / "discovery")
+    if config:
+        e["DATAMEM_CONFIG"] = config
+    else:
+        e.pop("DATAMEM_CONFIG", None)
+    if http is not None:
+        e["DATAMEM_STATS_HTTP"] = http
+    if extra:
+        e.update(extra)
+    return e
+
+
+@contextlib.contextmanager
+def job(tmp_path, code=SERVE, **kw):
+    """Starts `code`; yields (Popen, first stdout line as JSON); ends it."""
+    p = subprocess.Popen([sys.executable, "-c", code], env=job_env(tmp_path, **kw), cwd=ROOT,
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    try:
+        line = p.stdout.readline()
+        if not line:
+            raise AssertionError("job died: %s" % p.communicate(timeout=30)[1])
+        yield p, json.loads(line)
+    finally:
+        if p.poll() is None:
+            try:
+                p.stdin.close()
+            except OSError:
+                pass
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        p.stdout.close()
+        p.stderr.close()
+
+
+def get(url, method="GET", timeout=5):
+    u = urllib.parse.urlsplit(url)
+    c = http.client.HTTPConnection(u.hostname, u.port, timeout=timeout)
+    try:
+        c.request(method, u.path or "/")
+        r = c.getresponse()
+        return r.status, dict(r.getheaders()), r.read()
+    finally:
+        c.close()
+
+
+def families(text):
+    """{name: family} of Prometheus exposition `text`, through the official parser."""
+    from prometheus_client.parser import text_string_to_metric_families
+    return {f.name: f for f in text_string_to_metric_families(text)}
+
+
+def samples(fams, name):
+    """{frozenset(labels.items()): value} of one family's samples named `name`."""
+    for f in fams.values():
+        for s in f.samples:
+            if s.name == name:
+                yield s.labels, s.value
 
 
 # ---- under qemu-user (the aarch64 wheels: scripts/root-test.sh arm64) -------------

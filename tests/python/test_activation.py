@@ -1,6 +1,7 @@
 """DATAMEM_CONFIG activation through the .pth start-up hook."""
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -86,6 +87,30 @@ def test_missing_policy_stops(tmp_path):
     assert r.returncode == 2
     assert "JOB RAN" not in r.stdout
     assert "nope.yaml" in r.stderr
+
+
+def test_fifo_policy_stops_start_up_instead_of_hanging(fifo):
+    # Before: open() blocked forever waiting for a writer (timeout here).
+    r = run_py("import numpy; print('job ran')", config=fifo, timeout=30)
+    assert r.returncode == 2, r.stderr
+    assert "job ran" not in r.stdout
+    assert "%s: error: not a regular file (a FIFO)" % fifo in r.stderr
+
+
+def test_readme_error_example_is_the_real_output(tmp_path):
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    block = re.search(r"A bad policy stops the job.*?```\n(.*?)```", readme, re.S).group(1)
+    lines = block.splitlines()
+    assert lines[0].startswith("$ DATAMEM_CONFIG=policy.yaml ")
+    shown = "\n".join(lines[1:]) + "\n"
+    (tmp_path / "policy.yaml").write_text(
+        "version: 1\ndefault: general\narenas:\n  general:\n    alignmnt: 64\n")
+    e = dict(os.environ, DATAMEM_CONFIG="policy.yaml")
+    r = subprocess.run([sys.executable, "-c", "print('job ran')"], env=e, cwd=str(tmp_path),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    real = r.stderr.replace(str(tmp_path), "/srv/job")
+    assert real.rstrip("\n") + "\n" == shown
 
 
 def test_pth_hook_is_installed():

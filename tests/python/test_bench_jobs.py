@@ -1,16 +1,13 @@
-"""bench/jobs.py's summary: the columns that do not swing with the VM's page-zeroing
-cost (user time, best-of-N wall time) sit next to the medians (docs/performance.md,
-"How to read these numbers")."""
-import importlib.util
+"""The real-job benchmark's summary (`python3 -m bench.jobs`, bench/jobs/__main__.py):
+the columns that do not swing with the VM's page-zeroing cost (user time, best-of-N
+wall time) sit next to the medians (docs/performance.md, "How to read these numbers")."""
 import os
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "bench"))  # jobs.py imports run.py from there
-# by path: bench/jobs/ (the job scripts) would shadow `import jobs`
-_spec = importlib.util.spec_from_file_location("bench_jobs", os.path.join(ROOT, "bench", "jobs.py"))
-jobs = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(jobs)
+from conftest import ROOT
+
+sys.path.append(ROOT)  # bench/ is a package of the repository root (`python3 -m bench.jobs`)
+from bench.jobs import __main__ as jobs  # noqa: E402
 
 
 def run(wall, user, rss=100.0):

@@ -13,7 +13,6 @@ import os
 import pytest
 
 from conftest import CONFIGS, run_py, skip_under_asan
-from test_arena_powers import fake_cudart  # noqa: F401  (fixture: a CUDA runtime stand-in)
 
 MINIMAL = os.path.join(CONFIGS, "minimal.yaml")
 

@@ -5,8 +5,6 @@ Every job runs in its own interpreter with its own environment (DATAMEM_CONFIG,
 DATAMEM_STATS_HTTP and DATAMEM_STATS_DIR are read at start-up); the test process
 is the scraper, with real HTTP clients.
 """
-import contextlib
-import http.client
 import json
 import os
 import socket
@@ -18,92 +16,9 @@ import urllib.parse
 import urllib.request
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import CONFIGS, ROOT, run_py, untrusted_dir
-
-DEMO = os.path.join(CONFIGS, "demo.yaml")
-
-# A job that allocates through every demo arena, says where it serves, then
-# waits for its stdin to close (readline releases the GIL).
-SERVE = r"""
-import json, os, sys, threading
-import numpy as np
-import datamem
-keep = [np.ones(10), np.ones(10_000), np.ones(1 << 20)]
-def worker():
-    keep.append(np.ones(1000))
-t = threading.Thread(target=worker, name="worker-1"); t.start(); t.join()
-with datamem.tag("ingest"):
-    keep.append(np.ones(1000))
-print(json.dumps({"pid": os.getpid(), "url": datamem.stats_url()}), flush=True)
-sys.stdin.readline()
-"""
-
-
-def job_env(tmp_path, http="127.0.0.1:0", config=DEMO, extra=None):
-    e = dict(os.environ)
-    e.pop("DATAMEM_STATS_HTTP", None)
-    e["DATAMEM_STATS_DIR"] = str(tmp_path / "discovery")
-    if config:
-        e["DATAMEM_CONFIG"] = config
-    else:
-        e.pop("DATAMEM_CONFIG", None)
-    if http is not None:
-        e["DATAMEM_STATS_HTTP"] = http
-    if extra:
-        e.update(extra)
-    return e
-
-
-@contextlib.contextmanager
-def job(tmp_path, code=SERVE, **kw):
-    """Starts `code`; yields (Popen, first stdout line as JSON); ends it."""
-    p = subprocess.Popen([sys.executable, "-c", code], env=job_env(tmp_path, **kw), cwd=ROOT,
-                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True)
-    try:
-        line = p.stdout.readline()
-        if not line:
-            raise AssertionError("job died: %s" % p.communicate(timeout=30)[1])
-        yield p, json.loads(line)
-    finally:
-        if p.poll() is None:
-            try:
-                p.stdin.close()
-            except OSError:
-                pass
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-        p.stdout.close()
-        p.stderr.close()
-
-
-def get(url, method="GET", timeout=5):
-    u = urllib.parse.urlsplit(url)
-    c = http.client.HTTPConnection(u.hostname, u.port, timeout=timeout)
-    try:
-        c.request(method, u.path or "/")
-        r = c.getresponse()
-        return r.status, dict(r.getheaders()), r.read()
-    finally:
-        c.close()
-
-
-def families(text):
-    return {f.name: f for f in text_string_to_metric_families(text)}
-
-
-def samples(fams, name):
-    """{frozenset(labels.items()): value} of one family's samples named `name`."""
-    for f in fams.values():
-        for s in f.samples:
-            if s.name == name:
-                yield s.labels, s.value
-
+from conftest import (DEMO, ROOT, families, get, job, job_env, run_py, samples,
+                      untrusted_dir)
 
 def cli(*args, env=None, timeout=60):
     e = dict(os.environ)
@@ -519,6 +434,78 @@ def test_textfile_pid_template_adds_a_pid_label_and_goes_at_exit(tmp_path, write
     assert not prom.exists() and not list(tmp_path.glob("dm-*"))
 
 
+def test_textfile_never_writes_through_a_planted_symlink(tmp_path):
+    """Whoever can write to the textfile directory plants the old temporary name
+    (<path>.tmp.<pid>) and the final name as symlinks to a file only root may
+    change: the write must replace neither target (attack pinned: a write through
+    the link overwrites it)."""
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    os.chmod(victim, 0o600)
+    prom = tmp_path / "textfiles" / "job.prom"
+    prom.parent.mkdir()
+    code = r"""
+import os, sys
+import datamem
+from datamem import _ext
+prom, victim = sys.argv[1], sys.argv[2]
+os.symlink(victim, "%s.tmp.%d" % (prom, os.getpid()))
+for n in range(100):          # a guess at every small suffix, too
+    try:
+        os.symlink(victim, "%s.tmp.%d" % (prom, n))
+    except FileExistsError:
+        pass
+datamem.install(sys.argv[3])
+print(_ext.stats_textfile_write(prom))
+"""
+    pol = tmp_path / "p.yaml"
+    pol.write_text("version: 1\ndefault: general\narenas:\n  general: {}\n")
+    r = subprocess.run([sys.executable, "-c", code, str(prom), str(victim), str(pol)],
+                       capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "0", r.stdout
+    assert victim.read_text() == "precious\n"
+    assert "datamem_arena_allocated_bytes" in prom.read_text()
+    assert not prom.is_symlink() and oct(prom.stat().st_mode & 0o777) == "0o644"
+    # The final name as a symlink: rename replaces the link, not its target.
+    prom.unlink()
+    os.symlink(victim, prom)
+    r = subprocess.run([sys.executable, "-c", code.replace("os.symlink(victim, \"%s.tmp.%d\" % "
+                                                           "(prom, os.getpid()))", "pass"),
+                        str(prom), str(victim), str(pol)],
+                       capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert r.returncode == 0 and r.stdout.strip() == "0", r.stderr
+    assert victim.read_text() == "precious\n"
+    assert not prom.is_symlink() and "datamem_" in prom.read_text()
+    leftovers = [n for n in os.listdir(prom.parent) if ".tmp." in n and
+                 not os.path.islink(prom.parent / n)]
+    assert leftovers == []
+
+
+def test_sweep_removes_only_dead_and_stale_pid_files(tmp_path):
+    import datamem
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    old = time.time() - 3600
+    stale_dead = tmp_path / ("job-%d.prom" % dead.pid)
+    live = tmp_path / ("job-%d.prom" % os.getpid())
+    other = tmp_path / "other-1.prom"
+    for f in (stale_dead, live, other):
+        f.write_text("x 1\n")
+        os.utime(f, (old, old))
+    assert datamem.sweep_textfiles(str(tmp_path / "job-{pid}.prom"), min_age=60) == 1
+    assert not stale_dead.exists()
+    assert live.exists() and other.exists()
+    # A dead pid's file rewritten a moment ago stays (a live writer in another
+    # pid namespace sharing the directory) until it is older than min_age.
+    stale_dead.write_text("x 1\n")
+    assert datamem.sweep_textfiles(str(tmp_path / "job-{pid}.prom"), min_age=60) == 0
+    assert stale_dead.exists()
+    assert datamem.sweep_textfiles(str(tmp_path / "job-{pid}.prom"), min_age=0) == 1
+    with pytest.raises(ValueError):
+        datamem.sweep_textfiles(str(tmp_path / "{pid}" / "job.prom"))
+
+
 # ---- CLI ----------------------------------------------------------------------------------------
 
 def test_cli_stats_top_record_plot(tmp_path):
@@ -594,6 +581,77 @@ print(json.dumps({"huge": {k: v["hugepage_bytes"] for k, v in d.items()},
     assert 32 << 20 <= huge["big"] <= out["smaps"], out  # ours are a part of the process's
     assert huge["big"] % (2 << 20) == 0
     assert all(v == 0 for k, v in huge.items() if k != "big"), huge  # hugepages: system, 4 KiB
+
+
+# ---- gauges that agree -------------------------------------------------------------------
+
+def test_hugepage_bytes_never_exceed_resident_bytes(write_policy):
+    """Freed hugepage-backed memory purged lazily (MADV_FREE) stays resident and
+    THP-mapped until the kernel needs it, but jemalloc does not count it resident
+    (bug pinned: top showed hugepage bytes above resident bytes)."""
+    pol = write_policy("version: 1\ndefault: big\narenas:\n"
+                       "  big: {hugepages: on, alignment: 2MiB, decay: {dirty: 0ms, muzzy: never}}\n")
+    code = r"""
+import json, numpy as np, datamem
+rows = []
+a = np.ones(64 << 20, np.uint8)
+rows.append(datamem.stats()["arenas"]["big"])
+del a
+b = np.ones(4 << 20, np.uint8)
+rows.append(datamem.stats()["arenas"]["big"])
+print(json.dumps([(r["hugepage_bytes"], r["resident_bytes"]) for r in rows]))
+text = datamem.metrics()
+"""
+    r = run_py(code, config=pol)
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)
+    if rows[0][0] == 0:
+        pytest.skip("SKIP: the kernel gave no hugepages (THP off or memory fragmented)")
+    for huge, resident in rows:
+        assert huge <= resident, rows
+
+
+def test_one_name_for_dtype_known_counters():
+    r = run_py("import numpy as np, datamem\na = np.ones(10)\nprint(datamem.metrics())",
+               config=os.path.join(ROOT, "configs", "dtype.yaml"))
+    assert r.returncode == 0, r.stderr
+    names = {l.split("{")[0].split()[0] for l in r.stdout.splitlines() if "dtype_known" in l
+             and not l.startswith("#")}
+    assert names == {"datamem_arena_dtype_known_allocations_total",
+                     "datamem_rule_dtype_known_allocations_total"}, names
+
+
+# ---- threads not covered -----------------------------------------------------------------
+
+NOT_COVERED = r"""
+import json, threading, urllib.request
+import numpy as np, datamem
+go, done = threading.Event(), threading.Event()
+early = threading.Thread(target=lambda: (go.wait(), done.set()), name="early-bird")
+early.start()                        # before datamem: NumPy's default allocator
+datamem.install(POLICY)
+url = datamem.serve_stats("127.0.0.1:0")
+def scrape():
+    text = urllib.request.urlopen(url, timeout=10).read().decode()
+    js = json.loads(urllib.request.urlopen(url.replace("/metrics", "/stats.json"),
+                                       timeout=10).read())
+    n = [l for l in text.splitlines() if l.startswith("datamem_threads_not_covered ")]
+    return n[0].split()[1], js["threads_not_covered"]
+out = {"before": scrape()}
+go.set(); early.join()
+t = threading.Thread(target=lambda: np.ones(10), name="late"); t.start(); t.join()
+out["after"] = scrape()
+print(json.dumps(out))
+"""
+
+
+def test_threads_not_covered_reach_the_endpoint(write_policy):
+    pol = write_policy("version: 1\ndefault: general\narenas:\n  general: {}\n")
+    r = run_py(NOT_COVERED.replace("POLICY", repr(pol)))
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["before"] == ["1", ["early-bird"]], out
+    assert out["after"] == ["0", []], out  # it ended; the next thread's end said so
 
 
 # ---- the discovery directory (issue 24, "Trust") ------------------------------------

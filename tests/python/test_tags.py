@@ -1,10 +1,14 @@
 """Bytes per tag (runtime/tally.c): live and peak bytes of the arrays made
 under each datamem.tag(), tag limits that fail only their own tag with a
-MemoryError that names it, the worker limit, and how they are exported.
+MemoryError that names it, the worker limit, how they are exported, and the
+names datamem.tag() accepts (exactly those a policy can match).
 
 Each job runs in its own interpreter (counting is decided at start-up).
 """
 
+import pytest
+
+import datamem
 from conftest import last_json, run_py
 
 MiB = 1 << 20
@@ -180,3 +184,32 @@ def test_bad_tag_limits_and_worker_limit_are_reported_at_their_line(write_policy
     assert ":6:" in diag and "invalid glob" in diag, diag
     assert ":7:" in diag and "missing required key 'tag'" in diag, diag
     assert ":8:15:" in diag and "out of range" in diag, diag
+
+
+# ---- tag names ---------------------------------------------------------------------------
+
+OK = "version: 1\ndefault: a\narenas: {a: {}}\n"
+TAGS = ["ingest", "_x", "a-b_c9", "A" * 63, "bad tag!", "", "1abc", "-x", "a" * 64, "tag.x",
+        "é", "x\n"]
+
+
+def test_tag_accepts_exactly_what_a_policy_can_match(tmp_path):
+    p = tmp_path / "p.yaml"
+    for name in TAGS:
+        p.write_text(OK + "rules: [{name: r, arena: a, match: {tag: \"%s\"}}]\n"
+                     % name.replace("\n", "\\n"))
+        policy_ok = datamem.check(str(p))[0]
+        try:
+            datamem.tag(name)
+            tag_ok = True
+        except ValueError as e:
+            assert "tags match [A-Za-z_][A-Za-z0-9_-]*" in str(e)
+            tag_ok = False
+        assert tag_ok == policy_ok, (name, policy_ok)
+
+
+def test_bad_tag_refused_at_the_call():
+    with pytest.raises(ValueError, match=r"invalid tag 'bad tag!': no rule could ever match it"):
+        datamem.tag("bad tag!")
+    with pytest.raises(TypeError):
+        datamem.tag(3)

@@ -10,7 +10,7 @@ and numactl from Debian's source archive as a checkout does.
 
 Needs on the build machine what scripts/setup.sh installs: Bazel (Debian's
 bazel-bootstrap), gcc, dpkg-dev and deb-src entries. The wheel it makes carries
-no system library but glibc's (issue #18), so it runs anywhere pip put it.
+no system library but glibc's, so it runs anywhere pip put it.
 """
 import io
 import os

@@ -1,9 +1,11 @@
-"""Issue 16: byte limits that raise MemoryError, page-locked (`lock`) and
-CUDA-registered (`pinned: cuda`) arenas.
+"""Arenas and their settings beyond placement: byte limits that raise
+MemoryError, page-locked (`lock`) and CUDA-registered (`pinned: cuda`) arenas,
+sizes the machine cannot give and address-space limits.
 
 Each job runs in its own interpreter. The CUDA runtime is replaced by a stand-in
-(a small C library compiled here, named by DATAMEM_CUDART) that records every
-cudaHostRegister call: no GPU or CUDA install is needed to check the logic.
+(conftest.py's fake_cudart: a small C library compiled here, named by
+DATAMEM_CUDART) that records every cudaHostRegister call: no GPU or CUDA install
+is needed to check the logic.
 """
 import json
 import os
@@ -193,7 +195,7 @@ def test_an_arena_without_a_limit_counts_nothing(write_policy):
     assert json.loads(r.stdout) == [0, None]
 
 
-# ---- lock: true ----------------------------------------------------------------------------
+# ---- lock: true --------------------------------------------------------------------------
 
 LOCKED = "version: 1\ndefault: general\narenas:\n  general: {}\n  locked: {lock: true}\n" \
          "rules:\n  - name: big\n    match: {size: {min: 1MiB}}\n    arena: locked\n"
@@ -300,43 +302,10 @@ def test_lock_under_a_real_memlock_limit_without_the_capability(write_policy):
     assert "RLIMIT_MEMLOCK, ulimit -l, is 1024 KiB" in r.stderr, r.stderr
 
 
-# ---- pinned: cuda ------------------------------------------------------------------------------
-
-FAKE_CUDART = r"""
-#include <stdio.h>
-#include <stdlib.h>
-#include <stddef.h>
-/* A stand-in for libcudart: records registrations in $FAKE_CUDART_LOG; fails
- * them with error 2 when $FAKE_CUDART_FAIL is set. */
-static void note(const char *what, void *p, size_t n) {
-    const char *path = getenv("FAKE_CUDART_LOG");
-    FILE *f = path ? fopen(path, "a") : NULL;
-    if (f) { fprintf(f, "%s %lu %lu\n", what, (unsigned long)p, (unsigned long)n); fclose(f); }
-}
-int cudaHostRegister(void *p, size_t n, unsigned int flags) {
-    if (getenv("FAKE_CUDART_FAIL")) return 2;
-    note(flags == 1 ? "register-portable" : "register", p, n);
-    return 0;
-}
-int cudaHostUnregister(void *p) { note("unregister", p, 0); return 0; }
-const char *cudaGetErrorString(int e) { return e == 2 ? "out of memory" : "unknown"; }
-"""
+# ---- pinned: cuda ------------------------------------------------------------------------
 
 PINNED = "version: 1\ndefault: general\narenas:\n  general: {}\n  gpu: {pinned: cuda}\n" \
          "rules:\n  - name: big\n    match: {size: {min: 1MiB}}\n    arena: gpu\n"
-
-
-@pytest.fixture(scope="module")
-def fake_cudart(tmp_path_factory):
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if not cc:
-        pytest.skip("SKIP: no C compiler to build the CUDA stand-in")
-    d = tmp_path_factory.mktemp("cudart")
-    src = d / "fake_cudart.c"
-    src.write_text(FAKE_CUDART)
-    lib = d / "libcudart.so"
-    subprocess.run([cc, "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
-    return str(lib)
 
 
 def test_pinned_registers_every_extent_that_serves_arrays(write_policy, tmp_path, fake_cudart):
@@ -381,3 +350,86 @@ def test_pinned_registration_failure_is_counted_and_memory_served(write_policy, 
     arena, errors, pinned = json.loads(r.stdout)
     assert arena == "gpu" and errors >= 1 and pinned == 0
     assert "cudaHostRegister: out of memory (2)" in r.stderr
+
+
+# ---- sizes the machine cannot give, address-space limits ---------------------------------
+
+def test_impossible_sizes_raise_memoryerror_at_once():
+    """Bug pinned: with MAP_NORESERVE reservations committed by mprotect (never
+    accounted), np.zeros(2**45) (32 TiB) on a 24 GiB machine succeeds and the job
+    is OOM-killed later; NumPy's default raises."""
+    code = r"""
+import numpy as np, datamem
+for make, n in ((np.zeros, 2**45), (np.empty, 2**40), (np.ones, 2**38)):
+    try:
+        make(n, np.uint8)
+        print("allocated", make.__name__, n)
+    except MemoryError:
+        print("MemoryError", make.__name__, n)
+a = np.ones(1 << 20)        # the job goes on
+print("after", datamem.arena_of(a), float(a.sum()))
+"""
+    r = run_py(code, config=os.path.join(ROOT, "configs", "minimal.yaml"))
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[:3] == ["MemoryError zeros 35184372088832", "MemoryError empty 1099511627776",
+                         "MemoryError ones 274877906944"], r.stdout
+    assert lines[3].startswith("after ") and lines[3].endswith(" 1048576.0")
+    assert "None" not in lines[3]
+
+
+def _limited(gib):
+    import resource
+
+    def set_limit():
+        resource.setrlimit(resource.RLIMIT_AS, (gib << 30, gib << 30))
+    return set_limit
+
+
+GROW = r"""
+import numpy as np, datamem
+keep, n = [], 0
+try:
+    while n < 20000:
+        keep.append(np.ones(100 << 17)); n += 100     # 100 MiB each
+except MemoryError:
+    pass
+arena = datamem.arena_of(keep[0]) if keep else None
+print(n, arena, datamem.stats()["arenas"][arena]["jemalloc_arenas"] if arena else 0)
+"""
+
+
+@skip_under_asan
+@pytest.mark.parametrize("policy,gib", [("demo.yaml", 5), ("minimal.yaml", 2)])
+def test_jobs_start_under_an_address_space_limit(policy, gib):
+    """Bug pinned: if every arena reserves 1 GiB when created, `prlimit --as=5GiB`
+    (what HPC schedulers set) stops demo.yaml at start-up ("cannot create arenas:
+    cannot create arena"). An arena costs address space only once it serves arrays."""
+    e = dict(os.environ, DATAMEM_CONFIG=os.path.join(ROOT, "configs", policy))
+    r = subprocess.run([sys.executable, "-c", GROW], env=e, capture_output=True, text=True,
+                       timeout=120, cwd=ROOT, preexec_fn=_limited(gib))
+    assert r.returncode == 0, r.stderr
+    reached, arena, njemalloc = r.stdout.split()
+    assert int(reached) >= 500 and arena != "None", r.stdout
+    # No big half under the limit: one 1 GiB reservation per arena, not two.
+    assert njemalloc == "1", r.stdout
+    # Where it stops, the message names the limit.
+    assert "RLIMIT_AS" in r.stderr and "%d MiB" % (gib << 10) in r.stderr, r.stderr
+
+
+@skip_under_asan
+def test_an_address_space_limit_is_mostly_usable():
+    """At 8 GiB NumPy's default reaches ~8000 MiB of 100 MiB arrays; datamem used
+    to stop at 3700 (jemalloc's geometric retained growth committed far ahead of
+    use, and every reservation briefly needed twice its size). What remains is
+    jemalloc's size-class rounding (100 MiB is served from a 112 MiB class)."""
+    e = dict(os.environ, DATAMEM_CONFIG=os.path.join(ROOT, "configs", "minimal.yaml"))
+    r = subprocess.run([sys.executable, "-c", GROW], env=e, capture_output=True, text=True,
+                       timeout=120, cwd=ROOT, preexec_fn=_limited(8))
+    assert r.returncode == 0, r.stderr
+    assert int(r.stdout.split()[0]) >= 5200, r.stdout
+    assert r.stdout.split()[2] == "1", r.stdout
+    # Without the limit, the same arena has its big half (docs/design.md).
+    r = subprocess.run([sys.executable, "-c", GROW.replace("20000", "300")], env=e,
+                       capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 0 and r.stdout.split()[2] == "2", (r.stdout, r.stderr)

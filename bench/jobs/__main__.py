@@ -1,17 +1,17 @@
 """Real jobs under each allocator: datamem's policies against what users have today.
 
-    python3 bench/jobs.py [--quick] [--reps N] [--only J1,J2] [--configs C1,C2]
+    python3 -m bench.jobs [--quick] [--reps N] [--only J1,J2] [--configs C1,C2]
                           [--variant NAME:VAR=VAL;...] [--out bench/results/NAME.json]
                           [--plot bench/results/NAME.png] [--shares]
 
-The discipline of bench/run.py, on whole jobs (bench/jobs/*.py): every (job,
-configuration) runs in a fresh process (bench/jobs/child.py), the order of
-jobs and of configurations is reshuffled every repetition, and the table shows
-medians with ratios to NumPy's default allocator measured in the same
-invocation. Each child checks that it ran with the handler, the preloaded
-library and the policy it was meant to, and every configuration must produce
-the same checksum as the default (to 1e-6 relative): an allocator must not
-change results.
+run from the repository root. The discipline of bench/run.py, on whole jobs
+(the other modules of this package, one per job): every (job, configuration)
+runs in a fresh process (child.py), the order of jobs and of configurations is
+reshuffled every repetition, and the table shows medians with ratios to NumPy's
+default allocator measured in the same invocation. Each child checks that it ran
+with the handler, the preloaded library and the policy it was meant to, and
+every configuration must produce the same checksum as the default (to 1e-6
+relative): an allocator must not change results.
 
 Reported per job: wall time and CPU time of the job itself (imports excluded),
 peak RSS of the process (ru_maxrss, interpreter and libraries included), minor
@@ -37,10 +37,10 @@ import subprocess
 import sys
 import time
 
+from bench.run import CONFIGS as RUN_CONFIGS, child_env, usable_configs  # one definition of the peers
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
-from run import CONFIGS as RUN_CONFIGS, child_env, usable_configs  # noqa: E402  one definition of the peers
+ROOT = os.path.dirname(os.path.dirname(HERE))
 
 CONFIGS = dict(RUN_CONFIGS)
 CONFIGS["dm-demo"] = ({"DATAMEM_CONFIG": os.path.join(ROOT, "configs/demo.yaml")}, None)
@@ -61,7 +61,7 @@ LIBS = {"jemalloc": "jemalloc", "jemalloc-tuned": "jemalloc", "tcmalloc": "tcmal
 
 def run_one(job, config, scale, timeout, peak=False):
     extra, _ = CONFIGS[config]
-    cmd = [sys.executable, os.path.join(HERE, "jobs", "child.py"), job, "--scale", str(scale)]
+    cmd = [sys.executable, os.path.join(HERE, "child.py"), job, "--scale", str(scale)]
     cmd += ["--peak"] if peak else []
     p = subprocess.run(cmd, env=child_env(extra), capture_output=True, text=True,
                        timeout=timeout, cwd=ROOT)
@@ -233,7 +233,8 @@ def plot(med, ratio, configs, path):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python3 -m bench.jobs",
+                                 description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="jobs at 0.4 scale, 2 repetitions")
     ap.add_argument("--reps", type=int, help="repetitions (default 2 quick, 3 full)")
     ap.add_argument("--scale", type=float, help="job size factor (default 1, 0.4 quick)")

@@ -1,0 +1,727 @@
+/*
+ * alloc.c: the allocation paths: the fast path, the block cache's pops and
+ * pushes, the general (routed) path, limits and per-tag tallies, big blocks,
+ * call-site rules, realloc and free. Everything the fast path (dm_alloc,
+ * dm_free_hint: alloc_impl, free_impl) inlines lives in this one file, so the
+ * compiler sees it whole; the block cache's state and slow operations are in
+ * bcache.c (bcache.h), binding in thread.c.
+ *
+ * Fast path (sizes up to 256 KiB whose class the thread's view sends wholly to
+ * one arena): an acquire-load of the table in force (dispatch.c), pointer
+ * compares, a memo read, a pop from the thread's block cache (or one jemalloc
+ * call), a tag store and relaxed per-thread counter adds. General path: the
+ * same checks, a view lookup (binary search over size bounds), a slot read and
+ * one jemalloc call with the thread's cache for that arena. Only when the
+ * table or the context changed does a thread bind (thread.c), under
+ * dm__runtime_mu. Neither path takes a lock, logs, allocates outside jemalloc
+ * or touches Python; refusals by a limit log at most one line a second.
+ *
+ * Free never consults the policy: a block's tag (cached path) or its address's
+ * segment (otherwise) names its arena.
+ *
+ * Thread safety: every path runs on any thread, with or without the GIL; a
+ * thread writes only its own state and relaxed counters, and reads the table
+ * it holds a reference to.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "runtime/bcache.h"
+#include "runtime/bigblock.h"
+#include "runtime/internal.h"
+#include "runtime/os.h"
+#include "runtime/tally.h"
+
+#if defined(__SANITIZE_THREAD__)
+char dm__alloc_tsan_sync; /* internal.h, DM_TSAN_ACQUIRE */
+#endif
+
+static _Atomic uint64_t foreign_frees; /* frees of blocks that are not ours */
+
+uint64_t dm__alloc_foreign_frees(void) {
+    return atomic_load_explicit(&foreign_frees, memory_order_relaxed);
+}
+
+/* ---- the calling thread ----------------------------------------------------- */
+
+/* The calling thread's state. We are dlopen'ed, so dm__thread_self is
+ * global-dynamic and every &dm__thread_self is a call (a TLS descriptor here,
+ * -mtls-dialect=gnu2; otherwise __tls_get_addr); GCC rematerializes it after
+ * each call rather than keep it in a register (with __tls_get_addr: 5 calls per
+ * malloc+free, 55 instructions; bench/callgrind.sh). The empty asm hides where
+ * the pointer came from, so it is computed once per entry point and passed
+ * down. */
+static inline dm__thread_t *tls_self(void) {
+    dm__thread_t *t = &dm__thread_self;
+    __asm__("" : "+r"(t));
+    return t;
+}
+
+/* The same, through the initial-exec anchor (tls_anchor.c): one load. */
+extern __thread void *datamem_tls_anchor __attribute__((tls_model("initial-exec")));
+
+static __attribute__((noinline)) dm__thread_t *tls_anchor_set(void) {
+    dm__thread_t *t = tls_self();
+    datamem_tls_anchor = t;
+    return t;
+}
+
+static inline dm__thread_t *tls_fast(void) {
+    dm__thread_t *t = datamem_tls_anchor;
+    return DM_LIKELY(t != NULL) ? t : tls_anchor_set();
+}
+
+/* ---- explicit jemalloc caches --------------------------------------------- */
+
+/* The flags that select the calling thread's explicit cache for `ja`. */
+static __attribute__((noinline)) unsigned tcache_slow(dm__thread_t *t, dm__arena_je_t *ja) {
+    if (ja->is_big) /* its blocks are all past jemalloc's cache sizes: none */
+        return t->tcache[ja->slot] = (unsigned)MALLOCX_TCACHE_NONE;
+    if (t->exiting)
+        return (unsigned)MALLOCX_TCACHE_NONE;
+    pthread_mutex_lock(&dm__runtime_mu);
+    dm__thread_register(t);
+    pthread_mutex_unlock(&dm__runtime_mu);
+    unsigned tc = dm__arena_tcache_create();
+    /* Out of explicit caches (jemalloc has 4096): correct but uncached. */
+    t->tcache[ja->slot] = tc ? (unsigned)MALLOCX_TCACHE(tc - 1)
+                             : (unsigned)MALLOCX_TCACHE_NONE;
+    return t->tcache[ja->slot];
+}
+
+static inline unsigned tcache_flags(dm__thread_t *t, dm__arena_je_t *ja) {
+    unsigned f = t->tcache[ja->slot];
+    return DM_LIKELY(f != 0) ? f : tcache_slow(t, ja);
+}
+
+
+/* ---- serving a slot -------------------------------------------------------- */
+
+static inline dm__arena_je_t *slot_je(const dm__dispatch_slot_t *s) {
+    return DM_LIKELY(s->je != NULL) ? s->je
+                                    : dm__arena_je_for_node(s->arena, dm__os_current_node());
+}
+
+static void *slot_alloc_tracked(dm__thread_t *t, const dm__dispatch_slot_t *s, size_t size,
+                                int zero);
+
+/* Where a block of n >= DM_BIG_THP_MIN bytes goes: ja's big half if it has one
+ * (arena.c, "Big halves"). */
+static inline dm__arena_je_t *big_half(dm__arena_je_t *ja) {
+    dm__arena_je_t *big = atomic_load_explicit(&ja->big, memory_order_acquire);
+    return big ? big : ja;
+}
+
+static inline void *je_alloc_flags(dm__thread_t *t, int flags, dm__arena_je_t *ja, size_t n,
+                                   int zero) {
+    DM_TSAN_ACQUIRE();
+    if (ja == t->auto_je && flags == 0) /* the thread's bound arena */
+        return zero ? dmje_mallocx(n, MALLOCX_ZERO) : dmje_malloc(n);
+    return dmje_mallocx(n, (int)((unsigned)flags | (unsigned)zero |
+                                 (unsigned)MALLOCX_ARENA(ja->index) | tcache_flags(t, ja)));
+}
+
+static inline void *je_alloc(dm__thread_t *t, const dm__dispatch_slot_t *s, dm__arena_je_t *ja,
+                             size_t n, int zero) {
+    return je_alloc_flags(t, s->flags, ja, n, zero);
+}
+
+/* n >= 4 MiB: a block kept by dm__big_keep if one of its size is there
+ * (bigblock.c, "Reuse"), else jemalloc's, its pages past n trimmed
+ * ("Trimming"), then the growth check. */
+static __attribute__((noinline)) void *slot_alloc_big(dm__thread_t *t, const dm__dispatch_slot_t *s,
+                                                      dm__arena_je_t *ja, size_t n, int zero) {
+    int flags = dm__big_flags(ja, s->flags);
+    void *p = dm__big_take(ja, n, flags);
+    if (p) {
+        if (zero)
+            memset(p, 0, n);
+        return p;
+    }
+    p = je_alloc_flags(t, flags, ja, n, zero);
+    if (p)
+        dm__big_trim(p, n, SIZE_MAX);
+    dm__arena_check_growth(ja);
+    return p;
+}
+
+static inline __attribute__((always_inline)) void *
+slot_alloc(dm__thread_t *t, const dm__dispatch_slot_t *s, size_t size, int zero) {
+    if (DM_UNLIKELY(s->tracked))
+        return slot_alloc_tracked(t, s, size, zero);
+    size_t n = size ? size : 1; /* mallocx(0) is undefined */
+    n = (n + s->round) & ~s->round;
+    if (DM_UNLIKELY(n < size))
+        return NULL;
+    dm__arena_je_t *ja = slot_je(s);
+    if (DM_UNLIKELY(!ja))
+        return NULL;
+    if (DM_UNLIKELY(n >= DM_BIG_THP_MIN))
+        return slot_alloc_big(t, s, big_half(ja), n, zero);
+    void *p = je_alloc(t, s, ja, n, zero);
+    if (n > DM_SC_MAX)
+        dm__arena_check_growth(ja);
+    return p;
+}
+
+/* Adds `usable` bytes to a tracked arena's live count unless that would pass
+ * its limit; then the refusal is recorded for the thread (dm_runtime_last_failure;
+ * the caller's caller names the rule) and nothing changes. */
+static bool live_reserve(dm__thread_t *t, dm__arena_t *a, size_t usable, size_t request) {
+    size_t limit = atomic_load_explicit(&a->limit, memory_order_relaxed);
+    /* A compare-and-swap, not add-then-undo: the count itself never passes the
+     * limit, not even for an instant (stats read it while threads race). */
+    uint64_t before = atomic_load_explicit(&a->live, memory_order_relaxed);
+    while (before + usable <= limit && before + usable >= before)
+        if (atomic_compare_exchange_weak_explicit(&a->live, &before, before + usable,
+                                                  memory_order_relaxed, memory_order_relaxed))
+            return true;
+    dm_failure_t *f = &t->last_failure;
+    f->seq++;
+    f->kind = DM_REFUSED_ARENA;
+    f->tag[0] = 0;
+    memcpy(f->arena, a->name, sizeof(f->arena));
+    f->rule[0] = 0;
+    f->request = request;
+    f->limit = limit;
+    f->live = before;
+    f->fallback_tried = false;
+    t->limit_refused = true;
+    return false;
+}
+
+/* An arena with a limit (`s->tracked`): the block's usable size is added to
+ * the arena's live bytes (a compare-and-swap that refuses to pass the limit)
+ * *before* it is allocated, and taken back if jemalloc then fails, so
+ * concurrent threads can never take the arena past it. Frees (free_slow) subtract the same usable
+ * size. No block cache: its blocks are never tagged. */
+static __attribute__((noinline)) void *slot_alloc_tracked(dm__thread_t *t,
+                                                          const dm__dispatch_slot_t *s,
+                                                          size_t size, int zero) {
+    size_t n = size ? size : 1;
+    n = (n + s->round) & ~s->round;
+    if (DM_UNLIKELY(n < size))
+        return NULL;
+    dm__arena_je_t *ja = slot_je(s);
+    if (DM_UNLIKELY(!ja))
+        return NULL;
+    if (n >= DM_BIG_THP_MIN)
+        ja = big_half(ja);
+    int flags = (int)((unsigned)s->flags | (unsigned)MALLOCX_ARENA(ja->index));
+    size_t usable = dmje_nallocx(n, flags);
+    if (DM_UNLIKELY(usable == 0))
+        return NULL;
+    dm__arena_t *a = s->arena;
+    if (!live_reserve(t, a, usable, size))
+        return NULL;
+    DM_TSAN_ACQUIRE();
+    void *p = dmje_mallocx(n, (int)((unsigned)flags | (unsigned)zero | tcache_flags(t, ja)));
+    if (DM_UNLIKELY(!p)) {
+        atomic_fetch_sub_explicit(&a->live, usable, memory_order_relaxed);
+    } else if (n > DM_SC_MAX) {
+        if (n >= DM_BIG_THP_MIN)
+            dm__big_trim(p, n, SIZE_MAX);
+        dm__arena_check_growth(ja);
+    }
+    return p;
+}
+
+/* NumPy's MemoryError text is fixed ("Unable to allocate ... for an array with
+ * shape ..."), so a refusal by a limit also says, on stderr, which arena, rule,
+ * limit and request it was: at most one line a second (a job that catches
+ * MemoryError in a loop is not flooded), with the number not shown. Failure
+ * path only; datamem.last_failure() gives the same for the calling thread. */
+/* "8 bytes", "1.5 KiB", "64.0 MiB", "2.0 GiB" */
+static void fmt_bytes(char *buf, size_t cap, uint64_t v) {
+    static const char *const units[] = {"KiB", "MiB", "GiB", "TiB"};
+    if (v < 1024) {
+        snprintf(buf, cap, "%llu bytes", (unsigned long long)v);
+        return;
+    }
+    double x = (double)v / 1024.0;
+    int u = 0;
+    while (x >= 1024.0 && u < 3)
+        x /= 1024.0, u++;
+    snprintf(buf, cap, "%.1f %s", x, units[u]);
+}
+
+static void limit_log(const dm_failure_t *f) {
+    static _Atomic int64_t last_s;
+    static _Atomic uint64_t quiet;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    int64_t prev = atomic_load_explicit(&last_s, memory_order_relaxed);
+    if ((prev && ts.tv_sec - prev < 1) ||
+        !atomic_compare_exchange_strong_explicit(&last_s, &prev, (int64_t)ts.tv_sec,
+                                                 memory_order_relaxed, memory_order_relaxed)) {
+        atomic_fetch_add_explicit(&quiet, 1, memory_order_relaxed);
+        return;
+    }
+    uint64_t more = atomic_exchange_explicit(&quiet, 0, memory_order_relaxed);
+    char more_text[64] = "";
+    if (more)
+        snprintf(more_text, sizeof(more_text), " (%llu more refusals not shown)",
+                 (unsigned long long)more);
+    char lim[32], live[32], req[32];
+    fmt_bytes(lim, sizeof(lim), f->limit);
+    fmt_bytes(live, sizeof(live), f->live);
+    fmt_bytes(req, sizeof(req), f->request);
+    if (f->kind == DM_REFUSED_TAG)
+        dm__log("datamem: MemoryError: tag '%s' is at its limit of %s with %s live: a "
+                "request of %s was refused%s", f->tag, lim, live, req, more_text);
+    else if (f->kind == DM_REFUSED_WORKER)
+        dm__log("datamem: MemoryError: the worker limit of %s is reached with %s live: a "
+                "request of %s was refused%s", lim, live, req, more_text);
+    else
+        dm__log("datamem: MemoryError: arena '%s' (rule '%s') is at its limit of %s with %s "
+                "live: a request of %s was refused%s%s", f->arena, f->rule, lim, live, req,
+                f->fallback_tried ? "; the fallback arena had no room either" : "", more_text);
+}
+
+/* A tracked arena's block goes: its usable size leaves the arena's count. */
+static __attribute__((noinline)) void untrack_slow(dm__arena_je_t *ja, const void *p) {
+    atomic_fetch_sub_explicit(&ja->owner->live, dmje_sallocx(p, 0), memory_order_relaxed);
+}
+
+static inline void untrack(dm__arena_je_t *ja, const void *p) {
+    if (DM_UNLIKELY(atomic_load_explicit(&ja->tracked, memory_order_relaxed)))
+        untrack_slow(ja, p);
+}
+
+static __attribute__((noinline)) void *alloc_failed(dm__thread_t *t, dm__dispatch_t *tab,
+                                                    const dm__dispatch_slot_t *s, int rule,
+                                                    size_t size, int zero) {
+    bool limited = t->limit_refused;
+    t->limit_refused = false;
+    const dm_policy_t *pol = tab->policy;
+    const char *rule_name = rule < pol->nrules ? pol->rules[rule].name : "default";
+    DM_CTR_ADD(t->ctrs[s->arena_id].nfail, 1);
+    DM_CTR_ADD(t->rule_ctrs[rule].nfail, 1);
+    if (limited) {
+        snprintf(t->last_failure.rule, sizeof(t->last_failure.rule), "%s", rule_name);
+        DM_CTR_ADD(t->ctrs[s->arena_id].nlimit, 1);
+        DM_CTR_ADD(t->rule_ctrs[rule].nlimit, 1);
+    }
+    if (tab->fallback < 0 || tab->fallback_slot.arena == s->arena) {
+        if (limited)
+            limit_log(&t->last_failure);
+        return NULL;
+    }
+    const dm__dispatch_slot_t *f = &tab->fallback_slot;
+    dm_failure_t first = t->last_failure;
+    void *p = slot_alloc(t, f, size, zero);
+    if (p) {
+        DM_CTR_ADD(t->ctrs[f->arena_id].nfallback, 1);
+        DM_CTR_ADD(t->rule_ctrs[rule].nfallback, 1);
+        return p;
+    }
+    DM_CTR_ADD(t->ctrs[f->arena_id].nfail, 1);
+    if (t->limit_refused) { /* the fallback's own limit */
+        t->limit_refused = false;
+        DM_CTR_ADD(t->ctrs[f->arena_id].nlimit, 1);
+        snprintf(t->last_failure.rule, sizeof(t->last_failure.rule), "%s", rule_name);
+    }
+    if (limited) { /* report the rule's own arena, noting the fallback had no room */
+        first.seq = t->last_failure.seq;
+        first.fallback_tried = true;
+        t->last_failure = first;
+    }
+    if (limited || t->last_failure.seq != first.seq)
+        limit_log(&t->last_failure);
+    return NULL;
+}
+
+/* Returns the slot for (size, dt) in the caller's context, binding if needed. */
+static inline const dm__dispatch_slot_t *route(dm__thread_t *t, const dm_ctx_t *c, size_t size,
+                                     int dt, int *rule) {
+    dm__dispatch_t *tab = atomic_load_explicit(&dm__dispatch_current, memory_order_acquire);
+    if (DM_UNLIKELY(t->table != tab || t->ctx != c) && !dm__thread_bind(t, c))
+        return NULL;
+    int r = dm_view_lookup(t->view, size, dt);
+    *rule = r;
+    return &t->table->slots[r];
+}
+
+/* Serves slot `s` (rule `r`) and counts it; a failure goes to alloc_failed. */
+static inline __attribute__((always_inline)) void *
+alloc_counted(dm__thread_t *t, const dm__dispatch_slot_t *s, int r, size_t size, int dt, int zero) {
+    void *p = slot_alloc(t, s, size, zero);
+    if (DM_UNLIKELY(!p))
+        return alloc_failed(t, t->table, s, r, size, zero);
+    dm__ctrs_t *ac = &t->ctrs[s->arena_id], *rc = &t->rule_ctrs[r];
+    DM_CTR_ADD(ac->nalloc, 1);
+    DM_CTR_ADD(ac->bytes, size);
+    DM_CTR_ADD(ac->ndtype_known, dt != DM_DT_UNKNOWN);
+    DM_CTR_ADD(rc->nalloc, 1);
+    DM_CTR_ADD(rc->bytes, size);
+    DM_CTR_ADD(rc->ndtype_known, dt != DM_DT_UNKNOWN);
+    return p;
+}
+
+/* Bytes per tag are counted (tally.c): the block's usable size is reserved
+ * against the worker limit and its context's tags, then allocated as
+ * alloc_counted does, then recorded for its free. A refusal fails the
+ * allocation (no fallback: another arena would not change the tag's bytes). */
+static __attribute__((noinline)) void *alloc_tallied(dm__thread_t *t, const dm_ctx_t *c,
+                                                     const dm__dispatch_slot_t *s, int r,
+                                                     size_t size, int dt, int zero) {
+    const dm_ctx_t *cx = c ? c : &dm__context_root;
+    size_t n = size ? size : 1;
+    n = (n + s->round) & ~s->round;
+    if (DM_UNLIKELY(n < size))
+        return alloc_counted(t, s, r, size, dt, zero); /* fails as it would untallied */
+    /* The usable size: jemalloc's class, from our table when no alignment
+     * flag changes it (sizeclass.h), else jemalloc's answer. */
+    bool small = s->flags == 0 && n <= DM_SC_MAX;
+    uint64_t est = small ? dm_sc_size(dm_sc_index(n)) : dmje_nallocx(n, s->flags);
+    if (DM_UNLIKELY(est == 0))
+        return alloc_counted(t, s, r, size, dt, zero);
+    if (DM_UNLIKELY(!dm__tally_reserve(cx, est, size, &t->last_failure))) {
+        DM_CTR_ADD(t->ctrs[s->arena_id].nfail, 1);
+        DM_CTR_ADD(t->rule_ctrs[r].nfail, 1);
+        DM_CTR_ADD(t->ctrs[s->arena_id].nlimit, 1);
+        DM_CTR_ADD(t->rule_ctrs[r].nlimit, 1);
+        const dm_policy_t *pol = t->table->policy;
+        snprintf(t->last_failure.rule, sizeof(t->last_failure.rule), "%s",
+                 r < pol->nrules ? pol->rules[r].name : "default");
+        snprintf(t->last_failure.arena, sizeof(t->last_failure.arena), "%s", s->arena->name);
+        limit_log(&t->last_failure);
+        return NULL;
+    }
+    void *p = alloc_counted(t, s, r, size, dt, zero);
+    if (DM_UNLIKELY(!p)) {
+        dm__tally_unreserve(cx, est);
+        return NULL;
+    }
+    /* the block's size is the one reserved unless the fallback arena served it */
+    dm__arena_je_t *owner = dm__arena_owner_of(p);
+    dm__tally_record(cx, p, est, small && owner && owner->owner == s->arena);
+    return p;
+}
+
+static __attribute__((noinline)) void *alloc_slow(dm__thread_t *t, const dm_ctx_t *c, size_t size,
+                                                  int dt, int zero) {
+    int r;
+    const dm__dispatch_slot_t *s = route(t, c, size, dt, &r);
+    if (DM_UNLIKELY(!s))
+        return NULL;
+    if (DM_UNLIKELY(t->table->tally))
+        return alloc_tallied(t, c, s, r, size, dt, zero);
+    if (size - 1 < DM_SC_MAX) { /* the cached path, next time */
+        unsigned k = dm_sc_index(size);
+        if (t->memo[k].state == DM_MEMO_UNKNOWN)
+            dm__bcache_learn(t, k);
+    }
+    return alloc_counted(t, s, r, size, dt, zero);
+}
+
+/* A call site whose module/function matches some site rule (mask != 0): the
+ * view's answer, then the first earlier site rule that matches size and dtype
+ * (dm_table_site_pick). Never the block cache's memo, which knows sizes only.
+ * The mask was computed against the table of install number `gen`; after a
+ * reload its bits mean other rules, so it is dropped (the allocation is routed
+ * as if its site were unknown, once, until the caller's cache catches up). */
+static __attribute__((noinline)) void *alloc_site(dm__thread_t *t, const dm_ctx_t *c, size_t size,
+                                                  int dt, uint64_t mask, uint64_t gen, int zero) {
+    int r;
+    const dm__dispatch_slot_t *s = route(t, c, size, dt, &r);
+    if (DM_UNLIKELY(!s))
+        return NULL;
+    if (DM_LIKELY(t->table->seq == gen)) {
+        r = dm_table_site_pick(t->table->table, t->view, mask, size, dt, r);
+        s = &t->table->slots[r];
+    }
+    if (DM_UNLIKELY(t->table->tally))
+        return alloc_tallied(t, c, s, r, size, dt, zero);
+    return alloc_counted(t, s, r, size, dt, zero);
+}
+
+
+/* A block leaves through the cached path: tag it with its class and arena,
+ * and count it. */
+static inline __attribute__((always_inline)) void
+bcache_hand_out(const dm__bcache_memo_t *m, void *p, size_t size) {
+    atomic_store_explicit(dm__bcache_tag_word((uintptr_t)p), (uintptr_t)p | m->tag_bits,
+                          memory_order_relaxed);
+    DM_CTR_ADD(m->arena_ctrs->nalloc, 1);
+    DM_CTR_ADD(m->arena_ctrs->bytes, size);
+    DM_CTR_ADD(m->rule_ctrs->nalloc, 1);
+    DM_CTR_ADD(m->rule_ctrs->bytes, size);
+}
+
+/* The cached path with no block in the bin: the rule's arena through jemalloc
+ * (its malloc fast path for the thread's bound arena). Out of line, so that a
+ * cache hit makes no call and needs no stack frame. */
+static __attribute__((noinline)) void *bcache_miss(dm__thread_t *t, const dm_ctx_t *c, size_t size,
+                                               const dm__bcache_memo_t *m, int zero) {
+    void *p = slot_alloc(t, &t->table->slots[m->rule], size, zero);
+    if (DM_UNLIKELY(!p))
+        return alloc_slow(t, c, size, DM_DT_UNKNOWN, zero); /* failure, fallback */
+    bcache_hand_out(m, p, size);
+    return p;
+}
+
+/* The fast path: a size class the bound view sends wholly to one arena. Pops a
+ * cached block of that arena (or asks jemalloc), tags it, counts. Anything else
+ * (first call, reload, another context, a class split by a rule, dtype known,
+ * alignment > 64, per-node arenas, arrays > 256 KiB, failure) goes to
+ * alloc_slow. */
+static inline __attribute__((always_inline)) void *alloc_impl(const dm_ctx_t *c, size_t size,
+                                                              int dt, int zero) {
+    dm__thread_t *t = tls_fast();
+    if (DM_LIKELY(t->fast) && size - 1 < DM_SC_MAX && dt == DM_DT_UNKNOWN) {
+        dm__dispatch_t *tab = atomic_load_explicit(&dm__dispatch_current, memory_order_acquire);
+        const dm__bcache_memo_t *m = &t->memo[dm_sc_index(size)];
+        if (DM_LIKELY(t->table == tab && t->ctx == c && m->state == DM_MEMO_CACHED)) {
+            dm__bcache_bin_t *b = m->bin;
+            uint32_t n = dm__bcache_count(b);
+            if (DM_UNLIKELY(n == 0 || b->tag != m->tag))
+                return bcache_miss(t, c, size, m, zero);
+            void *p = b->items[n - 1];
+            dm__bcache_set_count(b, n - 1);
+            bcache_hand_out(m, p, size);
+            return zero ? memset(p, 0, size) : p;
+        }
+    }
+    return alloc_slow(t, c, size, dt, zero);
+}
+
+/* Blocks of 4 MiB and more: NumPy's hugepage advice, and from 32 MiB zeroing by
+ * giving pages back (bigblock.c). Out of line: one compare on the fast path. */
+static __attribute__((noinline)) void *alloc_big(const dm_ctx_t *c, size_t size, int dt,
+                                                 bool zero) {
+    bool purge = zero && size >= DM_BIG_ZERO_PURGE_MIN;
+    void *p = alloc_impl(c, size, dt, zero && !purge ? MALLOCX_ZERO : 0);
+    if (DM_UNLIKELY(!p))
+        return NULL;
+    dm__big_advise(p, size);
+    return purge ? dm__big_zero(p, size) : p;
+}
+
+void *dm_alloc(const dm_ctx_t *c, size_t size, int dt) {
+    if (DM_UNLIKELY(size >= DM_BIG_THP_MIN))
+        return alloc_big(c, size, dt, false);
+    return alloc_impl(c, size, dt, 0);
+}
+
+void *dm_calloc(const dm_ctx_t *c, size_t size, int dt) {
+    if (DM_UNLIKELY(size >= DM_BIG_THP_MIN))
+        return alloc_big(c, size, dt, true);
+    return alloc_impl(c, size, dt, MALLOCX_ZERO);
+}
+
+/* With a call site's mask (see datamem.h); mask == 0: dm_alloc / dm_calloc. */
+void *dm_alloc_site(const dm_ctx_t *c, size_t size, int dt, uint64_t mask, uint64_t gen) {
+    if (!mask)
+        return dm_alloc(c, size, dt);
+    void *p = alloc_site(tls_fast(), c, size, dt, mask, gen, 0);
+    if (p && size >= DM_BIG_THP_MIN) /* big blocks: as dm_alloc does */
+        dm__big_advise(p, size);
+    return p;
+}
+
+void *dm_calloc_site(const dm_ctx_t *c, size_t size, int dt, uint64_t mask, uint64_t gen) {
+    if (!mask)
+        return dm_calloc(c, size, dt);
+    bool big = size >= DM_BIG_THP_MIN, purge = size >= DM_BIG_ZERO_PURGE_MIN;
+    void *p = alloc_site(tls_fast(), c, size, dt, mask, gen, purge ? 0 : MALLOCX_ZERO);
+    if (!p || !big)
+        return p;
+    dm__big_advise(p, size);
+    return purge ? dm__big_zero(p, size) : p;
+}
+
+static __attribute__((noinline)) void free_slow(dm__thread_t *t, void *p, _Atomic uint64_t *w,
+                                                 uint64_t v, size_t hint) {
+    if (!p)
+        return;
+    if ((v & DM_BCACHE_TAG_PMASK) == (uintptr_t)p) /* tagged, but not for this thread's cache */
+        atomic_store_explicit(w, 0, memory_order_relaxed);
+    dm__arena_je_t *ja = dm__arena_owner_of(p);
+    if (DM_UNLIKELY(!ja)) { /* not ours: never hand it to jemalloc */
+        atomic_fetch_add_explicit(&foreign_frees, 1, memory_order_relaxed);
+        return;
+    }
+    DM_CTR_ADD(t->ctrs[ja->owner->id].nfree, 1);
+    untrack(ja, p);
+    dm__tally_release(p);
+    if (hint >= DM_BIG_THP_MIN && dm__big_keep(ja, p, hint)) /* NumPy's size says big: maybe */
+        return;
+    DM_TSAN_RELEASE();
+    if (ja == t->auto_je)
+        dmje_free(p); /* jemalloc's fast path; the block is the bound arena's */
+    else
+        dmje_dallocx(p, (int)tcache_flags(t, ja));
+}
+
+/* The fast path: a tagged block goes into its class's bin, if the bin is
+ * empty or holds the same arena's blocks and has room; otherwise down the
+ * slow path, untagged. The tag says the class; NumPy's size (hint) is only a
+ * filter for the slow path: a block it calls big may be kept for reuse after
+ * jemalloc tells its real size. */
+static inline __attribute__((always_inline)) void free_impl(void *p, size_t hint) {
+    dm__thread_t *t = tls_fast();
+    _Atomic uint64_t *w = dm__bcache_tag_word((uintptr_t)p);
+    uint64_t v = atomic_load_explicit(w, memory_order_relaxed);
+    if (DM_LIKELY(t->fast) && DM_LIKELY(p != NULL) && (v & DM_BCACHE_TAG_PMASK) == (uintptr_t)p) {
+        atomic_store_explicit(w, 0, memory_order_relaxed);
+        unsigned k = (unsigned)(v >> DM_BCACHE_TAG_CLASS_SHIFT) & 63u;
+        uint32_t tag = (uint32_t)(v >> DM_BCACHE_TAG_ARENA_SHIFT);
+        dm__bcache_bin_t *b = &t->bins[k];
+        uint32_t n = dm__bcache_count(b);
+        if (DM_LIKELY(n < dm__bcache_cap[k]) && (DM_LIKELY(b->tag == tag) || n == 0)) {
+            if (DM_UNLIKELY(b->tag != tag)) { /* an empty bin changes arena */
+                b->tag = tag;
+                b->nfree = &t->ctrs[dm__arena_by_slot[tag - 1]->owner->id].nfree;
+            }
+            DM_CTR_ADD(*b->nfree, 1);
+            b->items[n] = p;
+            dm__bcache_set_count(b, n + 1);
+            return;
+        }
+        v = 0; /* the tag is gone */
+    }
+    free_slow(t, p, w, v, hint);
+}
+
+void dm_free(void *p) { free_impl(p, 0); }
+
+void dm_free_hint(void *p, size_t size_hint) { free_impl(p, size_hint); }
+
+/* realloc: the block follows the rules for its new size (a growing array can
+ * move to the arena its new size selects). Same arena: rallocx, which may
+ * resize in place. Another arena: allocate there, copy, free here; never
+ * rallocx across arenas, which would free the old block into the new arena's
+ * thread cache. NumPy calls this with or without the GIL. */
+/* realloc while bytes are counted per tag: a new block in the caller's
+ * context, the bytes copied, the old block freed (its tags give its bytes
+ * back). Never in place: the block may change tags. */
+static __attribute__((noinline)) void *realloc_tallied(const dm_ctx_t *c, void *p, size_t size) {
+    void *q = dm_alloc(c, size, DM_DT_UNKNOWN);
+    if (!q)
+        return NULL; /* the old block stays valid */
+    size_t have = dmje_sallocx(p, 0);
+    memcpy(q, p, have < size ? have : size);
+    dm_free(p);
+    return q;
+}
+
+/* A refusal by a limit during realloc: the rule is named, counted, logged. */
+static void realloc_refused(dm__thread_t *t, const dm__dispatch_slot_t *s, int r) {
+    t->limit_refused = false;
+    snprintf(t->last_failure.rule, sizeof(t->last_failure.rule), "%s",
+             r < t->table->policy->nrules ? t->table->policy->rules[r].name : "default");
+    DM_CTR_ADD(t->ctrs[s->arena_id].nlimit, 1);
+    DM_CTR_ADD(t->rule_ctrs[r].nlimit, 1);
+    limit_log(&t->last_failure);
+}
+
+/* The block stays in its arena `ja`: rallocx, which may resize in place. A
+ * tracked arena reserves what the block grows by first, and settles after. */
+static void *realloc_same(dm__thread_t *t, const dm__dispatch_slot_t *s, int r,
+                          dm__arena_je_t *ja, void *p, size_t size) {
+    size_t n = size ? size : 1;
+    n = (n + s->round) & ~s->round;
+    int flags = (int)((unsigned)s->flags | (unsigned)MALLOCX_ARENA(ja->index));
+    dm__arena_t *a = ja->owner;
+    bool tracked = atomic_load_explicit(&a->tracked, memory_order_relaxed);
+    size_t had = 0, grow = 0;
+    void *q = NULL;
+    if (DM_UNLIKELY(tracked) && n >= size) {
+        had = dmje_sallocx(p, 0);
+        size_t want = dmje_nallocx(n, flags);
+        grow = want > had ? want - had : 0;
+        if (grow && !live_reserve(t, a, grow, size)) {
+            n = 0; /* refused: fails below, the old block stays */
+            realloc_refused(t, s, r);
+        }
+    }
+    if (n >= size && n != 0)
+        q = dmje_rallocx(p, n, (int)((unsigned)flags | tcache_flags(t, ja)));
+    if (DM_UNLIKELY(tracked) && n != 0) {
+        if (!q) /* the old block stays as it was */
+            atomic_fetch_sub_explicit(&a->live, grow, memory_order_relaxed);
+        else /* settle: the count now holds had + grow; make it the new size */
+            atomic_fetch_add_explicit(&a->live, (uint64_t)dmje_sallocx(q, 0) - had - grow,
+                                      memory_order_relaxed);
+    }
+    return q;
+}
+
+/* The block moves from `old` to the slot's arena: allocate there, copy, free
+ * here. */
+static void *realloc_move(dm__thread_t *t, const dm__dispatch_slot_t *s, int r,
+                          dm__arena_je_t *old, void *p, size_t size) {
+    void *q = slot_alloc(t, s, size, 0);
+    if (q) {
+        size_t have = dmje_sallocx(p, 0);
+        memcpy(q, p, have < size ? have : size);
+        DM_CTR_ADD(t->ctrs[old->owner->id].nfree, 1);
+        DM_CTR_ADD(t->ctrs[s->arena_id].nalloc, 1);
+        untrack(old, p);
+        dmje_dallocx(p, (int)tcache_flags(t, old));
+    } else if (t->limit_refused) {
+        realloc_refused(t, s, r);
+    }
+    return q;
+}
+
+void *dm_realloc(const dm_ctx_t *c, void *p, size_t size) {
+    if (!p)
+        return dm_alloc(c, size, DM_DT_UNKNOWN);
+    dm__arena_je_t *old = dm__arena_owner_of(p);
+    if (DM_UNLIKELY(!old))
+        return NULL;
+    dm__bcache_tag_drop(p); /* the block leaves the cached path: resized, moved or freed */
+    dm__thread_t *t = tls_self();
+    int r;
+    const dm__dispatch_slot_t *s = route(t, c, size, DM_DT_UNKNOWN, &r);
+    if (DM_UNLIKELY(!s))
+        return NULL;
+    if (DM_UNLIKELY(t->table->tally)) /* the bound table: route() holds a reference */
+        return realloc_tallied(c, p, size);
+    dm__arena_je_t *ja = slot_je(s);
+    dm__arena_je_t *big = ja ? atomic_load_explicit(&ja->big, memory_order_acquire) : NULL;
+    if (big && old == big)
+        ja = old; /* a big block stays in the big half, resized in place if it can */
+    /* A block growing to 4 MiB or more moves from the small half to the big
+     * one, where the arena's other big blocks are and where its free can be
+     * reused. pandas' hash tables grow their vectors by realloc (1 -> 4 -> 16
+     * -> 64 MiB); left in the small half, such blocks are served by nothing
+     * once freed, while the big half grows for the next big arrays (1.10x
+     * NumPy's default peak RSS on pandas3_etl, bench/results/issue28.md). */
+    size_t rounded = ((size ? size : 1) + s->round) & ~s->round;
+    bool up = big && ja == old && rounded >= DM_BIG_THP_MIN;
+    DM_TSAN_RELEASE();
+    DM_TSAN_ACQUIRE();
+    void *q = ja == old && !up ? realloc_same(t, s, r, ja, p, size)
+                               : realloc_move(t, s, r, old, p, size);
+    if (DM_UNLIKELY(!q)) {
+        DM_CTR_ADD(t->ctrs[s->arena_id].nfail, 1);
+        DM_CTR_ADD(t->rule_ctrs[r].nfail, 1);
+        return NULL; /* the old block stays valid, as realloc promises */
+    }
+    DM_CTR_ADD(t->ctrs[s->arena_id].nrealloc, 1);
+    DM_CTR_ADD(t->ctrs[s->arena_id].bytes, size);
+    DM_CTR_ADD(t->rule_ctrs[r].nrealloc, 1);
+    DM_CTR_ADD(t->rule_ctrs[r].bytes, size);
+    return q;
+}
+
+void dm_runtime_last_failure(dm_failure_t *out) { *out = tls_self()->last_failure; }
+
+const char *dm_owner_arena(const void *p) {
+    dm__arena_je_t *ja = p ? dm__arena_owner_of(p) : NULL;
+    return ja ? ja->owner->name : NULL;
+}
+
+const char *dm_runtime_rule_of(const dm_ctx_t *c, size_t size, int dt) {
+    dm__thread_t *t = tls_self();
+    int r;
+    if (!route(t, c, size, dt, &r))
+        return NULL;
+    const char *name = dm_table_rule_name(t->table->table, r);
+    return name ? name : "default";
+}

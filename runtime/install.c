@@ -1,0 +1,194 @@
+/*
+ * install.c: compiling and publishing a policy (dm_runtime_install,
+ * dm_runtime_load). The next table is compiled aside and every jemalloc arena
+ * it needs is made before anything visible changes, so a failure leaves the
+ * policy in force untouched; then the arenas take their new settings and the
+ * table is published with one release-store (dispatch.c). The observers hear
+ * of it afterwards, outside the lock.
+ *
+ * Thread safety: installs serialise on dm__runtime_mu; the reload counts are
+ * guarded by it.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "runtime/bigblock.h"
+#include "runtime/internal.h"
+#include "runtime/os.h"
+#include "runtime/tally.h"
+
+static uint64_t reloads, reload_failures; /* under dm__runtime_mu */
+static double last_reload_time;
+static bool last_reload_failed;           /* under dm__runtime_mu */
+/* DATAMEM_CUDART, handed down by the Python layer (the runtime never calls
+ * getenv); "" = the usual names. Read at install. */
+static char cudart_path[256];
+
+void dm_runtime_set_cudart(const char *path) {
+    pthread_mutex_lock(&dm__runtime_mu);
+    snprintf(cudart_path, sizeof(cudart_path), "%s", path ? path : "");
+    pthread_mutex_unlock(&dm__runtime_mu);
+}
+
+static int install_fail(dm_diags_t *d, int rc, const char *what) {
+    if (d && d->n < DM_DIAG_MAX) {
+        dm_diag_t *e = &d->items[d->n++];
+        memset(e, 0, sizeof(*e));
+        e->severity = DM_SEV_ERROR;
+        snprintf(e->msg, sizeof(e->msg), "%s: %s", what, dm_strerror(rc));
+        d->nerrors++;
+    }
+    return rc;
+}
+
+/* The table for `p`, not yet published, or NULL with the error reported in d
+ * (p is freed then). */
+static dm__dispatch_t *compile(dm_policy_t *p, dm_diags_t *d, int *rc) {
+    dm_table_t *tt = NULL;
+    *rc = dm_table_compile(p, &tt);
+    if (*rc) {
+        dm_policy_free(p);
+        install_fail(d, *rc, "cannot compile the policy");
+        return NULL;
+    }
+    dm__dispatch_t *tab = dm__dispatch_new(tt, p, dm_table_nrules(tt) + 1);
+    if (!tab) {
+        dm_table_free(tt);
+        dm_policy_free(p);
+        *rc = install_fail(d, DM_ENOMEM, "cannot install the policy");
+    }
+    return tab;
+}
+
+/* pinned: cuda needs the CUDA runtime before any of its extents exist. */
+static int load_gpu_runtime(const dm_policy_t *p, dm_diags_t *d) {
+    for (int i = 0; i < p->narenas; i++) {
+        char why[200];
+        if (p->arenas[i].pinned != DM_PIN_CUDA ||
+            dm__os_gpu_load(cudart_path, why, sizeof(why)) == 0)
+            continue;
+        if (d && d->n < DM_DIAG_MAX) {
+            dm_diag_t *e = &d->items[d->n++];
+            memset(e, 0, sizeof(*e));
+            e->severity = DM_SEV_ERROR;
+            e->line = p->arenas[i].line;
+            e->col = p->arenas[i].col;
+            snprintf(e->path, sizeof(e->path), "arenas.%s.pinned", p->arenas[i].name);
+            snprintf(e->msg, sizeof(e->msg),
+                     "cuda: %s; install the CUDA runtime (libcudart), set DATAMEM_CUDART to its "
+                     "path, or use `lock: true` for page-locked memory without a GPU", why);
+            d->nerrors++;
+        }
+        return DM_EINVALID;
+    }
+    return 0;
+}
+
+/* Called with dm__runtime_mu held. Creates every jemalloc arena the policy needs before
+ * anything visible changes, so a failure leaves the running policy untouched
+ * (at worst an unused arena exists, as after any reload that drops one). */
+static int ensure_arenas(const dm_policy_t *p, dm__arena_t **out) {
+    for (int i = 0; i < p->narenas; i++) {
+        dm__arena_t *a = dm__arena_get(p->arenas[i].name, &p->arenas[i]);
+        if (!a)
+            return DM_EARENA;
+        int rc = dm__arena_ensure(a, &p->arenas[i]);
+        if (rc)
+            return rc;
+        out[i] = a;
+    }
+    return 0;
+}
+
+/* Called with dm__runtime_mu held, the arenas made: they take the policy's
+ * settings, and the table's slots name them. */
+static void fill_slots(dm__dispatch_t *tab, dm__arena_t **byspec) {
+    const dm_policy_t *p = tab->policy;
+    dm__arena_mark_all_unused();
+    for (int i = 0; i < p->narenas; i++)
+        dm__arena_apply(byspec[i], &p->arenas[i]);
+    for (int r = 0; r < tab->nslots; r++) {
+        int ai = dm_table_rule_arena(tab->table, r);
+        dm__dispatch_slot_init(&tab->slots[r], byspec[ai], &p->arenas[ai]);
+    }
+    tab->fallback = p->fallback_arena;
+    if (p->fallback_arena >= 0)
+        dm__dispatch_slot_init(&tab->fallback_slot, byspec[p->fallback_arena],
+                               &p->arenas[p->fallback_arena]);
+    tab->tally = dm__tally_configure(p);
+}
+
+/* Called with dm__runtime_mu held: publishes tab and counts the reload;
+ * returns the install number, and the table replaced in *old. */
+static uint64_t publish(dm__dispatch_t *tab, dm__dispatch_t **old) {
+    tab->seq = reloads + 1;
+    *old = dm__dispatch_publish(tab);
+    reloads++;
+    last_reload_failed = false;
+    dm__big_expire_all(); /* new decay times and limits apply to kept blocks at once */
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    last_reload_time = (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+    return reloads;
+}
+
+int dm_runtime_install(dm_policy_t *p, dm_diags_t *d) {
+    dm_runtime_init();
+    int rc;
+    dm__dispatch_t *tab = compile(p, d, &rc);
+    if (!tab)
+        return rc;
+    if ((rc = load_gpu_runtime(p, d))) {
+        dm__dispatch_destroy(tab);
+        return rc;
+    }
+    dm__arena_t *byspec[DM_ARENAS_MAX];
+    pthread_mutex_lock(&dm__runtime_mu);
+    rc = ensure_arenas(p, byspec);
+    if (rc) {
+        pthread_mutex_unlock(&dm__runtime_mu);
+        dm__dispatch_destroy(tab);
+        return install_fail(d, rc, "cannot create arenas");
+    }
+    fill_slots(tab, byspec);
+    dm__dispatch_t *old;
+    uint64_t seq = publish(tab, &old);
+    /* Observers read the policy outside dm__runtime_mu: our reference keeps it alive
+     * even if another install retires the table meanwhile. */
+    atomic_fetch_add_explicit(&tab->refs, 1, memory_order_relaxed);
+    pthread_mutex_unlock(&dm__runtime_mu);
+    if (old)
+        dm__dispatch_release(old);
+    dm__runtime_notify_install(tab->policy, seq);
+    dm__dispatch_release(tab);
+    return 0;
+}
+
+int dm_runtime_load(const char *path, dm_diags_t *d) {
+    dm_runtime_init();
+    dm_topology_t topo;
+    dm_runtime_topology(&topo);
+    dm_policy_t *p = NULL;
+    int rc = dm_policy_load(path, &topo, &p, d);
+    if (rc == 0)
+        rc = dm_runtime_install(p, d);
+    if (rc)
+        dm_runtime_note_reload_failure();
+    return rc;
+}
+
+void dm_runtime_note_reload_failure(void) {
+    pthread_mutex_lock(&dm__runtime_mu);
+    reload_failures++;
+    last_reload_failed = true;
+    pthread_mutex_unlock(&dm__runtime_mu);
+}
+
+void dm__install_stats(dm_stats_t *out) {
+    out->reloads = reloads;
+    out->reload_failures = reload_failures;
+    out->last_reload_time = last_reload_time;
+    out->last_reload_failed = last_reload_failed;
+}
