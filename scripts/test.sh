@@ -20,8 +20,9 @@ bazel test //...
 stage "C unit tests under ASan+UBSan"
 bazel test --config=asan //policy/... //runtime/... //service/...
 
-stage "runtime and stress tests under TSan"
-bazel test --config=tsan //runtime:runtime_test //runtime:stress_test //runtime:tally_test
+stage "runtime, stress and service thread tests under TSan"
+bazel test --config=tsan //runtime:runtime_test //runtime:stress_test //runtime:tally_test \
+  //service:http_test //service:textfile_test
 
 stage "valgrind memcheck (the C tests that fit the time budget)"
 bazel test --run_under='valgrind -q --error-exitcode=9 --leak-check=full --errors-for-leak-kinds=definite' \

@@ -17,7 +17,7 @@
 extern "C" {
 #endif
 
-/* ---- stats export (metrics.c, export.c, http.c) ---------------------------- */
+/* ---- stats export (metrics.c, render.c, export.c, http.c, textfile.c) ------ */
 
 enum { DM_STATS_PROMETHEUS = 0, DM_STATS_JSON = 1 };
 

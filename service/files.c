@@ -1,7 +1,8 @@
 /*
  * files.c: the services' file rules (files.h): owned directories, files
- * created with O_EXCL|O_NOFOLLOW. Used by the profile writer (profile.c) and
- * the discovery files (export.c). No state.
+ * created with O_EXCL|O_NOFOLLOW, "{pid}" in a path. Used by the profile
+ * writer (profile.c), the discovery files (discovery.c), the textfile
+ * (textfile.c) and the Unix socket endpoint (export.c). No state.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -81,4 +82,12 @@ bool dm__file_write_all(int fd, const char *data, size_t len) {
         done += (size_t)n;
     }
     return true;
+}
+
+void dm__file_expand_pid(char *dst, size_t cap, const char *src) {
+    const char *at = strstr(src, "{pid}");
+    if (!at)
+        snprintf(dst, cap, "%s", src);
+    else
+        snprintf(dst, cap, "%.*s%d%s", (int)(at - src), src, (int)getpid(), at + 5);
 }

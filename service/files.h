@@ -33,4 +33,8 @@ int dm__file_create(int dirfd, const char *name, mode_t mode);
  * every byte went out. */
 bool dm__file_write_all(int fd, const char *data, size_t len);
 
+/* `src` with its first "{pid}" replaced by the process id, into `dst` (cut at
+ * `cap`): the textfile and Unix socket paths of a job's workers. */
+void dm__file_expand_pid(char *dst, size_t cap, const char *src);
+
 #endif /* DM_SERVICE_FILES_H */

@@ -33,9 +33,15 @@
  * Each response closes its connection (Connection: close): scrapes are seconds
  * apart, and one request per connection keeps the state machine trivial.
  *
- * Thread safety: start and stop are serialised by export.c's mutex; the server
- * thread owns its connections; counters are relaxed atomics read by the metrics
- * renderer (a scrape reports its own request once it has been answered).
+ * What a snapshot looks like is not this file's business: a server renders
+ * /metrics and /stats.json through the dm_http_render_t it was started with
+ * (export.c hands it render.c's renderer). So http.c depends only on buf.c and
+ * the page, and nothing it calls calls back into the module that started it.
+ *
+ * Thread safety: start and stop are serialised by the caller (export.c's
+ * mutex); the server thread owns its connections; counters are relaxed atomics
+ * read by the metrics renderer (a scrape reports its own request once it has
+ * been answered).
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -59,7 +65,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "service/export.h"
+#include "service/buf.h"
+#include "service/datamem_service.h"
+#include "service/http.h"
 #include "service/page.h"
 
 #define HTTP_REQ_MAX 8192                 /* request line + headers */
@@ -92,6 +100,7 @@ struct dm_http {
     bool is_unix;
     char unix_path[108];    /* "" for TCP */
     pid_t pid;              /* who bound it: only that process unlinks the path */
+    dm_http_render_t render; /* /metrics and /stats.json */
     int nconns;             /* slot holders and pending alike */
     conn_t *conns[HTTP_CONN_MAX + HTTP_PENDING_MAX];
 };
@@ -206,7 +215,7 @@ static bool token_char(char ch) {
 
 /* A whole request is in c->in (ends with an empty line): parse its request
  * line and answer. Headers are not needed for anything we serve. */
-static void handle_request(conn_t *c) {
+static void handle_request(dm_http_t *h, conn_t *c) {
     char *line_end = strstr(c->in, "\r\n");
     if (!line_end) { /* a bare-LF request */
         line_end = strchr(c->in, '\n');
@@ -258,7 +267,7 @@ static void handle_request(conn_t *c) {
     }
     char *body = NULL;
     size_t len = 0;
-    if (dm__export_render(format, NULL, &body, &len) != 0) {
+    if (h->render(format, &body, &len) != 0) {
         respond_text(c, 500, "cannot take a snapshot\n", head);
         return;
     }
@@ -354,14 +363,14 @@ static void peer_key(dm_http_t *h, int fd, const struct sockaddr_storage *ss, ui
     }
 }
 
-static bool conn_read(conn_t *c);
+static bool conn_read(dm_http_t *h, conn_t *c);
 static bool conn_write(conn_t *c);
 
 /* `c`, holding a slot and in the set, reads what has arrived; a request that is
  * complete is answered now, so a burst of newer connections cannot evict it
  * before its turn. */
 static void conn_first_read(dm_http_t *h, conn_t *c) {
-    if (!conn_read(c) || (c->writing && (!c->out || !conn_write(c))))
+    if (!conn_read(h, c) || (c->writing && (!c->out || !conn_write(c))))
         conn_close(h, index_of(h, c));
 }
 
@@ -434,7 +443,7 @@ static void accept_some(dm_http_t *h) {
 }
 
 /* Returns false when the connection is done (closed by the caller). */
-static bool conn_read(conn_t *c) {
+static bool conn_read(dm_http_t *h, conn_t *c) {
     for (;;) {
         ssize_t n = recv(c->fd, c->in + c->in_len, HTTP_REQ_MAX - c->in_len, 0);
         if (n < 0 && errno == EINTR)
@@ -446,7 +455,7 @@ static bool conn_read(conn_t *c) {
         c->in_len += (size_t)n;
         c->in[c->in_len] = 0;
         if (strstr(c->in, "\r\n\r\n") || strstr(c->in, "\n\n")) {
-            handle_request(c);
+            handle_request(h, c);
             return true;
         }
         if (c->in_len == HTTP_REQ_MAX) {
@@ -513,7 +522,7 @@ static void *serve(void *arg) {
                 c->readable = true;
                 continue;
             }
-            bool keep = c->writing ? conn_write(c) : conn_read(c);
+            bool keep = c->writing ? conn_write(c) : conn_read(h, c);
             if (keep && c->writing && !c->out)
                 keep = false;
             if (keep && c->writing && (pfd[i + 2].revents & POLLIN))
@@ -703,7 +712,7 @@ static int listen_unix(const char *path) {
 
 /* ---- servers -------------------------------------------------------------------- */
 
-static int start(int fd, const char *unix_path, dm_http_t **out) {
+static int start(int fd, const char *unix_path, dm_http_render_t render, dm_http_t **out) {
     dm_http_t *h = calloc(1, sizeof(*h));
     if (!h) {
         close(fd);
@@ -711,6 +720,7 @@ static int start(int fd, const char *unix_path, dm_http_t **out) {
     }
     h->fd = fd;
     h->pid = getpid();
+    h->render = render;
     h->is_unix = unix_path != NULL;
     snprintf(h->unix_path, sizeof(h->unix_path), "%s", unix_path ? unix_path : "");
     h->wake = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -734,14 +744,15 @@ static int start(int fd, const char *unix_path, dm_http_t **out) {
     return 0;
 }
 
-int dm__http_start_tcp(const char *hostport, dm_http_t **out, char *url, size_t cap) {
+int dm__http_start_tcp(const char *hostport, dm_http_render_t render, dm_http_t **out,
+                       char *url, size_t cap) {
     int fd = listen_tcp(hostport, url, cap);
-    return fd < 0 ? DM_ESYS : start(fd, NULL, out);
+    return fd < 0 ? DM_ESYS : start(fd, NULL, render, out);
 }
 
-int dm__http_start_unix(const char *path, dm_http_t **out) {
+int dm__http_start_unix(const char *path, dm_http_render_t render, dm_http_t **out) {
     int fd = listen_unix(path);
-    return fd < 0 ? DM_ESYS : start(fd, path, out);
+    return fd < 0 ? DM_ESYS : start(fd, path, render, out);
 }
 
 void dm__http_stop(dm_http_t *h) {

@@ -9,6 +9,9 @@
  * under the keys datamem.stats() uses, so `/stats.json` and the Python dict have
  * one shape.
  *
+ * The text buffer is buf.c's; what a fresh snapshot adds (hugepages, the
+ * service's own numbers) is gathered by render.c and svc_stats.c.
+ *
  * Thread safety: pure functions of their arguments.
  */
 #include <stdarg.h>
@@ -18,88 +21,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "service/export.h"
-
-/* ---- buffer -------------------------------------------------------------- */
-
-static bool buf_reserve(dm_buf_t *b, size_t extra) {
-    if (b->failed)
-        return false;
-    if (b->len + extra + 1 <= b->cap)
-        return true;
-    size_t cap = b->cap ? b->cap : 4096;
-    while (cap < b->len + extra + 1)
-        cap *= 2;
-    char *p = realloc(b->p, cap);
-    if (!p) {
-        b->failed = true;
-        return false;
-    }
-    b->p = p;
-    b->cap = cap;
-    return true;
-}
-
-void dm__buf_put(dm_buf_t *b, const char *s, size_t n) {
-    if (!buf_reserve(b, n))
-        return;
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = 0;
-}
-
-void dm__buf_puts(dm_buf_t *b, const char *s) { dm__buf_put(b, s, strlen(s)); }
-
-void dm__buf_printf(dm_buf_t *b, const char *fmt, ...) {
-    char small[256];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(small, sizeof(small), fmt, ap);
-    va_end(ap);
-    if (n < 0) {
-        b->failed = true;
-        return;
-    }
-    if ((size_t)n < sizeof(small)) {
-        dm__buf_put(b, small, (size_t)n);
-        return;
-    }
-    if (!buf_reserve(b, (size_t)n))
-        return;
-    va_start(ap, fmt);
-    vsnprintf(b->p + b->len, (size_t)n + 1, fmt, ap);
-    va_end(ap);
-    b->len += (size_t)n;
-}
-
-void dm__buf_json_str(dm_buf_t *b, const char *s) {
-    dm__buf_put(b, "\"", 1);
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        if (*p == '"' || *p == '\\') {
-            char e[2] = {'\\', (char)*p};
-            dm__buf_put(b, e, 2);
-        } else if (*p < 0x20) {
-            dm__buf_printf(b, "\\u%04x", *p);
-        } else {
-            dm__buf_put(b, (const char *)p, 1);
-        }
-    }
-    dm__buf_put(b, "\"", 1);
-}
-
-int dm__buf_finish(dm_buf_t *b, char **out, size_t *len) {
-    if (!b->failed && !b->p)
-        buf_reserve(b, 0);
-    if (b->failed) {
-        free(b->p);
-        *out = NULL;
-        return DM_ENOMEM;
-    }
-    *out = b->p;
-    if (len)
-        *len = b->len;
-    return 0;
-}
+#include "service/buf.h"
+#include "service/metrics.h"
 
 /* ---- names of settings ----------------------------------------------------- */
 
@@ -370,7 +293,8 @@ static void tags_text(const dm_stats_t *st, const char *cl, dm_buf_t *b) {
     }
 }
 
-void dm__metrics_text(const dm_stats_t *st, const char *cl, dm_buf_t *b) {
+/* The process's families: build, policy, reloads, frees, caches, threads. */
+static void text_process(const dm_stats_t *st, const char *cl, dm_buf_t *b) {
     char hash[17];
     snprintf(hash, sizeof(hash), "%016llx", (unsigned long long)st->policy_hash);
 
@@ -409,7 +333,11 @@ void dm__metrics_text(const dm_stats_t *st, const char *cl, dm_buf_t *b) {
     process_u64(b, cl, "threads", "gauge",
                 "Live threads that have allocated through datamem.", (uint64_t)st->nthreads);
     process_u64(b, cl, "contexts", "gauge", "Distinct tag sets seen.", (uint64_t)st->ncontexts);
+}
 
+/* What each arena is: its settings as labels, whether the policy names it,
+ * how many jemalloc arenas it has. */
+static void text_arena_settings(const dm_stats_t *st, const char *cl, dm_buf_t *b) {
     family(b, "datamem_", "arena_info", "gauge",
            "An arena's settings as labels; always 1.");
     for (int i = 0; i < st->narenas; i++) {
@@ -417,7 +345,7 @@ void dm__metrics_text(const dm_stats_t *st, const char *cl, dm_buf_t *b) {
         char align[24], nodes[200];
         snprintf(align, sizeof(align), "%zu", a->alignment);
         nodes_text(a->numa_nodes, nodes, sizeof(nodes));
-        s = sample_begin(b, "datamem_", "arena_info");
+        sample_t s = sample_begin(b, "datamem_", "arena_info");
         label(&s, "arena", a->name);
         label(&s, "alignment", align);
         label(&s, "hugepages", thp_name(a->hugepages));
@@ -429,7 +357,7 @@ void dm__metrics_text(const dm_stats_t *st, const char *cl, dm_buf_t *b) {
     family(b, "datamem_", "arena_in_policy", "gauge",
            "1 if the policy in force names the arena (arenas live for the process).");
     for (int i = 0; i < st->narenas; i++) {
-        s = sample_begin(b, "datamem_", "arena_in_policy");
+        sample_t s = sample_begin(b, "datamem_", "arena_in_policy");
         label(&s, "arena", st->arenas[i].name);
         value_u64(&s, cl, st->arenas[i].in_policy);
     }
@@ -437,15 +365,19 @@ void dm__metrics_text(const dm_stats_t *st, const char *cl, dm_buf_t *b) {
            "jemalloc arenas behind the arena (one per NUMA node with per_node; at "
            "hugepages: system each has a second for blocks of 4 MiB and more).");
     for (int i = 0; i < st->narenas; i++) {
-        s = sample_begin(b, "datamem_", "arena_jemalloc_arenas");
+        sample_t s = sample_begin(b, "datamem_", "arena_jemalloc_arenas");
         label(&s, "arena", st->arenas[i].name);
         value_u64(&s, cl, (uint64_t)st->arenas[i].njemalloc);
     }
+}
+
+/* The per-arena table, then the limits. */
+static void text_arena_numbers(const dm_stats_t *st, const char *cl, dm_buf_t *b) {
     for (size_t m = 0; m < NARENA_METRICS; m++) {
         const arena_metric_t *am = &arena_metrics[m];
         family(b, "datamem_arena_", am->name, am->type, am->help);
         for (int i = 0; i < st->narenas; i++) {
-            s = sample_begin(b, "datamem_arena_", am->name);
+            sample_t s = sample_begin(b, "datamem_arena_", am->name);
             label(&s, "arena", st->arenas[i].name);
             value_u64(&s, cl, arena_u64(&st->arenas[i], am));
         }
@@ -457,21 +389,30 @@ void dm__metrics_text(const dm_stats_t *st, const char *cl, dm_buf_t *b) {
     for (int i = 0; i < st->narenas; i++) {
         if (st->arenas[i].limit == UINT64_MAX)
             continue;
-        s = sample_begin(b, "datamem_", "arena_limit_bytes");
+        sample_t s = sample_begin(b, "datamem_", "arena_limit_bytes");
         label(&s, "arena", st->arenas[i].name);
         value_u64(&s, cl, st->arenas[i].limit);
     }
+}
 
+static void text_rules(const dm_stats_t *st, const char *cl, dm_buf_t *b) {
     for (size_t m = 0; m < NRULE_METRICS; m++) {
         const rule_metric_t *rm = &rule_metrics[m];
         family(b, "datamem_rule_", rm->name, "counter", rm->help);
         for (int r = 0; st->rules && r < st->nrules; r++) {
-            s = sample_begin(b, "datamem_rule_", rm->name);
+            sample_t s = sample_begin(b, "datamem_rule_", rm->name);
             label(&s, "rule", st->rules[r].name);
             label(&s, "arena", st->rules[r].arena);
             value_u64(&s, cl, rule_u64(&st->rules[r], rm));
         }
     }
+}
+
+void dm__metrics_text(const dm_stats_t *st, const char *cl, dm_buf_t *b) {
+    text_process(st, cl, b);
+    text_arena_settings(st, cl, b);
+    text_arena_numbers(st, cl, b);
+    text_rules(st, cl, b);
     tags_text(st, cl, b);
 }
 
@@ -541,64 +482,67 @@ static void tags_json(const dm_stats_t *st, int *n, dm_buf_t *b) {
     dm__buf_put(b, "]", 1);
 }
 
-void dm__metrics_json(const dm_stats_t *st, const dm_svc_stats_t *svc, dm_buf_t *b) {
-    int n = 0;
+/* The process's keys: version, pid, time, policy, reloads, caches, threads. */
+static void json_process(const dm_stats_t *st, int *n, dm_buf_t *b) {
     char hash[17];
     snprintf(hash, sizeof(hash), "%016llx", (unsigned long long)st->policy_hash);
-    dm__buf_put(b, "{", 1);
-    json_strv(b, &n, "version", DM_VERSION_STRING);
-    json_u64(b, &n, "pid", (uint64_t)getpid());
-    json_key(b, &n, "time");
+    json_strv(b, n, "version", DM_VERSION_STRING);
+    json_u64(b, n, "pid", (uint64_t)getpid());
+    json_key(b, n, "time");
     dm__buf_printf(b, "%.6f", st->snapshot_time);
-    json_strv(b, &n, "policy_path", st->policy_path);
-    json_strv(b, &n, "policy_hash", hash);
-    json_u64(b, &n, "reloads", st->reloads);
-    json_u64(b, &n, "reload_failures", st->reload_failures);
-    json_bool(b, &n, "last_reload_successful", !st->last_reload_failed);
-    json_key(b, &n, "last_reload_time");
+    json_strv(b, n, "policy_path", st->policy_path);
+    json_strv(b, n, "policy_hash", hash);
+    json_u64(b, n, "reloads", st->reloads);
+    json_u64(b, n, "reload_failures", st->reload_failures);
+    json_bool(b, n, "last_reload_successful", !st->last_reload_failed);
+    json_key(b, n, "last_reload_time");
     dm__buf_printf(b, "%.6f", st->last_reload_time);
-    json_u64(b, &n, "foreign_frees", st->foreign_frees);
-    json_u64(b, &n, "thread_cache_bytes", st->cached_bytes);
-    json_u64(b, &n, "threads", (uint64_t)st->nthreads);
-    json_u64(b, &n, "contexts", (uint64_t)st->ncontexts);
+    json_u64(b, n, "foreign_frees", st->foreign_frees);
+    json_u64(b, n, "thread_cache_bytes", st->cached_bytes);
+    json_u64(b, n, "threads", (uint64_t)st->nthreads);
+    json_u64(b, n, "contexts", (uint64_t)st->ncontexts);
+}
 
-    json_key(b, &n, "arenas");
+/* One arena's object: its settings, then the per-arena table. */
+static void json_arena(const dm_arena_stats_t *a, dm_buf_t *b) {
+    int k = 0;
+    dm__buf_json_str(b, a->name);
+    dm__buf_put(b, ":{", 2);
+    json_bool(b, &k, "in_policy", a->in_policy);
+    json_u64(b, &k, "alignment", a->alignment);
+    json_strv(b, &k, "hugepages", thp_name(a->hugepages));
+    json_strv(b, &k, "numa", numa_name(a->numa));
+    json_key(b, &k, "numa_nodes");
+    dm__buf_put(b, "[", 1);
+    for (int node = 0, first = 1; node < 64; node++)
+        if (a->numa_nodes & (UINT64_C(1) << node)) {
+            dm__buf_printf(b, first ? "%d" : ",%d", node);
+            first = 0;
+        }
+    dm__buf_put(b, "]", 1);
+    json_bool(b, &k, "per_node", a->per_node);
+    json_u64(b, &k, "jemalloc_arenas", (uint64_t)a->njemalloc);
+    json_limit(b, &k, "limit_bytes", a->limit);
+    json_bool(b, &k, "lock", a->lock);
+    json_strv(b, &k, "pinned", a->pinned ? "cuda" : "none");
+    for (size_t m = 0; m < NARENA_METRICS; m++)
+        json_u64(b, &k, arena_metrics[m].key, arena_u64(a, &arena_metrics[m]));
+    dm__buf_put(b, "}", 1);
+}
+
+static void json_arenas(const dm_stats_t *st, int *n, dm_buf_t *b) {
+    json_key(b, n, "arenas");
     dm__buf_put(b, "{", 1);
     for (int i = 0; i < st->narenas; i++) {
-        const dm_arena_stats_t *a = &st->arenas[i];
-        int k = 0;
         if (i)
             dm__buf_put(b, ",", 1);
-        dm__buf_json_str(b, a->name);
-        dm__buf_put(b, ":{", 2);
-        json_bool(b, &k, "in_policy", a->in_policy);
-        json_u64(b, &k, "alignment", a->alignment);
-        json_strv(b, &k, "hugepages", thp_name(a->hugepages));
-        json_strv(b, &k, "numa", numa_name(a->numa));
-        json_key(b, &k, "numa_nodes");
-        dm__buf_put(b, "[", 1);
-        for (int node = 0, first = 1; node < 64; node++)
-            if (a->numa_nodes & (UINT64_C(1) << node)) {
-                dm__buf_printf(b, first ? "%d" : ",%d", node);
-                first = 0;
-            }
-        dm__buf_put(b, "]", 1);
-        json_bool(b, &k, "per_node", a->per_node);
-        json_u64(b, &k, "jemalloc_arenas", (uint64_t)a->njemalloc);
-        json_key(b, &k, "limit_bytes");
-        if (a->limit == UINT64_MAX)
-            dm__buf_puts(b, "null");
-        else
-            dm__buf_printf(b, "%llu", (unsigned long long)a->limit);
-        json_bool(b, &k, "lock", a->lock);
-        json_strv(b, &k, "pinned", a->pinned ? "cuda" : "none");
-        for (size_t m = 0; m < NARENA_METRICS; m++)
-            json_u64(b, &k, arena_metrics[m].key, arena_u64(a, &arena_metrics[m]));
-        dm__buf_put(b, "}", 1);
+        json_arena(&st->arenas[i], b);
     }
     dm__buf_put(b, "}", 1);
+}
 
-    json_key(b, &n, "rules");
+static void json_rules(const dm_stats_t *st, int *n, dm_buf_t *b) {
+    json_key(b, n, "rules");
     dm__buf_put(b, "{", 1);
     for (int r = 0; st->rules && r < st->nrules; r++) {
         int k = 0;
@@ -612,23 +556,36 @@ void dm__metrics_json(const dm_stats_t *st, const dm_svc_stats_t *svc, dm_buf_t 
         dm__buf_put(b, "}", 1);
     }
     dm__buf_put(b, "}", 1);
-    tags_json(st, &n, b);
-    if (svc) {
-        json_key(b, &n, "http");
-        metrics_http_json(&svc->http, b);
-        json_key(b, &n, "threads_not_covered");
-        dm__buf_put(b, "[", 1);
-        int i = 0;
-        for (const char *p = svc->uncovered_names; *p && i < svc->threads_not_covered;
-             p += strlen(p) + 1, i++) {
-            if (i)
-                dm__buf_put(b, ",", 1);
-            dm__buf_json_str(b, p);
-        }
-        dm__buf_put(b, "]", 1);
-        json_u64(b, &n, "threads_not_covered_count", (uint64_t)svc->threads_not_covered);
-        metrics_process_json(&svc->process, b, &n);
+}
+
+/* What the services add: the endpoint's counters, the threads not covered,
+ * the process around the arenas. */
+static void json_service(const dm_svc_stats_t *svc, int *n, dm_buf_t *b) {
+    json_key(b, n, "http");
+    metrics_http_json(&svc->http, b);
+    json_key(b, n, "threads_not_covered");
+    dm__buf_put(b, "[", 1);
+    int i = 0;
+    for (const char *p = svc->uncovered_names; *p && i < svc->threads_not_covered;
+         p += strlen(p) + 1, i++) {
+        if (i)
+            dm__buf_put(b, ",", 1);
+        dm__buf_json_str(b, p);
     }
+    dm__buf_put(b, "]", 1);
+    json_u64(b, n, "threads_not_covered_count", (uint64_t)svc->threads_not_covered);
+    metrics_process_json(&svc->process, b, n);
+}
+
+void dm__metrics_json(const dm_stats_t *st, const dm_svc_stats_t *svc, dm_buf_t *b) {
+    int n = 0;
+    dm__buf_put(b, "{", 1);
+    json_process(st, &n, b);
+    json_arenas(st, &n, b);
+    json_rules(st, &n, b);
+    tags_json(st, &n, b);
+    if (svc)
+        json_service(svc, &n, b);
     dm__buf_put(b, "}\n", 2);
 }
 

@@ -21,7 +21,9 @@
 #include <inttypes.h>
 
 #include "service/datamem_service.h"
-#include "service/export.h"
+#include "service/buf.h"
+#include "service/metrics.h"
+#include "service/svc_stats.h"
 #include "testing/test.h"
 
 /* `text` has `line` as a whole line. */

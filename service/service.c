@@ -7,6 +7,7 @@
  */
 #include "service/datamem_service.h"
 #include "service/export.h"
+#include "service/watch.h"
 
 static void on_install(const dm_policy_t *p, uint64_t seq, void *arg) {
     (void)arg;

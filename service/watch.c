@@ -35,8 +35,8 @@
 #include <stdatomic.h>
 #include <unistd.h>
 
-#include "service/export.h"
-
+#include "service/datamem_service.h"
+#include "service/watch.h"
 
 static pthread_mutex_t watch_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct {

@@ -1,5 +1,5 @@
 """The file rules of the Python side, in one place (the C side
-holds the same ones in service/export.c).
+holds the same ones in service/files.h).
 
 - A directory the package did not create itself is used only if it is a real
   directory (not a symbolic link), owned by this user (the effective uid) and

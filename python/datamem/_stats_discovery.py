@@ -1,5 +1,5 @@
 """Finding the processes that serve datamem stats: the discovery directory
-(one <pid>.json per serving process, written by service/export.c), its entries
+(one <pid>.json per serving process, written by service/discovery.c), its entries
 checked, and dead processes' entries pruned. Used by the stats commands
 (_stats_cli.py) and by reload (_stats_reload.py).
 """
@@ -40,17 +40,22 @@ def _warn(text):
 # ---- discovery -----------------------------------------------------------------
 
 def stats_dir():
-    """Where serving processes announce themselves ($DATAMEM_STATS_DIR or
-    /tmp/datamem-<uid>); the C runtime uses the same rule."""
+    """Where serving processes announce themselves ($DATAMEM_STATS_DIR if set and
+    not empty, else /tmp/datamem-<uid>). The C side writes the same rule
+    (service/discovery.c, dm__discovery_dir). It stays written twice: asking C
+    would take a new wrapper in pyext/ for a one-line rule and tie this
+    pure-Python module to the extension;
+    tests/python/test_stats_export.py::test_stats_dir_rule_is_the_c_sides pins
+    the two equal in every branch instead."""
     return os.environ.get("DATAMEM_STATS_DIR") or "/tmp/datamem-%d" % os.getuid()
 
 
 def _open_stats_dir():
     """An fd on the discovery directory, or None if there is none. Its rule is the
-    C side's (service/export.c, stats_dir_ok) and _files.owned_dir's: a real
-    directory, owned by this user, not writable by others; the C side does not
-    announce a process in any other, so whatever is there is not ours (issue 24:
-    fake targets reached root's file_sd output)."""
+    C side's (service/discovery.c, stats_dir_open: files.h's dm__dir_open_owned)
+    and _files.owned_dir's: a real directory, owned by this user, not writable by
+    others; the C side does not announce a process in any other, so whatever is
+    there is not ours (issue 24: fake targets reached root's file_sd output)."""
     d = stats_dir()
     try:
         return _files.owned_dir(d)
@@ -63,7 +68,7 @@ def _open_stats_dir():
 
 
 _NUMBER = (int, float)
-_ENTRY_FIELDS = (  # what service/export.c writes; all of it, with these types
+_ENTRY_FIELDS = (  # what service/discovery.c writes; all of it, with these types
     ("datamem", int), ("pid", int), ("url", (str, type(None))), ("unix_socket", (str, type(None))),
     ("argv0", str), ("cmdline", str), ("started", _NUMBER), ("version", str))
 _ENTRY_NAME = re.compile(r"([1-9][0-9]{0,9})\.json")
@@ -89,7 +94,7 @@ def _entry_problem(entry, pid):
         v = entry[key]
         if isinstance(v, bool) or not isinstance(v, types):
             return "%r is a %s" % (key, type(v).__name__)
-    if entry["datamem"] != 1:  # the mark (DISCOVERY_MARK in service/export.c)
+    if entry["datamem"] != 1:  # the mark (DISCOVERY_MARK in service/discovery.c)
         return "'datamem' is not 1"
     if entry["pid"] != pid:
         return "pid %d in %d.json" % (entry["pid"], pid)
@@ -161,7 +166,7 @@ def list_processes(prune=True):
     removed when `prune` (pool workers killed by SIGTERM cannot clean up). Only
     files the C side wrote are removed: <pid>.json, a regular file of this
     user's, holding a whole discovery entry with the mark ("datamem": 1) and its
-    own pid: the test service/export.c's prune applies (issue 24: `ls` deleted
+    own pid: the test service/discovery.c's prune applies (issue 24: `ls` deleted
     any <number>.json that parsed as JSON). Raises TargetError when the
     directory is refused."""
     fd = _open_stats_dir()

@@ -47,7 +47,7 @@ def one_line_error(r):
 
 
 def entry(pid, **kw):
-    """A discovery entry as service/export.c writes it."""
+    """A discovery entry as service/discovery.c writes it."""
     e = {"datamem": 1, "pid": pid, "url": "http://127.0.0.1:9/metrics", "unix_socket": None,
          "argv0": "python3", "cmdline": "python3 job.py", "started": time.time(),
          "version": "0.1.0"}

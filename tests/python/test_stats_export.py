@@ -718,3 +718,35 @@ def test_discovery_directory_it_cannot_trust_is_refused(tmp_path, how):
         "another user's": "owned by uid 65534, not by this user",
         "writable by others": "writable by other users (mode 0777)"}[how])) in r.stderr, r.stderr
     assert "(process not listed)" in r.stderr
+
+
+# The stats-directory rule is written twice: service/discovery.c
+# (dm__discovery_dir) and python/datamem/_stats_discovery.py (stats_dir). Both
+# stay (asking C would take a pyext/ wrapper for a one-line rule); this test pins
+# them equal in every branch of the rule, in one process whose environment both
+# read. It sets XDG_RUNTIME_DIR throughout, so a side that started to consult it
+# alone fails.
+@pytest.mark.parametrize("value", ["set", "", None], ids=["set", "empty", "unset"])
+def test_stats_dir_rule_is_the_c_sides(tmp_path, value):
+    env = dict(os.environ, XDG_RUNTIME_DIR=str(tmp_path / "xdg"))
+    (tmp_path / "xdg").mkdir(mode=0o700)
+    env.pop("DATAMEM_STATS_HTTP", None)
+    env.pop("DATAMEM_STATS_DIR", None)
+    want = "/tmp/datamem-%d" % os.getuid()
+    if value == "set":
+        env["DATAMEM_STATS_DIR"] = want = str(tmp_path / "discovery")
+    elif value is not None:
+        env["DATAMEM_STATS_DIR"] = value
+    code = (
+        "import json, os, datamem\n"
+        "from datamem import _stats_discovery\n"
+        "datamem.serve_stats('127.0.0.1:0')\n"
+        "d = _stats_discovery.stats_dir()\n"
+        "print(json.dumps({'dir': d, 'entry': os.path.exists(\n"
+        "    os.path.join(d, '%d.json' % os.getpid()))}))\n")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["entry"], "C wrote no discovery file in %s: %s" % (out["dir"], r.stderr)
+    assert out["dir"] == want
