@@ -43,7 +43,7 @@ static dm_diag_t *same_cause(dm_diags_t *d, dm_severity_t sev, const char *path,
 /* An entry that repeats a kept one (same severity, path and message: one
  * cause at many places, e.g. 81 aliases in a hostile file) is folded into it
  * as a count, with its notes, rather than kept: otherwise one cause fills
- * every slot and hides the others (issue 11). */
+ * every slot and hides the others. */
 void dm__diag_vadd(dm__dsrc_t *s, dm_severity_t sev, int line, int col,
                    const char *path, const char *fmt, va_list ap) {
     dm_diags_t *d = s->d;

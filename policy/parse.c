@@ -398,7 +398,7 @@ static void parse_map(dm__pctx_t *c, int row, int node, void *sect) {
     walk_map(c, row, node, sect);
 }
 
-/* ---- legal but probably not meant (issue 11) ------------------------------ */
+/* ---- legal but probably not meant --------------------------------------- */
 
 /* "4000000" -> "4,000,000". */
 static void with_commas(uint64_t v, char *buf, size_t cap) {

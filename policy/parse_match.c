@@ -41,7 +41,7 @@ static void unknown_dtype(dm__pctx_t *c, int node) {
 /* A thread glob "X-*" where X could name a thread pool: Python's pools name
  * their threads X_0, X_1, ... (ThreadPoolExecutor(thread_name_prefix=X);
  * asyncio's default executor uses "asyncio"), so "X-*" matches none of them
- * and the rule silently never applies (issue 11). Lint only (DM_PARSE_LINT:
+ * and the rule silently never applies. Lint only (DM_PARSE_LINT:
  * check and explain, not every start-up), because a job may well name its own
  * threads "worker-1" (the demo does). Python's own dashed names pass:
  * "Thread-*" (threading's default, "Thread-3 (run)"), "ThreadPoolExecutor-*"

@@ -118,7 +118,7 @@ static const char *file_kind(mode_t mode) {
 }
 
 /* O_NONBLOCK because opening a FIFO that no one writes to blocks forever
- * (issue 11: `DATAMEM_CONFIG=fifo` hung start-up); it is cleared again once
+ * (`DATAMEM_CONFIG=fifo` would hang start-up); it is cleared again once
  * fstat has shown a regular file. Symbolic links are followed on purpose:
  * Kubernetes mounts a ConfigMap as a chain of them (`..data`). */
 int dm_policy_open(const char *path, const char **kind) {

@@ -1,7 +1,7 @@
 /*
  * bigblock.c: big blocks, treated the way NumPy's default allocator treats big
  * arrays, so that turning a policy on never makes a job slower than NumPy
- * (issue 12; docs/performance.md, "Real jobs").
+ * (docs/performance.md, "Real jobs").
  *
  *   - Hugepage advice. NumPy's default handler advises MADV_HUGEPAGE on every
  *     array of 4 MiB or more (unless NUMPY_MADVISE_HUGEPAGE=0 or

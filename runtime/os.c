@@ -50,7 +50,7 @@ static void *reserve_at(uintptr_t want, size_t size, size_t align) {
 void *dm__os_reserve(size_t size, size_t align) {
     /* First try exactly `size` at aligned hints: reserving size + align and
      * trimming would need twice the address space for a moment, which fails
-     * under an RLIMIT_AS that the reservation itself fits in (issue 11). The
+     * under an RLIMIT_AS that the reservation itself fits in. The
      * hints: below the last reservation, then below where the kernel would put
      * `size` now (it maps top-down). */
     uintptr_t hints[4] = {atomic_load_explicit(&reserve_hint, memory_order_relaxed)};
@@ -100,7 +100,7 @@ void dm__os_release(void *p, size_t n) { munmap(p, n); }
  * heuristic overcommit an impossible request (np.zeros(2**45)) fails here and
  * NumPy raises MemoryError at once, and with vm.overcommit_memory=2 the commit
  * limit applies. (mprotect of a MAP_NORESERVE reservation is never accounted:
- * such requests succeeded and the job was OOM-killed later, issue 11.) */
+ * such requests would succeed and the job be OOM-killed later.) */
 int dm__os_commit(void *p, size_t n) {
     void *q = mmap(p, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
     return q == p ? 0 : -errno;

@@ -1,5 +1,5 @@
 /*
- * datamem_profile.h: the allocation profile writer (issue 13).
+ * datamem_profile.h: the allocation profile writer.
  *
  * The NEP 49 recording handler (pyext/) decides what to record — every
  * allocation (full mode) or a byte-sampled subset — and captures the Python

@@ -58,7 +58,7 @@ DM_API void dm_watch_counts(uint64_t *reloads, uint64_t *skipped);
 /* Whether policy warnings `text` (dm_diags_format_all's) are to be reported:
  * true when they differ from the set this process reported last, which they
  * then become. The watcher and datamem.install/reload report a set once, not on
- * every reload (issue 24: 2000 reloads printed 6003 lines); "" (a load without
+ * every reload (2000 reloads printed 6003 lines); "" (a load without
  * warnings) forgets the last set, so warnings that come back are reported. */
 DM_API bool dm_watch_warnings_changed(const char *text);
 

@@ -8,7 +8,7 @@
  * <pid>, ` (DISCOVERY_MARK): the first write of a process prunes the files of
  * dead processes, and only those files — named <digits>.json, regular, owned
  * by this user, beginning with the mark and their own pid — so a directory
- * shared with other files loses none of them (issue 24). `ls` applies the same
+ * shared with other files loses none of them. `ls` applies the same
  * test.
  *
  * Thread safety: the state below is the caller's to serialise (export.c calls

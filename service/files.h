@@ -1,5 +1,5 @@
 /*
- * files.h: the services' file rules (issue 24, "Trust"), the ones
+ * files.h: the services' file rules, the ones
  * python/datamem/_files.py holds for the Python side. Internal: never installed.
  *
  * - A directory is used through a descriptor opened with O_DIRECTORY|O_NOFOLLOW,

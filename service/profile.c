@@ -1,5 +1,5 @@
 /*
- * profile.c: the allocation profile writer (datamem_profile.h, issue 13).
+ * profile.c: the allocation profile writer (datamem_profile.h).
  *
  * Owns the process's profile file, the record buffer, the intern tables
  * (strings, call sites, stacks: each written once, as a definition record,
@@ -13,7 +13,7 @@
  * intern tables (the new file needs its own definitions) and the live set
  * (the parent's blocks are not the child's samples), and opens DIR/<pid>.dmprof.
  *
- * Files (issue 24): DIR is used through one descriptor, opened once by
+ * Files: DIR is used through one descriptor, opened once by
  * dm_prof_start and checked there (files.h: a directory, owned by this user,
  * not writable by others; refused otherwise, and the job runs on without a
  * profile). Every process's file, a fork child's included, is created
@@ -21,7 +21,7 @@
  * planted symbolic link, an earlier run's file of a reused pid) is ever written
  * through or truncated: a taken name moves to DIR/<pid>-<n>.dmprof.
  *
- * Size (issue 24): a file stops growing at its limit (dm_prof_start's
+ * Size: a file stops growing at its limit (dm_prof_start's
  * max_bytes). Before each record the writer checks that the record, at its
  * largest, still fits with room for the tail; when it would not, a 'T' record
  * closes the file, recording stops in this process (one line on stderr) and

@@ -49,8 +49,8 @@ struct dm_textfile {
  * The temporary name is unpredictable and created with O_EXCL (mkostemp), so
  * whoever else can write to the directory cannot plant a symlink there and make
  * us write through it (a predictable "<path>.tmp.<pid>" opened without O_EXCL
- * let any user turn a root job's textfile into an overwrite of any file:
- * issue 11). rename() replaces the directory entry, never a symlink's target. */
+ * would let any user turn a root job's textfile into an overwrite of any
+ * file). rename() replaces the directory entry, never a symlink's target. */
 static int write_atomic(const char *path, const char *data, size_t len, mode_t mode) {
     char tmp[PATH_MAX];
     if (snprintf(tmp, sizeof(tmp), "%s.tmp.XXXXXX", path) >= (int)sizeof(tmp))
