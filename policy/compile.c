@@ -113,24 +113,24 @@ const char *dm_table_arena_name(const dm_table_t *t, int arena) {
 
 /* ---- context keys ------------------------------------------------------- */
 
-bool dm__ctx_has_tag(const dm_context_t *ctx, const char *tag) {
+bool dm__compile_ctx_has_tag(const dm_context_t *ctx, const char *tag) {
     for (int i = 0; ctx && i < ctx->ntags; i++)
         if (ctx->tags[i] && strcmp(ctx->tags[i], tag) == 0)
             return true;
     return false;
 }
 
-bool dm__rule_thread_match(const dm_rule_spec_t *r, const char *thread) {
+bool dm__compile_thread_match(const dm_rule_spec_t *r, const char *thread) {
     bool any = r->nthreads == 0;
     for (int i = 0; !any && i < r->nthreads; i++)
         any = fnmatch(r->threads[i], thread, 0) == 0;
     return any;
 }
 
-bool dm__rule_ctx_match(const dm_rule_spec_t *r, const dm_context_t *ctx) {
-    bool ok = dm__rule_thread_match(r, (ctx && ctx->thread) ? ctx->thread : "");
+bool dm__compile_ctx_match(const dm_rule_spec_t *r, const dm_context_t *ctx) {
+    bool ok = dm__compile_thread_match(r, (ctx && ctx->thread) ? ctx->thread : "");
     for (int i = 0; ok && i < r->ntags; i++)
-        ok = dm__ctx_has_tag(ctx, r->tags[i]);
+        ok = dm__compile_ctx_has_tag(ctx, r->tags[i]);
     return ok;
 }
 
@@ -141,7 +141,7 @@ static bool any_glob(const char (*v)[DM_NAME_MAX], int n, const char *s) {
     return any;
 }
 
-bool dm__rule_site_match(const dm_rule_spec_t *r, const char *module, const char *function) {
+bool dm__compile_site_match(const dm_rule_spec_t *r, const char *module, const char *function) {
     if (!is_site_rule(r))
         return true;
     if (!module || !function) /* unknown site */
@@ -157,7 +157,7 @@ bool dm_table_uses_site(const dm_table_t *t) { return t->nsite > 0; }
 uint64_t dm_table_site_mask(const dm_table_t *t, const char *module, const char *function) {
     uint64_t m = 0;
     for (int b = 0; b < t->nsite; b++)
-        if (dm__rule_site_match(&t->pol.rules[t->site_rule[b]], module, function))
+        if (dm__compile_site_match(&t->pol.rules[t->site_rule[b]], module, function))
             m |= UINT64_C(1) << b;
     return m;
 }
@@ -184,7 +184,7 @@ void dm_table_ctx_key(const dm_table_t *t, const dm_context_t *ctx,
         memset(key, 0, (size_t)t->key_words * sizeof *key);
     for (int i = 0; i < t->pol.nrules; i++) {
         int b = t->ctx_bit[i];
-        if (b >= 0 && dm__rule_ctx_match(&t->pol.rules[i], ctx))
+        if (b >= 0 && dm__compile_ctx_match(&t->pol.rules[i], ctx))
             key[b / 64] |= 1ull << (b % 64);
     }
 }

@@ -70,7 +70,7 @@ void dm__diag_vadd(dm__dsrc_t *s, dm_severity_t sev, int line, int col,
     e->repeats = 0;
     snprintf(e->path, sizeof e->path, "%s", path);
     memcpy(e->msg, msg, sizeof msg);
-    dm__source_line(s->buf, s->len, e->line, e->source, sizeof e->source);
+    dm__text_source_line(s->buf, s->len, e->line, e->source, sizeof e->source);
 }
 
 void dm__diag_add(dm__dsrc_t *s, dm_severity_t sev, int line, int col,
@@ -86,7 +86,7 @@ static long group_key(const dm_diags_t *d, int i) {
     return (long)d->items[i].line * 100000L + d->items[i].col;
 }
 
-void dm__diags_sort(dm_diags_t *d) {
+void dm__diag_sort(dm_diags_t *d) {
     int start[DM_DIAG_MAX], ng = 0;
     static const dm_diag_t zero;
     dm_diag_t tmp[DM_DIAG_MAX];
@@ -121,46 +121,46 @@ static void put_caret(dm__sbuf_t *b, const dm_diag_t *e) {
     const unsigned char *s = (const unsigned char *)e->source;
     int c = 1;
     for (; c < e->col && *s; c++) {
-        dm__sb_putc(b, *s == '\t' ? '\t' : ' ', 1);
+        dm__text_sb_putc(b, *s == '\t' ? '\t' : ' ', 1);
         s++;
         while ((*s & 0xC0) == 0x80) /* rest of a UTF-8 character */
             s++;
     }
     if (e->col - c > 0)
-        dm__sb_putc(b, ' ', (size_t)(e->col - c < 200 ? e->col - c : 200));
-    dm__sb_printf(b, "^\n");
+        dm__text_sb_putc(b, ' ', (size_t)(e->col - c < 200 ? e->col - c : 200));
+    dm__text_sb_printf(b, "^\n");
 }
 
 static void format_one(dm__sbuf_t *b, const dm_diags_t *d, int i) {
     const dm_diag_t *e = &d->items[i];
     const char *file = d->file[0] ? d->file : "<policy>";
     if (e->line > 0)
-        dm__sb_printf(b, "%s:%d:%d: ", file, e->line, e->col);
+        dm__text_sb_printf(b, "%s:%d:%d: ", file, e->line, e->col);
     else
-        dm__sb_printf(b, "%s: ", file);
-    dm__sb_printf(b, "%s: %s%s%s", sev_name[e->severity % 3], e->path,
+        dm__text_sb_printf(b, "%s: ", file);
+    dm__text_sb_printf(b, "%s: %s%s%s", sev_name[e->severity % 3], e->path,
                   e->path[0] ? ": " : "", e->msg);
     if (e->repeats > 0)
-        dm__sb_printf(b, " (and %d more like this)", e->repeats);
-    dm__sb_printf(b, "\n");
+        dm__text_sb_printf(b, " (and %d more like this)", e->repeats);
+    dm__text_sb_printf(b, "\n");
     if (e->line > 0 && e->source[0]) {
-        dm__sb_printf(b, "%s\n", e->source);
+        dm__text_sb_printf(b, "%s\n", e->source);
         put_caret(b, e);
     }
 }
 
 int dm_diag_format(const dm_diags_t *d, int i, char *buf, size_t cap) {
     dm__sbuf_t b;
-    dm__sb_init(&b, buf, cap);
+    dm__text_sb_init(&b, buf, cap);
     if (i >= 0 && i < d->n)
         format_one(&b, d, i);
-    return dm__sb_done(&b);
+    return dm__text_sb_done(&b);
 }
 
 int dm_diags_format_all(const dm_diags_t *d, char *buf, size_t cap) {
     dm__sbuf_t b;
     int kept = 0;
-    dm__sb_init(&b, buf, cap);
+    dm__text_sb_init(&b, buf, cap);
     for (int i = 0; i < d->n; i++) {
         format_one(&b, d, i);
         if (d->items[i].severity != DM_SEV_NOTE)
@@ -168,8 +168,8 @@ int dm_diags_format_all(const dm_diags_t *d, char *buf, size_t cap) {
     }
     int more = d->nerrors + d->nwarnings - kept;
     if (more > 0)
-        dm__sb_printf(&b, "... and %d more (%d error%s and %d warning%s in all)\n",
+        dm__text_sb_printf(&b, "... and %d more (%d error%s and %d warning%s in all)\n",
                       more, d->nerrors, DM__PLURAL(d->nerrors),
                       d->nwarnings, DM__PLURAL(d->nwarnings));
-    return dm__sb_done(&b);
+    return dm__text_sb_done(&b);
 }

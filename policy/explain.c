@@ -22,16 +22,16 @@ static void put_dtypes(dm__sbuf_t *b, dm_dtype_mask_t m) {
             continue;
         const char *name = dm_dtype_name(dt);
         if (name)
-            dm__sb_printf(b, "%s%s", sep, name);
+            dm__text_sb_printf(b, "%s%s", sep, name);
         else
-            dm__sb_printf(b, "%s#%d", sep, dt);
+            dm__text_sb_printf(b, "%s#%d", sep, dt);
         sep = ", ";
     }
 }
 
 static void put_list(dm__sbuf_t *b, const char (*v)[DM_NAME_MAX], int n) {
     for (int i = 0; i < n; i++)
-        dm__sb_printf(b, "%s'%s'", i ? ", " : "", v[i]);
+        dm__text_sb_printf(b, "%s'%s'", i ? ", " : "", v[i]);
 }
 
 /* Appends "; "-separated reasons why r does not match; returns how many. */
@@ -39,7 +39,8 @@ static int why_not(dm__sbuf_t *b, const dm_rule_spec_t *r,
                    const dm_context_t *ctx, size_t size, int dt) {
     int n = 0;
     const char *thread = (ctx && ctx->thread) ? ctx->thread : "";
-#define REASON(...) (dm__sb_printf(b, "%s", n++ ? "; " : ""), dm__sb_printf(b, __VA_ARGS__))
+#define REASON(...)                                                             \
+    (dm__text_sb_printf(b, "%s", n++ ? "; " : ""), dm__text_sb_printf(b, __VA_ARGS__))
     if (size < r->size_min)
         REASON("size %zu is below min %zu", size, r->size_min);
     if (size > r->size_max)
@@ -48,27 +49,27 @@ static int why_not(dm__sbuf_t *b, const dm_rule_spec_t *r,
         const char *name = dm_dtype_name(dt);
         REASON("dtype %s not in [", name ? name : "(invalid)");
         put_dtypes(b, r->dtypes);
-        dm__sb_printf(b, "]");
+        dm__text_sb_printf(b, "]");
     }
-    if (!dm__rule_thread_match(r, thread)) {
+    if (!dm__compile_thread_match(r, thread)) {
         REASON("thread '%s' does not match ", thread);
         put_list(b, r->threads, r->nthreads);
     }
     for (int i = 0; i < r->ntags; i++)
-        if (!dm__ctx_has_tag(ctx, r->tags[i]))
+        if (!dm__compile_ctx_has_tag(ctx, r->tags[i]))
             REASON("tag '%s' not set", r->tags[i]);
     const char *module = ctx ? ctx->module : NULL, *function = ctx ? ctx->function : NULL;
-    if ((r->nmodules || r->nfunctions) && !dm__rule_site_match(r, module, function)) {
+    if ((r->nmodules || r->nfunctions) && !dm__compile_site_match(r, module, function)) {
         if (!module || !function) {
             REASON("call site unknown (give --module and --function)");
         } else {
             REASON("call site %s (%s) does not match", function, module);
             if (r->nmodules) {
-                dm__sb_printf(b, " module ");
+                dm__text_sb_printf(b, " module ");
                 put_list(b, r->modules, r->nmodules);
             }
             if (r->nfunctions) {
-                dm__sb_printf(b, " function ");
+                dm__text_sb_printf(b, " function ");
                 put_list(b, r->functions, r->nfunctions);
             }
         }
@@ -81,71 +82,71 @@ int dm_table_explain(const dm_table_t *t, const dm_context_t *ctx, size_t size,
                      int dtype, char *buf, size_t cap) {
     const dm_policy_t *p = dm_table_policy(t);
     dm__sbuf_t b;
-    dm__sb_init(&b, buf, cap);
+    dm__text_sb_init(&b, buf, cap);
     for (int i = 0; i < p->nrules; i++) {
         const dm_rule_spec_t *r = &p->rules[i];
         size_t mark = b.len;
-        dm__sb_printf(&b, "rule '%s': ", r->name);
+        dm__text_sb_printf(&b, "rule '%s': ", r->name);
         if (why_not(&b, r, ctx, size, dtype) == 0) {
             b.len = mark; /* matched: drop the prefix */
-            dm__sb_printf(&b, "-> rule '%s' -> arena '%s'\n", r->name,
+            dm__text_sb_printf(&b, "-> rule '%s' -> arena '%s'\n", r->name,
                           p->arenas[r->arena].name);
-            dm__sb_done(&b);
+            dm__text_sb_done(&b);
             return i;
         }
-        dm__sb_printf(&b, "\n");
+        dm__text_sb_printf(&b, "\n");
     }
-    dm__sb_printf(&b, "-> default arena '%s'\n", p->arenas[p->default_arena].name);
-    dm__sb_done(&b);
+    dm__text_sb_printf(&b, "-> default arena '%s'\n", p->arenas[p->default_arena].name);
+    dm__text_sb_done(&b);
     return p->nrules;
 }
 
 /* ---- dump ---------------------------------------------------------------- */
 
 static void dump_arena(dm__sbuf_t *b, const dm_arena_spec_t *a, int i) {
-    dm__sb_printf(b, "  %d %s: alignment %zu, hugepages %s, numa %s", i, a->name,
+    dm__text_sb_printf(b, "  %d %s: alignment %zu, hugepages %s, numa %s", i, a->name,
                   a->alignment, thp_names[a->hugepages % 3], numa_names[a->numa % 5]);
     if (a->numa_all)
-        dm__sb_printf(b, " all");
+        dm__text_sb_printf(b, " all");
     else if (a->numa >= DM_NUMA_BIND)
-        dm__sb_printf(b, " 0x%llx", (unsigned long long)a->numa_nodes);
-    dm__sb_printf(b, ", per_node %s, decay dirty %lldms muzzy %lldms",
+        dm__text_sb_printf(b, " 0x%llx", (unsigned long long)a->numa_nodes);
+    dm__text_sb_printf(b, ", per_node %s, decay dirty %lldms muzzy %lldms",
                   a->per_node ? "true" : "false", (long long)a->dirty_decay_ms,
                   (long long)a->muzzy_decay_ms);
     if (a->dirty_budget == SIZE_MAX)
-        dm__sb_printf(b, " budget never");
+        dm__text_sb_printf(b, " budget never");
     else
-        dm__sb_printf(b, " budget %zu", a->dirty_budget);
+        dm__text_sb_printf(b, " budget %zu", a->dirty_budget);
     /* Only when set, so that a policy without them dumps no empty fields. */
     if (a->limit != SIZE_MAX)
-        dm__sb_printf(b, ", limit %zu", a->limit);
+        dm__text_sb_printf(b, ", limit %zu", a->limit);
     if (a->lock)
-        dm__sb_printf(b, ", lock");
+        dm__text_sb_printf(b, ", lock");
     if (a->pinned == DM_PIN_CUDA)
-        dm__sb_printf(b, ", pinned cuda");
-    dm__sb_printf(b, "\n");
+        dm__text_sb_printf(b, ", pinned cuda");
+    dm__text_sb_printf(b, "\n");
 }
 
 static void dump_rule(dm__sbuf_t *b, const dm_table_t *t, int i) {
     const dm_rule_spec_t *r = &dm_table_policy(t)->rules[i];
-    dm__sb_printf(b, "  %d %s: size [%zu, %zu]", i, r->name, r->size_min,
+    dm__text_sb_printf(b, "  %d %s: size [%zu, %zu]", i, r->name, r->size_min,
                   r->size_max);
     if (r->dtypes) {
-        dm__sb_printf(b, ", dtype [");
+        dm__text_sb_printf(b, ", dtype [");
         put_dtypes(b, r->dtypes);
-        dm__sb_printf(b, "]");
+        dm__text_sb_printf(b, "]");
     }
     if (r->nthreads) {
-        dm__sb_printf(b, ", thread [");
+        dm__text_sb_printf(b, ", thread [");
         put_list(b, r->threads, r->nthreads);
-        dm__sb_printf(b, "]");
+        dm__text_sb_printf(b, "]");
     }
     if (r->ntags) {
-        dm__sb_printf(b, ", tag [");
+        dm__text_sb_printf(b, ", tag [");
         put_list(b, r->tags, r->ntags);
-        dm__sb_printf(b, "]");
+        dm__text_sb_printf(b, "]");
     }
-    dm__sb_printf(b, " -> arena %s\n", dm_table_arena_name(t, r->arena));
+    dm__text_sb_printf(b, " -> arena %s\n", dm_table_arena_name(t, r->arena));
 }
 
 static const char *slot_name(const dm_table_t *t, int rule) {
@@ -158,53 +159,53 @@ static void dump_row(dm__sbuf_t *b, const dm_table_t *t, const dm_view_t *v,
                      uint32_t i) {
     const uint16_t *row = v->slots + (size_t)i * v->row_width;
     size_t end = i + 1 < v->nbounds ? v->bounds[i + 1] - 1 : SIZE_MAX;
-    dm__sb_printf(b, "  [%zu, %zu]:", v->bounds[i], end);
+    dm__text_sb_printf(b, "  [%zu, %zu]:", v->bounds[i], end);
     if (v->row_width == 1) {
-        dm__sb_printf(b, " %s\n", slot_name(t, row[0]));
+        dm__text_sb_printf(b, " %s\n", slot_name(t, row[0]));
         return;
     }
-    dm__sb_printf(b, " %s", slot_name(t, row[0])); /* unknown and the rest */
+    dm__text_sb_printf(b, " %s", slot_name(t, row[0])); /* unknown and the rest */
     for (int dt = 1; dt < DM_DT_COUNT; dt++) {
         bool seen = row[dt] == row[0];
         for (int k = 1; k < dt && !seen; k++)
             seen = row[k] == row[dt];
         if (seen)
             continue; /* printed with an earlier dtype */
-        dm__sb_printf(b, "; %s for", slot_name(t, row[dt]));
+        dm__text_sb_printf(b, "; %s for", slot_name(t, row[dt]));
         for (int k = dt; k < DM_DT_COUNT; k++)
             if (row[k] == row[dt])
-                dm__sb_printf(b, " %s", dm_dtype_name(k));
+                dm__text_sb_printf(b, " %s", dm_dtype_name(k));
     }
-    dm__sb_printf(b, "\n");
+    dm__text_sb_printf(b, "\n");
 }
 
 int dm_table_dump(const dm_table_t *t, char *buf, size_t cap) {
     const dm_policy_t *p = dm_table_policy(t);
     dm__sbuf_t b;
-    dm__sb_init(&b, buf, cap);
+    dm__text_sb_init(&b, buf, cap);
     int words = dm_table_ctx_key_words(t);
-    dm__sb_printf(&b, "policy %s (hash %016llx): %d arena%s, %d rule%s, "
+    dm__text_sb_printf(&b, "policy %s (hash %016llx): %d arena%s, %d rule%s, "
                   "%d context word%s, dtype %s\n", p->path[0] ? p->path : "-",
                   (unsigned long long)p->hash, p->narenas, DM__PLURAL(p->narenas),
                   p->nrules, DM__PLURAL(p->nrules), words, DM__PLURAL(words),
                   dm_table_uses_dtype(t) ? "yes" : "no");
-    dm__sb_printf(&b, "arenas (default %s, fallback %s):\n",
+    dm__text_sb_printf(&b, "arenas (default %s, fallback %s):\n",
                   p->arenas[p->default_arena].name,
                   p->fallback_arena >= 0 ? p->arenas[p->fallback_arena].name : "-");
     for (int i = 0; i < p->narenas; i++)
         dump_arena(&b, &p->arenas[i], i);
-    dm__sb_printf(&b, "rules:\n");
+    dm__text_sb_printf(&b, "rules:\n");
     for (int i = 0; i < p->nrules; i++)
         dump_rule(&b, t, i);
     dm_view_t *v = dm_table_view_build(t, NULL);
     if (!v) {
-        dm__sb_printf(&b, "view: out of memory\n");
-        return dm__sb_done(&b);
+        dm__text_sb_printf(&b, "view: out of memory\n");
+        return dm__text_sb_done(&b);
     }
-    dm__sb_printf(&b, "view without context: %u interval%s\n", v->nbounds,
+    dm__text_sb_printf(&b, "view without context: %u interval%s\n", v->nbounds,
                   DM__PLURAL(v->nbounds));
     for (uint32_t i = 0; i < v->nbounds; i++)
         dump_row(&b, t, v, i);
     dm_view_free(v);
-    return dm__sb_done(&b);
+    return dm__text_sb_done(&b);
 }

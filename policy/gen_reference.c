@@ -30,7 +30,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: gen_reference [--write]\n");
         return 2;
     }
-    int rc = dm__policy_reference_write(f);
+    int rc = dm__reference_write(f);
     if (f != stdout && fclose(f) != 0)
         rc = -1;
     if (rc)

@@ -39,27 +39,27 @@ void dm__diag_add(dm__dsrc_t *s, dm_severity_t sev, int line, int col,
 void dm__diag_vadd(dm__dsrc_t *s, dm_severity_t sev, int line, int col,
                    const char *path, const char *fmt, va_list ap);
 /* Orders entries by position; a note stays after the entry it explains. */
-void dm__diags_sort(dm_diags_t *d);
+void dm__diag_sort(dm_diags_t *d);
 
 /* 1-based line and column (in characters, as libyaml counts) of byte `off`. */
 void dm__text_pos(const char *buf, size_t len, size_t off, int *line, int *col);
 /* Copies line `line` of buf into dst, made safe to print; "" if none. */
-void dm__source_line(const char *buf, size_t len, int line, char *dst,
+void dm__text_source_line(const char *buf, size_t len, int line, char *dst,
                      size_t cap);
 /* The 1-based column of the first tab in the indentation (the leading
  * blanks) of `line` when column `col` lies in that indentation or at the
  * token after it; else 0. Columns count bytes, which is characters here:
  * blanks are ASCII. */
-int dm__indent_tab(const char *buf, size_t len, int line, int col);
+int dm__text_indent_tab(const char *buf, size_t len, int line, int col);
 /* Offset of the first byte that is not valid UTF-8, or `len`. */
-size_t dm__utf8_check(const char *buf, size_t len);
+size_t dm__text_utf8_check(const char *buf, size_t len);
 /* Writes `s` (len bytes) quoted, control and non-UTF-8 bytes escaped, cut to
  * about 48 characters; returns buf. */
-const char *dm__quote(char *buf, size_t cap, const char *s, size_t len);
+const char *dm__text_quote(char *buf, size_t cap, const char *s, size_t len);
 #define DM__QUOTE_CAP 80
 
 /* Nearest candidate by edit distance, or NULL when none is close. */
-const char *dm__nearest(const char *word, const char *const *cands, int n);
+const char *dm__text_nearest(const char *word, const char *const *cands, int n);
 
 /* ---- string building -------------------------------------------------- */
 
@@ -69,17 +69,17 @@ typedef struct dm__sbuf {
     size_t len; /* what would have been written: may exceed cap */
 } dm__sbuf_t;
 
-void dm__sb_init(dm__sbuf_t *b, char *p, size_t cap);
-void dm__sb_printf(dm__sbuf_t *b, const char *fmt, ...) DM__PRINTF(2, 3);
-void dm__sb_putc(dm__sbuf_t *b, char c, size_t count);
+void dm__text_sb_init(dm__sbuf_t *b, char *p, size_t cap);
+void dm__text_sb_printf(dm__sbuf_t *b, const char *fmt, ...) DM__PRINTF(2, 3);
+void dm__text_sb_putc(dm__sbuf_t *b, char c, size_t count);
 /* NUL-terminates and returns the snprintf-style length (clamped to INT_MAX). */
-int dm__sb_done(dm__sbuf_t *b);
+int dm__text_sb_done(dm__sbuf_t *b);
 
 /* ---- small value checks shared by parse.c and units.c ------------------- */
 
-bool dm__name_valid(const char *s);   /* [A-Za-z_][A-Za-z0-9_-]*, 1..63 */
-int dm__bool_parse(const char *s, bool *out); /* 0 or -1 */
-bool dm__yaml_null(const char *s);    /* "", "~", null, Null, NULL */
+bool dm__units_name_valid(const char *s);   /* [A-Za-z_][A-Za-z0-9_-]*, 1..63 */
+int dm__units_bool_parse(const char *s, bool *out); /* 0 or -1 */
+bool dm__units_yaml_null(const char *s);    /* "", "~", null, Null, NULL */
 
 /* ---- the YAML tree ---------------------------------------------------- */
 
@@ -109,9 +109,9 @@ typedef struct dm__ytree {
 
 /* Builds the tree of ds->buf. Returns 0, DM_ESYNTAX (not YAML, not UTF-8, too
  * deep), DM_EINVALID (YAML a policy refuses: anchors, several documents) or
- * DM_ENOMEM; errors are in ds. Free with dm__ytree_free either way. */
-int dm__ytree_load(dm__ytree_t *t, dm__dsrc_t *ds);
-void dm__ytree_free(dm__ytree_t *t);
+ * DM_ENOMEM; errors are in ds. Free with dm__yaml_tree_free either way. */
+int dm__yaml_tree_load(dm__ytree_t *t, dm__dsrc_t *ds);
+void dm__yaml_tree_free(dm__ytree_t *t);
 
 static inline const dm__ynode_t *dm__ynode(const dm__ytree_t *t, int i) {
     return &t->nodes[i];
@@ -147,8 +147,8 @@ typedef struct dm__pctx {
 
 /* parse.c: fills c->p from the tree. validate.c: resolves arena names and
  * adds the checks that need the whole policy (shadowed rules, unused arenas). */
-void dm__policy_walk(dm__pctx_t *c, int root);
-void dm__policy_validate(dm__pctx_t *c);
+void dm__parse_walk(dm__pctx_t *c, int root);
+void dm__validate_policy(dm__pctx_t *c);
 
 /* parse.c, for the value readers beside it: a diagnostic at node's position
  * under the current key path (node < 0: none); the node's text when it is a
@@ -160,9 +160,9 @@ const char *dm__parse_scalar_of(dm__pctx_t *c, int row, int node);
 void dm__parse_match_list(dm__pctx_t *c, int row, int node, void *sect);
 
 /* Rule matching shared by compile.c and explain.c (ctx may be NULL). */
-bool dm__rule_ctx_match(const dm_rule_spec_t *r, const dm_context_t *ctx);
-bool dm__rule_site_match(const dm_rule_spec_t *r, const char *module, const char *function);
-bool dm__rule_thread_match(const dm_rule_spec_t *r, const char *thread);
-bool dm__ctx_has_tag(const dm_context_t *ctx, const char *tag);
+bool dm__compile_ctx_match(const dm_rule_spec_t *r, const dm_context_t *ctx);
+bool dm__compile_site_match(const dm_rule_spec_t *r, const char *module, const char *function);
+bool dm__compile_thread_match(const dm_rule_spec_t *r, const char *thread);
+bool dm__compile_ctx_has_tag(const dm_context_t *ctx, const char *tag);
 
 #endif /* DM_POLICY_INTERNAL_H */

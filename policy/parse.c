@@ -15,7 +15,7 @@
 #include "policy/internal.h"
 #include "policy/schema.h"
 
-#define ROW(r) (&dm__policy_schema[r])
+#define ROW(r) (&dm__schema_rows[r])
 #define NODE(c, i) dm__ynode((c)->yt, (i))
 #define TEXT(c, i) dm__ytext((c)->yt, (i))
 #define WHY_MAX 384
@@ -79,10 +79,10 @@ static const char *describe_scalar(const char *s, bool quoted, char *buf,
     char q[DM__QUOTE_CAP];
     int64_t v;
     bool b;
-    dm__quote(q, sizeof q, s, strlen(s));
-    if (!quoted && dm__yaml_null(s))
+    dm__text_quote(q, sizeof q, s, strlen(s));
+    if (!quoted && dm__units_yaml_null(s))
         snprintf(buf, cap, "null");
-    else if (!quoted && dm__bool_parse(s, &b) == 0)
+    else if (!quoted && dm__units_bool_parse(s, &b) == 0)
         snprintf(buf, cap, "a boolean %s", s);
     else if (!quoted && parse_i64(s, &v))
         snprintf(buf, cap, "an integer %s", s);
@@ -104,12 +104,12 @@ static void expect_error(dm__pctx_t *c, const char *expected, int node) {
 }
 
 static void type_error(dm__pctx_t *c, int row, int node) {
-    expect_error(c, dm__stype_info[ROW(row)->type].expected, node);
+    expect_error(c, dm__schema_stype_info[ROW(row)->type].expected, node);
 }
 
 static bool is_null(dm__pctx_t *c, int node) {
     const dm__ynode_t *n = NODE(c, node);
-    return n->kind == DM_YN_SCALAR && !n->quoted && dm__yaml_null(TEXT(c, node));
+    return n->kind == DM_YN_SCALAR && !n->quoted && dm__units_yaml_null(TEXT(c, node));
 }
 
 /* The node's text when it is a scalar that is not null; else a type error. */
@@ -186,7 +186,7 @@ static int conv_measure(const dm__schema_row_t *r, const char *s, void *sect,
         store(sect, r, UINT64_MAX); /* a size that is never reached */
         return 0;
     }
-    dm__quote(q, sizeof q, s, strlen(s));
+    dm__text_quote(q, sizeof q, s, strlen(s));
     if (rc == DM_ERANGE)
         return why_fail(why, "%s %s is too large%s", is_size ? "size" : "duration",
                         q, is_size ? " (at most 18446744073709551615 bytes)" : "");
@@ -211,7 +211,7 @@ static int conv_bool(const dm__schema_row_t *r, const char *s, bool quoted,
                      void *sect, char *why) {
     bool b;
     char d[DM__QUOTE_CAP + 16];
-    if (quoted || dm__bool_parse(s, &b))
+    if (quoted || dm__units_bool_parse(s, &b))
         return why_fail(why, "expected a boolean (true/false, yes/no, "
                         "on/off), got %s", describe_scalar(s, quoted, d, sizeof d));
     store(sect, r, b);
@@ -232,7 +232,7 @@ static int conv_string(const dm__schema_row_t *r, const char *s, void *sect,
                        char *why) {
     size_t len = strlen(s), max = r->max ? r->max : r->size - 1;
     char q[DM__QUOTE_CAP];
-    dm__quote(q, sizeof q, s, len);
+    dm__text_quote(q, sizeof q, s, len);
     if (len > max || len >= r->size)
         return why_fail(why, "%s is %zu bytes long; at most %zu allowed",
                         q, len, max);
@@ -252,7 +252,7 @@ static int conv_string(const dm__schema_row_t *r, const char *s, void *sect,
         return why_fail(why, "invalid value %s: expected a size of at least 1 byte "
                         "(e.g. 8GiB), a share of the memory limit (e.g. 85%% or "
                         "92.5%%), or \"\" for none", q);
-    if (r->type == DM_ST_NAME && !dm__name_valid(s))
+    if (r->type == DM_ST_NAME && !dm__units_name_valid(s))
         return why_fail(why, "invalid name %s: names match "
                         "[A-Za-z_][A-Za-z0-9_-]* and are 1 to %d bytes", q,
                         DM_NAME_MAX - 1);
@@ -263,11 +263,11 @@ static int conv_string(const dm__schema_row_t *r, const char *s, void *sect,
 static int conv_enum(const dm__schema_row_t *r, const char *s, void *sect,
                      char *why) {
     char q[DM__QUOTE_CAP], list[128];
-    int i = dm__enum_index(r->enums, s);
-    dm__enum_list(r->enums, list, sizeof list);
+    int i = dm__schema_enum_index(r->enums, s);
+    dm__schema_enum_list(r->enums, list, sizeof list);
     if (i < 0)
         return why_fail(why, "invalid value %s; accepted values are %s",
-                        dm__quote(q, sizeof q, s, strlen(s)), list);
+                        dm__text_quote(q, sizeof q, s, strlen(s)), list);
     store(sect, r, (uint64_t)i);
     return 0;
 }
@@ -276,7 +276,7 @@ static int conv_enum(const dm__schema_row_t *r, const char *s, void *sect,
 static int conv_numa(const dm__schema_row_t *r, const char *s, void *sect,
                      char *why) {
     char q[DM__QUOTE_CAP];
-    int i = dm__enum_index(r->enums, s);
+    int i = dm__schema_enum_index(r->enums, s);
     if (i == DM_NUMA_NONE || i == DM_NUMA_LOCAL) {
         store(sect, r, (uint64_t)i);
         return 0;
@@ -285,7 +285,7 @@ static int conv_numa(const dm__schema_row_t *r, const char *s, void *sect,
         return why_fail(why, "%s needs nodes: write {%s: [0, 1]}", s, s);
     return why_fail(why, "invalid value %s; accepted values are none, "
                     "local, or a mapping with one of bind, interleave, preferred",
-                    dm__quote(q, sizeof q, s, strlen(s)));
+                    dm__text_quote(q, sizeof q, s, strlen(s)));
 }
 
 /* Converts scalar text for row r into sect; -1 with `why` on failure. Only
@@ -340,16 +340,16 @@ static void unknown_key(dm__pctx_t *c, int prow, int key) {
     char q[DM__QUOTE_CAP], list[256];
     int n = 0;
     dm__sbuf_t b;
-    dm__sb_init(&b, list, sizeof list);
+    dm__text_sb_init(&b, list, sizeof list);
     for (int r = 1; r < DM_SK_COUNT && n < 32; r++) {
         if (ROW(r)->parent == prow) {
-            dm__sb_printf(&b, "%s%s", n ? ", " : "", ROW(r)->key);
+            dm__text_sb_printf(&b, "%s%s", n ? ", " : "", ROW(r)->key);
             cands[n++] = ROW(r)->key;
         }
     }
-    dm__sb_done(&b);
-    const char *k = TEXT(c, key), *near = dm__nearest(k, cands, n);
-    dm__quote(q, sizeof q, k, strlen(k));
+    dm__text_sb_done(&b);
+    const char *k = TEXT(c, key), *near = dm__text_nearest(k, cands, n);
+    dm__text_quote(q, sizeof q, k, strlen(k));
     if (near)
         ERR(c, key, "unknown key %s (did you mean '%s'?)", q, near);
     else
@@ -524,21 +524,21 @@ static void parse_size_range(dm__pctx_t *c, int row, int node, void *sect) {
 /* "0-1,4" for a node mask. */
 static void format_nodes(uint64_t m, char *buf, size_t cap) {
     dm__sbuf_t b;
-    dm__sb_init(&b, buf, cap);
+    dm__text_sb_init(&b, buf, cap);
     for (int i = 0; i < 64; i++) {
         if (!(m >> i & 1))
             continue;
         int j = i;
         while (j + 1 < 64 && (m >> (j + 1) & 1))
             j++;
-        dm__sb_printf(&b, b.len ? ",%d" : "%d", i);
+        dm__text_sb_printf(&b, b.len ? ",%d" : "%d", i);
         if (j > i)
-            dm__sb_printf(&b, "-%d", j);
+            dm__text_sb_printf(&b, "-%d", j);
         i = j;
     }
     if (!b.len)
-        dm__sb_printf(&b, "none");
-    dm__sb_done(&b);
+        dm__text_sb_printf(&b, "none");
+    dm__text_sb_done(&b);
 }
 
 static void parse_node_number(dm__pctx_t *c, int row, int node, uint64_t *mask) {
@@ -566,8 +566,9 @@ static void parse_nodes(dm__pctx_t *c, int row, int node, void *sect) {
     dm_arena_spec_t *a = sect;
     const dm__ynode_t *n = NODE(c, node);
     uint64_t mask = 0;
-    store(sect, mode, (uint64_t)dm__enum_index(mode->enums, r->key));
-    if (n->kind == DM_YN_SCALAR && r->enums && dm__enum_index(r->enums, TEXT(c, node)) >= 0) {
+    store(sect, mode, (uint64_t)dm__schema_enum_index(mode->enums, r->key));
+    if (n->kind == DM_YN_SCALAR && r->enums &&
+        dm__schema_enum_index(r->enums, TEXT(c, node)) >= 0) {
         a->numa_all = true;
     } else if (n->kind == DM_YN_SEQ && !(r->flags & DM_SF_SINGLE)) {
         if (n->n == 0)
@@ -593,9 +594,9 @@ static bool arena_key_ok(dm__pctx_t *c, int row, int k) {
         ERR(c, k, "expected an arena name, got %s", describe(c, k, d, sizeof d));
         return false;
     }
-    if (!dm__name_valid(name)) {
+    if (!dm__units_name_valid(name)) {
         ERR(c, k, "invalid arena name %s: names match [A-Za-z_][A-Za-z0-9_-]* "
-            "and are 1 to %d bytes", dm__quote(q, sizeof q, name, strlen(name)),
+            "and are 1 to %d bytes", dm__text_quote(q, sizeof q, name, strlen(name)),
             DM_NAME_MAX - 1);
         return false;
     }
@@ -736,7 +737,7 @@ static void parse_value(dm__pctx_t *c, int row, int node, void *sect) {
     (f ? f : parse_scalar)(c, row, node, sect);
 }
 
-void dm__policy_walk(dm__pctx_t *c, int root) {
+void dm__parse_walk(dm__pctx_t *c, int root) {
     apply_defaults(DM_SECT_POLICY, c->p);
     if (root < 0 || is_null(c, root)) {
         dm__diag_add(c->ds, DM_SEV_ERROR, 0, 0, "",

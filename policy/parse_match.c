@@ -11,7 +11,7 @@
 #include "policy/internal.h"
 #include "policy/schema.h"
 
-#define ROW(r) (&dm__policy_schema[r])
+#define ROW(r) (&dm__schema_rows[r])
 #define NODE(c, i) dm__ynode((c)->yt, (i))
 #define TEXT(c, i) dm__ytext((c)->yt, (i))
 #define ERR(c, node, ...) dm__parse_report((c), DM_SEV_ERROR, (node), __VA_ARGS__)
@@ -29,8 +29,8 @@ static void unknown_dtype(dm__pctx_t *c, int node) {
         cands[n++] = dm_dtype_name(i);
     for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++)
         cands[n++] = kinds[i];
-    const char *s = TEXT(c, node), *near = dm__nearest(s, cands, n);
-    dm__quote(q, sizeof q, s, strlen(s));
+    const char *s = TEXT(c, node), *near = dm__text_nearest(s, cands, n);
+    dm__text_quote(q, sizeof q, s, strlen(s));
     if (near)
         ERR(c, node, "unknown dtype %s (did you mean '%s'?)", q, near);
     else
@@ -76,9 +76,9 @@ static void parse_list_item(dm__pctx_t *c, int row, int node, void *sect) {
     char q[DM__QUOTE_CAP];
     if (!s)
         return;
-    dm__quote(q, sizeof q, s, strlen(s));
+    dm__text_quote(q, sizeof q, s, strlen(s));
     if (r->type == DM_ST_DTYPES) {
-        dm_dtype_mask_t m = dm__dtype_mask(s);
+        dm_dtype_mask_t m = dm__units_dtype_mask(s);
         if (!m)
             unknown_dtype(c, node);
         rule->dtypes |= m;
@@ -99,7 +99,7 @@ static void parse_list_item(dm__pctx_t *c, int row, int node, void *sect) {
             (unsigned long long)r->max);
     else if (glob && !dm_glob_valid(s, NULL, &why))
         ERR(c, node, "invalid glob %s: %s", q, why);
-    else if (!glob && !dm__name_valid(s))
+    else if (!glob && !dm__units_name_valid(s))
         ERR(c, node, "invalid tag %s: tags match [A-Za-z_][A-Za-z0-9_-]*", q);
     else if (*count == cap)
         ERR(c, node, "too many entries: at most %d", cap);

@@ -42,7 +42,7 @@ static void test_decay_budget(void) {
 
 static void test_example(void) {
     dm_policy_t *p;
-    EXPECT_INT_EQ(parse(dm__policy_example, NULL, &p), 0, text);
+    EXPECT_INT_EQ(parse(dm__schema_example, NULL, &p), 0, text);
     EXPECT_INT_EQ(d.nerrors + d.nwarnings, 0, text);
     if (!p)
         return;
@@ -65,7 +65,7 @@ static void test_example(void) {
     EXPECT_STR_EQ(p->rules[0].name, "huge", "rule name");
     EXPECT_UINT_EQ(p->rules[0].size_min, 8u << 20, "min");
     EXPECT_UINT_EQ(p->rules[0].size_max, SIZE_MAX, "max absent");
-    EXPECT_UINT_EQ(p->rules[0].dtypes, dm__dtype_mask("number"), "scalar dtype");
+    EXPECT_UINT_EQ(p->rules[0].dtypes, dm__units_dtype_mask("number"), "scalar dtype");
     EXPECT_INT_EQ(p->rules[0].arena, 1, "rule arena");
     EXPECT_INT_EQ(p->rules[1].nthreads, 1, "globs");
     EXPECT_STR_EQ(p->rules[1].threads[0], "loader-*", "glob");
@@ -123,7 +123,7 @@ static void test_forms(void) {
     EXPECT_UINT_EQ(p->arenas[0].alignment, 16, "quoted size");
     EXPECT_INT_EQ(p->arenas[1].numa, DM_NUMA_PREFERRED, "preferred");
     EXPECT_UINT_EQ(p->arenas[1].numa_nodes, 1, "node 0");
-    EXPECT_UINT_EQ(p->rules[0].dtypes, dm__dtype_mask("int") | (1u << DM_DT_FLOAT64),
+    EXPECT_UINT_EQ(p->rules[0].dtypes, dm__units_dtype_mask("int") | (1u << DM_DT_FLOAT64),
                    "dtype list of a kind and a name");
     EXPECT_STR_EQ(p->rules[0].threads[0], "main", "scalar thread");
     dm_policy_free(p);

@@ -30,8 +30,8 @@ static int build(dm__dsrc_t *ds, const dm__ytree_t *yt, const dm_topology_t *top
     memset(&c, 0, sizeof c);
     c.ds = ds, c.yt = yt, c.topo = topo, c.p = p;
     c.lint = (flags & DM_PARSE_LINT) != 0;
-    dm__policy_walk(&c, yt->root);
-    dm__policy_validate(&c);
+    dm__parse_walk(&c, yt->root);
+    dm__validate_policy(&c);
     free(c.refs);
     if (c.nomem) {
         dm__diag_add(ds, DM_SEV_ERROR, 0, 0, "", "out of memory");
@@ -65,11 +65,11 @@ int dm_policy_parse_ex(const char *buf, size_t len, const char *fname,
     dm_policy_t *p = calloc(1, sizeof *p);
     if (!p)
         return DM_ENOMEM;
-    rc = dm__ytree_load(&yt, &ds);
+    rc = dm__yaml_tree_load(&yt, &ds);
     if (rc == 0)
         rc = build(&ds, &yt, topo, flags, p);
-    dm__ytree_free(&yt);
-    dm__diags_sort(diags);
+    dm__yaml_tree_free(&yt);
+    dm__diag_sort(diags);
     if (rc) {
         dm_policy_free(p);
         return rc;

@@ -9,7 +9,7 @@
 #include "policy/internal.h"
 #include "policy/schema.h"
 
-#define ROW(r) (&dm__policy_schema[r])
+#define ROW(r) (&dm__schema_rows[r])
 
 static void put_default(FILE *f, const dm__schema_row_t *r) {
     if (r->flags & DM_SF_REQUIRED)
@@ -25,7 +25,7 @@ static void put_default(FILE *f, const dm__schema_row_t *r) {
 /* The "accepted" cell: bounds, enum words, lengths. */
 static void put_accepted(FILE *f, const dm__schema_row_t *r) {
     char list[256];
-    dm__enum_list(r->enums, list, sizeof list);
+    dm__schema_enum_list(r->enums, list, sizeof list);
     switch (r->type) {
     case DM_ST_INT: case DM_ST_SIZE: case DM_ST_DURATION: case DM_ST_NODES:
         if (r->min == r->max && r->min)
@@ -83,7 +83,7 @@ static void put_keys(FILE *f) {
     for (int i = 1; i < DM_SK_COUNT; i++) {
         const dm__schema_row_t *r = ROW(i);
         dm__schema_path(i, path, sizeof path);
-        fprintf(f, "| `%s` | %s | ", path, dm__stype_info[r->type].name);
+        fprintf(f, "| `%s` | %s | ", path, dm__schema_stype_info[r->type].name);
         put_default(f, r);
         fprintf(f, " | ");
         put_accepted(f, r);
@@ -95,7 +95,8 @@ static void put_keys(FILE *f) {
 static void put_types(FILE *f) {
     fprintf(f, "\n## Types\n\n| Type | Accepted |\n|---|---|\n");
     for (int t = 0; t < DM_ST_COUNT; t++)
-        fprintf(f, "| %s | %s |\n", dm__stype_info[t].name, dm__stype_info[t].expected);
+        fprintf(f, "| %s | %s |\n", dm__schema_stype_info[t].name,
+                dm__schema_stype_info[t].expected);
     fprintf(f, "\nA null value (`~`, `null` or nothing after the colon) is not a "
                "value: leave the key out to get its default. A null section "
                "(`stats:`) is an empty one.\n");
@@ -181,10 +182,10 @@ static void put_rest(FILE *f) {
                "without a unit. `check` and `explain` add advice that may not "
                "apply to every job (see Thread names).\n",
             DM_POLICY_FILE_MAX, DM__YDEPTH_MAX);
-    fprintf(f, "\n## Example\n\n```yaml\n%s```\n", dm__policy_example);
+    fprintf(f, "\n## Example\n\n```yaml\n%s```\n", dm__schema_example);
 }
 
-int dm__policy_reference_write(FILE *f) {
+int dm__reference_write(FILE *f) {
     fprintf(f, "# Policy reference (version 1)\n\n"
                "<!-- Generated from policy/schema.def; do not edit. Regenerate "
                "with: bazel run //policy:gen_reference -- --write -->\n\n%s\n\n",

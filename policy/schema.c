@@ -11,7 +11,7 @@
 #define DM_F(type, member) offsetof(type, member), sizeof(((type *)0)->member)
 #define DM_NOFIELD 0, 0
 
-const dm__schema_row_t dm__policy_schema[DM_SK_COUNT] = {
+const dm__schema_row_t dm__schema_rows[DM_SK_COUNT] = {
 #define DM_SCHEMA_ROW(id, parent, key, type, field, dflt, min, max, enums,      \
                       flags, example, doc)                                     \
     [DM_SK_##id] = {#id,    DM_SK_##parent, key,   DM_ST_##type, field,         \
@@ -21,13 +21,13 @@ const dm__schema_row_t dm__policy_schema[DM_SK_COUNT] = {
 #undef DM_SCHEMA_ROW
 };
 
-const dm__stype_info_t dm__stype_info[DM_ST_COUNT] = {
+const dm__stype_info_t dm__schema_stype_info[DM_ST_COUNT] = {
 #define DM_ST_ROW(id, name, expected, wrong) [DM_ST_##id] = {name, expected, wrong},
     DM_SCHEMA_TYPES(DM_ST_ROW)
 #undef DM_ST_ROW
 };
 
-const char dm__policy_example[] =
+const char dm__schema_example[] =
     "version: 1\n"
     "default: general\n"
     "fallback: spare\n"
@@ -61,12 +61,12 @@ const char dm__policy_example[] =
     "  debounce: 50ms\n";
 
 dm__sect_t dm__schema_sect(int row) {
-    for (int r = row; r != DM_SK_ROOT; r = dm__policy_schema[r].parent) {
-        if (dm__policy_schema[r].parent == DM_SK_ARENAS)
+    for (int r = row; r != DM_SK_ROOT; r = dm__schema_rows[r].parent) {
+        if (dm__schema_rows[r].parent == DM_SK_ARENAS)
             return DM_SECT_ARENA;
-        if (dm__policy_schema[r].parent == DM_SK_RULES)
+        if (dm__schema_rows[r].parent == DM_SK_RULES)
             return DM_SECT_RULE;
-        if (dm__policy_schema[r].parent == DM_SK_TAG_LIMITS)
+        if (dm__schema_rows[r].parent == DM_SK_TAG_LIMITS)
             return DM_SECT_TAG_LIMIT;
     }
     return DM_SECT_POLICY;
@@ -74,7 +74,7 @@ dm__sect_t dm__schema_sect(int row) {
 
 int dm__schema_child(int parent, const char *key, size_t len) {
     for (int r = 1; r < DM_SK_COUNT; r++) {
-        const dm__schema_row_t *s = &dm__policy_schema[r];
+        const dm__schema_row_t *s = &dm__schema_rows[r];
         if (s->parent == parent && strlen(s->key) == len &&
             memcmp(s->key, key, len) == 0)
             return r;
@@ -92,16 +92,16 @@ static const char *child_sep(int row) {
 int dm__schema_path(int row, char *buf, size_t cap) {
     int chain[16], n = 0;
     dm__sbuf_t b;
-    for (int r = row; r != DM_SK_ROOT && n < 16; r = dm__policy_schema[r].parent)
+    for (int r = row; r != DM_SK_ROOT && n < 16; r = dm__schema_rows[r].parent)
         chain[n++] = r;
-    dm__sb_init(&b, buf, cap);
+    dm__text_sb_init(&b, buf, cap);
     while (n-- > 0)
-        dm__sb_printf(&b, "%s%s", dm__policy_schema[chain[n]].key,
+        dm__text_sb_printf(&b, "%s%s", dm__schema_rows[chain[n]].key,
                       n ? child_sep(chain[n]) : "");
-    return dm__sb_done(&b);
+    return dm__text_sb_done(&b);
 }
 
-int dm__enum_index(const char *enums, const char *word) {
+int dm__schema_enum_index(const char *enums, const char *word) {
     size_t wl = strlen(word);
     int i = 0;
     for (const char *s = enums; s && *s; i++) {
@@ -113,13 +113,13 @@ int dm__enum_index(const char *enums, const char *word) {
     return -1;
 }
 
-void dm__enum_list(const char *enums, char *buf, size_t cap) {
+void dm__schema_enum_list(const char *enums, char *buf, size_t cap) {
     dm__sbuf_t b;
-    dm__sb_init(&b, buf, cap);
+    dm__text_sb_init(&b, buf, cap);
     for (const char *s = enums; s && *s;) {
         size_t n = strcspn(s, "|");
-        dm__sb_printf(&b, "%s%.*s", s == enums ? "" : ", ", (int)n, s);
+        dm__text_sb_printf(&b, "%s%.*s", s == enums ? "" : ", ", (int)n, s);
         s += n + (s[n] == '|');
     }
-    dm__sb_done(&b);
+    dm__text_sb_done(&b);
 }

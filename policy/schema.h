@@ -2,7 +2,7 @@
  * schema.h: the policy schema as data (internal to policy/).
  *
  * schema.def declares every key once; this header turns it into the row table
- * dm__policy_schema[] that the parser walks, the reference generator prints and
+ * dm__schema_rows[] that the parser walks, the reference generator prints and
  * schema_test checks. Value types, size and duration units and dtype kinds are
  * declared here the same way, once, for the same three readers. Everything is
  * const data: safe from any thread.
@@ -52,13 +52,13 @@ typedef enum {
     DM_ST_COUNT
 } dm__stype_t;
 
-typedef struct dm__stype_info {
+typedef struct dm__schema_stype_info {
     const char *name;     /* docs' type column */
     const char *expected; /* "expected %s" */
     const char *wrong;    /* a YAML value of another type */
 } dm__stype_info_t;
 
-extern const dm__stype_info_t dm__stype_info[DM_ST_COUNT];
+extern const dm__stype_info_t dm__schema_stype_info[DM_ST_COUNT];
 
 /* Row flags. */
 #define DM_SF_REQUIRED 0x1u /* a missing key is an error */
@@ -88,7 +88,7 @@ typedef struct dm__schema_row {
     const char *doc;
 } dm__schema_row_t;
 
-extern const dm__schema_row_t dm__policy_schema[DM_SK_COUNT];
+extern const dm__schema_row_t dm__schema_rows[DM_SK_COUNT];
 
 /* The section a row's field lives in. */
 typedef enum { DM_SECT_POLICY, DM_SECT_ARENA, DM_SECT_RULE, DM_SECT_TAG_LIMIT } dm__sect_t;
@@ -101,9 +101,9 @@ int dm__schema_child(int parent, const char *key, size_t len);
 int dm__schema_path(int row, char *buf, size_t cap);
 
 /* Position of `word` in a "a|b|c" list, or -1. */
-int dm__enum_index(const char *enums, const char *word);
+int dm__schema_enum_index(const char *enums, const char *word);
 /* Writes "a, b, c" (or "a, b or c" style is not used: plain commas). */
-void dm__enum_list(const char *enums, char *buf, size_t cap);
+void dm__schema_enum_list(const char *enums, char *buf, size_t cap);
 
 /* Size units, X(SUFFIX, BYTES); durations X(SUFFIX, MILLISECONDS). */
 #define DM_SIZE_UNITS(X)                                                       \
@@ -153,12 +153,12 @@ void dm__enum_list(const char *enums, char *buf, size_t cap);
     X("timedelta", DM_DTB(TIMEDELTA), "timedelta64")
 
 /* dtype name or kind -> mask; 0 if unknown ("unknown" itself is refused). */
-dm_dtype_mask_t dm__dtype_mask(const char *name);
+dm_dtype_mask_t dm__units_dtype_mask(const char *name);
 
 /* A complete, valid policy used by the reference and checked by schema_test. */
-extern const char dm__policy_example[];
+extern const char dm__schema_example[];
 
 /* Writes docs/policy-reference.md. Returns 0 or -1 (write error). */
-int dm__policy_reference_write(FILE *f);
+int dm__reference_write(FILE *f);
 
 #endif /* DM_POLICY_SCHEMA_H */

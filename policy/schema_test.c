@@ -12,7 +12,7 @@
 #include "policy/schema.h"
 #include "testing/test.h"
 
-#define ROW(r) (&dm__policy_schema[r])
+#define ROW(r) (&dm__schema_rows[r])
 
 static dm_diags_t d;
 static char text[1 << 16];
@@ -33,7 +33,7 @@ static int top_of(int row) {
 /* Appends item to a flow collection being built in b. */
 static void item(dm__sbuf_t *b, bool *first, const char *s) {
     if (s[0])
-        dm__sb_printf(b, "%s%s", *first ? "" : ", ", s);
+        dm__text_sb_printf(b, "%s%s", *first ? "" : ", ", s);
     *first &= !s[0];
 }
 
@@ -42,7 +42,7 @@ static void item(dm__sbuf_t *b, bool *first, const char *s) {
 static void nested(int row, const char *value, char *out, size_t cap) {
     int chain[16], n = 0;
     dm__sbuf_t b;
-    dm__sb_init(&b, out, cap);
+    dm__text_sb_init(&b, out, cap);
     for (int r = row; n < 16; r = ROW(r)->parent) {
         chain[n++] = r;
         if (is_container(ROW(r)->parent) || ROW(r)->parent == DM_SK_ROOT)
@@ -51,10 +51,10 @@ static void nested(int row, const char *value, char *out, size_t cap) {
     if (!value)
         return;
     for (int i = n - 1; i > 0; i--)
-        dm__sb_printf(&b, "%s: {", ROW(chain[i])->key);
-    dm__sb_printf(&b, "%s: %s", ROW(row)->key, value);
-    dm__sb_putc(&b, '}', (size_t)n - 1);
-    dm__sb_done(&b);
+        dm__text_sb_printf(&b, "%s: {", ROW(chain[i])->key);
+    dm__text_sb_printf(&b, "%s: %s", ROW(row)->key, value);
+    dm__text_sb_putc(&b, '}', (size_t)n - 1);
+    dm__text_sb_done(&b);
 }
 
 /* A whole policy (flow syntax) with `row` set to `value`, or left out when
@@ -68,35 +68,35 @@ static void policy_with(int row, const char *value, char *out, size_t cap) {
     while (!is_container(ROW(r)->parent) && ROW(r)->parent != DM_SK_ROOT)
         r = ROW(r)->parent;
     nested(row, value, in, sizeof in);
-    dm__sb_init(&b, out, cap);
-    dm__sb_init(&sb, sub, sizeof sub);
-    dm__sb_printf(&b, "{");
+    dm__text_sb_init(&b, out, cap);
+    dm__text_sb_init(&sb, sub, sizeof sub);
+    dm__text_sb_printf(&b, "{");
     item(&b, &first, top == DM_SK_VERSION ? "" : "version: 1");
     item(&b, &first, top == DM_SK_DEFAULT ? "" : "default: general");
     if (ROW(r)->parent == DM_SK_ARENAS) {
-        dm__sb_printf(&sb, "arenas: {general: {%s}, spare: {}}", in);
+        dm__text_sb_printf(&sb, "arenas: {general: {%s}, spare: {}}", in);
     } else {
         item(&b, &first, top == DM_SK_ARENAS ? "" : "arenas: {general: {}, spare: {}}");
         if (ROW(r)->parent == DM_SK_RULES) {
-            dm__sb_printf(&sb, "rules: [{");
+            dm__text_sb_printf(&sb, "rules: [{");
             item(&sb, &sfirst, row == DM_SK_RULE_NAME ? "" : "name: r0");
             item(&sb, &sfirst, row == DM_SK_RULE_ARENA ? "" : "arena: general");
             item(&sb, &sfirst, in);
-            dm__sb_printf(&sb, "}]");
+            dm__text_sb_printf(&sb, "}]");
         } else if (ROW(r)->parent == DM_SK_TAG_LIMITS) {
-            dm__sb_printf(&sb, "tag_limits: [{");
+            dm__text_sb_printf(&sb, "tag_limits: [{");
             item(&sb, &sfirst, row == DM_SK_TAG_LIMIT_TAG ? "" : "tag: \"t*\"");
             item(&sb, &sfirst, row == DM_SK_TAG_LIMIT_LIMIT ? "" : "limit: 1MiB");
             item(&sb, &sfirst, in);
-            dm__sb_printf(&sb, "}]");
+            dm__text_sb_printf(&sb, "}]");
         } else {
-            dm__sb_printf(&sb, "%s", in);
+            dm__text_sb_printf(&sb, "%s", in);
         }
     }
-    dm__sb_done(&sb);
+    dm__text_sb_done(&sb);
     item(&b, &first, sub);
-    dm__sb_printf(&b, "}");
-    dm__sb_done(&b);
+    dm__text_sb_printf(&b, "}");
+    dm__text_sb_done(&b);
 }
 
 /* The diagnostic path of a row as the policy above reports it. */
@@ -130,10 +130,10 @@ static void check_example(int row, const char *id) {
 static void check_wrong_type(int row, const char *id) {
     char y[2048], path[128], want[256];
     dm_policy_t *p;
-    policy_with(row, dm__stype_info[ROW(row)->type].wrong, y, sizeof y);
+    policy_with(row, dm__schema_stype_info[ROW(row)->type].wrong, y, sizeof y);
     EXPECT_INT_EQ(parse(y, &p), DM_EINVALID, id);
     diag_path(row, path, sizeof path);
-    snprintf(want, sizeof want, "expected %s, got ", dm__stype_info[ROW(row)->type].expected);
+    snprintf(want, sizeof want, "expected %s, got ", dm__schema_stype_info[ROW(row)->type].expected);
     bool found = false;
     for (int i = 0; i < d.n; i++)
         found |= strcmp(d.items[i].path, path) == 0 && strstr(d.items[i].msg, want);
@@ -191,14 +191,14 @@ static void check_row_shape(int row, const char *id) {
     EXPECT_TRUE(r->parent < row || row == DM_SK_ROOT, "parents come first");
     EXPECT_TRUE(dm__schema_child(r->parent, r->key, strlen(r->key)) == row, id);
     if (r->type == DM_ST_ENUM)
-        EXPECT_TRUE(r->enums && dm__enum_index(r->enums, r->dflt) >= 0, id);
+        EXPECT_TRUE(r->enums && dm__schema_enum_index(r->enums, r->dflt) >= 0, id);
 }
 
 int main(void) {
     char *doc = NULL, path[128], want[160];
     size_t doclen = 0;
     FILE *f = open_memstream(&doc, &doclen);
-    EXPECT_INT_EQ(dm__policy_reference_write(f), 0, "reference");
+    EXPECT_INT_EQ(dm__reference_write(f), 0, "reference");
     fclose(f);
     for (int row = 1; row < DM_SK_COUNT; row++) {
         const char *id = ROW(row)->id;
@@ -209,14 +209,14 @@ int main(void) {
         check_required(row, id);
         dm__schema_path(row, path, sizeof path);
         snprintf(want, sizeof want, "| `%s` | %s |", path,
-                 dm__stype_info[ROW(row)->type].name);
+                 dm__schema_stype_info[ROW(row)->type].name);
         EXPECT_CONTAINS(doc, want, id);
     }
     /* the root: one mapping */
     dm_policy_t *p;
     EXPECT_INT_EQ(parse("[1]", &p), DM_EINVALID, "root list");
     EXPECT_CONTAINS(text, "s.yaml:1:1: error: expected a mapping, got a list", "root");
-    EXPECT_CONTAINS(doc, dm__policy_example, "the example is in the reference");
+    EXPECT_CONTAINS(doc, dm__schema_example, "the example is in the reference");
     free(doc);
     return TEST_EXIT();
 }

@@ -98,7 +98,7 @@ static size_t utf8_seq(const unsigned char *b, size_t len, size_t i) {
     return n;
 }
 
-size_t dm__utf8_check(const char *buf, size_t len) {
+size_t dm__text_utf8_check(const char *buf, size_t len) {
     const unsigned char *b = (const unsigned char *)buf;
     for (size_t i = 0; i < len;) {
         size_t n = utf8_seq(b, len, i);
@@ -130,7 +130,7 @@ static void copy_clean(char *dst, size_t cap, const unsigned char *b,
     dst[o] = '\0';
 }
 
-void dm__source_line(const char *buf, size_t len, int line, char *dst,
+void dm__text_source_line(const char *buf, size_t len, int line, char *dst,
                      size_t cap) {
     size_t s, e;
     dst[0] = '\0';
@@ -138,7 +138,7 @@ void dm__source_line(const char *buf, size_t len, int line, char *dst,
         copy_clean(dst, cap, (const unsigned char *)buf, s, e);
 }
 
-int dm__indent_tab(const char *buf, size_t len, int line, int col) {
+int dm__text_indent_tab(const char *buf, size_t len, int line, int col) {
     const unsigned char *b = (const unsigned char *)buf;
     size_t s, e, i;
     if (!buf || line <= 0 || !line_span(b, len, line, &s, &e))
@@ -153,30 +153,30 @@ int dm__indent_tab(const char *buf, size_t len, int line, int col) {
     return col >= 1 && (size_t)col <= i - s + 1 ? (int)(tab - s) + 1 : 0;
 }
 
-const char *dm__quote(char *buf, size_t cap, const char *s, size_t len) {
+const char *dm__text_quote(char *buf, size_t cap, const char *s, size_t len) {
     const unsigned char *b = (const unsigned char *)s;
     dm__sbuf_t sb;
-    dm__sb_init(&sb, buf, cap);
-    dm__sb_putc(&sb, '\'', 1);
+    dm__text_sb_init(&sb, buf, cap);
+    dm__text_sb_putc(&sb, '\'', 1);
     for (size_t i = 0; i < len;) {
         size_t n = utf8_seq(b, len, i);
         if (sb.len + 8 >= cap) {
-            dm__sb_printf(&sb, "...");
+            dm__text_sb_printf(&sb, "...");
             break;
         }
         if (n > 1) {
-            dm__sb_printf(&sb, "%.*s", (int)n, s + i);
+            dm__text_sb_printf(&sb, "%.*s", (int)n, s + i);
         } else if (n == 1 && b[i] >= 0x20 && b[i] < 0x7F) {
-            dm__sb_printf(&sb, "%s%c", b[i] == '\'' || b[i] == '\\' ? "\\" : "",
+            dm__text_sb_printf(&sb, "%s%c", b[i] == '\'' || b[i] == '\\' ? "\\" : "",
                           b[i]);
         } else {
-            dm__sb_printf(&sb, "\\x%02x", b[i]);
+            dm__text_sb_printf(&sb, "\\x%02x", b[i]);
             n = 1;
         }
         i += n;
     }
-    dm__sb_putc(&sb, '\'', 1);
-    dm__sb_done(&sb);
+    dm__text_sb_putc(&sb, '\'', 1);
+    dm__text_sb_done(&sb);
     return buf;
 }
 
@@ -211,7 +211,7 @@ static int edit_distance(const char *a, const char *b) {
     return d[la % 3][lb];
 }
 
-const char *dm__nearest(const char *word, const char *const *cands, int n) {
+const char *dm__text_nearest(const char *word, const char *const *cands, int n) {
     int len = (int)strlen(word);
     int limit = len / 3 < 1 ? 1 : len / 3 > 3 ? 3 : len / 3;
     const char *best = NULL;
@@ -226,13 +226,13 @@ const char *dm__nearest(const char *word, const char *const *cands, int n) {
 
 /* ---- string building --------------------------------------------------- */
 
-void dm__sb_init(dm__sbuf_t *b, char *p, size_t cap) {
+void dm__text_sb_init(dm__sbuf_t *b, char *p, size_t cap) {
     b->p = p, b->cap = cap, b->len = 0;
     if (cap)
         p[0] = '\0';
 }
 
-void dm__sb_printf(dm__sbuf_t *b, const char *fmt, ...) {
+void dm__text_sb_printf(dm__sbuf_t *b, const char *fmt, ...) {
     size_t room = b->len < b->cap ? b->cap - b->len : 0;
     va_list ap;
     va_start(ap, fmt);
@@ -242,13 +242,13 @@ void dm__sb_printf(dm__sbuf_t *b, const char *fmt, ...) {
         b->len += (size_t)n;
 }
 
-void dm__sb_putc(dm__sbuf_t *b, char c, size_t count) {
+void dm__text_sb_putc(dm__sbuf_t *b, char c, size_t count) {
     for (size_t i = 0; i < count; i++, b->len++)
         if (b->len + 1 < b->cap)
             b->p[b->len] = c;
 }
 
-int dm__sb_done(dm__sbuf_t *b) {
+int dm__text_sb_done(dm__sbuf_t *b) {
     if (b->cap)
         b->p[b->len < b->cap ? b->len : b->cap - 1] = '\0';
     return b->len > INT_MAX ? INT_MAX : (int)b->len;

@@ -196,7 +196,7 @@ bool dm_glob_valid(const char *g, size_t *off, const char **why) {
 
 /* ---- names, booleans, nulls ------------------------------------------- */
 
-bool dm__name_valid(const char *s) {
+bool dm__units_name_valid(const char *s) {
     size_t n = 0;
     for (; s[n]; n++) {
         char c = s[n];
@@ -223,7 +223,7 @@ static bool word_any_case(const char *s, const char *w) {
     return same || cap || upper;
 }
 
-int dm__bool_parse(const char *s, bool *out) {
+int dm__units_bool_parse(const char *s, bool *out) {
     static const char *const words[] = {"true", "yes", "on",
                                         "false", "no", "off"};
     for (int i = 0; i < 6; i++) {
@@ -235,7 +235,7 @@ int dm__bool_parse(const char *s, bool *out) {
     return -1;
 }
 
-bool dm__yaml_null(const char *s) {
+bool dm__units_yaml_null(const char *s) {
     return s[0] == '\0' || strcmp(s, "~") == 0 || word_any_case(s, "null");
 }
 
@@ -258,7 +258,7 @@ int dm_dtype_from_name(const char *name) {
     return -1;
 }
 
-dm_dtype_mask_t dm__dtype_mask(const char *name) {
+dm_dtype_mask_t dm__units_dtype_mask(const char *name) {
     static const struct {
         const char *name;
         dm_dtype_mask_t mask;

@@ -168,25 +168,25 @@ static void test_words(void) {
     const char *no[] = {"false", "False", "FALSE", "no", "No", "NO", "off", "Off", "OFF"};
     const char *bad[] = {"tRUE", "1", "0", "y", "n", "", "truex"};
     for (size_t i = 0; i < 9; i++) {
-        EXPECT_INT_EQ(dm__bool_parse(yes[i], &b), 0, yes[i]);
+        EXPECT_INT_EQ(dm__units_bool_parse(yes[i], &b), 0, yes[i]);
         EXPECT_TRUE(b, yes[i]);
-        EXPECT_INT_EQ(dm__bool_parse(no[i], &b), 0, no[i]);
+        EXPECT_INT_EQ(dm__units_bool_parse(no[i], &b), 0, no[i]);
         EXPECT_TRUE(!b, no[i]);
     }
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
-        EXPECT_INT_EQ(dm__bool_parse(bad[i], &b), -1, bad[i]);
-    EXPECT_TRUE(dm__yaml_null("") && dm__yaml_null("~") && dm__yaml_null("null") &&
-                dm__yaml_null("Null") && dm__yaml_null("NULL"), "nulls");
-    EXPECT_TRUE(!dm__yaml_null("nul") && !dm__yaml_null("nUll"), "not nulls");
-    EXPECT_TRUE(dm__name_valid("a") && dm__name_valid("_x-1") &&
-                dm__name_valid("Big_arena-2"), "valid names");
-    EXPECT_TRUE(!dm__name_valid("") && !dm__name_valid("1a") &&
-                !dm__name_valid("-a") && !dm__name_valid("a b") &&
-                !dm__name_valid("a.b") && !dm__name_valid("\xc3\xa9"), "invalid names");
+        EXPECT_INT_EQ(dm__units_bool_parse(bad[i], &b), -1, bad[i]);
+    EXPECT_TRUE(dm__units_yaml_null("") && dm__units_yaml_null("~") && dm__units_yaml_null("null") &&
+                dm__units_yaml_null("Null") && dm__units_yaml_null("NULL"), "nulls");
+    EXPECT_TRUE(!dm__units_yaml_null("nul") && !dm__units_yaml_null("nUll"), "not nulls");
+    EXPECT_TRUE(dm__units_name_valid("a") && dm__units_name_valid("_x-1") &&
+                dm__units_name_valid("Big_arena-2"), "valid names");
+    EXPECT_TRUE(!dm__units_name_valid("") && !dm__units_name_valid("1a") &&
+                !dm__units_name_valid("-a") && !dm__units_name_valid("a b") &&
+                !dm__units_name_valid("a.b") && !dm__units_name_valid("\xc3\xa9"), "invalid names");
     char n63[64], n64[65];
     memset(n63, 'a', 63), n63[63] = '\0';
     memset(n64, 'a', 64), n64[64] = '\0';
-    EXPECT_TRUE(dm__name_valid(n63) && !dm__name_valid(n64), "name length");
+    EXPECT_TRUE(dm__units_name_valid(n63) && !dm__units_name_valid(n64), "name length");
 }
 
 static void test_dtypes(void) {
@@ -194,26 +194,26 @@ static void test_dtypes(void) {
         EXPECT_TRUE(dm_dtype_name(dt) != NULL, "every code has a name");
         EXPECT_INT_EQ(dm_dtype_from_name(dm_dtype_name(dt)), dt, dm_dtype_name(dt));
         if (dt > DM_DT_UNKNOWN)
-            EXPECT_UINT_EQ(dm__dtype_mask(dm_dtype_name(dt)), 1u << dt,
+            EXPECT_UINT_EQ(dm__units_dtype_mask(dm_dtype_name(dt)), 1u << dt,
                            dm_dtype_name(dt));
     }
     EXPECT_TRUE(dm_dtype_name(-1) == NULL && dm_dtype_name(DM_DT_COUNT) == NULL,
                 "out of range");
-    EXPECT_UINT_EQ(dm__dtype_mask("unknown"), 0, "unknown cannot be matched");
-    EXPECT_UINT_EQ(dm__dtype_mask("int"),
+    EXPECT_UINT_EQ(dm__units_dtype_mask("unknown"), 0, "unknown cannot be matched");
+    EXPECT_UINT_EQ(dm__units_dtype_mask("int"),
                    (1u << DM_DT_INT8) | (1u << DM_DT_INT16) | (1u << DM_DT_INT32) |
                        (1u << DM_DT_INT64), "int = signed ints");
-    EXPECT_UINT_EQ(dm__dtype_mask("integer"), dm__dtype_mask("int") | dm__dtype_mask("uint"),
+    EXPECT_UINT_EQ(dm__units_dtype_mask("integer"), dm__units_dtype_mask("int") | dm__units_dtype_mask("uint"),
                    "integer");
-    EXPECT_UINT_EQ(dm__dtype_mask("float"),
+    EXPECT_UINT_EQ(dm__units_dtype_mask("float"),
                    (1u << DM_DT_FLOAT16) | (1u << DM_DT_FLOAT32) |
                        (1u << DM_DT_FLOAT64) | (1u << DM_DT_LONGDOUBLE), "float");
-    EXPECT_UINT_EQ(dm__dtype_mask("number"),
-                   dm__dtype_mask("integer") | dm__dtype_mask("float") |
-                       dm__dtype_mask("complex"), "number");
-    EXPECT_UINT_EQ(dm__dtype_mask("datetime"), 1u << DM_DT_DATETIME, "datetime");
-    EXPECT_UINT_EQ(dm__dtype_mask("str"), 1u << DM_DT_STR, "str");
-    EXPECT_UINT_EQ(dm__dtype_mask("float33"), 0, "no such dtype");
+    EXPECT_UINT_EQ(dm__units_dtype_mask("number"),
+                   dm__units_dtype_mask("integer") | dm__units_dtype_mask("float") |
+                       dm__units_dtype_mask("complex"), "number");
+    EXPECT_UINT_EQ(dm__units_dtype_mask("datetime"), 1u << DM_DT_DATETIME, "datetime");
+    EXPECT_UINT_EQ(dm__units_dtype_mask("str"), 1u << DM_DT_STR, "str");
+    EXPECT_UINT_EQ(dm__units_dtype_mask("float33"), 0, "no such dtype");
     EXPECT_TRUE(DM_DT_COUNT <= DM_DT_SLOTS, "a view row holds every dtype");
 }
 
@@ -231,43 +231,43 @@ static void test_text(void) {
     dm__text_pos(t, strlen(t), 18, &line, &col);
     EXPECT_INT_EQ(line * 100 + col, 502, "U+2028 breaks a line as in libyaml");
     char src[16];
-    dm__source_line(t, strlen(t), 4, src, sizeof src);
+    dm__text_source_line(t, strlen(t), 4, src, sizeof src);
     EXPECT_STR_EQ(src, "g\xc3\xa9h", "source line keeps UTF-8");
-    dm__source_line("a\x01\xff\tb", 5, 1, src, sizeof src);
+    dm__text_source_line("a\x01\xff\tb", 5, 1, src, sizeof src);
     EXPECT_STR_EQ(src, "a??\tb", "control and invalid bytes are masked, tabs kept");
-    dm__source_line("abc", 3, 2, src, sizeof src);
+    dm__text_source_line("abc", 3, 2, src, sizeof src);
     EXPECT_STR_EQ(src, "", "no such line");
 
-    EXPECT_UINT_EQ(dm__utf8_check("ok \xc3\xa9", 5), 5, "valid");
-    EXPECT_UINT_EQ(dm__utf8_check("ab\xff", 3), 2, "0xff");
-    EXPECT_UINT_EQ(dm__utf8_check("a\xc0\x80", 3), 1, "overlong NUL");
-    EXPECT_UINT_EQ(dm__utf8_check("\xed\xa0\x80", 3), 0, "surrogate");
-    EXPECT_UINT_EQ(dm__utf8_check("\xf4\x90\x80\x80", 4), 0, "above U+10FFFF");
-    EXPECT_UINT_EQ(dm__utf8_check("x\xe2\x82", 3), 1, "truncated");
+    EXPECT_UINT_EQ(dm__text_utf8_check("ok \xc3\xa9", 5), 5, "valid");
+    EXPECT_UINT_EQ(dm__text_utf8_check("ab\xff", 3), 2, "0xff");
+    EXPECT_UINT_EQ(dm__text_utf8_check("a\xc0\x80", 3), 1, "overlong NUL");
+    EXPECT_UINT_EQ(dm__text_utf8_check("\xed\xa0\x80", 3), 0, "surrogate");
+    EXPECT_UINT_EQ(dm__text_utf8_check("\xf4\x90\x80\x80", 4), 0, "above U+10FFFF");
+    EXPECT_UINT_EQ(dm__text_utf8_check("x\xe2\x82", 3), 1, "truncated");
 
     char q[DM__QUOTE_CAP];
-    EXPECT_STR_EQ(dm__quote(q, sizeof q, "a'b\n\x1b", 5), "'a\\'b\\x0a\\x1b'",
+    EXPECT_STR_EQ(dm__text_quote(q, sizeof q, "a'b\n\x1b", 5), "'a\\'b\\x0a\\x1b'",
                   "quote escapes");
     char long_s[200];
     memset(long_s, 'x', sizeof long_s);
-    dm__quote(q, sizeof q, long_s, sizeof long_s);
+    dm__text_quote(q, sizeof q, long_s, sizeof long_s);
     EXPECT_TRUE(strlen(q) < sizeof q && strstr(q, "...'"), q);
 
     const char *keys[] = {"alignment", "hugepages", "numa", "per_node", "decay"};
-    EXPECT_STR_EQ(dm__nearest("alignmnet", keys, 5), "alignment", "swap");
-    EXPECT_STR_EQ(dm__nearest("hugepage", keys, 5), "hugepages", "missing letter");
-    EXPECT_STR_EQ(dm__nearest("pernode", keys, 5), "per_node", "missing _");
-    EXPECT_TRUE(dm__nearest("colour", keys, 5) == NULL, "nothing close");
-    EXPECT_TRUE(dm__nearest("x", keys, 0) == NULL, "no candidates");
+    EXPECT_STR_EQ(dm__text_nearest("alignmnet", keys, 5), "alignment", "swap");
+    EXPECT_STR_EQ(dm__text_nearest("hugepage", keys, 5), "hugepages", "missing letter");
+    EXPECT_STR_EQ(dm__text_nearest("pernode", keys, 5), "per_node", "missing _");
+    EXPECT_TRUE(dm__text_nearest("colour", keys, 5) == NULL, "nothing close");
+    EXPECT_TRUE(dm__text_nearest("x", keys, 0) == NULL, "no candidates");
 }
 
 static void test_sbuf(void) {
     char small[8];
     dm__sbuf_t b;
-    dm__sb_init(&b, small, sizeof small);
-    dm__sb_printf(&b, "%s", "0123456789");
-    dm__sb_putc(&b, '!', 3);
-    EXPECT_INT_EQ(dm__sb_done(&b), 13, "length as if unbounded");
+    dm__text_sb_init(&b, small, sizeof small);
+    dm__text_sb_printf(&b, "%s", "0123456789");
+    dm__text_sb_putc(&b, '!', 3);
+    EXPECT_INT_EQ(dm__text_sb_done(&b), 13, "length as if unbounded");
     EXPECT_STR_EQ(small, "0123456", "truncated, terminated");
     EXPECT_STR_EQ(dm_strerror(DM_EINVALID), "invalid policy", "strerror");
     EXPECT_STR_EQ(dm_strerror(0), "success", "strerror 0");

@@ -17,18 +17,18 @@ static void resolve_one(dm__pctx_t *c, const dm__aref_t *ref) {
     const char *name = dm__ytext(c->yt, ref->node), *cands[DM_ARENAS_MAX];
     char q[DM__QUOTE_CAP], list[256];
     dm__sbuf_t b;
-    dm__sb_init(&b, list, sizeof list);
+    dm__text_sb_init(&b, list, sizeof list);
     for (int i = 0; i < p->narenas; i++) {
         if (strcmp(p->arenas[i].name, name) == 0) {
             *ref->dst = i;
             return;
         }
         cands[i] = p->arenas[i].name;
-        dm__sb_printf(&b, "%s%s", i ? ", " : "", cands[i]);
+        dm__text_sb_printf(&b, "%s%s", i ? ", " : "", cands[i]);
     }
-    dm__sb_done(&b);
-    const char *near = dm__nearest(name, cands, p->narenas);
-    dm__quote(q, sizeof q, name, strlen(name));
+    dm__text_sb_done(&b);
+    const char *near = dm__text_nearest(name, cands, p->narenas);
+    dm__text_quote(q, sizeof q, name, strlen(name));
     if (near)
         dm__diag_add(c->ds, DM_SEV_ERROR, n->line, n->col, ref->path,
                      "arena %s is not defined (did you mean '%s'?)", q, near);
@@ -123,7 +123,7 @@ static void check_site_rules(dm__pctx_t *c) {
     }
 }
 
-void dm__policy_validate(dm__pctx_t *c) {
+void dm__validate_policy(dm__pctx_t *c) {
     check_site_rules(c);
     for (int i = 0; i < c->nrefs; i++)
         resolve_one(c, &c->refs[i]);

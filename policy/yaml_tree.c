@@ -198,7 +198,7 @@ static void syntax_error(builder_t *b, const yaml_parser_t *p) {
         dm__text_pos(b->ds->buf, b->ds->len, p->problem_offset, &line, &col);
         m.line = (size_t)line - 1, m.column = (size_t)col - 1;
         fail(b, DM_ESYNTAX, &m, "%s", problem);
-    } else if ((tab = dm__indent_tab(b->ds->buf, b->ds->len,
+    } else if ((tab = dm__text_indent_tab(b->ds->buf, b->ds->len,
                                      (int)p->problem_mark.line + 1,
                                      (int)p->problem_mark.column + 1)) > 0) {
         /* libyaml's words for this ("found character that cannot start any
@@ -217,7 +217,7 @@ static void syntax_error(builder_t *b, const yaml_parser_t *p) {
 }
 
 static bool check_utf8(builder_t *b) {
-    size_t bad = dm__utf8_check(b->ds->buf, b->ds->len);
+    size_t bad = dm__text_utf8_check(b->ds->buf, b->ds->len);
     if (bad == b->ds->len)
         return true;
     int line, col;
@@ -228,7 +228,7 @@ static bool check_utf8(builder_t *b) {
     return false;
 }
 
-int dm__ytree_load(dm__ytree_t *t, dm__dsrc_t *ds) {
+int dm__yaml_tree_load(dm__ytree_t *t, dm__dsrc_t *ds) {
     builder_t b = {.t = t, .ds = ds};
     yaml_parser_t p;
     yaml_event_t e;
@@ -254,7 +254,7 @@ int dm__ytree_load(dm__ytree_t *t, dm__dsrc_t *ds) {
     return b.rc;
 }
 
-void dm__ytree_free(dm__ytree_t *t) {
+void dm__yaml_tree_free(dm__ytree_t *t) {
     free(t->nodes);
     free(t->text);
     memset(t, 0, sizeof *t);

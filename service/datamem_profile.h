@@ -119,13 +119,13 @@ DM_API void dm_prof_record_free(const void *p, uint64_t t_ns);
 /* Sampled mode: a counting filter over the addresses of live sampled blocks;
  * zero means `p` is certainly not one (one relaxed load on every free). */
 #define DM_PROF_FILTER_BITS 16
-extern _Atomic uint32_t dm__prof_filter[1u << DM_PROF_FILTER_BITS];
+extern _Atomic uint32_t dm__profile_filter[1u << DM_PROF_FILTER_BITS];
 static inline uint32_t dm__prof_filter_index(const void *p) {
     return (uint32_t)(((uint64_t)(uintptr_t)p * 0x9E3779B97F4A7C15ull) >>
                       (64 - DM_PROF_FILTER_BITS));
 }
 static inline bool dm_prof_maybe_live(const void *p) {
-    return atomic_load_explicit(&dm__prof_filter[dm__prof_filter_index(p)],
+    return atomic_load_explicit(&dm__profile_filter[dm__prof_filter_index(p)],
                                 memory_order_relaxed) != 0;
 }
 

@@ -3,7 +3,7 @@
  * $DATAMEM_STATS_DIR/<pid>.json (default /tmp/datamem-<uid>/, mode 0700) names
  * it, so the processes of a multi-process job can be listed (`python -m
  * datamem ls`). The directory is used only through a descriptor checked by
- * dm__dir_open_owned (files.h: ours, not writable by others; otherwise the
+ * dm__files_dir_open_owned (files.h: ours, not writable by others; otherwise the
  * process is not listed and runs on). Each file begins `{"datamem": 1, "pid":
  * <pid>, ` (DISCOVERY_MARK): the first write of a process prunes the files of
  * dead processes, and only those files — named <digits>.json, regular, owned
@@ -58,7 +58,7 @@ const char *dm__discovery_dir(char *buf, size_t cap) {
  * another user's, writable by others: it sits in /tmp by default). */
 static int stats_dir_open(const char *dir, bool create) {
     char why[PATH_MAX + 128];
-    int fd = dm__dir_open_owned(dir, create, 0700, why, sizeof(why));
+    int fd = dm__files_dir_open_owned(dir, create, 0700, why, sizeof(why));
     if (fd < 0)
         dm_log("datamem: stats: %s; set DATAMEM_STATS_DIR to a directory of this user's "
                "(process not listed)", why);
@@ -128,13 +128,13 @@ static int write_atomic_at(int dirfd, const char *name, const char *data, size_t
         unsigned r = (unsigned)ts.tv_nsec * 2654435761u ^ (unsigned)getpid() ^ (unsigned)i << 24;
         if (snprintf(tmp, sizeof(tmp), "%s.tmp.%08x", name, r) >= (int)sizeof(tmp))
             return DM_ERANGE;
-        fd = dm__file_create(dirfd, tmp, mode);
+        fd = dm__files_create(dirfd, tmp, mode);
         if (fd < 0 && errno != EEXIST)
             return DM_ESYS;
     }
     if (fd < 0)
         return DM_ESYS;
-    bool ok = dm__file_write_all(fd, data, len);
+    bool ok = dm__files_write_all(fd, data, len);
     if (close(fd) != 0 || !ok || renameat(dirfd, tmp, dirfd, name) != 0) {
         int e = errno;
         unlinkat(dirfd, tmp, 0);

@@ -132,7 +132,7 @@ static int tcp_start(const char *hostport) {
 
 static int unx_start(const char *tmpl, bool child) {
     char path[256];
-    dm__file_expand_pid(path, sizeof(path), tmpl);
+    dm__files_expand_pid(path, sizeof(path), tmpl);
     if (child && !strstr(tmpl, "{pid}"))
         snprintf(path, sizeof(path), "%.200s.%d", tmpl, (int)getpid());
     int rc = dm__http_start_unix(path, render_for_http, &unx);

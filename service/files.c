@@ -14,7 +14,7 @@
 #include "runtime/datamem.h"
 #include "service/files.h"
 
-int dm__dir_open_owned(const char *path, bool create, mode_t mode, char *why, size_t cap) {
+int dm__files_dir_open_owned(const char *path, bool create, mode_t mode, char *why, size_t cap) {
     if (create && mkdir(path, mode) != 0 && errno != EEXIST) {
         snprintf(why, cap, "%s: cannot create: %s", path, strerror(errno));
         return DM_EIO;
@@ -67,11 +67,11 @@ int dm__dir_open_owned(const char *path, bool create, mode_t mode, char *why, si
     return fd;
 }
 
-int dm__file_create(int dirfd, const char *name, mode_t mode) {
+int dm__files_create(int dirfd, const char *name, mode_t mode) {
     return openat(dirfd, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
 }
 
-bool dm__file_write_all(int fd, const char *data, size_t len) {
+bool dm__files_write_all(int fd, const char *data, size_t len) {
     size_t done = 0;
     while (done < len) {
         ssize_t n = write(fd, data + done, len - done);
@@ -84,7 +84,7 @@ bool dm__file_write_all(int fd, const char *data, size_t len) {
     return true;
 }
 
-void dm__file_expand_pid(char *dst, size_t cap, const char *src) {
+void dm__files_expand_pid(char *dst, size_t cap, const char *src) {
     const char *at = strstr(src, "{pid}");
     if (!at)
         snprintf(dst, cap, "%s", src);

@@ -22,19 +22,19 @@
  * or DM_EIO (cannot create or open it) or DM_EUNSAFE (a symbolic link, owned by
  * another user, writable by others), with one line in `why` naming the path and
  * what is wrong with it. */
-int dm__dir_open_owned(const char *path, bool create, mode_t mode, char *why, size_t cap);
+int dm__files_dir_open_owned(const char *path, bool create, mode_t mode, char *why, size_t cap);
 
 /* Opens a new file `name` in directory `dirfd` for writing
  * (O_CREAT|O_EXCL|O_NOFOLLOW, close-on-exec): fails with EEXIST when anything,
  * a symbolic link included, is already there. -1 and errno on failure. */
-int dm__file_create(int dirfd, const char *name, mode_t mode);
+int dm__files_create(int dirfd, const char *name, mode_t mode);
 
 /* Writes all `len` bytes to `fd` (retrying short writes and EINTR): true when
  * every byte went out. */
-bool dm__file_write_all(int fd, const char *data, size_t len);
+bool dm__files_write_all(int fd, const char *data, size_t len);
 
 /* `src` with its first "{pid}" replaced by the process id, into `dst` (cut at
  * `cap`): the textfile and Unix socket paths of a job's workers. */
-void dm__file_expand_pid(char *dst, size_t cap, const char *src);
+void dm__files_expand_pid(char *dst, size_t cap, const char *src);
 
 #endif /* DM_SERVICE_FILES_H */

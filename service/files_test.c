@@ -26,7 +26,7 @@ static int try_dir(const char *name, bool create, char *why, size_t cap) {
     char p[256];
     path_of(p, sizeof(p), name);
     why[0] = 0;
-    int fd = dm__dir_open_owned(p, create, 0700, why, cap);
+    int fd = dm__files_dir_open_owned(p, create, 0700, why, cap);
     if (fd >= 0) {
         close(fd);
         return 0;
@@ -82,7 +82,7 @@ static void test_dirs(void) {
 
 static void test_create(void) {
     char why[512], victim[256], link[256];
-    int dirfd = dm__dir_open_owned(root, false, 0700, why, sizeof(why));
+    int dirfd = dm__files_dir_open_owned(root, false, 0700, why, sizeof(why));
     EXPECT_TRUE(dirfd >= 0, why);
     /* Attack: the name is planted as a symbolic link to a victim file. */
     path_of(victim, sizeof(victim), "victim");
@@ -92,7 +92,7 @@ static void test_create(void) {
     path_of(link, sizeof(link), "123.dmprof");
     EXPECT_INT_EQ(symlink(victim, link), 0, "symlink");
     errno = 0;
-    EXPECT_INT_EQ(dm__file_create(dirfd, "123.dmprof", 0644), -1, "refused");
+    EXPECT_INT_EQ(dm__files_create(dirfd, "123.dmprof", 0644), -1, "refused");
     EXPECT_INT_EQ(errno, EEXIST, "EEXIST, not followed");
     struct stat st;
     EXPECT_INT_EQ(stat(victim, &st), 0, "victim");
@@ -101,9 +101,9 @@ static void test_create(void) {
     path_of(victim, sizeof(victim), "not-there");
     path_of(link, sizeof(link), "124.dmprof");
     EXPECT_INT_EQ(symlink(victim, link), 0, "dangling symlink");
-    EXPECT_INT_EQ(dm__file_create(dirfd, "124.dmprof", 0644), -1, "refused");
+    EXPECT_INT_EQ(dm__files_create(dirfd, "124.dmprof", 0644), -1, "refused");
     EXPECT_TRUE(access(victim, F_OK) != 0, "no file made at the link's target");
-    int fd = dm__file_create(dirfd, "125.dmprof", 0644);
+    int fd = dm__files_create(dirfd, "125.dmprof", 0644);
     EXPECT_TRUE(fd >= 0, "a new name");
     close(fd);
     close(dirfd);

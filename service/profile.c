@@ -5,7 +5,7 @@
  * (strings, call sites, stacks: each written once, as a definition record,
  * before its first use) and, in sampled mode, the set of sampled blocks still
  * live. Everything is guarded by `mu`; the only lock-free part is the counting
- * filter dm__prof_filter, which lets a free that is certainly not of a sampled
+ * filter dm__profile_filter, which lets a free that is certainly not of a sampled
  * block skip the lock (one load). Memory comes from libc, never from NumPy.
  *
  * A fork child keeps recording into its own file: the atfork child handler
@@ -56,7 +56,7 @@
  * the 'T', 'P' and 'X' that can still close the file. */
 #define TAIL_MAX (25 + 25 + 25 + 9)
 
-_Atomic uint32_t dm__prof_filter[1u << DM_PROF_FILTER_BITS];
+_Atomic uint32_t dm__profile_filter[1u << DM_PROF_FILTER_BITS];
 
 /* ---- intern tables: byte-string key -> id (open addressing) -------------- */
 
@@ -178,7 +178,7 @@ static bool live_add(uintptr_t p) {
         live.used++;
     live.slots[j] = p;
     live.live++;
-    atomic_fetch_add_explicit(&dm__prof_filter[dm__prof_filter_index((void *)p)], 1,
+    atomic_fetch_add_explicit(&dm__profile_filter[dm__prof_filter_index((void *)p)], 1,
                               memory_order_relaxed);
     return true;
 }
@@ -192,7 +192,7 @@ static bool live_remove(uintptr_t p) {
             continue;
         live.slots[j] = LIVE_TOMB;
         live.live--;
-        atomic_fetch_sub_explicit(&dm__prof_filter[dm__prof_filter_index((void *)p)], 1,
+        atomic_fetch_sub_explicit(&dm__profile_filter[dm__prof_filter_index((void *)p)], 1,
                                   memory_order_relaxed);
         return true;
     }
@@ -203,7 +203,7 @@ static void live_clear(void) {
     free(live.slots);
     memset(&live, 0, sizeof(live));
     for (size_t i = 0; i < (1u << DM_PROF_FILTER_BITS); i++)
-        atomic_store_explicit(&dm__prof_filter[i], 0, memory_order_relaxed);
+        atomic_store_explicit(&dm__profile_filter[i], 0, memory_order_relaxed);
 }
 
 /* ---- the writer ------------------------------------------------------------ */
@@ -388,7 +388,7 @@ static int open_file(void) {
         else
             snprintf(name, sizeof(name), "%d-%d.dmprof", pid, n);
         snprintf(w.path, sizeof(w.path), "%s/%s", w.dir, name);
-        w.fd = dm__file_create(w.dirfd, name, 0644);
+        w.fd = dm__files_create(w.dirfd, name, 0644);
         if (w.fd < 0 && errno != EEXIST)
             break;
     }
@@ -547,7 +547,7 @@ int dm_prof_start(const char *dir, uint64_t sample_bytes, unsigned flags, uint64
         goto out;
     }
     char why[4400];
-    int dirfd = dm__dir_open_owned(dir, true, 0755, why, sizeof(why));
+    int dirfd = dm__files_dir_open_owned(dir, true, 0755, why, sizeof(why));
     if (dirfd < 0) {
         rc = dirfd;
         if (rc == DM_EUNSAFE)

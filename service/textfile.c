@@ -59,7 +59,7 @@ static int write_atomic(const char *path, const char *data, size_t len, mode_t m
     if (fd < 0)
         return DM_ESYS;
     bool ok = fchmod(fd, mode) == 0 /* mkostemp creates 0600 */ &&
-              dm__file_write_all(fd, data, len);
+              dm__files_write_all(fd, data, len);
     if (close(fd) != 0 || !ok || rename(tmp, path) != 0) {
         int e = errno;
         unlink(tmp);
@@ -71,7 +71,7 @@ static int write_atomic(const char *path, const char *data, size_t len, mode_t m
 
 static int textfile_write(const char *tmpl) {
     char path[256], labels[32] = "";
-    dm__file_expand_pid(path, sizeof(path), tmpl);
+    dm__files_expand_pid(path, sizeof(path), tmpl);
     /* Several processes writing "{pid}" files into one textfile directory would
      * otherwise export identical series, which node_exporter rejects. */
     if (strstr(tmpl, "{pid}"))
@@ -91,7 +91,7 @@ int dm_stats_textfile_write(const char *path) { return textfile_write(path); }
  * (exit included), so node_exporter never serves a dead worker's numbers. */
 static void textfile_remove_own(const char *tmpl) {
     char path[256];
-    dm__file_expand_pid(path, sizeof(path), tmpl);
+    dm__files_expand_pid(path, sizeof(path), tmpl);
     if (unlink(path) != 0 && errno != ENOENT)
         dm_log("datamem: stats: cannot remove textfile %s: %s", path, strerror(errno));
 }

@@ -1,5 +1,7 @@
 """House rules a newcomer can rely on: no source file outside the tests is over
-800 lines, and no function in one is over 80.
+800 lines, no function in one is over 80, and a C internal shared across files
+is named after the file that defines it (shared/STYLE.md, "Names": dm__<file>_*,
+as jemalloc's decay.c defines decay_*).
 
     python3 tools/check_house.py [ROOT]
 
@@ -9,7 +11,8 @@ test_*.h, *_fuzz.c, fuzz_driver.c, tests/) and generated files are left out:
 a test may be as long as the cases it lists. A C function's lines run from the
 line that names it to its closing brace; a Python function's are
 end_lineno - lineno + 1 (decorators not counted). A file or function that grows
-past them is split along its seams. Exit status 0 when the house holds, 1 with
+past them is split along its seams. A C file's non-static functions and
+variables named dm__* start with dm__<its name>_ (yaml_tree.c: dm__yaml_tree_*). Exit status 0 when the house holds, 1 with
 one line per offender ("path:line: what") otherwise.
 """
 import ast
@@ -67,6 +70,27 @@ def c_functions(text):
     return out
 
 
+# A definition at file scope of a dm__ name that is not static: a function (its
+# parenthesis) or a variable (its initialiser, array bounds or semicolon).
+C_INTERNAL = re.compile(r"^(?!static\b|extern\b|typedef\b)[A-Za-z_][\w \t\*]*?\b(dm__\w+)\s*[\(\[=;]",
+                        re.M)
+
+
+def misnamed(path, name=None):
+    """["name:line: what", ...] for each cross-file internal of C file `path`
+    whose name does not start with dm__<file stem>_."""
+    name = name or path
+    stem = os.path.basename(path)[:-2]
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    out = []
+    for m in C_INTERNAL.finditer(text):
+        if not m.group(1).startswith("dm__%s_" % stem):
+            out.append("%s:%d: %s is shared across files: name it dm__%s_*"
+                       % (name, text.count("\n", 0, m.start()) + 1, m.group(1), stem))
+    return out
+
+
 def py_functions(text, path):
     for node in ast.walk(ast.parse(text, path)):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -102,7 +126,12 @@ def sources(root):
 
 
 def check(root):
-    return [line for path, rel in sources(root) for line in too_long(path, rel)]
+    out = []
+    for path, rel in sources(root):
+        out += too_long(path, rel)
+        if path.endswith(".c"):
+            out += misnamed(path, rel)
+    return out
 
 
 def main(argv):

@@ -217,7 +217,7 @@ def arena_of(array):
     return _ext.owner_arena(array)
 
 
-# A policy's match.tag accepts only these names (policy/units.c, dm__name_valid),
+# A policy's match.tag accepts only these names (policy/units.c, dm__units_name_valid),
 # so tag() refuses the rest rather than tagging what no rule can match;
 # tests/python/test_tags.py checks both sides agree.
 _TAG_PATTERN = "[A-Za-z_][A-Za-z0-9_-]*"

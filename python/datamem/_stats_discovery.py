@@ -52,7 +52,7 @@ def stats_dir():
 
 def _open_stats_dir():
     """An fd on the discovery directory, or None if there is none. Its rule is the
-    C side's (service/discovery.c, stats_dir_open: files.h's dm__dir_open_owned)
+    C side's (service/discovery.c, stats_dir_open: files.h's dm__files_dir_open_owned)
     and _files.owned_dir's: a real directory, owned by this user, not writable by
     others; the C side does not announce a process in any other, so whatever is
     there is not ours (issue 24: fake targets reached root's file_sd output)."""

@@ -70,3 +70,18 @@ def test_the_command_line_names_each_offender(tmp_path):
                         str(tmp_path)], capture_output=True, text=True)
     assert r.returncode == 1 and r.stdout == "runtime/big.c: %d lines (at most %d)\n" % (
         FILE_MAX + 1, FILE_MAX), r
+
+
+def test_the_check_sees_a_shared_internal_named_after_another_file(tmp_path):
+    src = tmp_path / "units.c"
+    src.write_text("/* units.c */\n"
+                   "#include \"policy/internal.h\"\n"
+                   "static int dm__helper(void) { return 0; }\n"      # a static: any name
+                   "int dm__units_size(const char *s) { return s != 0; }\n"
+                   "const char *const dm__units_words[] = {\"a\"};\n"
+                   "extern int dm__text_quote(void);\n"               # a declaration
+                   "int dm__name_valid(const char *s) {\n    return s != 0;\n}\n"
+                   "const int dm__policy_schema[] = {1};\n")
+    assert check_house.misnamed(str(src), "units.c") == [
+        "units.c:7: dm__name_valid is shared across files: name it dm__units_*",
+        "units.c:10: dm__policy_schema is shared across files: name it dm__units_*"]
