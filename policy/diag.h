@@ -28,7 +28,8 @@ extern "C" {
     X(SYS, -9, "system call failed")                                           \
     X(DENIED, -10, "refused: not a loopback address")                          \
     X(UNSAFE, -11, "refused: not owned by this user, or writable by others")  \
-    X(NOENT, -12, "no such entry")
+    X(NOENT, -12, "no such entry")                                             \
+    X(SUPERSEDED, -13, "another policy was installed meanwhile")
 
 typedef enum {
 #define DM_E_ENUM(name, val, msg) DM_E##name = (val),

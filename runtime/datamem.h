@@ -47,6 +47,13 @@ DM_API int dm_runtime_load(const char *path, dm_diags_t *diags);
 /* Publishes an already parsed policy (the runtime takes ownership of `p`). */
 DM_API int dm_runtime_install(dm_policy_t *p, dm_diags_t *diags);
 
+/* A reload of `path`: loads it like dm_runtime_load, but publishes it only while
+ * the policy in force was itself loaded from `path`. An install of another
+ * policy that lands while the file is read wins: this returns DM_ESUPERSEDED
+ * and changes nothing (not counted as a failed reload). The file watcher reloads
+ * through it, so a reload it started never undoes datamem.install(). */
+DM_API int dm_runtime_reload(const char *path, dm_diags_t *diags);
+
 /* True once a policy is in force. */
 DM_API bool dm_runtime_active(void);
 

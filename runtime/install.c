@@ -134,7 +134,18 @@ static uint64_t publish(dm__dispatch_t *tab, dm__dispatch_t **old) {
     return reloads;
 }
 
-int dm_runtime_install(dm_policy_t *p, dm_diags_t *d) {
+/* Called with dm__runtime_mu held: whether the policy in force was loaded from
+ * `path` (NULL: any policy may be replaced). */
+static bool in_force_from(const char *path) {
+    if (!path)
+        return true;
+    dm__dispatch_t *cur = atomic_load_explicit(&dm__dispatch_current, memory_order_relaxed);
+    return cur && strcmp(cur->policy->path, path) == 0;
+}
+
+/* dm_runtime_install, or with `only_over` a reload that yields to any install
+ * of another policy (dm_runtime_reload). */
+static int install(dm_policy_t *p, dm_diags_t *d, const char *only_over) {
     dm_runtime_init();
     int rc;
     dm__dispatch_t *tab = compile(p, d, &rc);
@@ -146,6 +157,11 @@ int dm_runtime_install(dm_policy_t *p, dm_diags_t *d) {
     }
     dm__arena_t *byspec[DM_ARENAS_MAX];
     pthread_mutex_lock(&dm__runtime_mu);
+    if (!in_force_from(only_over)) { /* checked before any arena is made */
+        pthread_mutex_unlock(&dm__runtime_mu);
+        dm__dispatch_destroy(tab);
+        return DM_ESUPERSEDED;
+    }
     rc = ensure_arenas(p, byspec);
     if (rc) {
         pthread_mutex_unlock(&dm__runtime_mu);
@@ -166,18 +182,24 @@ int dm_runtime_install(dm_policy_t *p, dm_diags_t *d) {
     return 0;
 }
 
-int dm_runtime_load(const char *path, dm_diags_t *d) {
+int dm_runtime_install(dm_policy_t *p, dm_diags_t *d) { return install(p, d, NULL); }
+
+static int load(const char *path, dm_diags_t *d, bool reload) {
     dm_runtime_init();
     dm_topology_t topo;
     dm_runtime_topology(&topo);
     dm_policy_t *p = NULL;
     int rc = dm_policy_load(path, &topo, &p, d);
     if (rc == 0)
-        rc = dm_runtime_install(p, d);
-    if (rc)
+        rc = install(p, d, reload ? path : NULL);
+    if (rc && rc != DM_ESUPERSEDED)
         dm_runtime_note_reload_failure();
     return rc;
 }
+
+int dm_runtime_load(const char *path, dm_diags_t *d) { return load(path, d, false); }
+
+int dm_runtime_reload(const char *path, dm_diags_t *d) { return load(path, d, true); }
 
 void dm_runtime_note_reload_failure(void) {
     pthread_mutex_lock(&dm__runtime_mu);

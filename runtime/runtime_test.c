@@ -409,6 +409,52 @@ static void test_reload_keeps_live_blocks(void) {
     dm_free(m);
 }
 
+static uint64_t reload_failures(void) {
+    dm_stats_t *s = malloc(sizeof(*s));
+    dm_stats_snapshot(s);
+    uint64_t n = s->reload_failures;
+    dm_stats_release(s);
+    free(s);
+    return n;
+}
+
+static const char *owner_of_new(void) {
+    void *p = dm_alloc(dm_ctx_root(), 100, DM_DT_UNKNOWN);
+    const char *a = dm_owner_arena(p);
+    dm_free(p);
+    return a;
+}
+
+/* The file watcher's reload must never undo an install of another policy that
+ * landed while it read its file (a watcher reloading the previous file put that
+ * policy back over datamem.install(), and then watched the old file). */
+static void test_reload_yields_to_another_install(void) {
+    char pa[512], pb[512];
+    static dm_diags_t d;
+    snprintf(pa, sizeof(pa), "%s", write_policy("version: 1\ndefault: ra\narenas:\n  ra: {}\n"));
+    snprintf(pb, sizeof(pb), "%s",
+             test_write_policy("runtime_test_b", "version: 1\ndefault: rb\narenas:\n  rb: {}\n"));
+    dm_diags_init(&d, pa);
+    CHECK(dm_runtime_load(pa, &d) == 0, "load A");
+    write_policy("version: 1\ndefault: ra2\narenas:\n  ra2: {}\n");
+    dm_diags_init(&d, pa);
+    CHECK(dm_runtime_reload(pa, &d) == 0, "A reloads over itself");
+    CHECK_STR(owner_of_new(), "ra2");
+    dm_diags_init(&d, pb);
+    CHECK(dm_runtime_load(pb, &d) == 0, "B installed");
+    uint64_t failures_before = reload_failures();
+    write_policy("version: 1\ndefault: ra\narenas:\n  ra: {}\n");
+    dm_diags_init(&d, pa);
+    int rc = dm_runtime_reload(pa, &d);
+    CHECK(rc == DM_ESUPERSEDED, "a reload of A over B: %s", dm_strerror(rc));
+    CHECK_STR(owner_of_new(), "rb");
+    CHECK(reload_failures() == failures_before, "not a failed reload");
+    dm_diags_init(&d, pb);
+    CHECK(dm_runtime_reload(pb, &d) == 0, "B reloads over itself");
+    unlink(pb);
+    load_ok(POLICY);
+}
+
 /* ---- the block cache (bcache.c) ----------------------------------------- */
 
 /* The cache computes jemalloc's size classes itself: they must be jemalloc's. */
@@ -976,6 +1022,7 @@ int main(void) {
     test_placement_failure_is_served();
     test_stats();
     test_reload_keeps_live_blocks();
+    test_reload_yields_to_another_install();
     test_placement_kinds();
     test_per_node_injected_topology();
     test_fallback_arena();

@@ -133,7 +133,11 @@ static void reload_now(const char *path) {
     if (!d)
         return;
     dm_diags_init(d, path);
-    int rc = dm_runtime_load(path, d);
+    int rc = dm_runtime_reload(path, d); /* never over another install */
+    if (rc == DM_ESUPERSEDED) {
+        free(d);
+        return;
+    }
     if (rc) {
         char *msg = malloc(16384);
         if (msg) {
