@@ -11,7 +11,7 @@
 
 static void on_install(const dm_policy_t *p, uint64_t seq, void *arg) {
     (void)arg;
-    dm__watch_on_install(p);
+    dm__watch_on_install(p, seq);
     dm__export_configure(&p->stats, seq);
 }
 

@@ -16,10 +16,18 @@
  * installed and then lives for the process, idle (blocked in poll) while no
  * policy asks for watching: off costs nothing, and switching costs no thread
  * churn. Configuration changes wake it through an eventfd. After fork the child
- * has no watcher thread; dm_watch_after_fork() lets the next install start one.
+ * has no watcher thread, and closes the parent's eventfd and inotify descriptor:
+ * a child's watcher on a shared eventfd could read the parent's wake-ups away.
+ * The child watches as its parent did (dm__watch_on_fork_child) with its own.
  *
- * Thread safety: cfg is guarded by watch_mu; the reload itself goes through
- * dm_runtime_load, which serialises with every other reload.
+ * Installs tell us about themselves after they publish, outside the engine's
+ * lock, so two can arrive out of order: each carries its sequence number and
+ * an older one than the last taken is dropped (else the watcher would follow a
+ * file that is no longer the policy in force). The reload goes through
+ * dm_runtime_reload, which serialises with every other install and yields to
+ * one of another policy that landed while the file was read.
+ *
+ * Thread safety: cfg is guarded by watch_mu.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -45,8 +53,10 @@ static struct {
     char path[PATH_MAX]; /* policy file to watch */
     int64_t debounce_ms;
     unsigned gen;        /* bumped on every change, so the thread re-arms */
+    uint64_t seq;        /* the install this configuration came from */
     int wake_fd;         /* eventfd */
-} cfg = {.wake_fd = -1};
+    int inotify_fd;      /* the thread's; closed in a fork child */
+} cfg = {.wake_fd = -1, .inotify_fd = -1};
 
 static _Atomic uint64_t watch_reloads, watch_skipped;
 /* A hash of the policy warnings last reported in this process (0: none); see
@@ -164,6 +174,9 @@ static bool event_names_us(const struct inotify_event *ev, const char *base) {
 
 static void *watch_main(void *arg) {
     int in = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+    pthread_mutex_lock(&watch_mu);
+    cfg.inotify_fd = in;
+    pthread_mutex_unlock(&watch_mu);
     int wd = -1;
     unsigned seen_gen = ~0u;
     char path[PATH_MAX], dir[PATH_MAX], base[NAME_MAX + 1];
@@ -208,7 +221,8 @@ static void *watch_main(void *arg) {
             while ((len = read(in, evbuf, sizeof(evbuf))) > 0) {
                 for (char *p = evbuf; p < evbuf + len;) {
                     const struct inotify_event *ev = (const struct inotify_event *)p;
-                    if (ev->mask & (IN_IGNORED | IN_DELETE_SELF | IN_MOVE_SELF))
+                    if ((ev->mask & (IN_IGNORED | IN_DELETE_SELF | IN_MOVE_SELF)) &&
+                        ev->wd == wd)
                         wd = -1; /* the directory went away: re-arm */
                     if (enabled && event_names_us(ev, base))
                         due = now_ms() + debounce;
@@ -224,8 +238,14 @@ static void *watch_main(void *arg) {
     return arg;
 }
 
-static void watch_configure(const char *path, bool enabled, int64_t debounce_ms) {
+static void watch_configure(const char *path, bool enabled, int64_t debounce_ms,
+                            uint64_t seq) {
     pthread_mutex_lock(&watch_mu);
+    if (seq < cfg.seq) { /* a later install has told us already */
+        pthread_mutex_unlock(&watch_mu);
+        return;
+    }
+    cfg.seq = seq;
     bool changed = cfg.enabled != enabled || strcmp(cfg.path, path) != 0 ||
                    cfg.debounce_ms != debounce_ms;
     if (changed) {
@@ -254,24 +274,31 @@ static void watch_configure(const char *path, bool enabled, int64_t debounce_ms)
     pthread_mutex_unlock(&watch_mu);
 }
 
-/* pthread_atfork child handler: the thread did not survive the fork. */
+/* pthread_atfork child handler: the thread did not survive the fork; its
+ * descriptors are the parent's and go (the next install makes our own). */
 static void watch_atfork_child(void) {
     pthread_mutex_init(&watch_mu, NULL);
     cfg.started = false;
     cfg.gen++;
+    cfg.seq = 0;
+    if (cfg.wake_fd >= 0)
+        close(cfg.wake_fd);
+    if (cfg.inotify_fd >= 0)
+        close(cfg.inotify_fd);
+    cfg.wake_fd = cfg.inotify_fd = -1;
 }
 
-/* After every install (the engine's observer), with the policy now in force. */
-void dm__watch_on_install(const dm_policy_t *p) {
+/* After every install (the engine's observer), with the policy it published. */
+void dm__watch_on_install(const dm_policy_t *p, uint64_t seq) {
     if (p->path[0])
-        watch_configure(p->path, p->reload.watch, p->reload.debounce_ms);
+        watch_configure(p->path, p->reload.watch, p->reload.debounce_ms, seq);
 }
 
 /* dm_runtime_after_fork_child: the child watches as its parent did. */
 void dm__watch_on_fork_child(void) {
     dm_policy_t *p = dm_runtime_policy_copy();
     if (p)
-        dm__watch_on_install(p);
+        dm__watch_on_install(p, 0); /* the child's first: cfg.seq is 0 */
     dm_policy_free(p);
 }
 
