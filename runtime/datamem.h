@@ -249,8 +249,10 @@ DM_API void dm_runtime_after_fork_child(void);
  * register here and the engine tells them about installs and forks. */
 
 /* After every successful install, outside the runtime's lock, on the
- * installing thread: `p` is the policy now in force (valid for the call only),
- * `seq` the install's sequence number (a later install has a larger one). */
+ * installing thread: `p` is the policy it published (valid for the call only),
+ * `seq` the install's sequence number (a later install has a larger one).
+ * Calls come one at a time and in install order: one that a later install
+ * overtook is not made. The hook must not install a policy itself. */
 typedef void (*dm_install_hook_t)(const dm_policy_t *p, uint64_t seq, void *arg);
 /* From dm_runtime_after_fork_child, in the child. */
 typedef void (*dm_fork_hook_t)(void *arg);

@@ -293,7 +293,8 @@ extern const extent_hooks_t dm__extent_hooks;
 /* runtime.c: the engine's lock (arenas, tables, the thread registry, stats)
  * and the services' seam. */
 extern pthread_mutex_t dm__runtime_mu;
-/* After a successful install, outside dm__runtime_mu: the observers see it. */
+/* After a successful install, outside dm__runtime_mu: the observers see it,
+ * in install order (an install older than the last one delivered is dropped). */
 void dm__runtime_notify_install(const dm_policy_t *p, uint64_t seq);
 
 /* context.c: the root context (what NULL means) and one never handed out,

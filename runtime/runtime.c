@@ -86,11 +86,23 @@ int dm_runtime_observe(dm_install_hook_t on_install, dm_fork_hook_t on_fork_chil
 }
 
 
+/* Installs notify after they publish, outside dm__runtime_mu, so two racing
+ * installs can reach here out of order: notify_mu delivers them one at a time
+ * and drops one older than the last delivered, so an observer never follows a
+ * policy that a later install has replaced. Observers must not install. */
+static pthread_mutex_t notify_mu = PTHREAD_MUTEX_INITIALIZER;
+static uint64_t notified_seq; /* under notify_mu */
+
 void dm__runtime_notify_install(const dm_policy_t *p, uint64_t seq) {
-    int nobs = atomic_load_explicit(&nobservers, memory_order_acquire);
-    for (int i = 0; i < nobs; i++)
-        if (observers[i].on_install)
-            observers[i].on_install(p, seq, observers[i].arg);
+    pthread_mutex_lock(&notify_mu);
+    if (seq > notified_seq) {
+        notified_seq = seq;
+        int nobs = atomic_load_explicit(&nobservers, memory_order_acquire);
+        for (int i = 0; i < nobs; i++)
+            if (observers[i].on_install)
+                observers[i].on_install(p, seq, observers[i].arg);
+    }
+    pthread_mutex_unlock(&notify_mu);
 }
 
 void dm_runtime_after_fork_child(void) {
@@ -124,6 +136,7 @@ static void atfork_prepare(void) { fork_lock_all(0); }
 static void atfork_parent(void) { fork_lock_all(1); }
 
 static void atfork_child(void) {
+    pthread_mutex_init(&notify_mu, NULL); /* a notifying thread did not survive */
     dm__thread_t *gone = dm__thread_fork_unlink();
     fork_lock_all(1);
     dm__thread_fork_release(gone);

@@ -455,6 +455,36 @@ static void test_reload_yields_to_another_install(void) {
     load_ok(POLICY);
 }
 
+/* Installs notify outside dm__runtime_mu, so two racing installs can reach the
+ * seam out of order: the observers must see them in install order, and not an
+ * older one after a newer (a file watcher then followed a replaced policy). */
+static uint64_t observed_seq;
+static int observed_calls;
+static void observe_install(const dm_policy_t *p, uint64_t seq, void *arg) {
+    (void)p;
+    (void)arg;
+    observed_seq = seq;
+    observed_calls++;
+}
+
+static void test_observers_see_installs_in_order(void) {
+    static bool registered;
+    if (!registered)
+        CHECK(dm_runtime_observe(observe_install, NULL, NULL) == 0, "observer registered");
+    registered = true;
+    load_ok(POLICY);
+    uint64_t newest = observed_seq;
+    int calls = observed_calls;
+    CHECK(calls > 0 && newest > 1, "an install is observed (seq %llu)", (unsigned long long)newest);
+    dm_policy_t *p = dm_runtime_policy_copy();
+    dm__runtime_notify_install(p, newest - 1); /* an older install, late */
+    CHECK(observed_calls == calls && observed_seq == newest,
+          "an overtaken install is not observed: calls %d -> %d", calls, observed_calls);
+    dm_policy_free(p);
+    load_ok(POLICY);
+    CHECK(observed_calls == calls + 1 && observed_seq > newest, "the next install is");
+}
+
 /* ---- the block cache (bcache.c) ----------------------------------------- */
 
 /* The cache computes jemalloc's size classes itself: they must be jemalloc's. */
@@ -1023,6 +1053,7 @@ int main(void) {
     test_stats();
     test_reload_keeps_live_blocks();
     test_reload_yields_to_another_install();
+    test_observers_see_installs_in_order();
     test_placement_kinds();
     test_per_node_injected_topology();
     test_fallback_arena();

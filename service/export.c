@@ -67,7 +67,6 @@ typedef struct cfg {
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static cfg_t policy_cfg;             /* from the last install */
-static uint64_t policy_seq;          /* its install sequence number */
 static bool ovr_http_set, ovr_unix_set;
 static char ovr_http[128], ovr_unix[256];
 static cfg_t running;                /* the settings the endpoints were started for */
@@ -237,27 +236,23 @@ static int apply(retired_t *r) {
     return rc;
 }
 
-/* From dm_runtime_install, outside dm__runtime_mu (service.c's observer). */
-void dm__export_configure(const dm_stats_spec_t *spec, uint64_t seq) {
+/* From dm_runtime_install, outside dm__runtime_mu (service.c's observer; the
+ * engine calls it in install order). */
+void dm__export_configure(const dm_stats_spec_t *spec) {
     bool any = spec->http[0] || spec->unix_socket[0] || spec->textfile[0];
     pthread_mutex_lock(&mu);
     bool idle = !any && !running.http[0] && !running.unix_socket[0] && !running.textfile[0];
-    if (seq >= policy_seq && idle) /* nothing runs or will: start no machinery */
-        policy_seq = seq;
     pthread_mutex_unlock(&mu);
-    if (idle)
+    if (idle) /* nothing runs or will: start no machinery */
         return;
     pthread_once(&once, init_once);
     retired_t r = {0};
     pthread_mutex_lock(&mu);
-    if (seq >= policy_seq) {
-        policy_seq = seq;
-        copy(policy_cfg.http, sizeof(policy_cfg.http), spec->http);
-        copy(policy_cfg.unix_socket, sizeof(policy_cfg.unix_socket), spec->unix_socket);
-        copy(policy_cfg.textfile, sizeof(policy_cfg.textfile), spec->textfile);
-        policy_cfg.interval_ms = spec->interval_ms;
-        apply(&r);
-    }
+    copy(policy_cfg.http, sizeof(policy_cfg.http), spec->http);
+    copy(policy_cfg.unix_socket, sizeof(policy_cfg.unix_socket), spec->unix_socket);
+    copy(policy_cfg.textfile, sizeof(policy_cfg.textfile), spec->textfile);
+    policy_cfg.interval_ms = spec->interval_ms;
+    apply(&r);
     pthread_mutex_unlock(&mu);
     retired_run(&r);
 }

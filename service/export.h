@@ -8,13 +8,11 @@
 #ifndef DM_SERVICE_EXPORT_H
 #define DM_SERVICE_EXPORT_H
 
-#include <stdint.h>
-
 #include "runtime/datamem.h"
 
-/* The policy's stats section after each install (outside the engine's lock);
- * `seq` orders concurrent installs (an older one never undoes a newer one). */
-void dm__export_configure(const dm_stats_spec_t *spec, uint64_t seq);
+/* The policy's stats section after each install (outside the engine's lock,
+ * in install order). */
+void dm__export_configure(const dm_stats_spec_t *spec);
 /* In a fork child (dm_runtime_after_fork_child): the child's own endpoint. */
 void dm__export_restart_in_child(void);
 

@@ -20,10 +20,8 @@
  * a child's watcher on a shared eventfd could read the parent's wake-ups away.
  * The child watches as its parent did (dm__watch_on_fork_child) with its own.
  *
- * Installs tell us about themselves after they publish, outside the engine's
- * lock, so two can arrive out of order: each carries its sequence number and
- * an older one than the last taken is dropped (else the watcher would follow a
- * file that is no longer the policy in force). The reload goes through
+ * The engine tells us of installs in install order (dm_install_hook_t), so
+ * the watcher follows the file of the policy in force. The reload goes through
  * dm_runtime_reload, which serialises with every other install and yields to
  * one of another policy that landed while the file was read.
  *
@@ -53,7 +51,6 @@ static struct {
     char path[PATH_MAX]; /* policy file to watch */
     int64_t debounce_ms;
     unsigned gen;        /* bumped on every change, so the thread re-arms */
-    uint64_t seq;        /* the install this configuration came from */
     int wake_fd;         /* eventfd */
     int inotify_fd;      /* the thread's; closed in a fork child */
 } cfg = {.wake_fd = -1, .inotify_fd = -1};
@@ -238,14 +235,8 @@ static void *watch_main(void *arg) {
     return arg;
 }
 
-static void watch_configure(const char *path, bool enabled, int64_t debounce_ms,
-                            uint64_t seq) {
+static void watch_configure(const char *path, bool enabled, int64_t debounce_ms) {
     pthread_mutex_lock(&watch_mu);
-    if (seq < cfg.seq) { /* a later install has told us already */
-        pthread_mutex_unlock(&watch_mu);
-        return;
-    }
-    cfg.seq = seq;
     bool changed = cfg.enabled != enabled || strcmp(cfg.path, path) != 0 ||
                    cfg.debounce_ms != debounce_ms;
     if (changed) {
@@ -280,7 +271,6 @@ static void watch_atfork_child(void) {
     pthread_mutex_init(&watch_mu, NULL);
     cfg.started = false;
     cfg.gen++;
-    cfg.seq = 0;
     if (cfg.wake_fd >= 0)
         close(cfg.wake_fd);
     if (cfg.inotify_fd >= 0)
@@ -289,16 +279,16 @@ static void watch_atfork_child(void) {
 }
 
 /* After every install (the engine's observer), with the policy it published. */
-void dm__watch_on_install(const dm_policy_t *p, uint64_t seq) {
+void dm__watch_on_install(const dm_policy_t *p) {
     if (p->path[0])
-        watch_configure(p->path, p->reload.watch, p->reload.debounce_ms, seq);
+        watch_configure(p->path, p->reload.watch, p->reload.debounce_ms);
 }
 
 /* dm_runtime_after_fork_child: the child watches as its parent did. */
 void dm__watch_on_fork_child(void) {
     dm_policy_t *p = dm_runtime_policy_copy();
     if (p)
-        dm__watch_on_install(p, 0); /* the child's first: cfg.seq is 0 */
+        dm__watch_on_install(p);
     dm_policy_free(p);
 }
 

@@ -10,8 +10,7 @@
 #include "runtime/datamem.h"
 
 void dm__watch_init(void);
-/* `seq`: the install's sequence number; an older one than the last is dropped. */
-void dm__watch_on_install(const dm_policy_t *p, uint64_t seq);
+void dm__watch_on_install(const dm_policy_t *p);
 void dm__watch_on_fork_child(void);
 
 #endif /* DM_SERVICE_WATCH_H */
