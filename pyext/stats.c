@@ -24,16 +24,7 @@ static const char *numa_name(int m) {
     return m >= 0 && m < 5 ? names[m] : "?";
 }
 
-#define SET_U64(d, k, v)                                                       \
-    do {                                                                       \
-        PyObject *_o = PyLong_FromUnsignedLongLong((unsigned long long)(v));   \
-        if (!_o || PyDict_SetItemString(d, k, _o) < 0) {                       \
-            Py_XDECREF(_o);                                                    \
-            goto fail;                                                         \
-        }                                                                      \
-        Py_DECREF(_o);                                                         \
-    } while (0)
-
+/* d[k] = expr (a new reference, or NULL on error: then goto fail). */
 #define SET_OBJ(d, k, expr)                                                    \
     do {                                                                       \
         PyObject *_o = (expr);                                                 \
@@ -43,6 +34,7 @@ static const char *numa_name(int m) {
         }                                                                      \
         Py_DECREF(_o);                                                         \
     } while (0)
+#define SET_U64(d, k, v) SET_OBJ(d, k, PyLong_FromUnsignedLongLong((unsigned long long)(v)))
 
 static PyObject *nodes_list(uint64_t nodes) {
     PyObject *l = PyList_New(0);
