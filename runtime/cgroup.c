@@ -65,11 +65,14 @@ static void unescape(char *s) {
     *w = 0;
 }
 
-/* The process's cgroup in hierarchy `version` (1: the memory controller's)
- * from /proc/self/cgroup, into h->cgroup. */
-static bool own_cgroup(const char *root, int version, hierarchy_t *h) {
+typedef bool line_fn(char *line, int version, hierarchy_t *h);
+
+/* Calls fn on each line of `root`/`rel` (its newline cut) until one returns
+ * true; whether one did. */
+static bool find_line(const char *root, const char *rel, line_fn *fn, int version,
+                      hierarchy_t *h) {
     char path[4096];
-    snprintf(path, sizeof(path), "%s/proc/self/cgroup", root);
+    snprintf(path, sizeof(path), "%s/%s", root, rel);
     FILE *f = fopen(path, "re");
     if (!f)
         return false;
@@ -78,72 +81,61 @@ static bool own_cgroup(const char *root, int version, hierarchy_t *h) {
     bool found = false;
     while (!found && getline(&line, &cap, f) > 0) {
         line[strcspn(line, "\n")] = 0;
-        char *ctl = strchr(line, ':'), *cg = ctl ? strchr(ctl + 1, ':') : NULL;
-        if (!cg)
-            continue;
-        *cg++ = 0;
-        *ctl++ = 0;
-        bool match = version == 2 ? strcmp(line, "0") == 0 && !*ctl : list_has(ctl, "memory");
-        if (match && cg[0] == '/' && strlen(cg) < sizeof(h->cgroup)) {
-            snprintf(h->cgroup, sizeof(h->cgroup), "%s", cg);
-            found = true;
-        }
+        found = fn(line, version, h);
     }
     free(line);
     fclose(f);
     return found;
 }
 
-/* The mount of hierarchy `version` that holds h->cgroup, from
- * /proc/self/mountinfo: "ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTS [TAGS] - TYPE
- * SOURCE SUPEROPTS". */
-static bool find_mount(const char *root, int version, hierarchy_t *h) {
-    char path[4096];
-    snprintf(path, sizeof(path), "%s/proc/self/mountinfo", root);
-    FILE *f = fopen(path, "re");
-    if (!f)
+/* A line of /proc/self/cgroup, "ID:CONTROLLERS:PATH": the process's cgroup in
+ * hierarchy `version` (1: the memory controller's) into h->cgroup. */
+static bool own_cgroup(char *line, int version, hierarchy_t *h) {
+    char *ctl = strchr(line, ':'), *cg = ctl ? strchr(ctl + 1, ':') : NULL;
+    if (!cg)
         return false;
-    char *line = NULL;
-    size_t cap = 0;
-    bool found = false;
-    while (!found && getline(&line, &cap, f) > 0) {
-        line[strcspn(line, "\n")] = 0;
-        char *sep = strstr(line, " - "), *save = NULL;
-        if (!sep)
-            continue;
-        *sep = 0;
-        char *type = strtok_r(sep + 3, " ", &save);
-        char *source = type ? strtok_r(NULL, " ", &save) : NULL;
-        char *super = source ? strtok_r(NULL, " ", &save) : NULL;
-        bool match = type && (version == 2 ? strcmp(type, "cgroup2") == 0
-                                           : strcmp(type, "cgroup") == 0 && super &&
-                                                 list_has(super, "memory"));
-        if (!match)
-            continue;
-        char *fields[5];
-        int n = 0;
-        save = NULL;
-        for (char *t = strtok_r(line, " ", &save); t && n < 5; t = strtok_r(NULL, " ", &save))
-            fields[n++] = t;
-        if (n < 5)
-            continue;
-        unescape(fields[3]);
-        unescape(fields[4]);
-        size_t rl = strlen(fields[3]);
-        if (strcmp(fields[3], "/") == 0)
-            rl = 0; /* the whole tree: every cgroup is under it */
-        /* The process's cgroup must be the mount's root or below it. */
-        if (strncmp(h->cgroup, fields[3], rl) != 0 || (h->cgroup[rl] && h->cgroup[rl] != '/'))
-            continue;
-        if (strlen(fields[4]) >= sizeof(h->mount))
-            continue;
-        snprintf(h->mount, sizeof(h->mount), "%s", fields[4]);
-        snprintf(h->mroot, sizeof(h->mroot), "%.*s", (int)rl, fields[3]);
-        found = true;
-    }
-    free(line);
-    fclose(f);
-    return found;
+    *cg++ = 0;
+    *ctl++ = 0;
+    bool match = version == 2 ? strcmp(line, "0") == 0 && !*ctl : list_has(ctl, "memory");
+    if (!match || cg[0] != '/' || strlen(cg) >= sizeof(h->cgroup))
+        return false;
+    snprintf(h->cgroup, sizeof(h->cgroup), "%s", cg);
+    return true;
+}
+
+/* A line of /proc/self/mountinfo, "ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTS
+ * [TAGS] - TYPE SOURCE SUPEROPTS": a mount of hierarchy `version` that holds
+ * h->cgroup, into h->mount and h->mroot. */
+static bool find_mount(char *line, int version, hierarchy_t *h) {
+    char *sep = strstr(line, " - "), *save = NULL;
+    if (!sep)
+        return false;
+    *sep = 0;
+    char *type = strtok_r(sep + 3, " ", &save);
+    char *source = type ? strtok_r(NULL, " ", &save) : NULL;
+    char *super = source ? strtok_r(NULL, " ", &save) : NULL;
+    bool match = type && (version == 2 ? strcmp(type, "cgroup2") == 0
+                                       : strcmp(type, "cgroup") == 0 && super &&
+                                             list_has(super, "memory"));
+    if (!match)
+        return false;
+    char *fields[5];
+    int n = 0;
+    save = NULL;
+    for (char *t = strtok_r(line, " ", &save); t && n < 5; t = strtok_r(NULL, " ", &save))
+        fields[n++] = t;
+    if (n < 5)
+        return false;
+    unescape(fields[3]);
+    unescape(fields[4]);
+    size_t rl = strcmp(fields[3], "/") == 0 ? 0 : strlen(fields[3]); /* "/": the whole tree */
+    /* The process's cgroup must be the mount's root or below it. */
+    if (strncmp(h->cgroup, fields[3], rl) != 0 || (h->cgroup[rl] && h->cgroup[rl] != '/') ||
+        strlen(fields[4]) >= sizeof(h->mount))
+        return false;
+    snprintf(h->mount, sizeof(h->mount), "%s", fields[4]);
+    snprintf(h->mroot, sizeof(h->mroot), "%.*s", (int)rl, fields[3]);
+    return true;
 }
 
 /* The number in file `dir`/`name`, or UINT64_MAX (none: "max", absent,
@@ -198,7 +190,8 @@ static bool has_dot_component(const char *p) {
  * the mount's root; UINT64_MAX when none. */
 static uint64_t hierarchy_limit(const char *root, int version) {
     hierarchy_t h;
-    if (!own_cgroup(root, version, &h) || !find_mount(root, version, &h))
+    if (!find_line(root, "proc/self/cgroup", own_cgroup, version, &h) ||
+        !find_line(root, "proc/self/mountinfo", find_mount, version, &h))
         return UINT64_MAX;
     const char *rel = h.cgroup + strlen(h.mroot); /* "" or "/a/b" */
     if (has_dot_component(rel))

@@ -62,13 +62,7 @@ static void fake_file(const char *rel, const char *text) {
         mkdir(path, 0755);
         *p = '/';
     }
-    FILE *f = fopen(path, "w");
-    if (!f) {
-        TEST_FAIL_("cannot write %s", path);
-        return;
-    }
-    fputs(text, f);
-    fclose(f);
+    test_put_file(path, text);
 }
 
 /* A fresh fake tree for each case. */
