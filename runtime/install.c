@@ -102,9 +102,26 @@ static int ensure_arenas(const dm_policy_t *p, dm__arena_t **out) {
     return 0;
 }
 
+/* The policy's worker limit resolved before anything changes: a share of a
+ * memory limit that cannot be read fails the install (the policy in force
+ * stays), with one diagnostic at worker_limit. */
+static int worker_limit(const dm_policy_t *p, dm__tally_worker_t *w, dm_diags_t *d) {
+    char why[sizeof(d->items[0].msg)];
+    int rc = dm__tally_worker_limit(p, w, why, sizeof(why));
+    if (rc && d && d->n < DM_DIAG_MAX) {
+        dm_diag_t *e = &d->items[d->n++];
+        memset(e, 0, sizeof(*e));
+        e->severity = DM_SEV_ERROR;
+        snprintf(e->path, sizeof(e->path), "worker_limit");
+        snprintf(e->msg, sizeof(e->msg), "%s", why);
+        d->nerrors++;
+    }
+    return rc;
+}
+
 /* Called with dm__runtime_mu held, the arenas made: they take the policy's
  * settings, and the table's slots name them. */
-static void fill_slots(dm__dispatch_t *tab, dm__arena_t **byspec) {
+static void fill_slots(dm__dispatch_t *tab, dm__arena_t **byspec, const dm__tally_worker_t *w) {
     const dm_policy_t *p = tab->policy;
     dm__arena_mark_all_unused();
     for (int i = 0; i < p->narenas; i++)
@@ -117,7 +134,7 @@ static void fill_slots(dm__dispatch_t *tab, dm__arena_t **byspec) {
     if (p->fallback_arena >= 0)
         dm__dispatch_slot_init(&tab->fallback_slot, byspec[p->fallback_arena],
                                &p->arenas[p->fallback_arena]);
-    tab->tally = dm__tally_configure(p);
+    tab->tally = dm__tally_configure(p, w);
 }
 
 /* Called with dm__runtime_mu held: publishes tab and counts the reload;
@@ -151,7 +168,8 @@ static int install(dm_policy_t *p, dm_diags_t *d, const char *only_over) {
     dm__dispatch_t *tab = compile(p, d, &rc);
     if (!tab)
         return rc;
-    if ((rc = load_gpu_runtime(p, d))) {
+    dm__tally_worker_t worker;
+    if ((rc = load_gpu_runtime(p, d)) || (rc = worker_limit(p, &worker, d))) {
         dm__dispatch_destroy(tab);
         return rc;
     }
@@ -168,7 +186,7 @@ static int install(dm_policy_t *p, dm_diags_t *d, const char *only_over) {
         dm__dispatch_destroy(tab);
         return install_fail(d, rc, "cannot create arenas");
     }
-    fill_slots(tab, byspec);
+    fill_slots(tab, byspec, &worker);
     dm__dispatch_t *old;
     uint64_t seq = publish(tab, &old);
     /* Observers read the policy outside dm__runtime_mu: our reference keeps it alive

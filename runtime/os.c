@@ -112,55 +112,41 @@ void *dm__os_map_sparse(size_t size) {
     return p == MAP_FAILED ? NULL : p;
 }
 
-/* Reads a small text file whole (at most cap - 1 bytes, NUL-terminated). */
-static bool read_small(const char *path, char *buf, size_t cap) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
-    if (fd < 0)
-        return false;
-    ssize_t n = read(fd, buf, cap - 1);
-    close(fd);
-    if (n <= 0)
-        return false;
-    buf[n] = 0;
-    return true;
-}
-
-static uint64_t cgroup_memory_max(void) {
-    char cg[512], path[640], val[64];
-    if (!read_small("/proc/self/cgroup", cg, sizeof(cg)))
-        return 0;
-    /* cgroup v2: the line "0::/path" */
-    char *line = strstr(cg, "0::");
-    if (!line || (line != cg && line[-1] != '\n'))
-        return 0;
-    line += 3;
-    line[strcspn(line, "\n")] = 0;
-    if (strstr(line, "..")) /* never leave /sys/fs/cgroup */
-        return 0;
-    snprintf(path, sizeof(path), "/sys/fs/cgroup%s%smemory.max", line,
-             line[strlen(line) - 1] == '/' ? "" : "/");
-    if (!read_small(path, val, sizeof(val)) || strncmp(val, "max", 3) == 0)
-        return 0;
-    char *end;
-    unsigned long long v = strtoull(val, &end, 10);
-    return end != val ? (uint64_t)v : 0;
-}
-
-uint64_t dm__os_memory_limit(char *source, size_t cap) {
-    const char *env = getenv("DATAMEM_MEMORY_LIMIT");
-    size_t v;
-    if (env && *env && dm_parse_size(env, &v) == 0 && v > 0) {
-        snprintf(source, cap, "env");
-        return v;
-    }
-    uint64_t cg = cgroup_memory_max();
-    if (cg) {
-        snprintf(source, cap, "cgroup");
-        return cg;
+int dm__os_memory_limit(uint64_t *bytes, char *source, size_t cap, char *why, size_t whycap) {
+    const char *env = getenv("DATAMEM_MEMORY_LIMIT"); /* at install, never hot */
+    size_t v = 0;
+    *bytes = 0;
+    if (env && *env) {
+        int rc = dm_parse_size(env, &v);
+        if (rc == 0 && v > 0) {
+            snprintf(source, cap, "env");
+            *bytes = v;
+            return 0;
+        }
+        char shown[65];
+        snprintf(shown, sizeof(shown), "%s", env);
+        for (char *c = shown; *c; c++)
+            if ((unsigned char)*c < 0x20 || *c == 0x7f)
+                *c = '?'; /* one line on a terminal */
+        snprintf(why, whycap,
+                 "DATAMEM_MEMORY_LIMIT=\"%s\" is %s: give bytes or a whole number with B, KiB, "
+                 "MiB, GiB, TiB, KB, MB, GB or TB (1.5GiB is 1536MiB), or unset it to use the "
+                 "cgroup's memory limit or physical memory",
+                 shown, rc == DM_ERANGE ? "too large" : rc ? "not a size" : "0 bytes");
+        return DM_EINVALID;
     }
     long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
-    snprintf(source, cap, "ram");
-    return pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz : 0;
+    uint64_t ram = pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz : 0;
+    int version = 0;
+    uint64_t cg = dm__cgroup_memory_limit("", &version);
+    if (cg && (cg < ram || !ram)) {
+        snprintf(source, cap, "cgroup v%d", version);
+        *bytes = cg;
+    } else {
+        snprintf(source, cap, "ram");
+        *bytes = ram;
+    }
+    return 0;
 }
 
 uint64_t dm__os_as_limit(void) {

@@ -25,12 +25,21 @@ void dm__os_release(void *p, size_t n);
  * charge (MAP_NORESERVE): pages appear as they are first written. For sparse
  * tables (tally.c's shadow). NULL on failure. */
 void *dm__os_map_sparse(size_t size);
-/* The process's memory limit in bytes and where it came from (`source`: "env",
- * "cgroup" or "ram"): DATAMEM_MEMORY_LIMIT (bytes, or a size such as 4GiB),
- * else the cgroup v2 memory.max of this process's cgroup (unless "max"), else
- * physical memory. 0 when none can be read. Reads files: never on an
- * allocation path. */
-uint64_t dm__os_memory_limit(char *source, size_t cap);
+/* The process's memory limit in *bytes (0 when none can be read) and where it
+ * came from (`source`: "env", "cgroup v1", "cgroup v2" or "ram"):
+ * DATAMEM_MEMORY_LIMIT when set, a size in the policy's grammar (bytes, or a
+ * whole number with a unit: 4GiB); else the smaller of the cgroup's limit
+ * (dm__cgroup_memory_limit) and physical memory. A DATAMEM_MEMORY_LIMIT that
+ * is not such a size is an error, never ignored: DM_EINVALID with one line in
+ * `why`. Reads files: never on an allocation path. */
+int dm__os_memory_limit(uint64_t *bytes, char *source, size_t cap, char *why, size_t whycap);
+/* cgroup.c: the smallest memory limit on this process's cgroup and its
+ * ancestors up to its hierarchy's mount (v1 memory.limit_in_bytes and
+ * hierarchical_memory_limit, v2 memory.max), in bytes, and the hierarchy's
+ * version in *version; 0 when there is none. Every path read is prefixed by
+ * `root` ("" for the real one; tests pass a fake tree holding
+ * proc/self/cgroup, proc/self/mountinfo and the mounts). */
+uint64_t dm__cgroup_memory_limit(const char *root, int *version);
 /* RLIMIT_AS in bytes, 0 when unlimited. */
 uint64_t dm__os_as_limit(void);
 /* mlock / munlock: 0 or -errno. */

@@ -103,27 +103,45 @@ bool dm__tally_ctx_init(struct dm_ctx *c, bool root) {
     return true;
 }
 
-bool dm__tally_configure(const dm_policy_t *p) {
+int dm__tally_worker_limit(const dm_policy_t *p, dm__tally_worker_t *w, char *why, size_t cap) {
+    uint64_t bytes = 0;
+    unsigned permille = 0;
+    w->limit = UINT64_MAX;
+    w->source[0] = 0;
+    if (!p->worker_limit[0] || dm_parse_share(p->worker_limit, &bytes, &permille) != 0)
+        return 0; /* none (the validator refused any other value) */
+    if (!permille) {
+        w->limit = bytes;
+        snprintf(w->source, sizeof(w->source), "policy");
+        return 0;
+    }
+    uint64_t base = 0;
+    char reason[320] = "";
+    int rc = dm__os_memory_limit(&base, w->source, sizeof(w->source), reason, sizeof(reason));
+    if (rc == 0 && base == 0) {
+        rc = DM_EINVALID;
+        snprintf(reason, sizeof(reason), "no memory limit can be read here (no "
+                 "DATAMEM_MEMORY_LIMIT, no cgroup limit, physical memory unknown); give "
+                 "worker_limit as a size");
+    }
+    if (rc) {
+        snprintf(why, cap, "%s of the process's memory limit: %s", p->worker_limit, reason);
+        w->source[0] = 0;
+        return rc;
+    }
+    w->limit = base > UINT64_MAX / 1000 ? base / 1000 * permille : base * permille / 1000;
+    return 0;
+}
+
+bool dm__tally_configure(const dm_policy_t *p, const dm__tally_worker_t *w) {
     limits_from = p;
     const char *env = getenv("DATAMEM_TAG_BYTES");
     on = on || p->tag_bytes || p->ntag_limits > 0 || p->worker_limit[0] ||
          (env && strcmp(env, "1") == 0);
     for (int i = 1; i < ntags; i++)
         atomic_store_explicit(&tags[i].limit, limit_for(tags[i].name), memory_order_relaxed);
-    uint64_t bytes = 0, wl = UINT64_MAX;
-    unsigned permille = 0;
-    worker_source[0] = 0;
-    if (p->worker_limit[0] && dm_parse_share(p->worker_limit, &bytes, &permille) == 0) {
-        if (permille) {
-            uint64_t base = dm__os_memory_limit(worker_source, sizeof(worker_source));
-            if (base)
-                wl = base > UINT64_MAX / 1000 ? base / 1000 * permille : base * permille / 1000;
-        } else {
-            wl = bytes;
-            snprintf(worker_source, sizeof(worker_source), "policy");
-        }
-    }
-    atomic_store_explicit(&total.limit, wl, memory_order_relaxed);
+    snprintf(worker_source, sizeof(worker_source), "%s", w->source);
+    atomic_store_explicit(&total.limit, w->limit, memory_order_relaxed);
     return on;
 }
 

@@ -21,9 +21,23 @@ extern uint16_t *_Atomic dm__tally_shadow[1u << (DM_VA_BITS - DM_SEG_SHIFT)];
  * registry ids. False when out of memory (the context is then not made). */
 bool dm__tally_ctx_init(struct dm_ctx *c, bool root);
 
-/* Under dm__runtime_mu, at install: tag limits and the worker limit from `p`.
- * Returns whether counting is on (sticky: once on, on for the process). */
-bool dm__tally_configure(const dm_policy_t *p);
+/* The worker limit `p` sets, resolved: a size as given; a share of the
+ * process's memory limit (os.h, dm__os_memory_limit) read now. */
+typedef struct dm__tally_worker {
+    uint64_t limit;  /* UINT64_MAX = none */
+    char source[16]; /* "", "policy", "env", "cgroup v1", "cgroup v2", "ram" */
+} dm__tally_worker_t;
+
+/* At install, before anything changes (no lock needed: reads the environment
+ * and files): `p`'s worker limit into *w. A share of a memory limit that
+ * cannot be read (a DATAMEM_MEMORY_LIMIT that is not a size) is an error, never
+ * a share of something else: DM_EINVALID with one line in `why`. */
+int dm__tally_worker_limit(const dm_policy_t *p, dm__tally_worker_t *w, char *why, size_t cap);
+
+/* Under dm__runtime_mu, at install: tag limits from `p`, the worker limit
+ * from `w` (dm__tally_worker_limit's for `p`). Returns whether counting is on
+ * (sticky: once on, on for the process). */
+bool dm__tally_configure(const dm_policy_t *p, const dm__tally_worker_t *w);
 
 /* Reserves `n` bytes for a block about to be allocated in context `c`: against
  * the worker limit, then each of the context's tags' limits (compare-and-swap:

@@ -169,6 +169,57 @@ static void test_worker_limit(void) {
     dm_stats_release(&s);
 }
 
+/* worker_limit's share of DATAMEM_MEMORY_LIMIT. A value that is no size in the
+ * policy's grammar ("1.5GiB") was dropped without a word and the share taken
+ * of physical memory: now the install fails, says why, and the policy in
+ * force keeps its worker limit. */
+static void test_worker_limit_env(void) {
+    static const char *share =
+        "version: 1\ndefault: general\narenas:\n  general: {}\nworker_limit: 50%\n";
+    setenv("DATAMEM_MEMORY_LIMIT", "256MiB", 1);
+    load(share);
+    dm_stats_t s;
+    dm_stats_snapshot(&s);
+    EXPECT_UINT_EQ(s.worker_limit, 128u << 20, "half of DATAMEM_MEMORY_LIMIT");
+    EXPECT_STR_EQ(s.worker_limit_source, "env", "source");
+    dm_stats_release(&s);
+
+    static const char *const bad[] = {"1.5GiB", "lots", "0", "8 GiB and more",
+                                      "99999999999999999999"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        setenv("DATAMEM_MEMORY_LIMIT", bad[i], 1);
+        static dm_diags_t d;
+        const char *path = test_write_policy("tally_test", share);
+        dm_diags_init(&d, path);
+        EXPECT_INT_EQ(dm_runtime_load(path, &d), DM_EINVALID, bad[i]);
+        char text[4096] = "";
+        dm_diags_format_all(&d, text, sizeof(text));
+        char want[128];
+        snprintf(want, sizeof(want), "error: worker_limit: 50%% of the process's memory limit: "
+                 "DATAMEM_MEMORY_LIMIT=\"%s\" is ", bad[i]);
+        EXPECT_CONTAINS(text, want, "one line names the variable and its value");
+        EXPECT_CONTAINS(text, "1.5GiB is 1536MiB", "says what is accepted");
+        dm_stats_snapshot(&s);
+        EXPECT_UINT_EQ(s.worker_limit, 128u << 20, "the policy in force keeps its limit");
+        dm_stats_release(&s);
+    }
+    /* A size needs no memory limit: the variable is not read. */
+    load("version: 1\ndefault: general\narenas:\n  general: {}\nworker_limit: 64MiB\n");
+    dm_stats_snapshot(&s);
+    EXPECT_UINT_EQ(s.worker_limit, 64u << 20, "a size as given");
+    EXPECT_STR_EQ(s.worker_limit_source, "policy", "source");
+    dm_stats_release(&s);
+    unsetenv("DATAMEM_MEMORY_LIMIT");
+    load(share);
+    dm_stats_snapshot(&s);
+    EXPECT_TRUE(strcmp(s.worker_limit_source, "ram") == 0 ||
+                    strncmp(s.worker_limit_source, "cgroup v", 8) == 0,
+                s.worker_limit_source);
+    EXPECT_TRUE(s.worker_limit > 0 && s.worker_limit != UINT64_MAX, "half of a real limit");
+    dm_stats_release(&s);
+    load("version: 1\ndefault: general\narenas:\n  general: {}\n");
+}
+
 int main(void) {
     dm_runtime_init();
     dm_stats_t s;
@@ -181,5 +232,6 @@ int main(void) {
     test_small_and_realloc();
     test_racing_threads();
     test_worker_limit();
+    test_worker_limit_env();
     return TEST_EXIT();
 }

@@ -5,6 +5,7 @@
  * Thread safety: works on caller-owned buffers only.
  */
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -62,18 +63,62 @@ void dm__buf_printf(dm_buf_t *b, const char *fmt, ...) {
     b->len += (size_t)n;
 }
 
+/* Length of the well-formed UTF-8 sequence at p (n bytes left), or 0 when
+ * the byte at p begins none (RFC 3629: no overlong forms, no surrogates, no
+ * code point past U+10FFFF). */
+static size_t utf8_len(const unsigned char *p, size_t n) {
+    unsigned char c = p[0];
+    if (c < 0x80)
+        return 1;
+    size_t len;
+    unsigned char lo = 0x80, hi = 0xbf; /* bounds of the second byte */
+    if (c >= 0xc2 && c <= 0xdf)
+        len = 2;
+    else if (c >= 0xe0 && c <= 0xef) {
+        len = 3;
+        if (c == 0xe0)
+            lo = 0xa0; /* overlong */
+        else if (c == 0xed)
+            hi = 0x9f; /* UTF-16 surrogates */
+    } else if (c >= 0xf0 && c <= 0xf4) {
+        len = 4;
+        if (c == 0xf0)
+            lo = 0x90; /* overlong */
+        else if (c == 0xf4)
+            hi = 0x8f; /* past U+10FFFF */
+    } else
+        return 0;
+    if (n < len || p[1] < lo || p[1] > hi)
+        return 0;
+    for (size_t i = 2; i < len; i++)
+        if (p[i] < 0x80 || p[i] > 0xbf)
+            return 0;
+    return len;
+}
+
+void dm__buf_text(dm_buf_t *b, const char *s, size_t n, dm_text_esc_t how) {
+    const unsigned char *p = (const unsigned char *)s, *end = p + n;
+    while (p < end) {
+        size_t k = utf8_len(p, (size_t)(end - p));
+        unsigned char c = *p;
+        if (k > 1 || (k == 1 && c >= 0x20 && c != 0x7f && c != '"' && c != '\\'))
+            dm__buf_put(b, (const char *)p, k);
+        else if (c == '"' || c == '\\') {
+            char e[2] = {'\\', (char)c};
+            dm__buf_put(b, e, 2);
+        } else if (k == 1 && how == DM_TEXT_JSON)
+            dm__buf_printf(b, "\\u%04x", c); /* a control character, DEL */
+        else if (k == 1 && c == '\n')
+            dm__buf_put(b, "\\n", 2);
+        else /* not UTF-8, or a control the label format has no escape for */
+            dm__buf_printf(b, "\\\\x%02x", c);
+        p += k ? k : 1;
+    }
+}
+
 void dm__buf_json_str(dm_buf_t *b, const char *s) {
     dm__buf_put(b, "\"", 1);
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        if (*p == '"' || *p == '\\') {
-            char e[2] = {'\\', (char)*p};
-            dm__buf_put(b, e, 2);
-        } else if (*p < 0x20) {
-            dm__buf_printf(b, "\\u%04x", *p);
-        } else {
-            dm__buf_put(b, (const char *)p, 1);
-        }
-    }
+    dm__buf_text(b, s, strlen(s), DM_TEXT_JSON);
     dm__buf_put(b, "\"", 1);
 }
 

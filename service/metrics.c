@@ -155,20 +155,6 @@ static uint64_t rule_u64(const dm_rule_stats_t *r, const rule_metric_t *m) {
 
 /* ---- Prometheus text -------------------------------------------------------- */
 
-/* A label value: backslash, double quote and newline escaped (format 0.0.4). */
-static void label_value(dm_buf_t *b, const char *s) {
-    for (const char *p = s; *p; p++) {
-        if (*p == '\\')
-            dm__buf_put(b, "\\\\", 2);
-        else if (*p == '"')
-            dm__buf_put(b, "\\\"", 2);
-        else if (*p == '\n')
-            dm__buf_put(b, "\\n", 2);
-        else
-            dm__buf_put(b, p, 1);
-    }
-}
-
 typedef struct sample {
     dm_buf_t *b;
     int nlabels;
@@ -184,7 +170,7 @@ static void label(sample_t *s, const char *key, const char *value) {
     dm__buf_puts(s->b, s->nlabels++ ? "," : "{");
     dm__buf_puts(s->b, key);
     dm__buf_puts(s->b, "=\"");
-    label_value(s->b, value);
+    dm__buf_text(s->b, value, strlen(value), DM_TEXT_LABEL);
     dm__buf_puts(s->b, "\"");
 }
 

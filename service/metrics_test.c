@@ -7,6 +7,8 @@
  */
 #include <arpa/inet.h>
 #include <dirent.h>
+#include <errno.h>
+#include <iconv.h>
 #include <netinet/in.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -247,6 +249,127 @@ static void test_json(void) {
                        "\"pinned\":\"none\",", "limit and lock");
     EXPECT_CONTAINS(j, "\"jemalloc_arenas\":1,\"limit_bytes\":null,", "no limit: null");
     EXPECT_TRUE(j[0] == '{' && strcmp(j + len - 2, "}\n") == 0, "one object");
+    free(j);
+}
+
+/* ---- text from outside: always valid UTF-8 -------------------------------------- */
+
+/* Whether `s` (n bytes) is valid UTF-8, by glibc's decoder (not buf.c's). */
+static bool valid_utf8(const char *s, size_t n) {
+    iconv_t cd = iconv_open("UTF-32LE", "UTF-8");
+    if (cd == (iconv_t)-1)
+        return false;
+    char out[4096];
+    char *in = (char *)s;
+    bool ok = true;
+    while (n > 0 && ok) {
+        char *o = out;
+        size_t olen = sizeof(out);
+        if (iconv(cd, &in, &n, &o, &olen) == (size_t)-1 && errno != E2BIG)
+            ok = false;
+    }
+    iconv_close(cd);
+    return ok;
+}
+
+/* dm__buf_text of `in` (n bytes) as `how`, compared with `want`. */
+static void expect_text(const char *in, size_t n, dm_text_esc_t how, const char *want) {
+    dm_buf_t b = {0};
+    dm__buf_text(&b, in, n, how);
+    char *t = NULL;
+    EXPECT_INT_EQ(dm__buf_finish(&b, &t, NULL), 0, "render");
+    EXPECT_STR_EQ(t, want, how == DM_TEXT_JSON ? "as JSON" : "as a label");
+    free(t);
+}
+
+/* A policy path that is not UTF-8 made /metrics and /stats.json invalid UTF-8
+ * (`top`: "the reply is not JSON"). Every byte a valid sequence does not hold
+ * is the text \xNN, everywhere. */
+static void test_text_not_utf8(void) {
+    static const char in[] = "caf\xe9 \xe2\x82 \xc0\xaf \xed\xa0\x80 \xf5\xff \xf4\x90\x80\x80 "
+                             "\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80";
+    expect_text(in, sizeof(in) - 1, DM_TEXT_JSON,
+                "caf\\\\xe9 \\\\xe2\\\\x82 \\\\xc0\\\\xaf \\\\xed\\\\xa0\\\\x80 \\\\xf5\\\\xff "
+                "\\\\xf4\\\\x90\\\\x80\\\\x80 \xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80");
+    expect_text(in, sizeof(in) - 1, DM_TEXT_LABEL,
+                "caf\\\\xe9 \\\\xe2\\\\x82 \\\\xc0\\\\xaf \\\\xed\\\\xa0\\\\x80 \\\\xf5\\\\xff "
+                "\\\\xf4\\\\x90\\\\x80\\\\x80 \xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80");
+    static const char ctl[] = "a\"b\\c\nd\re\tf\x1b[0m\x7fg";
+    expect_text(ctl, sizeof(ctl) - 1, DM_TEXT_JSON,
+                "a\\\"b\\\\c\\u000ad\\u000de\\u0009f\\u001b[0m\\u007fg");
+    expect_text(ctl, sizeof(ctl) - 1, DM_TEXT_LABEL,
+                "a\\\"b\\\\c\\nd\\\\x0de\\\\x09f\\\\x1b[0m\\\\x7fg");
+    expect_text("\xe2\x82\xac", 2, DM_TEXT_JSON, "\\\\xe2\\\\x82"); /* cut inside a character */
+    expect_text("a\0b", 3, DM_TEXT_JSON, "a\\u0000b");
+
+    /* Every emitter: the policy path, arena, rule and tag names, the threads not
+     * covered, each with the hostile bytes, in both formats. */
+    static const char hostile[] = "x\xe9\"\\\n\r\x1b\xc3\xa9";
+    dm_stats_t *s = sample_stats();
+    snprintf(s->policy_path, sizeof(s->policy_path), "/tmp/%s.yaml", hostile);
+    snprintf(s->arenas[0].name, sizeof(s->arenas[0].name), "%s", hostile);
+    snprintf(s->rules[0].name, sizeof(s->rules[0].name), "%s", hostile);
+    snprintf(s->rules[0].arena, sizeof(s->rules[0].arena), "%s", hostile);
+    dm_tag_stats_t tags[1] = {{.limit = 1 << 20, .live = 5}};
+    snprintf(tags[0].name, sizeof(tags[0].name), "%s", hostile);
+    s->tally_on = true;
+    s->ntags = 1;
+    s->tags = tags;
+    snprintf(s->worker_limit_source, sizeof(s->worker_limit_source), "\xff");
+    dm_svc_stats_t svc;
+    memset(&svc, 0, sizeof(svc));
+    svc.threads_not_covered = 2;
+    memcpy(svc.uncovered_names, "t\xe9\0\xe2\x82\0", 7);
+    svc.process.pyarrow_allocated = -1;
+
+    dm_buf_t b = {0};
+    dm__metrics_json(s, &svc, &b);
+    char *j = NULL;
+    size_t len = 0;
+    EXPECT_INT_EQ(dm__buf_finish(&b, &j, &len), 0, "render");
+    EXPECT_TRUE(valid_utf8(j, len), j);
+    const char *want_json = "x\\\\xe9\\\"\\\\\\u000a\\u000d\\u001b\xc3\xa9";
+    char needle[256];
+    snprintf(needle, sizeof(needle), "\"policy_path\":\"/tmp/%s.yaml\"", want_json);
+    EXPECT_CONTAINS(j, needle, "policy path");
+    snprintf(needle, sizeof(needle), "\"arenas\":{\"%s\":{", want_json);
+    EXPECT_CONTAINS(j, needle, "arena name");
+    snprintf(needle, sizeof(needle), "\"rules\":{\"%s\":{\"arena\":\"%s\",", want_json, want_json);
+    EXPECT_CONTAINS(j, needle, "rule and its arena");
+    snprintf(needle, sizeof(needle), "{\"tag\":\"%s\",", want_json);
+    EXPECT_CONTAINS(j, needle, "tag name");
+    EXPECT_CONTAINS(j, "\"worker_limit_source\":\"\\\\xff\"", "worker limit source");
+    EXPECT_CONTAINS(j, "\"threads_not_covered\":[\"t\\\\xe9\",\"\\\\xe2\\\\x82\"]", "threads");
+    free(j);
+
+    b = (dm_buf_t){0};
+    dm__metrics_text(s, "pid=\"7\"", &b);
+    dm__metrics_service_text(&svc, "pid=\"7\"", &b);
+    EXPECT_INT_EQ(dm__buf_finish(&b, &j, &len), 0, "render");
+    EXPECT_TRUE(valid_utf8(j, len), j);
+    const char *want_label = "x\\\\xe9\\\"\\\\\\n\\\\x0d\\\\x1b\xc3\xa9";
+    snprintf(needle, sizeof(needle), "datamem_policy_info{path=\"/tmp/%s.yaml\",", want_label);
+    EXPECT_CONTAINS(j, needle, "policy path");
+    snprintf(needle, sizeof(needle), "datamem_arena_in_policy{arena=\"%s\",pid=\"7\"} 1",
+             want_label);
+    EXPECT_LINE(j, needle);
+    snprintf(needle, sizeof(needle),
+             "datamem_rule_allocations_total{rule=\"%s\",arena=\"%s\",pid=\"7\"} 7", want_label,
+             want_label);
+    EXPECT_LINE(j, needle);
+    snprintf(needle, sizeof(needle), "datamem_tag_live_bytes{tag=\"%s\",pid=\"7\"} 5", want_label);
+    EXPECT_LINE(j, needle);
+    snprintf(needle, sizeof(needle), "datamem_tag_limit_bytes{tag=\"%s\",pid=\"7\"} 1048576",
+             want_label);
+    EXPECT_LINE(j, needle);
+    /* One sample a line: the newline in every name stayed escaped. */
+    for (char *line = j, *nl; *line; line = nl + 1) {
+        nl = strchr(line, '\n');
+        if (!nl)
+            break;
+        if (line[0] != '#' && strncmp(line, "datamem_", 8) != 0)
+            TEST_FAIL_("a line that is no sample: %.*s", (int)(nl - line), line);
+    }
     free(j);
 }
 
@@ -515,6 +638,7 @@ static void test_endpoint(void) {
 int main(void) {
     test_text();
     test_json();
+    test_text_not_utf8();
     test_process();
     test_endpoint();
     return TEST_EXIT();

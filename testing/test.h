@@ -54,6 +54,17 @@ static int test_failures;
             TEST_FAIL_("%s is false (%s)", #c, why);                           \
     } while (0)
 
+/* Writes `text` to `path` (created or truncated); a failure counts. */
+static inline void test_put_file(const char *path, const char *text) {
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        TEST_FAIL_("cannot write %s", path);
+        return;
+    }
+    fputs(text, f);
+    fclose(f);
+}
+
 #define TEST_EXIT()                                                            \
     (test_failures ? (fprintf(stderr, "%d failure(s)\n", test_failures), 1)   \
                    : (printf("PASS\n"), 0))

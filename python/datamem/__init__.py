@@ -81,12 +81,17 @@ def install(policy):
 
 
 def reload(policy=None):
-    """Re-reads the policy (or loads a new path). New arrays follow the new rules;
-    live arrays are not moved. On error the last good policy stays in force and
-    PolicyError is raised."""
+    """Re-reads the policy in force (or loads a new path in its place) in a
+    process where install() put datamem in force. New arrays follow the new
+    rules; live arrays are not moved. On error the last good policy stays in
+    force and PolicyError is raised. In a process that never called install()
+    (nor ran with DATAMEM_CONFIG) it raises RuntimeError and changes nothing:
+    a reload only replaces the rules of an installed allocator, and would
+    otherwise name a policy that serves no array; call datamem.install(path)."""
+    if _state["path"] is None:
+        raise RuntimeError("no policy is installed in this process; call "
+                           "datamem.install(path) first")
     path = _policy_path(policy) if policy is not None else _state["path"]
-    if path is None:
-        raise RuntimeError("datamem is not installed")
     with _lock:
         _warn_policy(_ext.load(path))
         _state["path"] = path

@@ -187,9 +187,11 @@ def job_env(tmp_path, http="127.0.0.1:0", config=DEMO, extra=None):
 
 
 @contextlib.contextmanager
-def job(tmp_path, code=SERVE, **kw):
-    """Starts `code`; yields (Popen, first stdout line as JSON); ends it."""
-    p = subprocess.Popen([sys.executable, "-c", code], env=job_env(tmp_path, **kw), cwd=ROOT,
+def job(tmp_path, code=SERVE, argv=(), **kw):
+    """Starts `code` (sys.argv[1:] = `argv`); yields (Popen, first stdout line as
+    JSON); ends it."""
+    p = subprocess.Popen([sys.executable, "-c", code] + list(argv), env=job_env(tmp_path, **kw),
+                         cwd=ROOT,
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True)
     try:

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import datamem
-from conftest import CONFIGS, ROOT, UNDER_ASAN, run_py, wait_for
+from conftest import CONFIGS, ROOT, UNDER_ASAN, last_json, run_py, wait_for
 
 POLICY = """version: 1
 default: {default}
@@ -149,6 +149,34 @@ for _ in range(500):
     time.sleep(0.01)
 print("timeout", flush=True)
 """
+
+
+def test_reload_without_install_refuses(write_policy):
+    """datamem.reload(path) in a process that installed nothing returned, and
+    current_policy() then named the path while no array was served (arena_of()
+    None): a policy the user believed in force was not. It refuses, changes
+    nothing, and says to call install()."""
+    pol = write_policy(policy_text("b"))
+    code = r"""
+import json, numpy as np, datamem
+out = {}
+try:
+    datamem.reload(%r)
+except RuntimeError as e:
+    out["error"] = str(e)
+out["policy"] = datamem.current_policy()
+out["arena"] = datamem.arena_of(np.ones(1000))
+out["reloads"] = datamem.stats()["reloads"]
+datamem.install(%r)       # install() then reload() is the way in
+datamem.reload()
+out["after"] = [datamem.current_policy(), datamem.arena_of(np.ones(1000))]
+print(json.dumps(out))
+""" % (pol, pol)
+    out = last_json(run_py(code))
+    assert out["error"] == ("no policy is installed in this process; call "
+                            "datamem.install(path) first"), out
+    assert out["policy"] is None and out["arena"] is None and out["reloads"] == 0, out
+    assert out["after"] == [pol, "b"], out
 
 
 def test_sighup_opt_in_and_cli(tmp_path):

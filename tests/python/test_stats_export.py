@@ -249,6 +249,74 @@ def test_port0_discovery_file_and_ls(tmp_path):
     assert not (disc / ("%d.json" % p.pid)).exists()  # removed at exit
 
 
+def _not_utf8_shown(path):
+    """How the endpoint and the discovery file show text that is not UTF-8:
+    Python's "backslashreplace" (service/buf.h, dm__buf_text)."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
+
+
+def test_policy_path_not_utf8_is_served_as_utf8(tmp_path):
+    r"""A policy path that is not UTF-8 (a Latin-1 directory name; paths are bytes)
+    reached /metrics and /stats.json as raw bytes: not UTF-8, and `top` said "the
+    reply is not JSON". All the endpoint serves is valid UTF-8, the byte shown as
+    \xNN; quotes and backslashes in the path stay escaped."""
+    d = tmp_path / os.fsdecode(b'caf\xe9 "q" \\ \xff\xfe')
+    d.mkdir()
+    pol = d / "policy.yaml"
+    pol.write_bytes(open(DEMO, "rb").read())
+    shown = _not_utf8_shown(str(pol))
+    assert "caf\\xe9" in shown and "\\xff\\xfe" in shown
+    disc = tmp_path / "discovery"
+    env = {"DATAMEM_STATS_DIR": str(disc)}
+    with job(tmp_path, config=str(pol)) as (p, info):
+        base = info["url"][:-len("/metrics")]
+        replies = {path: get(base + path) for path in ("/metrics", "/stats.json", "/")}
+        top = cli("top", p.pid, "--once", "--interval", "0.2", env=env)
+        top_all = cli("top", "--all", "--once", "--interval", "0.2", env=env)
+        stats = cli("stats", p.pid, "--json", env=env)
+        entry_raw = (disc / ("%d.json" % p.pid)).read_bytes()
+    for path, (status, _, body) in replies.items():
+        assert status == 200, path
+        body.decode("utf-8")  # strict: raises on any byte that is not UTF-8
+    snap = json.loads(replies["/stats.json"][2].decode("utf-8"))
+    assert snap["policy_path"] == shown
+    (labels, one), = samples(families(replies["/metrics"][2].decode("utf-8")),
+                             "datamem_policy_info")
+    assert labels["path"] == shown and one == 1
+    json.loads(entry_raw.decode("utf-8"))
+    assert top.returncode == 0, top.stderr
+    assert "caf\\xe9" in top.stdout.splitlines()[1], top.stdout
+    assert top_all.returncode == 0 and str(p.pid) in top_all.stdout, top_all.stderr
+    assert stats.returncode == 0 and json.loads(stats.stdout)["policy_path"] == shown
+
+
+def test_discovery_entry_of_a_job_whose_argv_is_not_utf8(tmp_path):
+    """A job with a Latin-1 byte in its argv ("café.csv") wrote a discovery entry
+    that was not UTF-8: `ls` skipped it as "not JSON", so `ls`, `top --all` and
+    `--prometheus-sd` did not show the job. The entry is valid JSON always."""
+    disc = tmp_path / "discovery"
+    env = {"DATAMEM_STATS_DIR": str(disc)}
+    arg = os.fsdecode(b"caf\xe9.csv")
+    sd = tmp_path / "targets.json"
+    with job(tmp_path, argv=[arg, 'a"b\\c', "tab\there"]) as (p, info):
+        raw = (disc / ("%d.json" % p.pid)).read_bytes()
+        ls = cli("ls", env=env)
+        ls_json = cli("ls", "--json", env=env)
+        top_all = cli("top", "--all", "--once", "--interval", "0.2", env=env)
+        sd_run = cli("ls", "--prometheus-sd", sd, "--once", env=env)
+    entry = json.loads(raw.decode("utf-8"))  # strict UTF-8, then JSON
+    assert entry["cmdline"].endswith(' caf\\xe9.csv a"b\\c tab\there'), entry["cmdline"]
+    for r in (ls, ls_json, top_all, sd_run):
+        assert r.returncode == 0 and "skipping" not in r.stderr, r.stderr
+    assert str(p.pid) in ls.stdout, ls.stdout
+    assert json.loads(ls_json.stdout) == [entry]
+    assert str(p.pid) in top_all.stdout, top_all.stdout
+    u = urllib.parse.urlsplit(info["url"])
+    (group,) = json.loads(sd.read_text())
+    assert group["targets"] == ["%s:%d" % (u.hostname, u.port)]
+    assert group["labels"]["pid"] == str(p.pid)
+
+
 def test_ls_prunes_dead_processes(tmp_path):
     disc = tmp_path / "discovery"
     disc.mkdir()

@@ -1,0 +1,222 @@
+/*
+ * cgroup.c: the memory limit of the control group this process runs in, for
+ * `worker_limit: N%` (tally.c through os.c's dm__os_memory_limit).
+ *
+ * A limit set on any ancestor of the process's cgroup bounds it too, so the
+ * limit is the smallest one on the way from the process's cgroup up to the
+ * root of the hierarchy's mount:
+ *   cgroup v2  memory.max of each cgroup on the way ("max": none);
+ *   cgroup v1  memory.limit_in_bytes of each (a value of 2^62 or more is the
+ *              kernel's "unlimited", PAGE_COUNTER_MAX pages), and the leaf's
+ *              hierarchical_memory_limit in memory.stat, which the kernel
+ *              computes over every ancestor, those above a container's mount
+ *              included.
+ * The process's cgroup comes from /proc/self/cgroup (v1: the line whose
+ * controllers include "memory"; v2: "0::PATH"), the hierarchy's mount point
+ * and the cgroup its mount shows as its root from /proc/self/mountinfo (a
+ * container's /sys/fs/cgroup often shows only its own subtree). Both versions
+ * are read: on a hybrid host the memory controller is in one of them, and the
+ * other has no limit files. Every path is read under `root` so that tests can
+ * hand in a fake tree.
+ *
+ * Thread safety: reentrant (reads files only). Never on an allocation path:
+ * called at install.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "runtime/os.h"
+
+#define V1_UNLIMITED (UINT64_C(1) << 62)
+
+/* A cgroup hierarchy: where it is mounted, the cgroup it shows at its mount
+ * point, and the process's cgroup in it. */
+typedef struct hierarchy {
+    char mount[512];  /* mount point, as mountinfo names it */
+    char mroot[512];  /* the cgroup at the mount point ("/" for the whole tree) */
+    char cgroup[512]; /* the process's cgroup, from /proc/self/cgroup */
+} hierarchy_t;
+
+/* Whether comma-separated `list` holds `word`. */
+static bool list_has(const char *list, const char *word) {
+    size_t n = strlen(word);
+    for (const char *p = list; *p;) {
+        size_t len = strcspn(p, ",");
+        if (len == n && strncmp(p, word, n) == 0)
+            return true;
+        p += len + (p[len] == ',');
+    }
+    return false;
+}
+
+/* mountinfo's octal escapes (\040 for a space) undone in place. */
+static void unescape(char *s) {
+    char *w = s;
+    for (char *r = s; *r; r++) {
+        if (r[0] == '\\' && r[1] >= '0' && r[1] <= '3' && r[2] >= '0' && r[2] <= '7' &&
+            r[3] >= '0' && r[3] <= '7') {
+            *w++ = (char)((r[1] - '0') * 64 + (r[2] - '0') * 8 + (r[3] - '0'));
+            r += 3;
+        } else {
+            *w++ = *r;
+        }
+    }
+    *w = 0;
+}
+
+typedef bool line_fn(char *line, int version, hierarchy_t *h);
+
+/* Calls fn on each line of `root`/`rel` (its newline cut) until one returns
+ * true; whether one did. */
+static bool find_line(const char *root, const char *rel, line_fn *fn, int version,
+                      hierarchy_t *h) {
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/%s", root, rel);
+    FILE *f = fopen(path, "re");
+    if (!f)
+        return false;
+    char *line = NULL;
+    size_t cap = 0;
+    bool found = false;
+    while (!found && getline(&line, &cap, f) > 0) {
+        line[strcspn(line, "\n")] = 0;
+        found = fn(line, version, h);
+    }
+    free(line);
+    fclose(f);
+    return found;
+}
+
+/* A line of /proc/self/cgroup, "ID:CONTROLLERS:PATH": the process's cgroup in
+ * hierarchy `version` (1: the memory controller's) into h->cgroup. */
+static bool own_cgroup(char *line, int version, hierarchy_t *h) {
+    char *ctl = strchr(line, ':'), *cg = ctl ? strchr(ctl + 1, ':') : NULL;
+    if (!cg)
+        return false;
+    *cg++ = 0;
+    *ctl++ = 0;
+    bool match = version == 2 ? strcmp(line, "0") == 0 && !*ctl : list_has(ctl, "memory");
+    if (!match || cg[0] != '/' || strlen(cg) >= sizeof(h->cgroup))
+        return false;
+    snprintf(h->cgroup, sizeof(h->cgroup), "%s", cg);
+    return true;
+}
+
+/* A line of /proc/self/mountinfo, "ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTS
+ * [TAGS] - TYPE SOURCE SUPEROPTS": a mount of hierarchy `version` that holds
+ * h->cgroup, into h->mount and h->mroot. */
+static bool find_mount(char *line, int version, hierarchy_t *h) {
+    char *sep = strstr(line, " - "), *save = NULL;
+    if (!sep)
+        return false;
+    *sep = 0;
+    char *type = strtok_r(sep + 3, " ", &save);
+    char *source = type ? strtok_r(NULL, " ", &save) : NULL;
+    char *super = source ? strtok_r(NULL, " ", &save) : NULL;
+    bool match = type && (version == 2 ? strcmp(type, "cgroup2") == 0
+                                       : strcmp(type, "cgroup") == 0 && super &&
+                                             list_has(super, "memory"));
+    if (!match)
+        return false;
+    char *fields[5];
+    int n = 0;
+    save = NULL;
+    for (char *t = strtok_r(line, " ", &save); t && n < 5; t = strtok_r(NULL, " ", &save))
+        fields[n++] = t;
+    if (n < 5)
+        return false;
+    unescape(fields[3]);
+    unescape(fields[4]);
+    size_t rl = strcmp(fields[3], "/") == 0 ? 0 : strlen(fields[3]); /* "/": the whole tree */
+    /* The process's cgroup must be the mount's root or below it. */
+    if (strncmp(h->cgroup, fields[3], rl) != 0 || (h->cgroup[rl] && h->cgroup[rl] != '/') ||
+        strlen(fields[4]) >= sizeof(h->mount))
+        return false;
+    snprintf(h->mount, sizeof(h->mount), "%s", fields[4]);
+    snprintf(h->mroot, sizeof(h->mroot), "%.*s", (int)rl, fields[3]);
+    return true;
+}
+
+/* The number in file `dir`/`name`, or UINT64_MAX (none: "max", absent,
+ * unreadable, not a number, or v1's unlimited). */
+static uint64_t read_limit(const char *dir, const char *name) {
+    char path[4096], val[64];
+    if (snprintf(path, sizeof(path), "%s/%s", dir, name) >= (int)sizeof(path))
+        return UINT64_MAX;
+    FILE *f = fopen(path, "re");
+    if (!f)
+        return UINT64_MAX;
+    bool ok = fgets(val, sizeof(val), f) != NULL;
+    fclose(f);
+    char *end;
+    unsigned long long v = ok && val[0] >= '0' && val[0] <= '9' ? strtoull(val, &end, 10) : 0;
+    return ok && val[0] >= '0' && val[0] <= '9' && (*end == '\n' || !*end) && v > 0 &&
+                   v < V1_UNLIMITED
+               ? (uint64_t)v
+               : UINT64_MAX;
+}
+
+/* hierarchical_memory_limit from v1's memory.stat in `dir`, or UINT64_MAX. */
+static uint64_t v1_hierarchical(const char *dir) {
+    char path[4096];
+    if (snprintf(path, sizeof(path), "%s/memory.stat", dir) >= (int)sizeof(path))
+        return UINT64_MAX;
+    FILE *f = fopen(path, "re");
+    if (!f)
+        return UINT64_MAX;
+    char line[256];
+    unsigned long long v = 0;
+    bool found = false;
+    while (!found && fgets(line, sizeof(line), f))
+        found = sscanf(line, "hierarchical_memory_limit %llu", &v) == 1;
+    fclose(f);
+    return found && v > 0 && v < V1_UNLIMITED ? (uint64_t)v : UINT64_MAX;
+}
+
+/* Whether path `p` has a component "." or "..". */
+static bool has_dot_component(const char *p) {
+    while (*p) {
+        p += strspn(p, "/");
+        size_t len = strcspn(p, "/");
+        if ((len == 1 && p[0] == '.') || (len == 2 && p[0] == '.' && p[1] == '.'))
+            return true;
+        p += len;
+    }
+    return false;
+}
+
+/* The smallest limit in hierarchy `version`, from the process's cgroup up to
+ * the mount's root; UINT64_MAX when none. */
+static uint64_t hierarchy_limit(const char *root, int version) {
+    hierarchy_t h;
+    if (!find_line(root, "proc/self/cgroup", own_cgroup, version, &h) ||
+        !find_line(root, "proc/self/mountinfo", find_mount, version, &h))
+        return UINT64_MAX;
+    const char *rel = h.cgroup + strlen(h.mroot); /* "" or "/a/b" */
+    if (has_dot_component(rel))
+        return UINT64_MAX; /* never read outside the mount */
+    char dir[4096];
+    if (snprintf(dir, sizeof(dir), "%s%s%s", root, h.mount, rel) >= (int)sizeof(dir))
+        return UINT64_MAX;
+    size_t top = strlen(root) + strlen(h.mount); /* dir's length at the mount point */
+    const char *file = version == 2 ? "memory.max" : "memory.limit_in_bytes";
+    uint64_t best = version == 1 ? v1_hierarchical(dir) : UINT64_MAX;
+    for (;;) {
+        uint64_t v = read_limit(dir, file);
+        if (v < best)
+            best = v;
+        char *slash = strrchr(dir, '/');
+        if (strlen(dir) <= top || !slash || (size_t)(slash - dir) < top)
+            break;
+        *slash = 0; /* the parent */
+    }
+    return best;
+}
+
+uint64_t dm__cgroup_memory_limit(const char *root, int *version) {
+    uint64_t v1 = hierarchy_limit(root, 1), v2 = hierarchy_limit(root, 2);
+    *version = v2 <= v1 ? 2 : 1;
+    uint64_t best = v2 <= v1 ? v2 : v1;
+    return best == UINT64_MAX ? 0 : best;
+}
