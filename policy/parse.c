@@ -192,7 +192,8 @@ static int conv_measure(const dm__schema_row_t *r, const char *s, void *sect,
                         q, is_size ? " (at most 18446744073709551615 bytes)" : "");
     if (rc && is_size)
         return why_fail(why, "invalid size %s: expected bytes (e.g. 4096) "
-                        "or a whole number and a unit (" DM_SIZE_UNIT_NAMES ")%s", q,
+                        "or a number and a unit (" DM_SIZE_UNIT_NAMES "; 1.5GiB: a "
+                        "fraction must come to whole bytes)%s", q,
                         (r->flags & DM_SF_NEVER) ? ", or never" : "");
     if (rc)
         return why_fail(why, "invalid duration %s: expected milliseconds "

@@ -82,9 +82,10 @@ int dm_dtype_from_name(const char *name);
 
 /* ---- value syntax (the parser's, exposed for tools and fuzzing) --------- */
 
-/* Bytes: "4096", or a whole number and a unit, "64KiB", "8 MiB", "1GB" (units
- * B, KiB, MiB, GiB, TiB, KB, MB, GB, TB; case matters). Returns 0,
- * DM_EINVALID (syntax, unknown unit) or DM_ERANGE (does not fit a size_t). */
+/* Bytes: "4096", or a number and a unit, "64KiB", "8 MiB", "1GB", "1.5GiB"
+ * (units B, KiB, MiB, GiB, TiB, KB, MB, GB, TB; case matters; a fraction needs
+ * a unit and must come to whole bytes). Returns 0, DM_EINVALID (syntax,
+ * unknown unit, a fraction of a byte) or DM_ERANGE (does not fit a size_t). */
 int dm_parse_size(const char *s, size_t *out);
 /* worker_limit's value: a size (bytes set, *permille 0) or "N%" / "N.N%" of a
  * memory limit (*permille 1..1000, *bytes 0). "" gives both 0. */

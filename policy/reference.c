@@ -103,8 +103,11 @@ static void put_types(FILE *f) {
 }
 
 static void put_units(FILE *f) {
-    fprintf(f, "\n## Sizes\n\nA whole number of bytes (`4096`), or a whole number "
-               "and a unit, with or without a space (`64KiB`, `8 MiB`). Units are "
+    fprintf(f, "\n## Sizes\n\nA whole number of bytes (`4096`), or a number and a "
+               "unit, with or without a space (`64KiB`, `8 MiB`, `1.5GiB`). A "
+               "decimal fraction (at most 12 digits) needs a unit and must come "
+               "to a whole number of bytes: `1.5GiB` is 1610612736 bytes, `1.1KiB` "
+               "(1126.4 bytes) is an error, never rounded. Units are "
                "case-sensitive; no others (`k`, `kb`, `M`) are accepted. Sizes "
                "that do not fit in 64 bits are errors. A decimal unit gets a "
                "warning, since the binary one is almost always meant (`4MB is "

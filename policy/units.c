@@ -5,6 +5,7 @@
  * Every input is untrusted (these are fuzzed directly): no allocation, overflow
  * checked, NUL-terminated strings only. Pure functions, safe from any thread.
  */
+#include <stdbool.h>
 #include <string.h>
 
 #include "policy/internal.h"
@@ -51,24 +52,44 @@ static const unit_t *find_unit(const unit_t *units, size_t n, const char *s) {
     return NULL;
 }
 
+/* "N", "N UNIT" or "N.F UNIT": a decimal fraction needs a unit, and the
+ * result must be a whole number of bytes (1.5GiB is 1610612736; 1.1KiB, 1126.4
+ * bytes, is DM_EINVALID: a size is never rounded into another). At most 12
+ * fraction digits, so that F * unit fits in 128 bits with room. */
 int dm_parse_size(const char *s, size_t *out) {
-    uint64_t v;
+    uint64_t v, frac = 0, scale = 1;
     int n = read_digits(&s, &v);
     if (n == 0)
         return DM_EINVALID;
     if (n < 0)
         return DM_ERANGE;
+    bool fraction = *s == '.';
+    if (fraction) {
+        s++;
+        const char *f = s;
+        int nf = read_digits(&s, &frac);
+        if (nf <= 0 || nf > 12)
+            return DM_EINVALID;
+        for (const char *c = f; c < s; c++)
+            scale *= 10;
+    }
     const char *u = skip_spaces(s);
     if (*u == '\0' && u == s) {
+        if (fraction)
+            return DM_EINVALID; /* bytes are whole */
         *out = (size_t)v;
         return v > SIZE_MAX ? DM_ERANGE : 0;
     }
     const unit_t *unit = find_unit(size_units, sizeof size_units / sizeof *size_units, u);
     if (!unit)
         return DM_EINVALID;
-    if (v > SIZE_MAX / unit->mult)
+    unsigned __int128 part = (unsigned __int128)frac * unit->mult;
+    if (part % scale)
+        return DM_EINVALID;
+    unsigned __int128 total = (unsigned __int128)v * unit->mult + part / scale;
+    if (total > SIZE_MAX)
         return DM_ERANGE;
-    *out = (size_t)(v * unit->mult);
+    *out = (size_t)total;
     return 0;
 }
 

@@ -38,7 +38,20 @@ static void test_sizes(void) {
         {"8K", DM_EINVALID, 0},
         {"8kib", DM_EINVALID, 0},
         {"8M", DM_EINVALID, 0},
-        {"1.5GiB", DM_EINVALID, 0},
+        {"1.5GiB", 0, 3ull << 29},
+        {"0.5KiB", 0, 512},
+        {"1.25 MiB", 0, 1310720},
+        {"1.000000000001TB", 0, 1000000000001ull},
+        {"1.0000000000001TB", DM_EINVALID, 0}, /* 13 fraction digits */
+        {"1.1KiB", DM_EINVALID, 0},            /* 1126.4 bytes: never rounded */
+        {"1.5", DM_EINVALID, 0},               /* bytes are whole */
+        {"1.5B", DM_EINVALID, 0},
+        {"1.GiB", DM_EINVALID, 0},
+        {".5GiB", DM_EINVALID, 0},
+        {"1..5GiB", DM_EINVALID, 0},
+        {"16777215.99TiB", DM_EINVALID, 0},
+        {"16777215.5TiB", 0, (16777215ull << 40) + (1ull << 39)},
+        {"16777216.0TiB", DM_ERANGE, 0},
         {"-1", DM_EINVALID, 0},
         {"+1", DM_EINVALID, 0},
         {" 1", DM_EINVALID, 0},

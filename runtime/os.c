@@ -129,8 +129,8 @@ int dm__os_memory_limit(uint64_t *bytes, char *source, size_t cap, char *why, si
             if ((unsigned char)*c < 0x20 || *c == 0x7f)
                 *c = '?'; /* one line on a terminal */
         snprintf(why, whycap,
-                 "DATAMEM_MEMORY_LIMIT=\"%s\" is %s: give bytes or a whole number with B, KiB, "
-                 "MiB, GiB, TiB, KB, MB, GB or TB (1.5GiB is 1536MiB), or unset it to use the "
+                 "DATAMEM_MEMORY_LIMIT=\"%s\" is %s: give bytes or a number with B, KiB, MiB, "
+                 "GiB, TiB, KB, MB, GB or TB that comes to whole bytes (1.5GiB), or unset it to use the "
                  "cgroup's memory limit or physical memory",
                  shown, rc == DM_ERANGE ? "too large" : rc ? "not a size" : "0 bytes");
         return DM_EINVALID;

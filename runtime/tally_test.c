@@ -169,9 +169,9 @@ static void test_worker_limit(void) {
     dm_stats_release(&s);
 }
 
-/* worker_limit's share of DATAMEM_MEMORY_LIMIT. A value that is no size in the
- * policy's grammar ("1.5GiB") was dropped without a word and the share taken
- * of physical memory: now the install fails, says why, and the policy in
+/* worker_limit's share of DATAMEM_MEMORY_LIMIT, a size in the policy's grammar
+ * ("1.5GiB" included). A value that is no such size must never turn the share
+ * into one of physical memory: the install fails, says why, and the policy in
  * force keeps its worker limit. */
 static void test_worker_limit_env(void) {
     static const char *share =
@@ -183,8 +183,15 @@ static void test_worker_limit_env(void) {
     EXPECT_UINT_EQ(s.worker_limit, 128u << 20, "half of DATAMEM_MEMORY_LIMIT");
     EXPECT_STR_EQ(s.worker_limit_source, "env", "source");
     dm_stats_release(&s);
+    setenv("DATAMEM_MEMORY_LIMIT", "1.5GiB", 1);
+    load(share);
+    dm_stats_snapshot(&s);
+    EXPECT_UINT_EQ(s.worker_limit, 768u << 20, "half of 1.5GiB, as Dask users write it");
+    dm_stats_release(&s);
+    setenv("DATAMEM_MEMORY_LIMIT", "256MiB", 1);
+    load(share);
 
-    static const char *const bad[] = {"1.5GiB", "lots", "0", "8 GiB and more",
+    static const char *const bad[] = {"1.1KiB", "lots", "0", "8 GiB and more",
                                       "99999999999999999999"};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         setenv("DATAMEM_MEMORY_LIMIT", bad[i], 1);
@@ -198,7 +205,7 @@ static void test_worker_limit_env(void) {
         snprintf(want, sizeof(want), "error: worker_limit: 50%% of the process's memory limit: "
                  "DATAMEM_MEMORY_LIMIT=\"%s\" is ", bad[i]);
         EXPECT_CONTAINS(text, want, "one line names the variable and its value");
-        EXPECT_CONTAINS(text, "1.5GiB is 1536MiB", "says what is accepted");
+        EXPECT_CONTAINS(text, "comes to whole bytes (1.5GiB)", "says what is accepted");
         dm_stats_snapshot(&s);
         EXPECT_UINT_EQ(s.worker_limit, 128u << 20, "the policy in force keeps its limit");
         dm_stats_release(&s);

@@ -34,10 +34,16 @@ _UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 
 
 
 def parse_size(text):
-    """Bytes from "4096", "64KiB", "1 GB" (units as in policies, any case);
+    """Bytes from "4096", "64KiB", "1 GB", "1.5GiB" (units as in policies, any
+    case; a fraction needs a unit and must come to whole bytes, as in a policy);
     ValueError naming the text otherwise."""
-    m = re.fullmatch(r"\s*(\d+)\s*([A-Za-z]*)\s*", text)
-    if not m or m.group(2).lower() not in _UNITS:
+    m = re.fullmatch(r"\s*(\d+)(?:\.(\d{1,12}))?\s*([A-Za-z]*)\s*", text)
+    unit = m and m.group(3).lower()
+    if not m or unit not in _UNITS or (m.group(2) and not unit):
         raise ValueError(
             "bad size %r (bytes, or a number with B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)" % text)
-    return int(m.group(1)) * _UNITS[m.group(2).lower()]
+    frac = m.group(2) or ""
+    scaled = int(m.group(1) + frac) * _UNITS[unit]
+    if scaled % 10 ** len(frac):
+        raise ValueError("bad size %r: not a whole number of bytes" % text)
+    return scaled // 10 ** len(frac)

@@ -145,6 +145,19 @@ def test_explain_needs_size_unless_table(write_policy):
     assert r.returncode == 0 and "-> default arena 'a'" in r.stdout, r.stderr
 
 
+def test_explain_sizes_take_the_policys_grammar(write_policy):
+    """--size reads sizes as a policy does: a fraction that comes to whole bytes
+    (1.5MiB) is a size; one that does not (1.1KiB) is an error, never rounded."""
+    p = write_policy("version: 1\ndefault: a\narenas: {a: {}, big: {}}\n"
+                     "rules:\n  - {name: big, match: {size: {min: 1536KiB}}, arena: big}\n")
+    r = cli("explain", p, "--size", "1.5MiB")
+    assert r.returncode == 0 and "arena 'big'" in r.stdout, r.stdout + r.stderr
+    r = cli("explain", p, "--size", "1.25MiB")
+    assert r.returncode == 0 and "-> default arena 'a'" in r.stdout, r.stdout + r.stderr
+    r = cli("explain", p, "--size", "1.1KiB")
+    assert r.returncode == 2 and "not a whole number of bytes" in r.stderr, r.stderr
+
+
 def test_explain_unknown_dtype_lists_the_accepted_ones(write_policy):
     r = cli("explain", write_policy(OK), "--size", "1MiB", "--dtype", "float33")
     assert r.returncode == 2

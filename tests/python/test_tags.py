@@ -17,6 +17,7 @@ import datamem
 from conftest import last_json, run_py
 
 MiB = 1 << 20
+GiB = 1 << 30
 
 POLICY = """\
 version: 1
@@ -136,19 +137,30 @@ print(json.dumps(out))
     assert out["error"].startswith("datamem: the worker limit of 128.0 MiB is reached"), out
 
 
-@pytest.mark.parametrize("value", ["1.5GiB", "lots", "0"])
+def test_memory_limit_takes_the_policys_sizes(write_policy):
+    """DATAMEM_MEMORY_LIMIT=1.5GiB, as Dask users write memory limits, is a size
+    (a fraction that comes to whole bytes): `worker_limit: 50%` is 768 MiB."""
+    share = write_policy("version: 1\ndefault: general\narenas:\n  general: {}\n"
+                         "worker_limit: 50%\n")
+    code = "import json, datamem; print(json.dumps(datamem.stats()['tag_bytes']))"
+    for value, want in (("1.5GiB", 768 * MiB), ("1610612736", 768 * MiB), ("2 GiB", GiB)):
+        out = last_json(run_py(code, config=share, env={"DATAMEM_MEMORY_LIMIT": value}))
+        assert out["worker_limit"] == want and out["worker_limit_source"] == "env", (value, out)
+
+
+@pytest.mark.parametrize("value", ["1.1KiB", "1.5 GB of RAM", "lots", "0"])
 def test_memory_limit_that_is_not_a_size_is_refused(write_policy, value):
-    """DATAMEM_MEMORY_LIMIT=1.5GiB was dropped without a word and `worker_limit:
-    50%` became half of physical memory. A value that is not a size in the
-    policy's grammar stops the start-up with one line naming it; install()
-    raises PolicyError and leaves the policy in force alone."""
+    """A DATAMEM_MEMORY_LIMIT that is not a size in the policy's grammar (1.1KiB
+    is 1126.4 bytes) must never leave `worker_limit: 50%` a share of physical
+    memory: start-up stops with one line naming it; install() raises
+    PolicyError and leaves the policy in force alone."""
     share = write_policy("version: 1\ndefault: general\narenas:\n  general: {}\n"
                          "worker_limit: 50%\n")
     want = ("error: worker_limit: 50%% of the process's memory limit: "
             "DATAMEM_MEMORY_LIMIT=\"%s\" is " % value)
     r = run_py("print('job ran')", config=share, env={"DATAMEM_MEMORY_LIMIT": value})
     assert r.returncode == 2 and "job ran" not in r.stdout, r.stdout + r.stderr
-    assert want in r.stderr and "1.5GiB is 1536MiB" in r.stderr, r.stderr
+    assert want in r.stderr and "comes to whole bytes (1.5GiB)" in r.stderr, r.stderr
     code = r"""
 import json, os, datamem
 datamem.install(%r)
