@@ -232,7 +232,7 @@ static void test_thread(void) {
  * replaced job.prom there. The directory rule refuses both the foreign
  * directory and a link at its name; nothing is written at the link's target. */
 static void test_untrusted_dir(void) {
-    char theirs[256], guarded[256], victim[256], path[256], swapped[256];
+    char theirs[128], guarded[128], victim[200], path[200], swapped[128];
     snprintf(guarded, sizeof(guarded), "%s/root-only", dir);
     mkdir(guarded, 0700);
     snprintf(victim, sizeof(victim), "%s/job.prom", guarded);

@@ -101,11 +101,10 @@ static void split_path(const char *path, char *dir, size_t dcap, char *base, siz
  * cannot be read now. dm_policy_open applies the policy's rule (a file or
  * directory swapped for one of another user's is refused before it is read)
  * and never blocks on a FIFO. */
-static bool file_hash(const char *path, uint64_t *h, char *why, size_t cap) {
-    int fd = dm_policy_open(path, why, cap);
+static bool file_hash(const char *path, uint64_t *h, char *why, size_t wcap) {
+    int fd = dm_policy_open(path, why, wcap), err = 0;
     if (fd < 0)
         return false;
-    snprintf(why, cap, "%s", "cannot read the policy");
     size_t cap = DM_POLICY_FILE_MAX + 1, n = 0;
     char *buf = malloc(cap);
     bool ok = buf != NULL;
@@ -115,6 +114,7 @@ static bool file_hash(const char *path, uint64_t *h, char *why, size_t cap) {
             continue;
         if (r <= 0) {
             ok = r == 0;
+            err = errno;
             break;
         }
         n += (size_t)r;
@@ -123,7 +123,7 @@ static bool file_hash(const char *path, uint64_t *h, char *why, size_t cap) {
     if (ok)
         *h = dm_policy_hash(buf, n);
     else
-        snprintf(why, cap, "cannot read the policy: %s", buf ? strerror(errno) : "out of memory");
+        snprintf(why, wcap, "cannot read the policy: %s", buf ? strerror(err) : "out of memory");
     free(buf);
     return ok;
 }
