@@ -284,6 +284,17 @@ def _root_only():
         pytest.skip("SKIP: files of another user need root (chown to nobody)")
 
 
+def _planted_link(tmp_path, target):
+    """A link to `target` planted by another user (nobody), in nobody's directory."""
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o755)
+    os.chown(theirs, 65534, 65534)
+    link = theirs / "policy.yaml"
+    os.symlink(target, link)
+    os.lchown(link, 65534, 65534)
+    return link
+
+
 def _textfile_policy(prom):
     return ("version: 1\ndefault: a\narenas:\n  a: {}\n"
             "stats:\n  textfile: %s\n  interval: 20ms\n" % prom)
@@ -314,12 +325,7 @@ def test_a_policy_another_user_could_write_stops_start_up(tmp_path, how):
     elif how == "a directory of another user":
         os.chown(shared, 65534, 65534)
     else:  # the link sits in nobody's directory; what it names is root's and fine
-        theirs = tmp_path / "theirs"
-        theirs.mkdir(mode=0o755)
-        os.chown(theirs, 65534, 65534)
-        name = theirs / "policy.yaml"
-        os.symlink(pol, name)
-        os.lchown(name, 65534, 65534)
+        name = _planted_link(tmp_path, pol)
     r = run_py("import numpy; print('job ran')", config=str(name), timeout=60)
     assert r.returncode == 2 and "job ran" not in r.stdout, r.stderr
     errors = [line for line in r.stderr.splitlines() if ": error: " in line]
@@ -361,16 +367,10 @@ def test_a_configmap_mount_activates(tmp_path):
 # before the file is read: no line of it reaches stderr.
 def test_a_link_to_a_root_only_file_quotes_none_of_it(tmp_path):
     _root_only()
-    shadow = shadow_like(tmp_path)
-    theirs = tmp_path / "theirs"
-    theirs.mkdir(mode=0o755)
-    os.chown(theirs, 65534, 65534)
-    link = theirs / "policy.yaml"
-    os.symlink(shadow, link)
-    os.lchown(link, 65534, 65534)
+    link = _planted_link(tmp_path, shadow_like(tmp_path))
     r = run_py("print('job ran')", config=str(link), timeout=60)
     assert r.returncode == 2, r.stderr
-    assert "refused: %s: directory owned by uid 65534" % theirs in r.stderr, r.stderr
+    assert "refused: %s: directory owned by uid 65534" % link.parent in r.stderr, r.stderr
     assert "secret" not in r.stderr and "$6$" not in r.stderr, r.stderr
 
 
