@@ -132,8 +132,9 @@ static void reload_now(const char *path) {
     uint64_t h;
     char why[512];
     if (!file_hash(path, &h, why, sizeof why)) {
-        dm_log("datamem: policy %s cannot be read (%s); keeping the last good policy", path,
-               why);
+        static const char plain[] = "cannot read the policy: "; /* said already */
+        const char *w = strncmp(why, plain, sizeof plain - 1) == 0 ? why + sizeof plain - 1 : why;
+        dm_log("datamem: policy %s cannot be read (%s); keeping the last good policy", path, w);
         return;
     }
     dm_policy_t *cur = dm_runtime_policy_copy();
