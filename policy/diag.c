@@ -6,6 +6,7 @@
  * past DM_DIAG_MAX are only counted. Not thread-safe per dm_diags_t (one parse
  * owns one), reentrant otherwise.
  */
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -131,7 +132,8 @@ static void put_caret(dm__sbuf_t *b, const dm_diag_t *e) {
     dm__text_sb_printf(b, "^\n");
 }
 
-static void format_one(dm__sbuf_t *b, const dm_diags_t *d, int i) {
+/* `quote`: put the offending source line (and a caret) under it. */
+static void format_one(dm__sbuf_t *b, const dm_diags_t *d, int i, bool quote) {
     const dm_diag_t *e = &d->items[i];
     const char *file = d->file[0] ? d->file : "<policy>";
     if (e->line > 0)
@@ -143,7 +145,7 @@ static void format_one(dm__sbuf_t *b, const dm_diags_t *d, int i) {
     if (e->repeats > 0)
         dm__text_sb_printf(b, " (and %d more like this)", e->repeats);
     dm__text_sb_printf(b, "\n");
-    if (e->line > 0 && e->source[0]) {
+    if (quote && e->line > 0 && e->source[0]) {
         dm__text_sb_printf(b, "%s\n", e->source);
         put_caret(b, e);
     }
@@ -153,7 +155,7 @@ int dm_diag_format(const dm_diags_t *d, int i, char *buf, size_t cap) {
     dm__sbuf_t b;
     dm__text_sb_init(&b, buf, cap);
     if (i >= 0 && i < d->n)
-        format_one(&b, d, i);
+        format_one(&b, d, i, true);
     return dm__text_sb_done(&b);
 }
 
@@ -161,8 +163,17 @@ int dm_diags_format_all(const dm_diags_t *d, char *buf, size_t cap) {
     dm__sbuf_t b;
     int kept = 0;
     dm__text_sb_init(&b, buf, cap);
+    /* One source line at most, the first diagnostic's that has one (again
+     * under the others on that same line, with their carets): the rest say
+     * where (file:line:col) without quoting. A report never copies a file out
+     * line by line, whatever file the policy path turned out to name. */
+    int quoted = 0; /* the line quoted, 0 while none */
     for (int i = 0; i < d->n; i++) {
-        format_one(&b, d, i);
+        const dm_diag_t *e = &d->items[i];
+        bool quote = e->line > 0 && e->source[0] && (!quoted || e->line == quoted);
+        format_one(&b, d, i, quote);
+        if (quote)
+            quoted = e->line;
         if (d->items[i].severity != DM_SEV_NOTE)
             kept += 1 + d->items[i].repeats;
     }

@@ -70,7 +70,10 @@ void dm_diags_init(dm_diags_t *d, const char *file);
  * semantics). */
 int dm_diag_format(const dm_diags_t *d, int i, char *buf, size_t cap);
 
-/* Formats every entry, and a "... and N more" line when some were dropped. */
+/* Formats every entry, and a "... and N more" line when some were dropped.
+ * Only the first entry with a source line quotes it (and its caret); the
+ * others give file:line:col only, so a report never quotes more than one line
+ * of whatever file it read. */
 int dm_diags_format_all(const dm_diags_t *d, char *buf, size_t cap);
 
 #ifdef __cplusplus

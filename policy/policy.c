@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "policy/internal.h"
+#include "policy/trust.h"
 
 uint64_t dm_policy_hash(const char *buf, size_t len) {
     uint64_t h = 0xcbf29ce484222325ull;
@@ -103,51 +104,36 @@ static int read_all(int fd, char **buf, size_t *len) {
     return 0;
 }
 
-static const char *file_kind(mode_t mode) {
-    if (S_ISFIFO(mode))
-        return "a FIFO";
-    if (S_ISDIR(mode))
-        return "a directory";
-    if (S_ISCHR(mode))
-        return "a character device";
-    if (S_ISBLK(mode))
-        return "a block device";
-    if (S_ISSOCK(mode))
-        return "a socket";
-    return "not a regular file";
+/* The policy is read only through trust.c's rule: a file, or a directory on
+ * the way to it, that someone the job does not trust could change is refused
+ * before a byte of it is read, so its content never reaches a diagnostic.
+ * Symbolic links are followed from trusted directories: Kubernetes mounts a
+ * ConfigMap as a chain of them (`..data`). Returns the descriptor, or
+ * DM_EUNSAFE / DM_EIO with the diagnostic's text in `why`. */
+static int open_checked(const char *path, char *why, size_t cap) {
+    char what[384];
+    int fd = dm__trust_open(path, DM__TRUST_FILE, 0, what, sizeof what), e = errno;
+    if (fd >= 0)
+        return fd;
+    if (fd == DM_EUNSAFE)
+        snprintf(why, cap, "refused: %s; a policy and each directory on its way must be owned "
+                 "by this user or root and writable by no one else (whoever can change them "
+                 "decides what this job writes where): chown or chmod go-w, or move the policy",
+                 what);
+    else if (fd == DM_EINVALID)
+        snprintf(why, cap, "not a regular file (%s); a policy must be a regular file or a "
+                 "symbolic link to one", what);
+    else
+        snprintf(why, cap, "cannot read the policy: %s", strerror(e));
+    errno = e;
+    return fd == DM_EUNSAFE ? DM_EUNSAFE : DM_EIO;
 }
 
-/* O_NONBLOCK because opening a FIFO that no one writes to blocks forever
- * (`DATAMEM_CONFIG=fifo` would hang start-up); it is cleared again once
- * fstat has shown a regular file. Symbolic links are followed on purpose:
- * Kubernetes mounts a ConfigMap as a chain of them (`..data`). */
-int dm_policy_open(const char *path, const char **kind) {
-    struct stat st;
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK), err;
-    if (kind)
-        *kind = NULL;
-    if (fd < 0) {
-        err = errno; /* a socket: open fails (ENXIO); say what it is instead */
-        if (kind && stat(path, &st) == 0 && !S_ISREG(st.st_mode))
-            *kind = file_kind(st.st_mode);
-        errno = err;
-        return -1;
-    }
-    if (fstat(fd, &st) == 0 && !S_ISREG(st.st_mode)) {
-        if (kind)
-            *kind = file_kind(st.st_mode);
-        close(fd);
-        errno = S_ISDIR(st.st_mode) ? EISDIR : EINVAL; /* for callers that print errno */
-        return -1;
-    }
-    int fl = fcntl(fd, F_GETFL);
-    if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0) {
-        err = errno;
-        close(fd);
-        errno = err;
-        return -1;
-    }
-    return fd;
+int dm_policy_open(const char *path, char *why, size_t cap) {
+    int fd = open_checked(path, why, cap);
+    if (fd == DM_EUNSAFE)
+        errno = EACCES;
+    return fd < 0 ? -1 : fd;
 }
 
 int dm_policy_load(const char *path, const dm_topology_t *topo,
@@ -158,10 +144,9 @@ int dm_policy_load(const char *path, const dm_topology_t *topo,
 int dm_policy_load_ex(const char *path, const dm_topology_t *topo,
                       unsigned flags, dm_policy_t **out, dm_diags_t *diags) {
     dm_diags_t local;
-    char *buf = NULL;
+    char *buf = NULL, why[512];
     size_t len = 0;
-    const char *kind = NULL;
-    int rc = DM_EIO, fd = dm_policy_open(path, &kind);
+    int rc = DM_EIO, fd = open_checked(path, why, sizeof why);
     *out = NULL;
     if (!diags)
         diags = &local;
@@ -174,14 +159,12 @@ int dm_policy_load_ex(const char *path, const dm_topology_t *topo,
     if (rc) {
         dm__dsrc_t ds = {diags, NULL, 0};
         dm_diags_init(diags, path);
-        if (kind)
-            dm__diag_add(&ds, DM_SEV_ERROR, 0, 0, "", "not a regular file (%s); a "
-                         "policy must be a regular file or a symbolic link to one",
-                         kind);
+        if (fd < 0)
+            dm__diag_add(&ds, DM_SEV_ERROR, 0, 0, "", "%s", why);
         else
             dm__diag_add(&ds, DM_SEV_ERROR, 0, 0, "", "cannot read the policy: %s",
                          rc == DM_ENOMEM ? "out of memory" : strerror(errno));
-        return rc;
+        return fd < 0 ? fd : rc;
     }
     rc = dm_policy_parse_ex(buf, len, path, topo, flags, out, diags);
     free(buf);

@@ -220,15 +220,18 @@ int dm_policy_parse_ex(const char *buf, size_t len, const char *fname,
                        const dm_topology_t *topo, unsigned flags,
                        dm_policy_t **out, dm_diags_t *diags);
 
-/* Opens a policy file for reading (O_CLOEXEC, blocking reads), following
- * symbolic links, without ever blocking in open: a FIFO, directory, device or
- * socket is refused. Returns the descriptor, or -1 with errno set and, when
- * the path is not a regular file, *kind (if given) naming what it is ("a
- * FIFO", "a directory", ...; NULL otherwise). */
-int dm_policy_open(const char *path, const char **kind);
+/* Opens a policy file for reading (O_CLOEXEC, blocking reads) under the
+ * rule of trust.c: the file and every directory on its resolved path owned by
+ * this user or root and writable by no one else; symbolic links are followed
+ * from such directories only. Never blocks in open: a FIFO, directory, device
+ * or socket is refused. Returns the descriptor, or -1 with errno set (EACCES
+ * when the rule refuses it) and one line in `why` saying what is wrong and
+ * how to fix it (a diagnostic's message: no file name in front). */
+int dm_policy_open(const char *path, char *why, size_t cap);
 
-/* Reads a file (refusing more than DM_POLICY_FILE_MAX bytes and anything but
- * a regular file, see dm_policy_open) and parses it. */
+/* Reads a file (refusing more than DM_POLICY_FILE_MAX bytes, anything but a
+ * regular file and what the rule refuses, see dm_policy_open) and parses it.
+ * DM_EUNSAFE when the rule refuses it. */
 int dm_policy_load(const char *path, const dm_topology_t *topo,
                    dm_policy_t **out, dm_diags_t *diags);
 int dm_policy_load_ex(const char *path, const dm_topology_t *topo,

@@ -7,10 +7,13 @@
  */
 #include "pyext/ext.h"
 
+#include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "policy/policy.h"
+#include "policy/trust.h"
 #include "runtime/datamem.h"
 #include "service/datamem_service.h"
 
@@ -215,6 +218,31 @@ done:
     return res;
 }
 
+/* trust_open(path, want, mode) -> (fd, code, why, errno): policy/trust.c's rule for
+ * python/datamem/_files.py, so the Python side resolves and checks paths by
+ * the very code the C side uses. `want`: 0 a policy file to read, 1 a
+ * directory to write into, 2 the same, made with `mode` when absent. fd is
+ * -1 unless code is 0; why is one line; errno says what an IO failure was. */
+static PyObject *py_trust_open(PyObject *self, PyObject *args) {
+    PyObject *path_obj;
+    int want, mode, err = 0;
+    if (!PyArg_ParseTuple(args, "O&ii", PyUnicode_FSConverter, &path_obj, &want, &mode))
+        return NULL;
+    if (want < DM__TRUST_FILE || want > DM__TRUST_DIR_CREATE) {
+        Py_DECREF(path_obj);
+        return PyErr_Format(PyExc_ValueError, "trust_open: want %d", want);
+    }
+    char why[PATH_MAX + 256];
+    int fd;
+    Py_BEGIN_ALLOW_THREADS
+    fd = dm__trust_open(PyBytes_AS_STRING(path_obj), (dm__trust_want_t)want, (mode_t)mode, why,
+                        sizeof(why));
+    err = errno;
+    Py_END_ALLOW_THREADS
+    Py_DECREF(path_obj);
+    return Py_BuildValue("(iiNi)", fd >= 0 ? fd : -1, fd >= 0 ? 0 : fd, text_of(why), err);
+}
+
 /* policy_settings() -> dict of the policy in force's process-level settings */
 static PyObject *py_policy_settings(PyObject *self, PyObject *unused) {
     dm_policy_t *p = dm_runtime_policy_copy();
@@ -245,6 +273,7 @@ PyMethodDef dm__load_methods[] = {
     {"check", py_check, METH_VARARGS, "check(path) -> (ok, diagnostics, summary)"},
     {"explain", py_explain, METH_VARARGS, "explain(path, size, dtype, thread, tags, table) -> text"},
     {"policy_settings", py_policy_settings, METH_NOARGS, "process-level settings of the policy in force"},
+    {"trust_open", py_trust_open, METH_VARARGS, "trust_open(path, want, mode) -> (fd, code, why, errno): the path rule of policy/trust.c"},
     {"warnings_changed", py_warnings_changed, METH_O, "warnings_changed(text) -> whether these policy warnings are new to this process"},
     {NULL, NULL, 0, NULL},
 };

@@ -42,11 +42,16 @@ DM_API int dm_stats_serve(const char *http, const char *unix_socket);
  * "" when not serving. */
 DM_API void dm_stats_endpoint(char *url, size_t url_cap, char *unix_path, size_t unix_cap);
 /* Writes the Prometheus text to `path` atomically (a temporary file created
- * with O_EXCL under an unpredictable name, then rename). */
+ * with O_EXCL under an unpredictable name, then rename, both relative to the
+ * directory's descriptor). The directory must be this user's and writable by
+ * no one else (DM_EUNSAFE otherwise, logged in one line); DM_ESYS when it
+ * cannot be written. */
 DM_API int dm_stats_textfile_write(const char *path);
 /* Removes the textfiles of dead processes for a template with "{pid}" in its
  * file name: files whose pid does not exist here, owned by this user and not
- * modified for `min_age_ms`. Returns how many were removed, or an error. */
+ * modified for `min_age_ms`, in a directory that passes the same rule. Returns
+ * how many were removed, DM_ERANGE for a bad template, or DM_EUNSAFE /
+ * DM_ESYS for the directory (logged). */
 DM_API int dm_stats_textfile_sweep(const char *tmpl, int64_t min_age_ms);
 /* Stops serving: a last textfile write, the discovery file and Unix socket
  * removed. Also runs at exit (atexit) in the process that started serving. */

@@ -115,35 +115,6 @@ static void prune_dead(int dirfd) {
     closedir(d);
 }
 
-/* Writes `name` in `dirfd` through a new file of an unpredictable name there
- * (O_CREAT|O_EXCL|O_NOFOLLOW) and a rename: no planted link is written through,
- * and a reader sees the old file or the new one. */
-static int write_atomic_at(int dirfd, const char *name, const char *data, size_t len,
-                           mode_t mode) {
-    char tmp[NAME_MAX + 1];
-    int fd = -1;
-    for (int i = 0; i < 16 && fd < 0; i++) {
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        unsigned r = (unsigned)ts.tv_nsec * 2654435761u ^ (unsigned)getpid() ^ (unsigned)i << 24;
-        if (snprintf(tmp, sizeof(tmp), "%s.tmp.%08x", name, r) >= (int)sizeof(tmp))
-            return DM_ERANGE;
-        fd = dm__files_create(dirfd, tmp, mode);
-        if (fd < 0 && errno != EEXIST)
-            return DM_ESYS;
-    }
-    if (fd < 0)
-        return DM_ESYS;
-    bool ok = dm__files_write_all(fd, data, len);
-    if (close(fd) != 0 || !ok || renameat(dirfd, tmp, dirfd, name) != 0) {
-        int e = errno;
-        unlinkat(dirfd, tmp, 0);
-        errno = e;
-        return DM_ESYS;
-    }
-    return 0;
-}
-
 /* argv[0] and the command line (arguments joined by spaces), from /proc. */
 static void cmdline(char *argv0, size_t cap0, char *all, size_t cap) {
     argv0[0] = all[0] = 0;
@@ -216,7 +187,7 @@ void dm__discovery_write(const char *url, const char *unix_path, double started)
     char *text = NULL;
     size_t len = 0;
     if (dm__buf_finish(&b, &text, &len) != 0 ||
-        write_atomic_at(dirfd, name, text, len, 0600) != 0)
+        dm__files_write_atomic(dirfd, name, text, len, 0600) != 0)
         dm_log("datamem: stats: cannot write %s: %s", discovery, strerror(errno));
     free(text);
     close(dirfd);

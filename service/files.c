@@ -1,5 +1,6 @@
 /*
- * files.c: the services' file rules (files.h): owned directories, files
+ * files.c: the services' file rules (files.h): owned directories (resolved
+ * and checked by policy/trust.c, the rule the policy file follows too), files
  * created with O_EXCL|O_NOFOLLOW, "{pid}" in a path. Used by the profile
  * writer (profile.c), the discovery files (discovery.c), the textfile
  * (textfile.c) and the Unix socket endpoint (export.c). No state.
@@ -7,68 +8,74 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
+#include <limits.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
+#include "policy/trust.h"
 #include "runtime/datamem.h"
 #include "service/files.h"
 
 int dm__files_dir_open_owned(const char *path, bool create, mode_t mode, char *why, size_t cap) {
-    if (create && mkdir(path, mode) != 0 && errno != EEXIST) {
-        snprintf(why, cap, "%s: cannot create: %s", path, strerror(errno));
-        return DM_EIO;
-    }
-    struct stat st;
-    if (lstat(path, &st) != 0) {
-        snprintf(why, cap, "%s: %s", path, strerror(errno));
-        return DM_EIO;
-    }
-    if (S_ISLNK(st.st_mode)) {
-        snprintf(why, cap, "%s: a symbolic link, not a directory", path);
-        return DM_EUNSAFE;
-    }
-    if (!S_ISDIR(st.st_mode)) {
-        snprintf(why, cap, "%s: not a directory", path);
-        return DM_EIO;
-    }
-    int fd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-    if (fd < 0) {
-        int e = errno;
-        if (e == ELOOP || e == ENOTDIR) /* swapped since the lstat */
-            snprintf(why, cap, "%s: replaced while being checked", path);
-        else
-            snprintf(why, cap, "%s: %s", path, strerror(e));
-        return e == ELOOP || e == ENOTDIR ? DM_EUNSAFE : DM_EIO;
-    }
-    /* The descriptor is what we use from now on: check it, not the path. */
-    struct stat fst;
-    int rc = 0;
-    uid_t euid = geteuid();
-    if (fstat(fd, &fst) != 0) {
-        snprintf(why, cap, "%s: %s", path, strerror(errno));
-        rc = DM_EIO;
-    } else if (fst.st_dev != st.st_dev || fst.st_ino != st.st_ino) {
-        snprintf(why, cap, "%s: replaced while being checked", path);
-        rc = DM_EUNSAFE;
-    } else if (fst.st_uid != euid) {
-        snprintf(why, cap, "%s: directory owned by uid %u, not by this user (uid %u)", path,
-                 (unsigned)fst.st_uid, (unsigned)euid);
-        rc = DM_EUNSAFE;
-    } else if (fst.st_mode & (S_IWGRP | S_IWOTH)) {
-        snprintf(why, cap, "%s: directory writable by other users (mode %04o)", path,
-                 (unsigned)(fst.st_mode & 07777));
-        rc = DM_EUNSAFE;
-    }
-    if (rc) {
-        close(fd);
-        return rc;
-    }
-    return fd;
+    int fd = dm__trust_open(path, create ? DM__TRUST_DIR_CREATE : DM__TRUST_DIR, mode, why, cap);
+    return fd == DM_EINVALID ? DM_EIO : fd; /* not a directory: an error, not a refusal */
 }
 
 int dm__files_create(int dirfd, const char *name, mode_t mode) {
     return openat(dirfd, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
+}
+
+int dm__files_write_atomic(int dirfd, const char *name, const char *data, size_t len,
+                           mode_t mode) {
+    char tmp[NAME_MAX + 1];
+    int fd = -1;
+    for (int i = 0; i < 16 && fd < 0; i++) {
+        unsigned r;
+        if (getrandom(&r, sizeof(r), GRND_NONBLOCK) != (ssize_t)sizeof(r)) {
+            struct timespec ts;
+            clock_gettime(CLOCK_MONOTONIC, &ts);
+            r = (unsigned)ts.tv_nsec * 2654435761u ^ (unsigned)getpid() ^ (unsigned)i << 24;
+        }
+        if (snprintf(tmp, sizeof(tmp), "%s.tmp.%08x", name, r) >= (int)sizeof(tmp))
+            return DM_ERANGE;
+        fd = dm__files_create(dirfd, tmp, mode);
+        if (fd < 0 && errno != EEXIST)
+            return DM_ESYS;
+    }
+    if (fd < 0)
+        return DM_ESYS;
+    /* The mode is set on the descriptor: the umask must not narrow it (a
+     * textfile is 0644 for node_exporter). */
+    bool ok = fchmod(fd, mode) == 0 && dm__files_write_all(fd, data, len);
+    if (close(fd) != 0 || !ok || renameat(dirfd, tmp, dirfd, name) != 0) {
+        int e = errno;
+        unlinkat(dirfd, tmp, 0);
+        errno = e;
+        return DM_ESYS;
+    }
+    return 0;
+}
+
+int dm__files_parent_open(const char *path, char *name, size_t ncap, char *why, size_t cap) {
+    const char *slash = strrchr(path, '/');
+    const char *base = slash ? slash + 1 : path;
+    char dir[PATH_MAX];
+    if (!base[0] || strcmp(base, ".") == 0 || strcmp(base, "..") == 0 ||
+        snprintf(name, ncap, "%s", base) >= (int)ncap) {
+        snprintf(why, cap, "%s: not a file name", path);
+        errno = EINVAL;
+        return DM_EIO;
+    }
+    if (!slash)
+        snprintf(dir, sizeof(dir), ".");
+    else if (slash == path)
+        snprintf(dir, sizeof(dir), "/");
+    else
+        snprintf(dir, sizeof(dir), "%.*s", (int)(slash - path), path);
+    return dm__files_dir_open_owned(dir, false, 0, why, cap);
 }
 
 bool dm__files_write_all(int fd, const char *data, size_t len) {

@@ -68,6 +68,7 @@
 #include "service/buf.h"
 #include "service/datamem_service.h"
 #include "service/http.h"
+#include "service/sock.h"
 #include "service/page.h"
 
 #define HTTP_REQ_MAX 8192                 /* request line + headers */
@@ -99,6 +100,8 @@ struct dm_http {
     int wake;               /* eventfd: stop */
     bool is_unix;
     char unix_path[108];    /* "" for TCP */
+    dev_t unix_dev;         /* the socket file dm__sock_listen made */
+    ino_t unix_ino;
     pid_t pid;              /* who bound it: only that process unlinks the path */
     dm_http_render_t render; /* /metrics and /stats.json */
     int nconns;             /* slot holders and pending alike */
@@ -665,59 +668,18 @@ static int listen_tcp(const char *hostport, char *url, size_t cap) {
     return fd;
 }
 
-/* Binds `path`, replacing a stale socket (nobody accepts on it) but never a
- * live one or a file that is not a socket. Mode 0600: only this user. */
-static int listen_unix(const char *path) {
-    struct sockaddr_un sa = {.sun_family = AF_UNIX};
-    if (strlen(path) >= sizeof(sa.sun_path)) {
-        dm_log("datamem: stats: Unix socket path too long (at most %zu bytes): %s",
-                sizeof(sa.sun_path) - 1, path);
-        return -1;
-    }
-    memcpy(sa.sun_path, path, strlen(path) + 1);
-    struct stat st;
-    if (lstat(path, &st) == 0) {
-        if (!S_ISSOCK(st.st_mode)) {
-            dm_log("datamem: stats: cannot listen on %s: a file that is not a socket is there",
-                    path);
-            return -1;
-        }
-        int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        bool live = probe >= 0 && connect(probe, (struct sockaddr *)&sa, sizeof(sa)) == 0;
-        if (probe >= 0)
-            close(probe);
-        if (live) {
-            dm_log("datamem: stats: cannot listen on %s: Address already in use "
-                    "(another process serves it)", path);
-            return -1;
-        }
-        unlink(path);
-    }
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
-        dm_log("datamem: stats: cannot listen on %s: %s", path, strerror(errno));
-        if (fd >= 0)
-            close(fd);
-        return -1;
-    }
-    /* Before listen(), nobody can connect: no window with a wider mode. */
-    if (chmod(path, 0600) != 0 || listen(fd, HTTP_BACKLOG) != 0) {
-        dm_log("datamem: stats: cannot listen on %s: %s", path, strerror(errno));
-        close(fd);
-        unlink(path);
-        return -1;
-    }
-    return fd;
-}
-
 /* ---- servers -------------------------------------------------------------------- */
 
-static int start(int fd, const char *unix_path, dm_http_render_t render, dm_http_t **out) {
+static int start(int fd, const char *unix_path, dev_t dev, ino_t ino, dm_http_render_t render,
+                 dm_http_t **out) {
     dm_http_t *h = calloc(1, sizeof(*h));
     if (!h) {
         close(fd);
+        if (unix_path)
+            dm__sock_remove(unix_path, dev, ino);
         return DM_ENOMEM;
     }
+    h->unix_dev = dev, h->unix_ino = ino;
     h->fd = fd;
     h->pid = getpid();
     h->render = render;
@@ -736,7 +698,7 @@ static int start(int fd, const char *unix_path, dm_http_render_t render, dm_http
             close(h->wake);
         close(fd);
         if (h->unix_path[0])
-            unlink(h->unix_path);
+            dm__sock_remove(h->unix_path, h->unix_dev, h->unix_ino);
         free(h);
         return DM_ESYS;
     }
@@ -747,12 +709,14 @@ static int start(int fd, const char *unix_path, dm_http_render_t render, dm_http
 int dm__http_start_tcp(const char *hostport, dm_http_render_t render, dm_http_t **out,
                        char *url, size_t cap) {
     int fd = listen_tcp(hostport, url, cap);
-    return fd < 0 ? DM_ESYS : start(fd, NULL, render, out);
+    return fd < 0 ? DM_ESYS : start(fd, NULL, 0, 0, render, out);
 }
 
 int dm__http_start_unix(const char *path, dm_http_render_t render, dm_http_t **out) {
-    int fd = listen_unix(path);
-    return fd < 0 ? DM_ESYS : start(fd, path, render, out);
+    dev_t dev = 0;
+    ino_t ino = 0;
+    int fd = dm__sock_listen(path, HTTP_BACKLOG, &dev, &ino);
+    return fd < 0 ? DM_ESYS : start(fd, path, dev, ino, render, out);
 }
 
 void dm__http_stop(dm_http_t *h) {
@@ -764,8 +728,8 @@ void dm__http_stop(dm_http_t *h) {
     pthread_join(h->thread, NULL);
     close(h->wake);
     close(h->fd);
-    if (h->unix_path[0] && h->pid == getpid())
-        unlink(h->unix_path);
+    if (h->unix_path[0] && h->pid == getpid()) /* still ours: never another's file */
+        dm__sock_remove(h->unix_path, h->unix_dev, h->unix_ino);
     free(h);
 }
 

@@ -43,35 +43,19 @@ struct dm_textfile {
 
 /* ---- writing and sweeping ---------------------------------------------------- */
 
-/* Writes `data` to `path` through a temporary file in the same directory and a
- * rename, so a reader sees the old file or the new one, never half of one.
- *
- * The temporary name is unpredictable and created with O_EXCL (mkostemp), so
- * whoever else can write to the directory cannot plant a symlink there and make
- * us write through it (a predictable "<path>.tmp.<pid>" opened without O_EXCL
- * would let any user turn a root job's textfile into an overwrite of any
- * file). rename() replaces the directory entry, never a symlink's target. */
-static int write_atomic(const char *path, const char *data, size_t len, mode_t mode) {
-    char tmp[PATH_MAX];
-    if (snprintf(tmp, sizeof(tmp), "%s.tmp.XXXXXX", path) >= (int)sizeof(tmp))
-        return DM_ERANGE;
-    int fd = mkostemp(tmp, O_CLOEXEC);
-    if (fd < 0)
-        return DM_ESYS;
-    bool ok = fchmod(fd, mode) == 0 /* mkostemp creates 0600 */ &&
-              dm__files_write_all(fd, data, len);
-    if (close(fd) != 0 || !ok || rename(tmp, path) != 0) {
-        int e = errno;
-        unlink(tmp);
-        errno = e;
-        return DM_ESYS;
-    }
-    return 0;
-}
-
-static int textfile_write(const char *tmpl) {
-    char path[256], labels[32] = "";
+/* The textfile's directory follows the one directory rule (files.h): opened on
+ * a descriptor and used only if it is this user's and nobody else can write
+ * there, every directory on the way trusted too; the file is then written
+ * through an unpredictable O_EXCL temporary name and renamed, both relative to
+ * that descriptor (dm__files_write_atomic), so neither a planted link at the
+ * name nor a directory swapped for a link after the check can send the write
+ * anywhere else. `why` gets the reason of a failure, in one line. */
+static int textfile_write(const char *tmpl, char *why, size_t cap) {
+    char path[256], labels[32] = "", name[NAME_MAX + 1];
     dm__files_expand_pid(path, sizeof(path), tmpl);
+    int dirfd = dm__files_parent_open(path, name, sizeof(name), why, cap);
+    if (dirfd < 0)
+        return dirfd == DM_EUNSAFE ? DM_EUNSAFE : DM_ESYS;
     /* Several processes writing "{pid}" files into one textfile directory would
      * otherwise export identical series, which node_exporter rejects. */
     if (strstr(tmpl, "{pid}"))
@@ -79,21 +63,39 @@ static int textfile_write(const char *tmpl) {
     char *text = NULL;
     size_t len = 0;
     int rc = dm__render_current(DM_STATS_PROMETHEUS, labels, &text, &len);
-    if (rc == 0)
-        rc = write_atomic(path, text, len, 0644);
+    if (rc == 0 && (rc = dm__files_write_atomic(dirfd, name, text, len, 0644)) != 0)
+        snprintf(why, cap, "%s: %s", path, strerror(errno));
+    else if (rc)
+        snprintf(why, cap, "%s: %s", path, dm_strerror(rc));
     free(text);
+    close(dirfd);
     return rc;
 }
 
-int dm_stats_textfile_write(const char *path) { return textfile_write(path); }
+int dm_stats_textfile_write(const char *path) {
+    char why[PATH_MAX + 128];
+    int rc = textfile_write(path, why, sizeof(why));
+    if (rc)
+        dm_log("datamem: stats: cannot write textfile: %s", why);
+    return rc;
+}
 
 /* A "{pid}" textfile is one process's: it goes when the process stops serving
- * (exit included), so node_exporter never serves a dead worker's numbers. */
+ * (exit included), so node_exporter never serves a dead worker's numbers.
+ * Removed relative to the checked directory, and only when it is a regular
+ * file of this user's (the file this process wrote, not whatever replaced it). */
 static void textfile_remove_own(const char *tmpl) {
-    char path[256];
+    char path[256], name[NAME_MAX + 1], why[PATH_MAX + 128];
     dm__files_expand_pid(path, sizeof(path), tmpl);
-    if (unlink(path) != 0 && errno != ENOENT)
+    int dirfd = dm__files_parent_open(path, name, sizeof(name), why, sizeof(why));
+    struct stat st;
+    if (dirfd < 0)
+        dm_log("datamem: stats: cannot remove textfile: %s", why);
+    else if (fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode) &&
+             st.st_uid == geteuid() && unlinkat(dirfd, name, 0) != 0 && errno != ENOENT)
         dm_log("datamem: stats: cannot remove textfile %s: %s", path, strerror(errno));
+    if (dirfd >= 0)
+        close(dirfd);
 }
 
 static int64_t age_ms(const struct timespec *now, const struct timespec *then) {
@@ -106,18 +108,22 @@ int dm_stats_textfile_sweep(const char *tmpl, int64_t min_age_ms) {
     const char *slash = strrchr(tmpl, '/');
     if (!at || (slash && slash > at) || strstr(at + 5, "{pid}"))
         return DM_ERANGE; /* "{pid}" must be in the file name, once */
-    char dir[PATH_MAX], prefix[256], suffix[256];
-    if (slash)
-        snprintf(dir, sizeof(dir), "%.*s", (int)(slash - tmpl), tmpl);
-    else
-        snprintf(dir, sizeof(dir), ".");
-    const char *name = slash ? slash + 1 : tmpl;
-    snprintf(prefix, sizeof(prefix), "%.*s", (int)(at - name), name);
+    char prefix[256], suffix[256], name[NAME_MAX + 1], why[PATH_MAX + 128];
+    const char *base = slash ? slash + 1 : tmpl;
+    snprintf(prefix, sizeof(prefix), "%.*s", (int)(at - base), base);
     snprintf(suffix, sizeof(suffix), "%s", at + 5);
     size_t pl = strlen(prefix), sl = strlen(suffix);
-    DIR *d = opendir(dir[0] ? dir : "/");
-    if (!d)
-        return DM_ESYS;
+    /* The directory's rule, as for writing: only a directory nobody else can
+     * write is swept (the names in it are then ours to judge). */
+    int dfd = dm__files_parent_open(tmpl, name, sizeof(name), why, sizeof(why));
+    DIR *d = dfd >= 0 ? fdopendir(dfd) : NULL;
+    if (!d) {
+        if (dfd >= 0)
+            close(dfd);
+        else
+            dm_log("datamem: stats: cannot sweep textfiles: %s", why);
+        return dfd == DM_EUNSAFE ? DM_EUNSAFE : DM_ESYS;
+    }
     int removed = 0;
     /* Fine-grained: time() reads the clock as of the last tick, and a file
      * written since can carry a later (multigrain) mtime, which made a file
@@ -159,8 +165,9 @@ static void *tf_main(void *arg) {
         char path[256];
         snprintf(path, sizeof(path), "%s", t->path);
         pthread_mutex_unlock(&t->mu);
-        if (textfile_write(path) != 0)
-            dm_log("datamem: stats: cannot write textfile %s: %s", path, strerror(errno));
+        char why[PATH_MAX + 128];
+        if (textfile_write(path, why, sizeof(why)) != 0)
+            dm_log("datamem: stats: cannot write textfile: %s", why);
         if (strstr(path, "{pid}")) /* files of dead workers, unchanged for 3 periods */
             dm_stats_textfile_sweep(path, 3 * (t->interval_ms > 10000 ? t->interval_ms : 10000));
         pthread_mutex_lock(&t->mu);
@@ -231,8 +238,8 @@ void dm__textfile_join(dm_textfile_t *t, bool final_write) {
     pthread_join(t->thread, NULL);
     if (strstr(t->path, "{pid}"))
         textfile_remove_own(t->path);
-    else if (final_write && textfile_write(t->path) != 0)
-        dm_log("datamem: stats: cannot write textfile %s: %s", t->path, strerror(errno));
+    else if (final_write)
+        dm_stats_textfile_write(t->path);
     pthread_mutex_destroy(&t->mu);
     pthread_cond_destroy(&t->cv);
     free(t);

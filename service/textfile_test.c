@@ -6,7 +6,8 @@
  * sweep removes only the stale "{pid}" files of dead processes that this user
  * owns (not live processes', not fresh ones, not links, directories or other
  * names); the textfile thread writes every interval, a shared file gets a last
- * write at stop and a "{pid}" file goes with its process.
+ * write at stop and a "{pid}" file goes with its process; a directory of
+ * another user's, one others can write, or a link at its name is refused.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -226,6 +227,43 @@ static void test_thread(void) {
     expect_no_temporary();
 }
 
+/* Attack pinned: a textfile directory another user owns (or can write) is
+ * swapped for a symbolic link to a root-only directory, and the root job
+ * replaced job.prom there. The directory rule refuses both the foreign
+ * directory and a link at its name; nothing is written at the link's target. */
+static void test_untrusted_dir(void) {
+    char theirs[128], guarded[128], victim[200], path[200], swapped[128];
+    snprintf(guarded, sizeof(guarded), "%s/root-only", dir);
+    mkdir(guarded, 0700);
+    snprintf(victim, sizeof(victim), "%s/job.prom", guarded);
+    put(victim, "precious\n");
+
+    /* the directory's own name is a link (the owner swapped it) */
+    snprintf(swapped, sizeof(swapped), "%s/swapped", dir);
+    EXPECT_INT_EQ(symlink(guarded, swapped), 0, "plant the link");
+    snprintf(path, sizeof(path), "%s/job.prom", swapped);
+    EXPECT_INT_EQ(dm_stats_textfile_write(path), DM_EUNSAFE, "a link as the directory");
+    char *t = slurp(victim);
+    EXPECT_STR_EQ(t, "precious\n", "the root-only file is untouched");
+    free(t);
+
+    /* a world-writable directory, and one owned by another user */
+    snprintf(theirs, sizeof(theirs), "%s/shared", dir);
+    mkdir(theirs, 0700);
+    chmod(theirs, 01777);
+    snprintf(path, sizeof(path), "%s/job.prom", theirs);
+    EXPECT_INT_EQ(dm_stats_textfile_write(path), DM_EUNSAFE, "writable by others");
+    EXPECT_TRUE(access(path, F_OK) != 0, "nothing written there");
+    chmod(theirs, 0755);
+    if (chown(theirs, 65534, 65534) == 0) {
+        EXPECT_INT_EQ(dm_stats_textfile_write(path), DM_EUNSAFE, "another user's directory");
+        EXPECT_TRUE(access(path, F_OK) != 0, "nothing written there");
+    } else {
+        printf("SKIP another user's directory: chown: %s\n", strerror(errno));
+    }
+    unlink(swapped), unlink(victim), rmdir(guarded), rmdir(theirs);
+}
+
 int main(void) {
     if (!mkdtemp(dir)) {
         TEST_FAIL_("mkdtemp: %s", dir);
@@ -234,6 +272,7 @@ int main(void) {
     test_write();
     test_sweep();
     test_thread();
+    test_untrusted_dir();
     rmdir(dir);
     return TEST_EXIT();
 }

@@ -97,9 +97,12 @@ static void split_path(const char *path, char *dir, size_t dcap, char *base, siz
     }
 }
 
-/* Reads the file and returns its hash; false if it cannot be read now. */
-static bool file_hash(const char *path, uint64_t *h) {
-    int fd = dm_policy_open(path, NULL); /* a FIFO must not block this thread */
+/* Reads the file and returns its hash; false, with the reason in `why`, if it
+ * cannot be read now. dm_policy_open applies the policy's rule (a file or
+ * directory swapped for one of another user's is refused before it is read)
+ * and never blocks on a FIFO. */
+static bool file_hash(const char *path, uint64_t *h, char *why, size_t wcap) {
+    int fd = dm_policy_open(path, why, wcap), err = 0;
     if (fd < 0)
         return false;
     size_t cap = DM_POLICY_FILE_MAX + 1, n = 0;
@@ -111,6 +114,7 @@ static bool file_hash(const char *path, uint64_t *h) {
             continue;
         if (r <= 0) {
             ok = r == 0;
+            err = errno;
             break;
         }
         n += (size_t)r;
@@ -118,15 +122,19 @@ static bool file_hash(const char *path, uint64_t *h) {
     close(fd);
     if (ok)
         *h = dm_policy_hash(buf, n);
+    else
+        snprintf(why, wcap, "cannot read the policy: %s", buf ? strerror(err) : "out of memory");
     free(buf);
     return ok;
 }
 
 static void reload_now(const char *path) {
     uint64_t h;
-    if (!file_hash(path, &h)) {
-        dm_log("datamem: policy %s cannot be read (%s); keeping the last good policy",
-                path, strerror(errno));
+    char why[512];
+    if (!file_hash(path, &h, why, sizeof why)) {
+        static const char plain[] = "cannot read the policy: "; /* said already */
+        const char *w = strncmp(why, plain, sizeof plain - 1) == 0 ? why + sizeof plain - 1 : why;
+        dm_log("datamem: policy %s cannot be read (%s); keeping the last good policy", path, w);
         return;
     }
     dm_policy_t *cur = dm_runtime_policy_copy();

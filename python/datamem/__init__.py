@@ -203,8 +203,10 @@ def sweep_textfiles(template, min_age=30.0):
     own `{pid}` file when it exits and sweeps on every write; this is for files
     left by processes that were killed. Returns how many were removed."""
     rc = _ext.stats_textfile_sweep(str(template), int(min_age * 1000))
-    if rc < 0:
+    if rc == -8:  # DM_ERANGE
         raise ValueError("datamem: %r: '{pid}' must appear once, in the file name" % (template,))
+    if rc < 0:  # the directory is refused (the file rules) or cannot be read: logged
+        raise OSError("datamem: cannot sweep %r; see the message above" % (template,))
     return rc
 
 

@@ -111,8 +111,12 @@ def profile_commands(a, pr):
     from . import _report
     s = _report.summarize(prof, top=a.top)
     if a.html:
-        with open(a.html, "w") as f:
-            f.write(_report.html(prof, s))
+        from ._files import write_atomic
+        try:  # temp file + rename in a directory of this user's: never through a link
+            write_atomic(a.html, _report.html(prof, s), mode=0o644)
+        except OSError as e:
+            sys.stderr.write("datamem: --html: %s\n" % e)
+            return 1
     if a.json:
         sys.stdout.write(_report.to_json(s) + "\n")
     elif not a.html:

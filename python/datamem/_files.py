@@ -3,9 +3,12 @@ holds the same ones in service/files.h).
 
 - A directory the package did not create itself is used only if it is a real
   directory (not a symbolic link), owned by this user (the effective uid) and
-  not writable by group or others: owned_dir() checks with lstat, opens it with
-  O_DIRECTORY|O_NOFOLLOW and checks the descriptor again (fstat), and callers
-  then work relative to that descriptor, never through the path again.
+  not writable by group or others, and every directory on the way to it is
+  trusted (this user's or root's, writable by no one else, or sticky like /tmp
+  for names of this user's or root's): owned_dir() has the C side's
+  policy/trust.c resolve the path on descriptors and check each one, and
+  callers then work relative to the descriptor it returns, never through the
+  path again. read_policy() reads a policy file under the same rule.
 - A file is created with O_CREAT|O_EXCL|O_NOFOLLOW under an unpredictable name
   and renamed over its target (write_atomic()): nobody can plant a symbolic link
   at a name we are about to open, and a reader sees the old file or the new one.
@@ -22,8 +25,8 @@ import os
 import secrets
 import stat
 
-__all__ = ["UnsafeError", "TooLargeError", "check_owned", "owned_dir", "write_atomic",
-           "read_bounded", "read_owned", "write_if_changed"]
+__all__ = ["UnsafeError", "TooLargeError", "check_owned", "owned_dir", "read_policy",
+           "write_atomic", "open_append", "read_bounded", "read_owned", "write_if_changed"]
 
 _CHUNK = 1 << 16
 
@@ -54,38 +57,41 @@ def check_owned(st, what, kind="directory"):
                           % (what, kind, stat.S_IMODE(st.st_mode)))
 
 
+POLICY_MAX = 1 << 20  # bytes in a policy: policy/policy.h's DM_POLICY_FILE_MAX
+_TRUST_FILE, _TRUST_DIR, _TRUST_DIR_CREATE = 0, 1, 2
+_DM_EUNSAFE, _DM_EINVALID = -11, -5
+
+
+def _trust_open(path, want, mode=0):
+    """policy/trust.c's dm__trust_open: an fd, or UnsafeError / OSError."""
+    from . import _ext
+    fd, code, why, err = _ext.trust_open(os.fspath(path), want, mode)
+    if code == 0:
+        return fd
+    if code in (_DM_EUNSAFE, _DM_EINVALID):
+        raise UnsafeError(why)
+    raise OSError(err, why)  # FileNotFoundError for ENOENT
+
+
 def owned_dir(path, create=False, mode=0o700):
-    """An fd (O_DIRECTORY|O_NOFOLLOW, close-on-exec) on directory `path`, which
-    must be a directory (not a symbolic link), owned by this user and not
-    writable by group or others. `create`: make it (with `mode`) if it is not
-    there. Raises UnsafeError, or FileNotFoundError when it is absent."""
-    path = os.fspath(path)
-    if create:
-        try:
-            os.mkdir(path, mode)
-        except FileExistsError:
-            pass
-    st = os.lstat(path)
-    if stat.S_ISLNK(st.st_mode):
-        raise UnsafeError("%s: a symbolic link, not a directory" % path)
-    if not stat.S_ISDIR(st.st_mode):
-        raise UnsafeError("%s: not a directory" % path)
-    check_owned(st, path)
+    """An fd (O_DIRECTORY, close-on-exec) on directory `path`, which must be a
+    directory (its own name not a symbolic link), owned by this user and not
+    writable by group or others, reached through trusted directories only (see
+    above). `create`: make it (with `mode`) if it is not there. Raises
+    UnsafeError, or FileNotFoundError when it is absent."""
+    return _trust_open(path, _TRUST_DIR_CREATE if create else _TRUST_DIR, mode)
+
+
+def read_policy(path, limit):
+    """The bytes of policy file `path`, read under the policy's rule (the C
+    side's, for DATAMEM_CONFIG and install): the file and every directory on
+    its way owned by this user or root and writable by no one else. Raises
+    UnsafeError (TooLargeError) or OSError."""
+    fd = _trust_open(path, _TRUST_FILE)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError as e:
-        if e.errno in (errno.ELOOP, errno.ENOTDIR):  # swapped since the lstat
-            raise UnsafeError("%s: replaced while being checked" % path)
-        raise
-    try:
-        fst = os.fstat(fd)
-        if (fst.st_dev, fst.st_ino) != (st.st_dev, st.st_ino):
-            raise UnsafeError("%s: replaced while being checked" % path)
-        check_owned(fst, path)
-    except BaseException:
+        return read_bounded(fd, limit, os.fsdecode(os.fspath(path)))
+    finally:
         os.close(fd)
-        raise
-    return fd
 
 
 def write_atomic(path, data, dir_fd=None, mode=0o600):
@@ -93,14 +99,15 @@ def write_atomic(path, data, dir_fd=None, mode=0o600):
     unpredictable name next to it (O_CREAT|O_EXCL|O_NOFOLLOW), fsync, then
     os.replace() over `path`, so a planted symbolic link is replaced, never
     written through, and a reader never sees half a file. With `dir_fd`, `path`
-    is a name in that directory (from owned_dir()). The file gets `mode`."""
+    is a name in that directory (from owned_dir()); without it, `path`'s
+    directory must pass owned_dir(). The file gets `mode`."""
     if isinstance(data, str):
         data = data.encode("utf-8")
     path = os.fspath(path)
     own_fd = dir_fd is None
-    if own_fd:  # the directory the caller named; everything below is relative to it
+    if own_fd:  # the directory the caller named, under the rule; all below is relative to it
         parent, name = os.path.split(path)
-        dir_fd = os.open(parent or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        dir_fd = owned_dir(parent or ".")
     else:
         name = path
     try:
@@ -126,6 +133,38 @@ def write_atomic(path, data, dir_fd=None, mode=0o600):
     finally:
         if own_fd:
             os.close(dir_fd)
+
+
+def open_append(path, mode=0o644):
+    """A binary file object appending to `path` (created with `mode` when
+    absent): its directory must pass owned_dir(), the name is opened without
+    following a symbolic link, and an existing file must be a regular file of
+    this user's, not writable by others, its inode's only link. Raises
+    UnsafeError or OSError."""
+    path = os.fspath(path)
+    parent, name = os.path.split(path)
+    dir_fd = owned_dir(parent or ".")
+    try:
+        fd = os.open(name, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+                     | os.O_CLOEXEC, mode, dir_fd=dir_fd)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise UnsafeError("%s: a symbolic link, not a file" % path)
+        raise
+    finally:
+        os.close(dir_fd)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise UnsafeError("%s: not a regular file" % path)
+        check_owned(st, path, "file")
+        if st.st_nlink != 1:  # a hard link to a file of someone else's trust
+            raise UnsafeError("%s: %d hard links to it" % (path, st.st_nlink))
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "ab")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def read_bounded(src, limit, what=None):

@@ -175,3 +175,6 @@ def run(a):
     except TargetError as e:
         sys.stderr.write("datamem: %s\n" % printable(e))
         return 1
+    except OSError as e:  # an output file the rules refuse (record, plot), or cannot write
+        sys.stderr.write("datamem: %s\n" % printable(str(e)))
+        return 1

@@ -1,23 +1,25 @@
 """`record` (append /stats.json snapshots to a JSON-lines file) and `plot`
 (per-arena bytes over time, with matplotlib).
 """
+import io
 import json
 import sys
 import time
 
+from ._files import open_append, write_atomic
 from ._stats_client import fetch_json, resolve
 from ._text import printable
 
 def cmd_record(target, path, interval=1.0, count=0, out=sys.stderr):
     where = resolve(target)
     n = 0
-    with open(path, "a") as f:
+    with open_append(path) as f:  # the file rules: owned directory, no link followed
         try:
             while count <= 0 or n < count:
                 if n:
                     time.sleep(interval)
                 snap = fetch_json(where)
-                f.write(json.dumps(snap, separators=(",", ":")) + "\n")
+                f.write((json.dumps(snap, separators=(",", ":")) + "\n").encode())
                 f.flush()
                 n += 1
         except KeyboardInterrupt:
@@ -66,7 +68,9 @@ def cmd_plot(path, out_png, out=sys.stderr):
     s0 = snaps[0]
     fig.suptitle("datamem pid %s, %s" % (s0.get("pid", "?"), s0.get("policy_path") or "no policy"))
     fig.tight_layout()
-    fig.savefig(out_png, dpi=100)
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=100)
     plt.close(fig)
+    write_atomic(out_png, png.getvalue(), mode=0o644)  # temp file + rename, owned directory
     out.write("wrote %s (%d snapshots, %d arenas)\n" % (out_png, len(snaps), len(arenas)))
     return 0

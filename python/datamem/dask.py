@@ -107,12 +107,10 @@ def _read_checked(policy):
     """The bytes of `policy` (a path), validated here so that a bad policy fails
     on the client with its diagnostics instead of in every worker."""
     path = os.fspath(policy)
-    with open(path, "rb") as f:
-        text = f.read()
-    ok, diag, _ = datamem.check(path)
+    ok, diag, _ = datamem.check(path)  # the policy's rule too: refused in one line
     if not ok:
         raise datamem.PolicyError(diag)
-    return path, text
+    return path, _files.read_policy(path, _files.POLICY_MAX)
 
 
 class Policy(NannyPlugin):

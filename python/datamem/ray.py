@@ -35,10 +35,10 @@ import contextlib
 import functools
 import inspect
 import os
-import shutil
 import tempfile
 
 import datamem
+from datamem import _files
 from datamem._tasks import task_tag, tag_rows, format_table
 
 __all__ = ["runtime_env", "worker_setup", "tag", "stats", "tag_table", "format_table",
@@ -68,8 +68,9 @@ def runtime_env(policy, working_dir=None, stats_http=None, base=None, tag_tasks=
         if env.get("working_dir"):
             raise ValueError("base already has a working_dir: pass it as working_dir= "
                              "and keep the policy inside it")
-        working_dir = tempfile.mkdtemp(prefix="datamem-ray-")
-        shutil.copyfile(path, os.path.join(working_dir, POLICY_NAME))
+        text = _files.read_policy(path, _files.POLICY_MAX)  # checked above, read under the same rule
+        working_dir = tempfile.mkdtemp(prefix="datamem-ray-")  # 0700, ours
+        _files.write_atomic(os.path.join(working_dir, POLICY_NAME), text, mode=0o644)
         rel = POLICY_NAME
     else:
         working_dir = os.path.abspath(os.fspath(working_dir))

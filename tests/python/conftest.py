@@ -70,6 +70,22 @@ def untrusted_dir(d, how):
     return d
 
 
+# A root-only file shaped like /etc/shadow (never the real one): what a policy
+# path pointed elsewhere must not copy to stderr.
+SHADOW = "".join("user%d:$6$rounds=5000$%08xsecret$%032x:19700:0:99999:7:::\n" % (i, i * 7, i)
+                 for i in range(40))
+
+
+def shadow_like(tmp_path):
+    """tmp_path/secret/shadow (directory 0700, file 0600) holding SHADOW."""
+    secret = tmp_path / "secret"
+    secret.mkdir(mode=0o700)
+    shadow = secret / "shadow"
+    shadow.write_text(SHADOW)
+    os.chmod(shadow, 0o600)
+    return shadow
+
+
 def last_json(r):
     """The JSON object a job printed last; the job must have exited 0."""
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-6000:]

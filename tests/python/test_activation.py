@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, run_py
+from conftest import ROOT, SHADOW, run_py, shadow_like
 
 PROBE = r"""
 import asyncio, json, threading
@@ -275,3 +275,118 @@ def test_activates_in_a_venv_whose_numpy_is_the_base_interpreters(tmp_path, demo
                        capture_output=True, text=True, timeout=120)
     assert "JOB RAN" not in r.stdout and r.returncode == 2, (r.returncode, r.stdout, r.stderr)
     assert "datamem: cannot activate" in r.stderr and "numpy" in r.stderr.lower(), r.stderr
+
+
+# ---- who may write the policy ------------------------------------------------------------
+
+def _root_only():
+    if os.geteuid() != 0:
+        pytest.skip("SKIP: files of another user need root (chown to nobody)")
+
+
+def _planted_link(tmp_path, target):
+    """A link to `target` planted by another user (nobody), in nobody's directory."""
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o755)
+    os.chown(theirs, 65534, 65534)
+    link = theirs / "policy.yaml"
+    os.symlink(target, link)
+    os.lchown(link, 65534, 65534)
+    return link
+
+
+def _textfile_policy(prom):
+    return ("version: 1\ndefault: a\narenas:\n  a: {}\n"
+            "stats:\n  textfile: %s\n  interval: 20ms\n" % prom)
+
+
+# Attack pinned: a root job whose DATAMEM_CONFIG named a file owned by nobody in a
+# world-writable directory loaded it silently, and its stats.textfile replaced a
+# root-only file. The policy, and every directory on its way, must be the user's
+# or root's and writable by no one else; anything else stops start-up with one
+# line that says why and how to fix it, before a byte of the file is read.
+@pytest.mark.parametrize("how", ["a file of another user", "a directory writable by others",
+                                 "a directory of another user", "a link planted by another user"])
+def test_a_policy_another_user_could_write_stops_start_up(tmp_path, how):
+    _root_only()
+    guarded = tmp_path / "root-only"
+    guarded.mkdir(mode=0o700)
+    victim = guarded / "job.prom"
+    victim.write_text("precious\n")
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o755)
+    pol = shared / "policy.yaml"
+    pol.write_text(_textfile_policy(victim))
+    name = pol
+    if how == "a file of another user":
+        os.chown(pol, 65534, 65534)
+    elif how == "a directory writable by others":
+        os.chmod(shared, 0o777)
+    elif how == "a directory of another user":
+        os.chown(shared, 65534, 65534)
+    else:  # the link sits in nobody's directory; what it names is root's and fine
+        name = _planted_link(tmp_path, pol)
+    r = run_py("import numpy; print('job ran')", config=str(name), timeout=60)
+    assert r.returncode == 2 and "job ran" not in r.stdout, r.stderr
+    errors = [line for line in r.stderr.splitlines() if ": error: " in line]
+    assert len(errors) == 1, r.stderr
+    assert errors[0].startswith("%s: error: refused: " % name), r.stderr
+    assert "must be owned by this user or root and writable by no one else" in errors[0]
+    assert errors[0].endswith("chown or chmod go-w, or move the policy"), errors[0]
+    assert "textfile" not in r.stderr  # not one line of the file quoted
+    assert victim.read_text() == "precious\n"
+    # The same policy in a directory of root's loads (the rule, not the policy, refused it).
+    ok = tmp_path / "ok"
+    ok.mkdir(mode=0o755)
+    (ok / "policy.yaml").write_text(_textfile_policy(tmp_path / "ok" / "job.prom"))
+    r = run_py("import numpy; print('job ran')", config=str(ok / "policy.yaml"), timeout=60)
+    assert r.returncode == 0 and "job ran" in r.stdout, r.stderr
+
+
+# A Kubernetes ConfigMap volume: policy.yaml -> ..data/policy.yaml, ..data ->
+# ..<timestamp>/, every name root's (with fsGroup, the directories setgid).
+def test_a_configmap_mount_activates(tmp_path):
+    mount = tmp_path / "config"
+    mount.mkdir(mode=0o755)
+    stamp = mount / "..2026_11_27_10_00_00.123456789"
+    stamp.mkdir(mode=0o755)
+    os.chmod(stamp, 0o2755)
+    (stamp / "policy.yaml").write_text("version: 1\ndefault: cm\narenas:\n  cm: {}\n")
+    os.chmod(stamp / "policy.yaml", 0o644)
+    os.symlink(stamp.name, mount / "..data")
+    os.symlink("..data/policy.yaml", mount / "policy.yaml")
+    r = run_py("import numpy as np, datamem; print(datamem.arena_of(np.ones(1000)))",
+               config=str(mount / "policy.yaml"), timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "cm", r.stdout
+
+
+# Attack pinned: the policy path made a symbolic link to a root-only file (a
+# fixture shaped like /etc/shadow): the root job's stderr quoted its lines five
+# times. The link lives in a directory of another user, so the rule refuses it
+# before the file is read: no line of it reaches stderr.
+def test_a_link_to_a_root_only_file_quotes_none_of_it(tmp_path):
+    _root_only()
+    link = _planted_link(tmp_path, shadow_like(tmp_path))
+    r = run_py("print('job ran')", config=str(link), timeout=60)
+    assert r.returncode == 2, r.stderr
+    assert "refused: %s: directory owned by uid 65534" % link.parent in r.stderr, r.stderr
+    assert "secret" not in r.stderr and "$6$" not in r.stderr, r.stderr
+
+
+# A policy with many errors quotes one source line, the first error's; the rest
+# name their line and column. Pointed (by its owner) at a file that is not a
+# policy, the report shows at most that file's first line.
+def test_a_bad_policy_quotes_at_most_one_source_line(tmp_path):
+    pol = tmp_path / "policy.yaml"
+    pol.write_text("version: 1\ndefault: a\narenas:\n  a:\n" +
+                   "".join("    bad%d: 1\n" % i for i in range(10)))
+    r = run_py("print('job ran')", config=str(pol), timeout=60)
+    assert r.returncode == 2
+    assert r.stderr.count(": error: ") == 10, r.stderr
+    quoted = [line for line in r.stderr.splitlines() if line.startswith("    bad")]
+    assert quoted == ["    bad0: 1"], r.stderr
+    assert "policy.yaml:14:5: error: arenas.a: unknown key 'bad9'" in r.stderr
+    r = run_py("print('job ran')", config=str(shadow_like(tmp_path)), timeout=60)
+    assert r.returncode == 2
+    assert sum(line in r.stderr for line in SHADOW.splitlines()) <= 1, r.stderr

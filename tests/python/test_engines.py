@@ -340,6 +340,29 @@ def test_ray_tasks_and_actors_run_the_policy(tmp_path):
                                   for v in out["scraped"].values())
 
 
+# Attack: runtime_env() checked the policy, then copied it by name
+# (shutil.copyfile) without the policy's rule: a policy another user could write
+# was shipped to every worker. It is refused now, and what is shipped is the
+# bytes read under the rule, written into a private (0700) directory.
+def test_ray_runtime_env_ships_only_a_policy_the_rule_accepts(tmp_path):
+    import datamem
+    import datamem.ray
+    pol = tmp_path / "p.yaml"
+    pol.write_text(POLICY)
+    env = datamem.ray.runtime_env(str(pol), tag_tasks=False)
+    shipped = os.path.join(env["working_dir"], env["env_vars"]["DATAMEM_CONFIG"])
+    with open(shipped) as f:
+        assert f.read() == POLICY
+    assert stat.S_IMODE(os.stat(env["working_dir"]).st_mode) == 0o700
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    (shared / "p.yaml").write_text(POLICY)
+    with pytest.raises(datamem.PolicyError, match="refused: %s: directory writable by other "
+                       "users" % shared):
+        datamem.ray.runtime_env(str(shared / "p.yaml"), tag_tasks=False)
+
+
 # ---- 4 Dask workers in one Prometheus query --------------------------------------------------
 
 DASK4 = TASK + r"""

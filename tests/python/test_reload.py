@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import datamem
-from conftest import CONFIGS, ROOT, UNDER_ASAN, last_json, run_py, wait_for
+from conftest import CONFIGS, ROOT, SHADOW, UNDER_ASAN, last_json, run_py, shadow_like, wait_for
 
 POLICY = """version: 1
 default: {default}
@@ -295,6 +295,37 @@ def test_unreadable_policy_keeps_last_good(watched, capfd):
     assert wait_for_arena("b")
 
 
+# Attack pinned: while the watcher ran, the policy was swapped for a link to a
+# root-only file (a fixture shaped like /etc/shadow) and the job's stderr quoted
+# its lines. The swap comes from another user (the directory became theirs), so
+# the rule refuses the file before reading it: the last good policy stays, one
+# line says why, and no line of the file is printed.
+def test_a_policy_swapped_for_a_link_to_a_root_only_file_is_refused_unread(watched, tmp_path,
+                                                                            capfd):
+    if os.geteuid() != 0:
+        pytest.skip("SKIP: a directory of another user needs root (chown to nobody)")
+    shadow = shadow_like(tmp_path)
+    conf = watched.parent
+    os.chown(conf, 65534, 65534)
+    link = conf / ".swap"
+    os.symlink(shadow, link)
+    os.lchown(link, 65534, 65534)
+    os.replace(link, watched)
+    seen = []
+    wait_for(lambda: seen.append(capfd.readouterr().err) or "".join(seen), 10,
+             "the watcher refusing the swapped policy", until=lambda e: "cannot be read" in e)
+    err = "".join(seen)
+    assert "cannot be read (refused: %s: directory owned by uid 65534" % conf in err, err
+    assert "keeping the last good policy" in err
+    assert "secret" not in err and "$6$" not in err, err
+    assert datamem.arena_of(np.ones(1000)) == "a"
+    os.chown(conf, 0, 0)  # the directory is root's again: a real policy loads
+    watched.unlink()
+    watched.write_text(policy_text("b"))
+    assert wait_for_arena("b")
+    assert not any(line in capfd.readouterr().err for line in SHADOW.splitlines())
+
+
 # Bug pinned (issue 24): a policy's warnings were printed again on every reload
 # (2000 reloads: 6003 lines of stderr). A set is printed once per process, by
 # datamem.reload() and the file watcher alike (they share the record); a
@@ -386,7 +417,8 @@ print("reloaded")
 """ % str(tmp_path)
     r = run_py(code, timeout=60)
     assert r.returncode == 0 and "reloaded" in r.stdout, r.stderr
-    assert "cannot be read (Invalid argument); keeping the last good policy" in r.stderr, r.stderr
+    assert "cannot be read (not a regular file (a FIFO); a policy must be a regular file or a " \
+        "symbolic link to one); keeping the last good policy" in r.stderr, r.stderr
 
 
 # ---- reloads hand memory back ------------------------------------------------------------

@@ -234,6 +234,20 @@ def test_report_html_of_a_job_that_made_no_array(tmp_path):
     assert "version: 1" in _datamem("suggest", tmp_path).stdout
 
 
+# Attack: `report --html FILE` wrote with open("w"): a symbolic link planted at
+# FILE (in /tmp, say) made a root user's report overwrite any file. The page is
+# written to a temporary file and renamed over the link.
+def test_report_html_never_writes_through_a_planted_link(tmp_path):
+    _Dmprof().write(tmp_path / "4242.dmprof")
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    out = tmp_path / "r.html"
+    out.symlink_to(victim)
+    _datamem("report", tmp_path, "--html", out)
+    assert victim.read_text() == "precious\n"
+    assert not out.is_symlink() and "No arrays were recorded" in out.read_text()
+
+
 # ---- names from the profiled job (issue 24, items 10 and 15) -------------------------
 
 # A call site whose function name ends the YAML comment it is copied into and

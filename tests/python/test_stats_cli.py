@@ -208,6 +208,29 @@ def test_prometheus_sd_never_writes_through_a_planted_link(tmp_path):
         ["targets.json.tmp.%d" % os.getpid()]          # only the planted link, untouched
 
 
+# Attack: `record --out FILE` appended with open("a") and `plot --out PNG` wrote
+# with savefig(path): a symbolic link planted at the name (in /tmp, say) made a
+# root user's command write any file. record refuses a link (and a file that is
+# not its user's own); plot writes a temporary file and renames it over the link.
+def test_record_and_plot_never_write_through_a_planted_link(tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    rec = tmp_path / "rec.jsonl"
+    rec.symlink_to(victim)
+    r = cli("record", "http://127.0.0.1:1", "--out", rec, "--count", "1")
+    assert "%s: a symbolic link, not a file" % rec in one_line_error(r)
+    assert victim.read_text() == "precious\n"
+    rec.unlink()
+    snap = {"time": 1.0, "pid": 1, "arenas": {"a": {"resident_bytes": 1, "allocated_bytes": 1}}}
+    rec.write_text(json.dumps(snap) + "\n" + json.dumps(dict(snap, time=2.0)) + "\n")
+    png = tmp_path / "arenas.png"
+    png.symlink_to(victim)
+    r = cli("plot", rec, "--out", png)
+    assert r.returncode == 0, r.stderr
+    assert victim.read_text() == "precious\n"
+    assert not png.is_symlink() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 # ---- replies (item 12) ------------------------------------------------------------------------
 
 class _Handler(socketserver.BaseRequestHandler):
@@ -313,12 +336,12 @@ def test_an_endless_reply_is_cut_at_the_bound(cmd):
     (b'{"arenas": {"a": {"allocated_bytes": "1"}}}',
      "not a datamem snapshot (arena 'a': 'allocated_bytes' is not a number)"),
 ], ids=lambda v: v[:20].decode("latin-1") if isinstance(v, bytes) else None)
-def test_a_malformed_snapshot_is_one_line_error(body, says):
+def test_a_malformed_snapshot_is_one_line_error(body, says, tmp_path):
     # Bug: `top` ended in a traceback on malformed JSON or an unexpected shape.
     with server(lambda path: ok(body, b"application/json")) as url:
         r = cli("top", url, "--once", "--interval", "0")
         assert says in one_line_error(r)
-        r = cli("record", url, "--out", os.devnull, "--count", "1")
+        r = cli("record", url, "--out", tmp_path / "rec.jsonl", "--count", "1")
         assert says in one_line_error(r)
 
 

@@ -550,6 +550,37 @@ print(_ext.stats_textfile_write(prom))
     assert leftovers == []
 
 
+# Attack pinned: stats.textfile named a directory of another user's, who swapped
+# it for a symbolic link to a root-only directory: the root job replaced job.prom
+# there. The one directory rule refuses a directory another user owns or can
+# write, and a link at its name; one line says so at each write, the job runs
+# on, and nothing is written anywhere.
+@pytest.mark.parametrize("how", ["another user's", "writable by others", "a link"])
+def test_textfile_in_a_directory_another_user_controls_is_refused(tmp_path, how):
+    guarded = tmp_path / "root-only"
+    guarded.mkdir(mode=0o700)
+    victim = guarded / "job.prom"
+    victim.write_text("precious\n")
+    if how == "a link":
+        d = tmp_path / "textfiles"
+        d.symlink_to(guarded)
+    else:
+        d = untrusted_dir(tmp_path / "textfiles", how)
+    pol = tmp_path / "policy.yaml"
+    pol.write_text("version: 1\ndefault: a\narenas:\n  a: {}\n"
+                   "stats:\n  textfile: %s/job.prom\n  interval: 20ms\n" % d)
+    r = run_py("import time, numpy; time.sleep(0.3); print('job ran')", config=str(pol))
+    assert r.returncode == 0 and "job ran" in r.stdout, r.stderr
+    assert victim.read_text() == "precious\n"
+    assert how == "a link" or not (d / "job.prom").exists()
+    lines = [line for line in r.stderr.splitlines() if "cannot write textfile" in line]
+    assert lines, r.stderr
+    reason = {"another user's": "directory owned by uid 65534, not by this user",
+              "writable by others": "directory writable by other users (mode 0777)",
+              "a link": "a symbolic link, not a directory"}[how]
+    assert "cannot write textfile: %s: %s" % (d, reason) in lines[0], lines[0]
+
+
 def test_sweep_removes_only_dead_and_stale_pid_files(tmp_path):
     import datamem
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
