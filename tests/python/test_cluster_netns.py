@@ -1,8 +1,8 @@
 """Dask and Ray clusters as real hosts are: each node in its own network
 namespace (its own address on a private network this test makes: a bridge in a
 namespace of its own, a veth pair per node, addresses in 10.213.0.0/24 that
-exist only inside these namespaces) and its own mount namespace with a private
-tmpfs on /tmp and /dev/shm. Nothing passes through a shared directory, so what
+exist only inside these namespaces, which have no route out) and its own mount
+namespace with a private tmpfs on /tmp and /dev/shm. Nothing passes through a shared directory, so what
 docs/cluster.md says is tested as it would be on separate machines: the Dask
 plugin assumes no shared file system (the policy reaches every worker through
 the plugin), the cluster-wide tag table covers every worker, and a reload reaches
@@ -151,8 +151,10 @@ def hosts(tmp_path):
 
 
 def _env():
-    """The nodes' environment: no datamem variable of this test's process."""
-    e = {k: v for k, v in os.environ.items() if not k.startswith("DATAMEM_")}
+    """The nodes' environment: no datamem variable of this test's process, and
+    no TMPDIR (a node's temp dir is its own /tmp)."""
+    e = {k: v for k, v in os.environ.items()
+         if not k.startswith("DATAMEM_") and k not in ("TMPDIR", "TEMP", "TMP")}
     e.update(RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled")
     return e
 
