@@ -7,7 +7,8 @@ cd "$(dirname "$0")/.."
 APT_PKGS=(bazel-bootstrap libyaml-dev libnuma-dev dpkg-dev
           clang libclang-rt-14-dev valgrind numactl build-essential autoconf
           prometheus chromium   # real-Prometheus and headless-browser tests
-          debootstrap qemu-user-static binfmt-support)  # scripts/roots.sh: other Pythons, arm64
+          debootstrap qemu-user-static binfmt-support   # scripts/roots.sh: other Pythons, arm64
+          iproute2)   # ip netns: test_cluster_netns.py's hosts
 
 need_apt=()
 for p in "${APT_PKGS[@]}"; do

@@ -49,7 +49,8 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 "$venv/bin/python" -m pip install -q --disable-pip-version-check "distributed>=2023.4" \
   "ray>=2.9" "joblib>=1.3"
-"$venv/bin/python" -m pytest -q tests/python/test_engines.py tests/python/test_cluster_tasks.py
+"$venv/bin/python" -m pytest -q tests/python/test_engines.py tests/python/test_cluster_tasks.py \
+  tests/python/test_cluster_netns.py
 
 stage "Python tests under NumPy 1.26 (same wheel)"
 venv=.venv-numpy126

@@ -23,14 +23,23 @@ def task_tag(name):
     return s[:63]
 
 
+def _tag_items(tags):
+    """(tag, numbers) pairs of a stats snapshot's "tags": datamem.stats() holds
+    {tag: {live, peak, limit, refused}}, /stats.json a list of {tag, live, peak,
+    limit, refused} (the 50 biggest, then "(other)")."""
+    if isinstance(tags, dict):
+        return tags.items()
+    return [(t.get("tag"), t) for t in tags]
+
+
 def tag_rows(per_worker):
-    """Rows (worker, tag, live, peak, limit, refused) from {worker: stats()},
-    biggest live first, then by worker and tag; bytes as ints, limit None when
-    the tag has none. A worker without per-tag counting gives no rows."""
+    """Rows (worker, tag, live, peak, limit, refused) from {worker: snapshot},
+    a snapshot being datamem.stats() or a worker's /stats.json; biggest live
+    first, then by worker and tag; bytes as ints, limit None when the tag has
+    none. A worker without per-tag counting gives no rows."""
     rows = []
     for w, s in per_worker.items():
-        tags = (s or {}).get("tags") or {}
-        for tag, t in tags.items():
+        for tag, t in _tag_items((s or {}).get("tags") or {}):
             rows.append((str(w), str(tag), int(t.get("live", 0)), int(t.get("peak", 0)),
                          t.get("limit"), int(t.get("refused", 0))))
     rows.sort(key=lambda r: (-r[2], -r[3], r[0], r[1]))

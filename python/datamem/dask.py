@@ -173,12 +173,17 @@ _ENV_KEYS = ("DATAMEM_CONFIG", "DATAMEM_STATS_HTTP", "DATAMEM_TAG_BYTES", "DATAM
 
 def _add_preload(nanny):
     """Adds this module to the preloads the nanny passes to its worker (in place,
-    so a WorkerProcess that is restarted with its old arguments sees it too)."""
+    so a WorkerProcess that is restarted with its old arguments sees it too).
+    The nanny holds them as given: a string, None, a list, or the tuple that
+    the `dask worker` command line's --preload makes (checked with distributed
+    2026.8)."""
     pre = nanny.preload
     if isinstance(pre, str):
         pre = nanny.preload = [pre]
     elif pre is None:
         pre = nanny.preload = []
+    elif not isinstance(pre, list):
+        pre = nanny.preload = list(pre)
     if _PRELOAD not in pre:
         pre.append(_PRELOAD)
     proc = getattr(nanny, "process", None)

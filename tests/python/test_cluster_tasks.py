@@ -7,12 +7,14 @@ installed (scripts/test.sh installs them in its "Dask, Ray and joblib workers"
 stage, which runs this file). The name rule (datamem._tasks) is tested
 everywhere."""
 
+import json
+
 import pytest
 
 import datamem
 from datamem._tasks import format_table, tag_rows, task_tag
 
-from conftest import last_json, need, run_script
+from conftest import get, job, last_json, need, run_script
 
 
 # ---- names: what a Dask key prefix or a Ray function name becomes ----------------------------
@@ -62,7 +64,21 @@ def test_tag_rows_and_table():
 
 
 
-
+def test_tag_rows_reads_a_workers_stats_json(tmp_path):
+    # datamem.ray.tag_table() reads each worker's /stats.json, whose "tags" is a list
+    # of {tag, live, ...}; tag_rows() took only stats()'s {tag: {...}} and failed with
+    # AttributeError: 'list' object has no attribute 'items'.
+    with job(tmp_path, extra={"DATAMEM_TAG_BYTES": "1"}) as (_, info):
+        status, _, body = get(info["url"].replace("/metrics", "/stats.json"))
+    assert status == 200
+    snap = json.loads(body)
+    assert isinstance(snap["tags"], list)
+    rows = tag_rows({"w1": snap})
+    assert sorted(rows) == sorted(("w1", t["tag"], t["live"], t["peak"], t["limit"], t["refused"])
+                                  for t in snap["tags"])
+    ingest = [r for r in rows if r[1] == "ingest"]
+    assert len(ingest) == 1 and ingest[0][2] >= 8000, rows  # np.ones(1000), kept
+    assert "ingest" in format_table(rows)
 
 
 POLICY = """version: 1
@@ -237,12 +253,20 @@ class Async:
         return current()
 
 if __name__ == "__main__":
+    # stats_http: each worker serves its stats, which datamem.ray.tag_table() reads;
+    # announced in this test's own discovery directory.
+    env = datamem.ray.runtime_env(sys.argv[1], stats_http="127.0.0.1:0",
+                                  base={"env_vars": {"DATAMEM_STATS_DIR": sys.argv[2]}})
     ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False,
-             runtime_env=datamem.ray.runtime_env(sys.argv[1]))
+             runtime_env=env)
     out = {"plain": ray.get(plain.remote()), "named": ray.get(named.remote())}
     s = Store.remote()
     out["actor"] = ray.get(s.put.remote())
     out["actor_live"] = ray.get(s.tags.remote())
+    out["stats"] = sorted(isinstance(v.get("tags"), list) for v in datamem.ray.stats().values())
+    rows = datamem.ray.tag_table()
+    out["table"] = [r for r in rows if r[1] == "Store"]
+    out["text"] = datamem.ray.format_table(rows)
     out["async"] = ray.get(Async.remote().run.remote())
     kept = [keep.remote(i) for i in range(50)]
     try:
@@ -260,10 +284,15 @@ def test_ray_tasks_and_actors_are_tagged_and_a_runaway_fails_alone(tmp_path):
     need("ray", "ray")
     pol = tmp_path / "policy.yaml"
     pol.write_text(POLICY)
-    r = run_script(tmp_path, "ray_tasks.py", RAY, [pol], timeout=300)
+    r = run_script(tmp_path, "ray_tasks.py", RAY, [pol, tmp_path / "discovery"], timeout=300)
     out = last_json(r)
     assert out["plain"] == ["plain"] and out["named"] == ["my_loader"]
     assert out["actor"] == ["Store"] and out["actor_live"] >= 10 << 20
+    # The cluster-wide table (it failed with AttributeError: /stats.json's "tags" is a
+    # list): the actor's 10 MiB, under its class's tag, in its worker's row.
+    assert out["stats"] and all(out["stats"]), out["stats"]
+    assert len(out["table"]) == 1 and out["table"][0][2] >= 10 << 20, out["text"]
+    assert "Store" in out["text"] and "(all workers)" in out["text"]
     # An async actor's methods run in a context Ray copies from its C++ thread, where
     # NumPy's handler is the default one: tagging puts them under the policy too.
     assert out["async"] == ["Async"]

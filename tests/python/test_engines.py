@@ -287,14 +287,22 @@ def test_joblib_loky_workers_run_the_policy(tmp_path):
 RAY = TASK + r"""
 import json, os, sys, urllib.request
 import ray, datamem.ray
+def setup():
+    # A job with a worker_process_setup_hook of its own calls datamem's from it.
+    import datamem.ray
+    datamem.ray.worker_setup()
+
 if __name__ == "__main__":
-    env = datamem.ray.runtime_env(sys.argv[1], stats_http="127.0.0.1:0")
+    env = datamem.ray.runtime_env(sys.argv[1], stats_http="127.0.0.1:0", tag_tasks=False,
+                                  base={"worker_process_setup_hook": setup})
     ray.init(num_cpus=2, include_dashboard=False, runtime_env=env, log_to_driver=False)
     try:
         @ray.remote
         def remote_task(i):
             import datamem
-            return task(i) + (datamem.stats_url(), datamem.current_policy())
+            from datamem import _ext
+            return task(i) + (datamem.stats_url(), datamem.current_policy(),
+                              list(_ext.handler_tags(_ext.get_handler()) or []))
 
         @ray.remote
         class Holder:
@@ -316,6 +324,7 @@ if __name__ == "__main__":
         print(json.dumps({"tasks": sorted({(r[1], r[2]) for r in res}),
                           "actor": sorted({tuple(x) for x in actor}),
                           "policies": sorted({os.path.basename(r[5]) for r in res}),
+                          "tags": sorted({tuple(r[6]) for r in res}),
                           "scraped": scraped}))
     finally:
         ray.shutdown()
@@ -335,6 +344,7 @@ def test_ray_tasks_and_actors_run_the_policy(tmp_path):
     assert out["tasks"] == [["datamem", "tasks"]]
     assert out["actor"] == [["datamem", "tasks"]]
     assert out["policies"] == ["datamem-policy.yaml"]    # the copy shipped with the job
+    assert out["tags"] == [["remote_task"]]               # tagged by the job's own hook
     # Every worker's metrics are reachable and count its task arrays.
     assert out["scraped"] and all(v and float(v[0].split()[-1]) >= 1
                                   for v in out["scraped"].values())
