@@ -1037,6 +1037,57 @@ static void test_fork_child_retires_threads(void) {
           "hung for 20 s) and %d saw the parent's threads", rounds, hung, bad);
 }
 
+/* Views are kept per context key (which context rules a context matches): a
+ * policy with 15 tag rules meets up to 32,768 keys over a process's life. A
+ * table keeps DM_VIEWS_MAX before freeing those no thread is bound to, and
+ * every context still routes as its tags say: 100 x DM_VIEWS_MAX keys, each
+ * context made, used and given back (contexts are recycled too). */
+static void test_views_and_contexts_bounded(void) {
+    char policy[4096] = "version: 1\ndefault: general\narenas:\n  general: {}\nrules:\n";
+    for (int i = 0; i < 15; i++)
+        snprintf(policy + strlen(policy), sizeof(policy) - strlen(policy),
+                 "  - {name: r%d, match: {tag: b%d}, arena: general}\n", i, i);
+    load_ok(policy);
+    int most = 0, wrong = 0;
+    for (int k = 1; k <= 100 * DM_VIEWS_MAX; k++) {
+        const dm_ctx_t *c = dm_ctx_root();
+        for (int i = 0; i < 15; i++) {
+            if (!(k & (1 << i)))
+                continue;
+            char t[8];
+            snprintf(t, sizeof(t), "b%d", i);
+            const dm_ctx_t *next = dm_ctx_with_tag(c, t);
+            dm_ctx_release(c);
+            c = next;
+        }
+        void *p = dm_alloc(c, 64, DM_DT_UNKNOWN);
+        char want[8];
+        snprintf(want, sizeof(want), "r%d", __builtin_ctz((unsigned)k));
+        const char *got = dm_runtime_rule_of(c, 64, DM_DT_UNKNOWN);
+        if (!p || !got || strcmp(got, want) != 0) {
+            if (wrong++ < 3)
+                fprintf(stderr, "key %d: rule %s, want %s\n", k, got ? got : "(null)", want);
+        }
+        dm_free(p);
+        dm_ctx_release(c);
+        pthread_mutex_lock(&dm__runtime_mu);
+        dm__dispatch_t *tab = atomic_load(&dm__dispatch_current);
+        if (tab->nviews > most)
+            most = tab->nviews;
+        pthread_mutex_unlock(&dm__runtime_mu);
+    }
+    CHECK(wrong == 0, "%d contexts routed by another rule than their tags say", wrong);
+    CHECK(most <= 2 * DM_VIEWS_MAX, "views kept: %d for %d keys (at most %d)", most,
+          100 * DM_VIEWS_MAX, 2 * DM_VIEWS_MAX);
+    dm_free(dm_alloc(NULL, 64, DM_DT_UNKNOWN)); /* the thread lets its last context go */
+    dm_stats_t s;
+    dm_stats_snapshot(&s);
+    CHECK(s.ncontexts <= DM_CTX_MAX + 1, "contexts interned: %d (at most %d)", s.ncontexts,
+          DM_CTX_MAX + 1);
+    dm_stats_release(&s);
+    load_ok(POLICY);
+}
+
 int main(void) {
     dm_runtime_init();
     load_ok(POLICY);
@@ -1069,6 +1120,7 @@ int main(void) {
     test_big_tail_trimmed();
     test_exit_hands_caches_back_before_count();
     test_fork_child_retires_threads();
+    test_views_and_contexts_bounded();
     unlink(write_policy(""));
     if (failures) {
         fprintf(stderr, "runtime_test: %d check(s) failed\n", failures);
