@@ -1088,6 +1088,42 @@ static void test_views_and_contexts_bounded(void) {
     load_ok(POLICY);
 }
 
+/* Arenas live for the process, so their names fill a table (DM_RT_ARENAS_MAX):
+ * policies that keep naming new arenas, 100 x that many, are refused past it
+ * with a line that says why, the policy in force stays, and allocation goes
+ * on. Runs last: the process has every arena name afterwards. */
+static void test_arena_names_fill(void) {
+    int before = dm__arena_count(), refused = 0, clear = 0, last = -1, wrong = 0;
+    char policy[256], want[32] = "";
+    for (int i = 0; i < 100 * DM_RT_ARENAS_MAX; i++) {
+        snprintf(policy, sizeof(policy), "version: 1\ndefault: fill%d\narenas:\n  fill%d: {}\n", i, i);
+        static dm_diags_t d;
+        dm_diags_init(&d, "fill.yaml");
+        dm_topology_t topo;
+        dm_runtime_topology(&topo);
+        dm_policy_t *pol = NULL;
+        CHECK(dm_policy_parse(policy, strlen(policy), "fill.yaml", &topo, &pol, &d) == 0, "%s",
+              policy);
+        if (dm_runtime_install(pol, &d) == 0) {
+            last = i;
+            continue;
+        }
+        refused++;
+        char buf[2048];
+        dm_diags_format_all(&d, buf, sizeof(buf));
+        clear += strstr(buf, "can name at most 256 arenas over its life") != NULL;
+        snprintf(want, sizeof(want), "fill%d", last);
+        void *p = dm_alloc(NULL, 1000, DM_DT_UNKNOWN);
+        const char *got = dm_owner_arena(p);
+        wrong += !p || !got || strcmp(got, want) != 0; /* the policy in force serves it */
+        dm_free(p);
+    }
+    CHECK(refused == 100 * DM_RT_ARENAS_MAX - (DM_RT_ARENAS_MAX - before),
+          "refused %d of %d", refused, 100 * DM_RT_ARENAS_MAX);
+    CHECK(clear == refused, "%d of %d refusals say why", clear, refused);
+    CHECK(wrong == 0, "%d allocations after a refusal not served by the policy in force", wrong);
+}
+
 int main(void) {
     dm_runtime_init();
     load_ok(POLICY);
@@ -1121,6 +1157,7 @@ int main(void) {
     test_exit_hands_caches_back_before_count();
     test_fork_child_retires_threads();
     test_views_and_contexts_bounded();
+    test_arena_names_fill();
     unlink(write_policy(""));
     if (failures) {
         fprintf(stderr, "runtime_test: %d check(s) failed\n", failures);
