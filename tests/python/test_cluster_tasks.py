@@ -12,7 +12,7 @@ import pytest
 import datamem
 from datamem._tasks import format_table, tag_rows, task_tag
 
-from conftest import last_json, need, run_script
+from conftest import last_json, need, run_py, run_script
 
 
 # ---- names: what a Dask key prefix or a Ray function name becomes ----------------------------
@@ -261,6 +261,43 @@ def test_dask_worker_runs_any_number_of_distinct_task_names(tmp_path):
 
 
 # ---- Ray --------------------------------------------------------------------------------------
+
+# On Ray, about 200 of 4,300 distinct remote functions failed with
+# RayTaskError(ValueError) once the runtime's tables were full. Ray's task
+# wrapper (what worker_setup() puts around each function, no cluster needed)
+# runs 6,000 distinct names, each under its own tag, then functions whose
+# tagging is made to fail: they run untagged, said once.
+RAY_WRAPPER = r"""
+import json, logging, numpy as np, datamem, datamem.ray
+lines = []
+class Said(logging.Handler):
+    def emit(self, record):
+        lines.append(record.getMessage())
+logging.getLogger("datamem").addHandler(Said())
+def make():
+    return datamem._ext.handler_tags(datamem._ext.get_handler()), int(np.ones(16).sum())
+ok = 0
+for i in range(6000):
+    tags, total = datamem.ray._tagged(make, "fn%d" % i)()
+    ok += tags == ("fn%d" % i,) and total == 16
+def boom(*names):
+    raise RuntimeError("tagging broke")
+datamem.tag = boom
+untagged = [datamem.ray._tagged(make, "late%d" % i)() for i in range(20)]
+print(json.dumps({"ok": ok, "untagged": untagged[0], "n": len(untagged),
+                  "said": [l for l in lines if "runs untagged" in l]}))
+"""
+
+
+def test_ray_task_wrapper_never_fails_a_task_for_its_tag(tmp_path):
+    pol = tmp_path / "policy.yaml"
+    pol.write_text(POLICY)
+    out = last_json(run_py(RAY_WRAPPER, config=str(pol)))
+    assert out["ok"] == 6000, out
+    assert out["untagged"] == [[], 16] and out["n"] == 20, out
+    assert len(out["said"]) == 1 and "tagging broke" in out["said"][0], out
+
+
 
 RAY = r"""
 import json, sys
