@@ -66,7 +66,8 @@ extern PyMethodDef dm__handler_methods[];
 /* ---- site.c ---- */
 int dm__site_init(void);                     /* 0, or -1 with an exception set */
 uint64_t dm__site_mask_now(uint64_t *gen);   /* the call site's rule mask; 0 without the GIL */
-int dm__site_capture(dm_prof_frame_t *out, int max, bool stacks, int *site); /* GIL held */
+int dm__site_capture(dm_prof_frame_t *out, int max, bool stacks, int *site); /* GIL held;
+                                                 frames valid until the next walk */
 
 /* ---- record.c ---- */
 void *dm__record_malloc(void *ctx, size_t size);

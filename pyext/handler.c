@@ -5,10 +5,15 @@
  *   - the handler functions: one PyDataMem_Handler per datamem context (tag
  *     set); the handler's ctx is the dm_ctx_t, so NumPy's own ContextVar
  *     carries the tag set across await and into asyncio tasks at no cost on
- *     the allocation path. Handlers and their capsules live for the process:
- *     every array keeps the capsule it was allocated with and frees through
- *     it, possibly at shutdown. While a profile is recorded every handler
- *     calls record.c's functions instead (dm__handler_record_all).
+ *     the allocation path. A handler lives as long as its capsule: every
+ *     array keeps the capsule it was allocated with (and frees through it,
+ *     possibly at shutdown), NumPy's ContextVar holds the current one, and
+ *     `recent` holds the last HANDLER_RECENT made, so a tag entered again
+ *     finds its capsule. The capsule holds a reference on its context, given
+ *     back when it dies (runtime/context.c then recycles the context): a
+ *     process may make any number of tag sets. While a profile is recorded
+ *     every handler calls record.c's functions instead
+ *     (dm__handler_record_all).
  *   - dtype discovery, only while the policy in force has a dtype rule (or a
  *     profile is recorded): a wrapper around PyArray_Type.tp_alloc remembers
  *     (per thread) the array object being built; malloc checks it really is
@@ -178,16 +183,23 @@ void dm__handler_init(void) {
     PyErr_Clear();
 }
 
-/* One handler + capsule per context, kept forever (arrays hold the capsule). */
+/* One handler per live capsule. */
 typedef struct handler_entry {
-    struct handler_entry *next;
-    const dm_ctx_t *ctx;
+    struct handler_entry *next, *prev; /* every live one (dm__handler_record_all) */
+    const dm_ctx_t *ctx;               /* one reference, given back with the capsule */
     PyDataMem_Handler handler;
-    PyObject *capsule;
 } handler_entry_t;
 
-static handler_entry_t *handlers; /* guarded by the GIL */
-static bool recording;            /* new handlers record (set with the GIL) */
+/* Capsules of recently used contexts, by the context's address (direct-mapped;
+ * each holds its context, so an address here is never another context's).
+ * Small next to the runtime's DM_CTX_MAX context ids: what it holds stays
+ * counted under its own tags. */
+#define HANDLER_RECENT 128
+
+static handler_entry_t *handlers;   /* guarded by the GIL, as below */
+static PyObject *recent[HANDLER_RECENT];
+static PyObject *root_capsule;      /* the root context's, for the process */
+static bool recording;              /* new handlers record (set with the GIL) */
 
 static void handler_set_functions(PyDataMem_Handler *h, bool on) {
     h->allocator.malloc = on ? dm__record_malloc : h_malloc;
@@ -196,26 +208,66 @@ static void handler_set_functions(PyDataMem_Handler *h, bool on) {
     h->allocator.free = on ? dm__record_free : h_free;
 }
 
-static PyObject *capsule_for(const dm_ctx_t *ctx) {
-    for (handler_entry_t *e = handlers; e; e = e->next)
-        if (e->ctx == ctx)
-            return Py_NewRef(e->capsule);
-    handler_entry_t *e = PyMem_RawCalloc(1, sizeof(*e));
+/* The capsule's destructor (GIL held): nothing can allocate or free through
+ * the handler any more (arrays hold their capsule until after their free). */
+static void capsule_gone(PyObject *cap) {
+    handler_entry_t *e = PyCapsule_GetContext(cap);
     if (!e)
+        return;
+    if (e->prev)
+        e->prev->next = e->next;
+    else
+        handlers = e->next;
+    if (e->next)
+        e->next->prev = e->prev;
+    dm_ctx_release(e->ctx);
+    PyMem_RawFree(e);
+}
+
+static size_t recent_slot(const dm_ctx_t *ctx) {
+    return (size_t)(((uint64_t)(uintptr_t)ctx * 0x9E3779B97F4A7C15ull) >> 57) &
+           (HANDLER_RECENT - 1);
+}
+
+/* The capsule for `ctx`, whose reference the caller passes on (to the
+ * capsule, or given back when a capsule for it exists). */
+static PyObject *capsule_for(const dm_ctx_t *ctx) {
+    if (ctx == dm_ctx_root() && root_capsule)
+        return Py_NewRef(root_capsule);
+    PyObject **slot = &recent[recent_slot(ctx)];
+    if (*slot && ((handler_entry_t *)PyCapsule_GetContext(*slot))->ctx == ctx) {
+        dm_ctx_release(ctx);
+        return Py_NewRef(*slot);
+    }
+    handler_entry_t *e = PyMem_RawCalloc(1, sizeof(*e));
+    if (!e) {
+        dm_ctx_release(ctx);
         return PyErr_NoMemory();
+    }
     snprintf(e->handler.name, sizeof(e->handler.name), "%s", HANDLER_NAME);
     e->handler.version = 1;
     e->handler.allocator.ctx = (void *)ctx;
     handler_set_functions(&e->handler, recording);
     e->ctx = ctx;
-    e->capsule = PyCapsule_New(&e->handler, capsule_name, NULL);
-    if (!e->capsule) {
+    PyObject *cap = PyCapsule_New(&e->handler, capsule_name, capsule_gone);
+    if (!cap || PyCapsule_SetContext(cap, e) < 0) {
+        Py_XDECREF(cap);
+        dm_ctx_release(ctx);
         PyMem_RawFree(e);
         return NULL;
     }
     e->next = handlers;
+    if (handlers)
+        handlers->prev = e;
     handlers = e;
-    return Py_NewRef(e->capsule);
+    if (ctx == dm_ctx_root()) {
+        root_capsule = Py_NewRef(cap);
+    } else {
+        PyObject *old = *slot;
+        *slot = Py_NewRef(cap);
+        Py_XDECREF(old); /* last: its destructor may run here */
+    }
+    return cap;
 }
 
 /* profile_start: every handler, existing or made later, records. */
@@ -227,17 +279,27 @@ void dm__handler_record_all(void) {
 
 /* ---- Python API ---------------------------------------------------------------- */
 
+/* The context of a sequence of tags, one reference held; NULL with an
+ * exception set (a bad name or too many tags: ValueError; no memory). */
 static const dm_ctx_t *ctx_from_tags(PyObject *tags) {
     const dm_ctx_t *c = dm_ctx_root();
     Py_ssize_t n = PySequence_Fast_GET_SIZE(tags);
     for (Py_ssize_t i = 0; i < n; i++) {
         const char *t = PyUnicode_AsUTF8(PySequence_Fast_GET_ITEM(tags, i));
-        if (!t)
-            return NULL;
-        if (!(c = dm_ctx_with_tag(c, t))) {
-            PyErr_Format(PyExc_ValueError, "tag '%s': too many tags or contexts", t);
-            return NULL;
+        const dm_ctx_t *next = t ? dm_ctx_with_tag(c, t) : NULL;
+        if (!next && t) {
+            if (strlen(t) >= DM_NAME_MAX)
+                PyErr_Format(PyExc_ValueError, "tag '%.80s': longer than %d bytes", t,
+                             DM_NAME_MAX - 1);
+            else if (dm_ctx_tags(c, NULL, 0) >= DM_CTX_TAGS_MAX)
+                PyErr_Format(PyExc_ValueError, "tag '%s': a context holds at most %d tags",
+                             t, DM_CTX_TAGS_MAX);
+            else
+                PyErr_NoMemory();
         }
+        dm_ctx_release(c);
+        if (!(c = next))
+            return NULL;
     }
     return c;
 }

@@ -4,7 +4,7 @@
  * internal_packages (numpy, pandas, scipy, sklearn, datamem:
  * docs/find-your-policy.md); what is known of a frame's code object (module,
  * function, file, whether it is internal, its call-site rule mask) is cached
- * per code object for the process.
+ * per code object, up to CODE_MAX entries.
  *
  * Everything here runs with the GIL held: the cache is guarded by it, and
  * making an entry calls Python (frame objects, code attributes). Without the
@@ -31,13 +31,23 @@ int dm__site_init(void) {
 }
 
 /* ---- the call-site cache -------------------------------------------------------
- * One entry per code object, made on first sight and kept for the
- * process together with a reference to the code object (so its address is
- * never reused by another). Guarded by the GIL. The module is the frame's
+ * One entry per code object, made on first sight and kept together with a
+ * reference to the code object (so its address is never reused by another
+ * while the entry lives). Guarded by the GIL. The module is the frame's
  * globals' __name__ when the entry is made (code run with other globals, as
- * by exec, keeps the first one). */
+ * by exec, keeps the first one).
+ *
+ * A process that makes code as it runs (exec, namedtuple, dataclasses,
+ * code.replace) meets unboundedly many code objects: at CODE_MAX entries the
+ * cache starts over (every entry and its code reference dropped), at the start
+ * of a walk that no other walk encloses (an allocation inside a walk walks
+ * again), so no walk ever holds a dropped entry. Entries are named to the
+ * profile by a serial number, never reused, not by address. */
+#define CODE_MAX 4096
+
 typedef struct code_entry {
     PyObject *code;
+    uint64_t serial;                /* the profile's key for it (dm_prof_frame_t.key) */
     char *module, *function, *file; /* function: module.qualname */
     bool internal;                  /* numpy, pandas, scipy, sklearn, datamem */
     uint64_t site_mask, site_gen;   /* call-site rules matching it, for install site_gen */
@@ -45,6 +55,8 @@ typedef struct code_entry {
 
 static code_entry_t **code_tab;
 static size_t code_cap, code_n;
+static uint64_t code_serial;
+static int walking; /* walks in progress on this interpreter (nested ones included) */
 
 /* Packages whose frames are not "the user's code": the call site is the
  * innermost frame outside them (docs/find-your-policy.md). */
@@ -119,7 +131,34 @@ static code_entry_t *code_entry_new(PyObject *co, PyFrameObject *f) {
     e->module = module;
     e->internal = module_internal(module);
     e->code = Py_NewRef(co);
+    e->serial = ++code_serial;
     return e;
+}
+
+/* Before a walk that no other encloses: a full cache starts over. The table
+ * is replaced first and the entries freed after, since dropping a code object
+ * can run Python (a weakref callback) that allocates and walks again. */
+static void code_cache_trim(void) {
+    if (walking || code_n < CODE_MAX)
+        return;
+    code_entry_t **fresh = PyMem_RawCalloc(code_cap, sizeof(*fresh));
+    if (!fresh)
+        return;
+    code_entry_t **old = code_tab;
+    size_t cap = code_cap;
+    code_tab = fresh;
+    code_n = 0;
+    for (size_t i = 0; i < cap; i++) {
+        code_entry_t *e = old[i];
+        if (!e)
+            continue;
+        PyMem_RawFree(e->module);
+        PyMem_RawFree(e->function);
+        PyMem_RawFree(e->file);
+        Py_DECREF(e->code);
+        PyMem_RawFree(e);
+    }
+    PyMem_RawFree(old);
 }
 
 static code_entry_t *code_lookup(PyObject *co, PyFrameObject *f) {
@@ -173,6 +212,8 @@ uint64_t dm__site_mask_now(uint64_t *gen) {
     if (had_error)
         PyErr_Fetch(&et, &ev, &tb);
     uint64_t mask = 0, want = dm_runtime_site_gen();
+    code_cache_trim();
+    walking++;
     PyFrameObject *f = PyEval_GetFrame();
     Py_XINCREF(f);
     while (f) {
@@ -191,6 +232,7 @@ uint64_t dm__site_mask_now(uint64_t *gen) {
         f = back;
     }
     Py_XDECREF(f);
+    walking--;
     if (had_error)
         PyErr_Restore(et, ev, tb);
     else
@@ -202,8 +244,11 @@ uint64_t dm__site_mask_now(uint64_t *gen) {
  * Walks the Python stack (GIL held): frames innermost first, up to the call
  * site (the innermost frame outside internal_packages) or, with `stacks`, all
  * of them. Returns the number of frames; *site is the call site's index (the
- * innermost frame when every frame is internal), -1 when there is none. */
+ * innermost frame when every frame is internal), -1 when there is none. The
+ * frames' strings are the cache's: valid until the next walk starts. */
 int dm__site_capture(dm_prof_frame_t *out, int max, bool stacks, int *site) {
+    code_cache_trim();
+    walking++;
     PyFrameObject *f = PyEval_GetFrame();
     Py_XINCREF(f);
     int n = 0;
@@ -214,8 +259,9 @@ int dm__site_capture(dm_prof_frame_t *out, int max, bool stacks, int *site) {
         Py_XDECREF(co);
         if (e) {
             int line = PyFrame_GetLineNumber(f);
-            out[n] = (dm_prof_frame_t){e, line > 0 ? (uint32_t)line : 0, e->module,
-                                       e->function, e->file};
+            out[n] = (dm_prof_frame_t){(const void *)(uintptr_t)e->serial,
+                                       line > 0 ? (uint32_t)line : 0, e->module, e->function,
+                                       e->file};
             if (*site < 0 && !e->internal)
                 *site = n;
             n++;
@@ -227,6 +273,7 @@ int dm__site_capture(dm_prof_frame_t *out, int max, bool stacks, int *site) {
         f = back;
     }
     Py_XDECREF(f);
+    walking--;
     if (*site < 0 && n > 0)
         *site = 0;
     return n;

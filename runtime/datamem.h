@@ -38,6 +38,8 @@ extern "C" {
  * await and into asyncio tasks; dm_ctx_root() has no tags. */
 typedef struct dm_ctx dm_ctx_t;
 
+#define DM_CTX_TAGS_MAX 64 /* tags in one context */
+
 DM_API int dm_runtime_init(void);
 
 /* Parses, validates, compiles and publishes a policy file. On error nothing
@@ -71,9 +73,17 @@ DM_API void dm_runtime_topology(dm_topology_t *out);
 DM_API void dm_runtime_set_numpy_hugepages(bool on);
 
 DM_API const dm_ctx_t *dm_ctx_root(void);
-/* Returns the context with `base`'s tags plus `tag` (interned; lives forever).
- * NULL if too many distinct contexts exist (DM_CTX_MAX). */
+/* The context with `base`'s tags plus `tag` (interned: the same set gives the
+ * same context while it lives), with one reference for the caller, who may
+ * keep it for the process or give it back with dm_ctx_release; while held it
+ * is valid. Any number of distinct sets may be made over a process's life: a
+ * context nothing holds (no reference, no bound thread, no live counted
+ * block) is freed and its id reused. NULL only for a bad request (`tag` NULL
+ * or DM_NAME_MAX bytes or longer, `base` already holding DM_CTX_TAGS_MAX tags)
+ * or out of memory; never because a table is full. */
 DM_API const dm_ctx_t *dm_ctx_with_tag(const dm_ctx_t *base, const char *tag);
+/* Gives back a reference dm_ctx_with_tag returned (NULL and the root: nothing). */
+DM_API void dm_ctx_release(const dm_ctx_t *c);
 DM_API int dm_ctx_tags(const dm_ctx_t *c, const char **tags, int cap);
 
 /* The calling thread's name for thread rules (set when a thread starts). */
@@ -230,6 +240,10 @@ typedef struct dm_stats {
     char worker_limit_source[16];     /* "", "policy", "env", "cgroup", "ram" */
     int ntags;
     dm_tag_stats_t *tags;             /* malloc'ed by dm_stats_snapshot */
+    /* Tag names counted under the row "(other)" because the table of tags
+     * (DM_TALLY_TAGS_MAX rows, tally.c) or of context ids was full of ones
+     * holding bytes: each time a context was made so. */
+    uint64_t tags_overflowed;
 } dm_stats_t;
 
 /* Fills `out` (caller frees out->rules with dm_stats_release). */

@@ -11,7 +11,12 @@
  *
  * Also here: each table's views (one per context key, built on first use) and
  * what the services ask of the table in force (call-site masks, dtype use, a
- * copy of its policy).
+ * copy of its policy). Views are keyed by which context rules a context
+ * matches, not by context, so recycled contexts (context.c) find them; a
+ * table keeps up to `views_sweep_at` of them (DM_VIEWS_MAX, or twice what the
+ * last sweep kept), then frees those no thread is bound to (views_sweep):
+ * policies with many tag rules meet unboundedly many keys over a process's
+ * life.
  *
  * Thread safety: publication, view building and reading the table in force
  * for the services run under dm__runtime_mu; references are atomic.
@@ -41,6 +46,7 @@ dm__dispatch_t *dm__dispatch_new(dm_table_t *tt, dm_policy_t *p, int nslots) {
     tab->nslots = nslots;
     tab->uses_dtype = dm_table_uses_dtype(tt);
     tab->rule_ctrs = rc_ctr;
+    tab->views_sweep_at = DM_VIEWS_MAX;
     atomic_store_explicit(&tab->refs, 1, memory_order_relaxed);
     return tab;
 }
@@ -83,8 +89,36 @@ void dm__dispatch_slot_init(dm__dispatch_slot_t *s, dm__arena_t *a, const dm_are
     }
 }
 
+/* Called with dm__runtime_mu held: frees the views of `tab` that no thread is
+ * bound to (a thread's `view` is written only under that mutex; threads bound
+ * to `tab` are all in the registry, thread.c). */
+static void views_sweep(dm__dispatch_t *tab) {
+    for (dm__dispatch_view_t *e = tab->views; e; e = e->next)
+        e->in_use = false;
+    for (dm__thread_t *t = dm__thread_registry; t; t = t->next)
+        for (dm__dispatch_view_t *e = tab->views; t->table == tab && e; e = e->next)
+            if (e->view == t->view) {
+                e->in_use = true;
+                break;
+            }
+    tab->nviews = 0;
+    for (dm__dispatch_view_t **pp = &tab->views; *pp;) {
+        dm__dispatch_view_t *e = *pp;
+        if (e->in_use) {
+            tab->nviews++;
+            pp = &e->next;
+            continue;
+        }
+        *pp = e->next;
+        dm_view_free(e->view);
+        free(e);
+    }
+    tab->views_sweep_at = tab->nviews * 2 > DM_VIEWS_MAX ? tab->nviews * 2 : DM_VIEWS_MAX;
+}
+
 /* Called with dm__runtime_mu held: the view of `tab` for the thread's context,
- * built once per (table, context key) and kept with the table. */
+ * built once per (table, context key) and kept with the table while a thread
+ * is bound to it or there are fewer than views_sweep_at. */
 const dm_view_t *dm__dispatch_view(dm__dispatch_t *tab, const dm_ctx_t *c, const char *thread) {
     int words = dm_table_ctx_key_words(tab->table);
     uint64_t stack_key[16];
@@ -97,6 +131,8 @@ const dm_view_t *dm__dispatch_view(dm__dispatch_t *tab, const dm_ctx_t *c, const
     for (dm__dispatch_view_t *e = tab->views; e && !v; e = e->next)
         if (memcmp(e->key, key, (size_t)words * sizeof(uint64_t)) == 0)
             v = e->view;
+    if (!v && tab->nviews >= tab->views_sweep_at)
+        views_sweep(tab);
     if (!v) {
         dm__dispatch_view_t *e = calloc(1, sizeof(*e) + (size_t)words * sizeof(uint64_t));
         dm_view_t *nv = e ? dm_table_view_build(tab->table, key) : NULL;
@@ -105,6 +141,7 @@ const dm_view_t *dm__dispatch_view(dm__dispatch_t *tab, const dm_ctx_t *c, const
             e->view = nv;
             e->next = tab->views;
             tab->views = e;
+            tab->nviews++;
             v = nv;
         } else {
             free(e);

@@ -182,9 +182,18 @@ static int install(dm_policy_t *p, dm_diags_t *d, const char *only_over) {
     }
     rc = ensure_arenas(p, byspec);
     if (rc) {
+        bool full = dm__arena_count() >= DM_RT_ARENAS_MAX;
         pthread_mutex_unlock(&dm__runtime_mu);
         dm__dispatch_destroy(tab);
-        return install_fail(d, rc, "cannot create arenas");
+        /* Arenas live for the process (arrays outlive policies): their names
+         * are a table that fills, and a policy naming one more is refused
+         * while the one in force stays. */
+        char what[160] = "cannot create arenas";
+        if (full)
+            snprintf(what, sizeof(what), "cannot create arenas: a process can name at most %d "
+                     "arenas over its life and has; reuse names it already has",
+                     DM_RT_ARENAS_MAX);
+        return install_fail(d, rc, what);
     }
     fill_slots(tab, byspec, &worker);
     dm__dispatch_t *old;

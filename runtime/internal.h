@@ -45,7 +45,10 @@
 #define DM_SEG_SHIFT 30                      /* 1 GiB address-space segments */
 #define DM_SEG_SIZE ((size_t)1 << DM_SEG_SHIFT)
 #define DM_VA_BITS 47
-#define DM_CTX_MAX 4096
+#define DM_CTX_MAX 4096                      /* context ids (tally.c); contexts themselves
+                                                are recycled (context.c) */
+#define DM_VIEWS_MAX 256                     /* views cached per table before unused ones
+                                                are freed (dispatch.c) */
 #define DM_JE_OLD_MAX 8                      /* earlier regions kept per je arena */
 #define DM_REUSE_MAX 8                       /* freed big blocks kept per je arena */
 
@@ -169,6 +172,7 @@ typedef struct dm__dispatch_slot {
 typedef struct dm__dispatch_view {
     struct dm__dispatch_view *next;
     dm_view_t *view;
+    bool in_use;        /* a thread is bound to it (views_sweep's mark) */
     uint64_t key[];     /* dm_table_ctx_key_words words */
 } dm__dispatch_view_t;
 
@@ -183,6 +187,7 @@ typedef struct dm__dispatch {
     dm__dispatch_slot_t fallback_slot;
     _Atomic int refs;
     dm__dispatch_view_t *views;  /* guarded by the runtime mutex */
+    int nviews, views_sweep_at;  /* how many; when unused ones are freed */
     dm__ctrs_t *rule_ctrs;       /* per slot, folded from threads that moved on
                                     (nfree unused); guarded by dm__runtime_mu */
     bool tally;                  /* bytes are counted per tag (tally.c): every
@@ -236,16 +241,23 @@ typedef struct dm__thread {
     dm_failure_t last_failure;   /* the thread's last allocation refused by a limit */
     bool limit_refused;          /* set by the tracked path, read by alloc_failed */
     bool registered, exiting;
+    /* The context this thread holds a reference on (context.c): the one it
+     * is bound to, kept until it binds another or exits, so that `ctx` is
+     * never the address of a context freed and made again. NULL: none. */
+    const struct dm_ctx *held;
     struct dm__thread *next, *prev; /* registry, under the runtime mutex */
 } dm__thread_t;
 
 struct dm_ctx {
-    struct dm_ctx *next;
+    struct dm_ctx *next;         /* hash chain of interned contexts (dm__runtime_mu) */
+    uint64_t hash;               /* of its tags (dm__context_hash) */
+    _Atomic uint64_t refs;       /* holders, bound threads and live counted blocks */
+    bool interned;               /* false: root, stale and tally's "(other)": static */
     int ntags;
     char **tags;                 /* sorted, unique */
-    uint16_t id;                 /* tally.c: its index, in the shadow as id + 1 */
+    uint16_t id;                 /* tally.c: its id, in the shadow as id + 1 */
     int ntally;
-    uint16_t *tally;             /* its tags' tally registry ids (root: "(untagged)") */
+    uint16_t *tally;             /* tally rows its blocks count under */
 };
 
 /* Cross-file internals are hidden (as -fvisibility=hidden makes their
@@ -303,6 +315,19 @@ extern struct dm_ctx dm__context_root, dm__context_stale;
 /* Under dm__runtime_mu: the root context's tally ids (tally.c), once. */
 void dm__context_root_tally_init(void);
 int dm__context_count(void); /* under dm__runtime_mu */
+/* FNV-1a over `n` strings, each with its NUL: a context's key, a tag row's. */
+uint64_t dm__context_hash(const char *const *s, int n);
+/* A reference on a context its caller already holds one on (or is bound to);
+ * giving one back never frees (context.c: freed by a sweep under
+ * dm__runtime_mu). Static contexts are not counted. */
+static inline void dm__context_hold(const struct dm_ctx *c) {
+    if (c && c->interned)
+        atomic_fetch_add_explicit(&((struct dm_ctx *)c)->refs, 1, memory_order_relaxed);
+}
+static inline void dm__context_drop(const struct dm_ctx *c) {
+    if (c && c->interned)
+        atomic_fetch_sub_explicit(&((struct dm_ctx *)c)->refs, 1, memory_order_release);
+}
 
 /* dispatch.c: the table in force (release-store, acquire-load). */
 extern _Atomic(dm__dispatch_t *) dm__dispatch_current;

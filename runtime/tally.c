@@ -20,15 +20,29 @@
  * two live blocks never share an entry. Resident cost: one page of shadow per
  * 32 KiB of small blocks, per 8 MiB span of big ones.
  *
- * Tags: a registry of up to DM_TALLY_TAGS_MAX names, entry 0 "(untagged)" for
- * the root context. Contexts are interned (context.c) and get their tags' ids
- * once, when made. Limits are set at install from the policy's tag_limits
- * (the first glob that matches).
+ * Tags: a table of DM_TALLY_TAGS_MAX rows, found by name through a hash.
+ * Row 0 is "(untagged)" (the root context), row 1 "(other)". A context takes
+ * a reference on its tags' rows when it is made (context.c) and gives them
+ * back when it is freed; a row nobody refers to holds no bytes and stays in
+ * the stats (live 0, its peak) until its slot is needed: rows without a limit
+ * are reused first, oldest idle first, then limited ones. When every row is
+ * referenced, a new name counts under "(other)" (counted in
+ * `tags_overflowed`, and said once on stderr, since a limit of such a name is
+ * not applied). Limits are set from the policy's tag_limits (the first glob
+ * that matches) when a row is made and at install.
  *
- * Thread safety: registry growth and configuration under dm__runtime_mu; counts are
- * atomics; shadow entries are atomics written by the allocating thread and
- * cleared (exchange) by the freeing one. A block's allocation happens-before
- * its free, so the free sees its entry.
+ * Context ids: DM_CTX_MAX, in the shadow as id + 1. Id 0 is the root, id 1
+ * the static context "(other)" stands for; the others go to contexts as they
+ * are made and come back when they are freed, which happens only once no
+ * live block carries the id (each holds a reference: dm__tally_record takes
+ * it, dm__tally_release_slow gives it back last). A context made while every
+ * id is held counts its blocks under id 1 and row "(other)".
+ *
+ * Thread safety: rows, ids and configuration change under dm__runtime_mu;
+ * counts are atomics; shadow entries are atomics written by the allocating
+ * thread and cleared (exchange) by the freeing one. A block's allocation
+ * happens-before its free, so the free sees its entry, and the row and context
+ * behind it (held by the block) are the ones it was counted under.
  */
 #include <fnmatch.h>
 #include <stdio.h>
@@ -44,21 +58,40 @@
 uint16_t *_Atomic dm__tally_shadow[NSEGS];
 
 typedef struct tally_tag {
-    const char *name;          /* the interned context's string: lives forever */
+    char name[DM_NAME_MAX];
     _Atomic uint64_t live, peak, refused;
     _Atomic uint64_t limit;    /* UINT64_MAX = none */
     /* the last refusal (dm_runtime_refusals): written after `refused` grows */
     _Atomic uint64_t last_request, last_limit, last_live;
+    /* under dm__runtime_mu */
+    uint64_t hash;
+    int refs;                  /* contexts counting under it */
+    uint16_t hnext;            /* hash chain: next row + 1, 0 = end */
+    int8_t idle;               /* the idle list it is on, or -1 */
+    int16_t prev, next;        /* on that list; -1 = end */
 } tally_tag_t;
 
+#define ROW_UNTAGGED 0
+#define ROW_OTHER 1
+#define ID_OTHER 1
+#define ID_FIRST 2             /* the first id a made context gets */
+#define TAG_BUCKETS 8192
+enum { IDLE_PLAIN, IDLE_LIMITED, NIDLE };
+
 static tally_tag_t tags[DM_TALLY_TAGS_MAX];
-static int ntags;                         /* under dm__runtime_mu */
-static const struct dm_ctx *by_id[DM_CTX_MAX];
-static int nctx;                          /* under dm__runtime_mu */
+static int ntags;                         /* rows ever used; under dm__runtime_mu */
+static uint16_t tag_heads[TAG_BUCKETS];   /* row + 1, 0 = empty (dm__runtime_mu) */
+static struct { int16_t head, tail; } idle[NIDLE] = {{-1, -1}, {-1, -1}};
+static struct dm_ctx *_Atomic by_id[DM_CTX_MAX];
+static uint16_t free_ids[DM_CTX_MAX];     /* ids given back (dm__runtime_mu) */
+static int nfree_ids, next_id = ID_FIRST;
+static uint64_t overflowed;               /* names counted under "(other)" */
 static tally_tag_t total = {.limit = UINT64_MAX}; /* every counted block */
 static bool on;                           /* under dm__runtime_mu */
 static const dm_policy_t *limits_from;    /* the policy in force (dm__runtime_mu) */
 static char worker_source[16];
+static uint16_t root_rows[1] = {ROW_UNTAGGED}, other_rows[1] = {ROW_OTHER};
+static struct dm_ctx other_ctx = {.id = ID_OTHER, .ntally = 1, .tally = other_rows};
 
 /* The limit of tag `name` under the policy in force. */
 static uint64_t limit_for(const char *name) {
@@ -69,37 +102,162 @@ static uint64_t limit_for(const char *name) {
     return UINT64_MAX;
 }
 
-static int tag_id(const char *name) {
-    for (int i = 1; i < ntags; i++)
-        if (strcmp(tags[i].name, name) == 0)
-            return i;
-    if (ntags >= DM_TALLY_TAGS_MAX)
-        return 0; /* counted as untagged: said in docs/cluster.md */
-    tally_tag_t *t = &tags[ntags];
-    t->name = name;
-    atomic_store_explicit(&t->limit, limit_for(name), memory_order_relaxed);
-    return ntags++;
+/* ---- idle rows: two FIFO lists threaded through the rows ---------------------- */
+
+static void idle_push(int i) {
+    int l = atomic_load_explicit(&tags[i].limit, memory_order_relaxed) == UINT64_MAX
+                ? IDLE_PLAIN : IDLE_LIMITED;
+    tags[i].idle = (int8_t)l;
+    tags[i].next = -1;
+    tags[i].prev = idle[l].tail;
+    if (idle[l].tail >= 0)
+        tags[idle[l].tail].next = (int16_t)i;
+    else
+        idle[l].head = (int16_t)i;
+    idle[l].tail = (int16_t)i;
 }
 
-bool dm__tally_ctx_init(struct dm_ctx *c, bool root) {
-    if (ntags == 0) {
-        tags[0].name = "(untagged)";
-        atomic_store_explicit(&tags[0].limit, UINT64_MAX, memory_order_relaxed);
-        ntags = 1;
+static void idle_remove(int i) {
+    int l = tags[i].idle;
+    if (l < 0)
+        return;
+    if (tags[i].prev >= 0)
+        tags[tags[i].prev].next = tags[i].next;
+    else
+        idle[l].head = tags[i].next;
+    if (tags[i].next >= 0)
+        tags[tags[i].next].prev = tags[i].prev;
+    else
+        idle[l].tail = tags[i].prev;
+    tags[i].idle = -1;
+}
+
+/* ---- rows by name --------------------------------------------------------------- */
+
+static int row_find(uint64_t h, const char *name) {
+    for (int i = tag_heads[h & (TAG_BUCKETS - 1)] - 1; i >= 0; i = tags[i].hnext - 1)
+        if (tags[i].hash == h && strcmp(tags[i].name, name) == 0)
+            return i;
+    return -1;
+}
+
+static void row_unlink(int i) {
+    uint16_t *pp = &tag_heads[tags[i].hash & (TAG_BUCKETS - 1)];
+    while (*pp && *pp != i + 1)
+        pp = &tags[*pp - 1].hnext;
+    if (*pp)
+        *pp = tags[i].hnext;
+}
+
+/* A row for a new name: a fresh one, else the oldest idle (plain first); -1
+ * when every row is referenced. Its counts start at zero. */
+static int row_new(uint64_t h, const char *name) {
+    int i = -1;
+    if (ntags < DM_TALLY_TAGS_MAX) {
+        i = ntags++;
+    } else {
+        for (int l = 0; l < NIDLE && i < 0; l++)
+            i = idle[l].head;
+        if (i < 0)
+            return -1;
+        idle_remove(i);
+        row_unlink(i);
     }
-    if (nctx >= DM_CTX_MAX)
-        return false;
-    int n = c->ntags ? c->ntags : 1;
-    c->tally = calloc((size_t)n, sizeof(uint16_t));
+    tally_tag_t *t = &tags[i];
+    snprintf(t->name, sizeof(t->name), "%s", name);
+    t->hash = h;
+    t->refs = 0;
+    t->idle = -1;
+    atomic_store_explicit(&t->live, 0, memory_order_relaxed);
+    atomic_store_explicit(&t->peak, 0, memory_order_relaxed);
+    atomic_store_explicit(&t->refused, 0, memory_order_relaxed);
+    atomic_store_explicit(&t->last_request, 0, memory_order_relaxed);
+    atomic_store_explicit(&t->last_limit, 0, memory_order_relaxed);
+    atomic_store_explicit(&t->last_live, 0, memory_order_relaxed);
+    atomic_store_explicit(&t->limit, limit_for(name), memory_order_relaxed);
+    t->hnext = tag_heads[h & (TAG_BUCKETS - 1)];
+    tag_heads[h & (TAG_BUCKETS - 1)] = (uint16_t)(i + 1);
+    return i;
+}
+
+/* Says once that names count under "(other)": their limits are not applied. */
+static void overflow_note(const char *name) {
+    static bool said;
+    overflowed++;
+    if (said)
+        return;
+    said = true;
+    dm__log("datamem: tag '%s' and further ones are counted under '(other)' while %d tag rows "
+            "and %d tag sets hold bytes or are held; their tag_limits do not apply",
+            name, DM_TALLY_TAGS_MAX, DM_CTX_MAX);
+}
+
+/* A reference on the row of `name`: found, made, or "(other)". */
+static int row_ref(const char *name) {
+    uint64_t h = dm__context_hash(&name, 1);
+    int i = row_find(h, name);
+    if (i < 0 && (i = row_new(h, name)) < 0) {
+        overflow_note(name);
+        return ROW_OTHER;
+    }
+    if (tags[i].refs++ == 0)
+        idle_remove(i);
+    return i;
+}
+
+static void row_unref(int i) {
+    if (i > ROW_OTHER && --tags[i].refs == 0)
+        idle_push(i);
+}
+
+/* ---- contexts ------------------------------------------------------------------- */
+
+void dm__tally_root_init(struct dm_ctx *root) {
+    snprintf(tags[ROW_UNTAGGED].name, DM_NAME_MAX, "(untagged)");
+    snprintf(tags[ROW_OTHER].name, DM_NAME_MAX, "(other)");
+    for (int i = ROW_UNTAGGED; i <= ROW_OTHER; i++) {
+        atomic_store_explicit(&tags[i].limit, UINT64_MAX, memory_order_relaxed);
+        tags[i].idle = -1;
+    }
+    ntags = ROW_OTHER + 1;
+    root->tally = root_rows;
+    root->ntally = 1;
+    root->id = 0;
+    atomic_store_explicit(&by_id[0], root, memory_order_release);
+    atomic_store_explicit(&by_id[ID_OTHER], &other_ctx, memory_order_release);
+}
+
+bool dm__tally_crowded(void) {
+    return (nfree_ids == 0 && next_id >= DM_CTX_MAX) ||
+           (ntags >= DM_TALLY_TAGS_MAX && idle[IDLE_PLAIN].head < 0 &&
+            idle[IDLE_LIMITED].head < 0);
+}
+
+bool dm__tally_ctx_init(struct dm_ctx *c) {
+    c->tally = calloc((size_t)c->ntags, sizeof(uint16_t));
     if (!c->tally)
         return false;
-    for (int i = 0; i < c->ntags; i++)
-        c->tally[i] = (uint16_t)tag_id(c->tags[i]);
-    if (root || c->ntags == 0)
-        c->tally[0] = 0;
+    int id = nfree_ids ? free_ids[--nfree_ids] : next_id < DM_CTX_MAX ? next_id++ : -1;
+    if (id < 0) { /* every id is held: its blocks count under "(other)" */
+        overflow_note(c->tags[0]);
+        overflowed += (uint64_t)c->ntags - 1;
+        c->id = ID_OTHER;
+        c->tally[0] = ROW_OTHER;
+        c->ntally = 1;
+        return true;
+    }
+    int n = 0;
+    bool other = false;
+    for (int i = 0; i < c->ntags; i++) {
+        int r = row_ref(c->tags[i]);
+        if (r == ROW_OTHER && other)
+            continue; /* "(other)" once: a block counts there once */
+        other = other || r == ROW_OTHER;
+        c->tally[n++] = (uint16_t)r;
+    }
     c->ntally = n;
-    c->id = (uint16_t)nctx;
-    by_id[nctx++] = c;
+    c->id = (uint16_t)id;
+    atomic_store_explicit(&by_id[id], c, memory_order_release);
     return true;
 }
 
@@ -133,13 +291,29 @@ int dm__tally_worker_limit(const dm_policy_t *p, dm__tally_worker_t *w, char *wh
     return 0;
 }
 
+void dm__tally_ctx_fini(struct dm_ctx *c) {
+    if (c->id >= ID_FIRST) {
+        for (int i = 0; i < c->ntally; i++)
+            row_unref(c->tally[i]);
+        atomic_store_explicit(&by_id[c->id], NULL, memory_order_relaxed);
+        free_ids[nfree_ids++] = c->id;
+    }
+    free(c->tally);
+    c->tally = NULL;
+}
+
 bool dm__tally_configure(const dm_policy_t *p, const dm__tally_worker_t *w) {
     limits_from = p;
     const char *env = getenv("DATAMEM_TAG_BYTES");
     on = on || p->tag_bytes || p->ntag_limits > 0 || p->worker_limit[0] ||
          (env && strcmp(env, "1") == 0);
-    for (int i = 1; i < ntags; i++)
+    for (int i = ROW_OTHER + 1; i < ntags; i++) {
         atomic_store_explicit(&tags[i].limit, limit_for(tags[i].name), memory_order_relaxed);
+        if (tags[i].idle >= 0) { /* idle: onto the list its limit now says */
+            idle_remove(i);
+            idle_push(i);
+        }
+    }
     snprintf(worker_source, sizeof(worker_source), "%s", w->source);
     atomic_store_explicit(&total.limit, w->limit, memory_order_relaxed);
     return on;
@@ -260,6 +434,8 @@ void dm__tally_record(const struct dm_ctx *c, void *p, uint64_t n, bool exact) {
             dm__tally_unreserve(c, n - usable);
         }
     }
+    if (c->id >= ID_FIRST) /* the block holds its context (the caller holds it too) */
+        dm__context_hold(c);
     atomic_store_explicit(entry(sh, p), (uint16_t)(c->id + 1), memory_order_relaxed);
 }
 
@@ -269,25 +445,28 @@ void dm__tally_release_slow(const void *p) {
     uint16_t v = atomic_exchange_explicit(entry(sh, p), 0, memory_order_relaxed);
     if (!v)
         return;
-    const struct dm_ctx *c = by_id[v - 1];
+    const struct dm_ctx *c = atomic_load_explicit(&by_id[v - 1], memory_order_acquire);
     dm__tally_unreserve(c, dmje_sallocx((void *)p, 0));
+    if (v - 1 >= ID_FIRST)
+        dm__context_drop(c); /* last: c may be freed from here on */
 }
 
 int dm_runtime_refusals(const char *name, dm_refusals_t *out) {
     memset(out, 0, sizeof(*out));
     const tally_tag_t *t = name ? NULL : &total;
-    pthread_mutex_lock(&dm__runtime_mu);
-    for (int i = 0; name && !t && i < ntags; i++)
-        if (strcmp(tags[i].name, name) == 0)
-            t = &tags[i];
+    pthread_mutex_lock(&dm__runtime_mu); /* the row is not reused meanwhile */
+    if (name && ntags) {
+        int i = row_find(dm__context_hash(&name, 1), name);
+        t = i >= 0 ? &tags[i] : NULL;
+    }
+    if (t) {
+        out->count = atomic_load_explicit(&t->refused, memory_order_acquire);
+        out->request = atomic_load_explicit(&t->last_request, memory_order_relaxed);
+        out->limit = atomic_load_explicit(&t->last_limit, memory_order_relaxed);
+        out->live = atomic_load_explicit(&t->last_live, memory_order_relaxed);
+    }
     pthread_mutex_unlock(&dm__runtime_mu);
-    if (!t)
-        return DM_ENOENT;
-    out->count = atomic_load_explicit(&t->refused, memory_order_acquire);
-    out->request = atomic_load_explicit(&t->last_request, memory_order_relaxed);
-    out->limit = atomic_load_explicit(&t->last_limit, memory_order_relaxed);
-    out->live = atomic_load_explicit(&t->last_live, memory_order_relaxed);
-    return 0;
+    return t ? 0 : DM_ENOENT;
 }
 
 static int by_live(const void *a, const void *b) {
@@ -306,6 +485,7 @@ int dm__tally_snapshot(dm_stats_t *out) {
     out->worker_limit = atomic_load_explicit(&total.limit, memory_order_relaxed);
     out->worker_refused = atomic_load_explicit(&total.refused, memory_order_relaxed);
     snprintf(out->worker_limit_source, sizeof(out->worker_limit_source), "%s", worker_source);
+    out->tags_overflowed = overflowed;
     out->ntags = 0;
     out->tags = NULL;
     if (!on || ntags == 0)
@@ -313,15 +493,18 @@ int dm__tally_snapshot(dm_stats_t *out) {
     out->tags = calloc((size_t)ntags, sizeof(dm_tag_stats_t));
     if (!out->tags)
         return DM_ENOMEM;
+    int n = 0;
     for (int i = 0; i < ntags; i++) {
-        dm_tag_stats_t *o = &out->tags[i];
-        snprintf(o->name, sizeof(o->name), "%s", tags[i].name);
+        if (i == ROW_OTHER && !overflowed) /* "(other)": once a name went there */
+            continue;
+        dm_tag_stats_t *o = &out->tags[n++];
+        memcpy(o->name, tags[i].name, sizeof(o->name)); /* both DM_NAME_MAX, NUL-ended */
         o->live = atomic_load_explicit(&tags[i].live, memory_order_relaxed);
         o->peak = atomic_load_explicit(&tags[i].peak, memory_order_relaxed);
         o->limit = atomic_load_explicit(&tags[i].limit, memory_order_relaxed);
         o->refused = atomic_load_explicit(&tags[i].refused, memory_order_relaxed);
     }
-    out->ntags = ntags;
-    qsort(out->tags, (size_t)ntags, sizeof(dm_tag_stats_t), by_live);
+    out->ntags = n;
+    qsort(out->tags, (size_t)n, sizeof(dm_tag_stats_t), by_live);
     return 0;
 }

@@ -9,7 +9,8 @@
 
 #include "runtime/internal.h"
 
-#define DM_TALLY_TAGS_MAX 4096 /* distinct tags counted; later ones count as untagged */
+#define DM_TALLY_TAGS_MAX 4096 /* tag rows; rows no context refers to are reused, and
+                                  past that names count under "(other)" */
 #define DM_TALLY_GRAIN_SHIFT 4 /* shadow entry per 16 bytes: counted blocks are >= 16
                                   bytes and 16-aligned */
 
@@ -17,9 +18,17 @@
  * entry per 16 bytes, the block's context id + 1 (0: not counted). */
 extern uint16_t *_Atomic dm__tally_shadow[1u << (DM_VA_BITS - DM_SEG_SHIFT)];
 
-/* Under dm__runtime_mu, when a context is interned: gives it an id and its tags'
- * registry ids. False when out of memory (the context is then not made). */
-bool dm__tally_ctx_init(struct dm_ctx *c, bool root);
+/* Under dm__runtime_mu, once: the root context's id and row ("(untagged)"). */
+void dm__tally_root_init(struct dm_ctx *root);
+/* Under dm__runtime_mu, when a context is made: gives it an id and its tags'
+ * rows, or, when every id or row is taken by contexts that are held, the row
+ * "(other)". False when out of memory (the context is then not made). */
+bool dm__tally_ctx_init(struct dm_ctx *c);
+/* Under dm__runtime_mu, when a context is freed (nothing holds it, so no live
+ * block carries its id): its id and its rows' references go back. */
+void dm__tally_ctx_fini(struct dm_ctx *c);
+/* Under dm__runtime_mu: no id or no tag row is free (a sweep may free some). */
+bool dm__tally_crowded(void);
 
 /* The worker limit `p` sets, resolved: a size as given; a share of the
  * process's memory limit (os.h, dm__os_memory_limit) read now. */
@@ -48,7 +57,8 @@ bool dm__tally_reserve(const struct dm_ctx *c, uint64_t n, uint64_t request, dm_
 void dm__tally_unreserve(const struct dm_ctx *c, uint64_t n);
 /* The block `p` was allocated for reservation `n`: settles the counts to its
  * usable size (asks jemalloc unless `exact`: n is that size) and records its
- * context in the shadow. */
+ * context in the shadow; the block holds a reference on the context until
+ * its free. The caller is bound to `c` (so holds it). */
 void dm__tally_record(const struct dm_ctx *c, void *p, uint64_t n, bool exact);
 
 /* A block is released: if it was counted, its usable size leaves its tags.

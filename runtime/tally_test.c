@@ -2,7 +2,10 @@
  * tally_test.c: bytes per tag (tally.c) through the public API: counts that
  * return to zero wherever blocks are freed (other threads, realloc, the small
  * sizes the block cache would otherwise serve), tag limits that refuse only
- * their own tag, never passed by racing threads, and the worker limit.
+ * their own tag, never passed by racing threads, the worker limit, and
+ * contexts and tag rows recycled: a context's id is reused only once no live
+ * block and no thread refers to it, and past the tables names count under
+ * "(other)".
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -12,6 +15,8 @@
 #include <unistd.h>
 
 #include "runtime/datamem.h"
+#include "runtime/internal.h"
+#include "runtime/tally.h"
 #include "runtime/test_policy.h"
 #include "testing/test.h"
 
@@ -227,6 +232,121 @@ static void test_worker_limit_env(void) {
     load("version: 1\ndefault: general\narenas:\n  general: {}\n");
 }
 
+/* ---- recycling: a worker meets unboundedly many tag sets ----------------- */
+
+static int churned;
+
+/* Makes, uses and gives back `n` contexts of fresh names (each allocates a
+ * counted block and frees it); whether one of them got context id `id`. */
+static bool churn_hits(uint16_t id, int n) {
+    bool hit = false;
+    for (int i = 0; i < n; i++) {
+        char name[32];
+        snprintf(name, sizeof(name), "churn-%d", churned++);
+        const dm_ctx_t *c = dm_ctx_with_tag(NULL, name);
+        hit = hit || c->id == id;
+        dm_free(dm_alloc(c, 64, DM_DT_UNKNOWN));
+        dm_ctx_release(c);
+    }
+    dm_free(dm_alloc(NULL, 64, DM_DT_UNKNOWN)); /* this thread lets the last one go */
+    return hit;
+}
+
+static void *free_block(void *p) {
+    dm_free(p);
+    return NULL;
+}
+
+static _Atomic int bound_state; /* 1: the thread is bound to its context; 2: let it exit */
+
+static void *bind_and_wait(void *c) {
+    dm_free(dm_alloc(c, 64, DM_DT_UNKNOWN));
+    atomic_store(&bound_state, 1);
+    while (atomic_load(&bound_state) != 2)
+        usleep(1000);
+    return NULL;
+}
+
+static void test_context_ids_recycled(void) {
+    /* a live block keeps its context (and its id and tag row) */
+    const dm_ctx_t *a = dm_ctx_with_tag(NULL, "recycled");
+    void *p = dm_alloc(a, 4096, DM_DT_UNKNOWN);
+    uint16_t id = a->id;
+    dm_ctx_release(a);
+    EXPECT_TRUE(!churn_hits(id, 3 * DM_CTX_MAX), "a context with a live block keeps its id");
+    EXPECT_UINT_EQ(tag_stats("recycled").live, 4096, "and its row its bytes");
+    const dm_ctx_t *again = dm_ctx_with_tag(NULL, "recycled");
+    EXPECT_TRUE(again == a, "still interned: the same context");
+    dm_ctx_release(again);
+    pthread_t th;
+    pthread_create(&th, NULL, free_block, p);
+    pthread_join(th, NULL);
+    EXPECT_UINT_EQ(tag_stats("recycled").live, 0, "its block freed from another thread");
+    EXPECT_TRUE(churn_hits(id, 3 * DM_CTX_MAX), "then its id is reused");
+
+    /* a thread bound to a context keeps it, with no block and no holder */
+    const dm_ctx_t *b = dm_ctx_with_tag(NULL, "bound");
+    id = b->id;
+    pthread_create(&th, NULL, bind_and_wait, (void *)b);
+    while (atomic_load(&bound_state) != 1)
+        usleep(1000);
+    dm_ctx_release(b);
+    EXPECT_TRUE(!churn_hits(id, 3 * DM_CTX_MAX), "a bound thread keeps its context's id");
+    atomic_store(&bound_state, 2);
+    pthread_join(th, NULL);
+    EXPECT_TRUE(churn_hits(id, 3 * DM_CTX_MAX), "reused once the thread has exited");
+
+    /* a limited tag's row outlives plain idle ones (its refusals stay in stats) */
+    const dm_ctx_t *r = dm_ctx_with_tag(NULL, "runaway-kept");
+    void *q = dm_alloc(r, 900 << 10, DM_DT_UNKNOWN);
+    EXPECT_TRUE(dm_alloc(r, 900 << 10, DM_DT_UNKNOWN) == NULL, "refused by its limit");
+    dm_free(q);
+    dm_ctx_release(r);
+    churn_hits(0, 3 * DM_TALLY_TAGS_MAX);
+    EXPECT_UINT_EQ(tag_stats("runaway-kept").refused, 1, "a limited tag's row is kept");
+}
+
+/* More tag sets holding bytes at once than there are context ids: the rest
+ * count under "(other)", exactly, and tags_overflowed says how many; once
+ * freed, new names get rows of their own again. */
+static void test_overflow_counts_under_other(void) {
+    enum { N = DM_CTX_MAX + 500 };
+    static void *held[N];
+    uint64_t before = total_live();
+    for (int i = 0; i < N; i++) {
+        char name[32];
+        snprintf(name, sizeof(name), "held-%d", i);
+        const dm_ctx_t *c = dm_ctx_with_tag(NULL, name);
+        EXPECT_TRUE(c != NULL, "a context is always made");
+        held[i] = dm_alloc(c, 4096, DM_DT_UNKNOWN);
+        dm_ctx_release(c);
+    }
+    dm_stats_t s;
+    dm_stats_snapshot(&s);
+    uint64_t sum = 0, other = 0;
+    for (int i = 0; i < s.ntags; i++) {
+        if (strncmp(s.tags[i].name, "held-", 5) == 0)
+            sum += s.tags[i].live;
+        if (strcmp(s.tags[i].name, "(other)") == 0)
+            other = s.tags[i].live;
+    }
+    EXPECT_TRUE(s.tags_overflowed >= 500, "names counted under (other) are counted");
+    EXPECT_UINT_EQ(other, s.tags_overflowed * 4096, "(other) holds their bytes");
+    EXPECT_UINT_EQ(sum + other, (uint64_t)N * 4096, "every byte counted once");
+    EXPECT_UINT_EQ(s.tally_live - before, (uint64_t)N * 4096, "and in the total");
+    dm_stats_release(&s);
+    for (int i = 0; i < N; i++)
+        dm_free(held[i]);
+    EXPECT_UINT_EQ(tag_stats("(other)").live, 0, "freed: (other) back to zero");
+    EXPECT_UINT_EQ(total_live(), before, "freed: the total too");
+    churn_hits(0, 200); /* past the gap between sweeps (context.c) */
+    const dm_ctx_t *c = dm_ctx_with_tag(NULL, "fresh-after");
+    void *p = dm_alloc(c, 4096, DM_DT_UNKNOWN);
+    EXPECT_UINT_EQ(tag_stats("fresh-after").live, 4096, "a new name has its own row again");
+    dm_free(p);
+    dm_ctx_release(c);
+}
+
 int main(void) {
     dm_runtime_init();
     dm_stats_t s;
@@ -238,6 +358,8 @@ int main(void) {
     test_counts_and_limits();
     test_small_and_realloc();
     test_racing_threads();
+    test_context_ids_recycled();
+    test_overflow_counts_under_other();
     test_worker_limit();
     test_worker_limit_env();
     return TEST_EXIT();

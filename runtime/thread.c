@@ -11,7 +11,9 @@
  * context differs from the thread's: it takes a reference on the new table,
  * flushes the block cache, picks the thread's jemalloc arena (auto_bind) and
  * finds the view for (context, thread name). The allocation paths never bind
- * otherwise, and never lock.
+ * otherwise, and never lock. A bound thread holds a reference on its context
+ * (`held`, context.c) until it binds another or exits, so the pointer it
+ * compares callers' contexts with always names the context it bound.
  *
  * Thread safety: the registry, counter folding and binding run under
  * dm__runtime_mu; a thread's state is written by its own thread (stats read
@@ -75,6 +77,8 @@ static void thread_exit(void *arg) {
     dm__dispatch_t *tab = t->table;
     t->table = NULL;
     t->registered = false;
+    dm__context_drop(t->held);
+    t->held = NULL;
     pthread_mutex_unlock(&dm__runtime_mu);
     for (int i = 0; i < DM_JE_MAX; i++) {
         unsigned f = t->tcache[i];
@@ -179,6 +183,11 @@ bool dm__thread_bind(dm__thread_t *t, const dm_ctx_t *key) {
     if (v) {
         t->view = v;
         t->ctx = key; /* cache under what callers pass, NULL included */
+        if (t->held != c) { /* the caller holds c: the binding takes its own */
+            dm__context_hold(c);
+            dm__context_drop(t->held);
+            t->held = c;
+        }
         ok = true;
     } else {
         t->ctx = &dm__context_stale;
@@ -240,6 +249,8 @@ void dm__thread_fork_release(dm__thread_t *gone) {
         if (t->table)
             dm__dispatch_release(t->table);
         t->table = NULL;
+        dm__context_drop(t->held);
+        t->held = NULL;
         t->next = t->prev = NULL;
     }
 }

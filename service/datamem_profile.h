@@ -64,8 +64,9 @@ extern "C" {
 /* Record flags ('A' records). */
 enum { DM_PROF_CALLOC = 1, DM_PROF_REALLOC = 2, DM_PROF_NOGIL = 4 };
 
-/* One Python frame. `key` names (module, function, file) — the recorder uses
- * its per-code-object cache entry — and stays valid for the process. */
+/* One Python frame. `key` names (module, function, file): equal keys, equal
+ * names, for the process (the recorder uses its per-code-object cache entry's
+ * serial number, never reused); the strings are valid for the call. */
 typedef struct dm_prof_frame {
     const void *key;
     uint32_t line;

@@ -214,18 +214,30 @@ static void process_u64(dm_buf_t *b, const char *cl, const char *name, const cha
 #define TAGS_TEXT_MAX 20
 #define TAGS_JSON_MAX 50
 
-static dm_tag_stats_t tags_other(const dm_stats_t *st, int shown) {
-    dm_tag_stats_t o;
-    memset(&o, 0, sizeof(o));
-    snprintf(o.name, sizeof(o.name), "(other)");
-    o.limit = UINT64_MAX;
-    for (int i = shown; i < st->ntags; i++) {
-        o.live += st->tags[i].live;
-        o.refused += st->tags[i].refused;
-        if (st->tags[i].peak > o.peak)
-            o.peak = st->tags[i].peak;
+/* The rows shown: the first `max` by live bytes (the snapshot's order) but
+ * the runtime's own "(other)" (names that found no row in its table: tally.c),
+ * as indexes into `idx`; the rest fold into `*o`, with that row. Returns how
+ * many are shown; *o is named "(other)" and `*folded` says whether any row
+ * went into it. */
+static int tags_pick(const dm_stats_t *st, int max, int *idx, dm_tag_stats_t *o, bool *folded) {
+    memset(o, 0, sizeof(*o));
+    snprintf(o->name, sizeof(o->name), "(other)");
+    o->limit = UINT64_MAX;
+    *folded = false;
+    int shown = 0;
+    for (int i = 0; i < st->ntags; i++) {
+        const dm_tag_stats_t *t = &st->tags[i];
+        if (shown < max && strcmp(t->name, "(other)") != 0) {
+            idx[shown++] = i;
+            continue;
+        }
+        *folded = true;
+        o->live += t->live;
+        o->refused += t->refused;
+        if (t->peak > o->peak)
+            o->peak = t->peak;
     }
-    return o;
+    return shown;
 }
 
 typedef struct tag_metric {
@@ -254,15 +266,18 @@ static void tags_text(const dm_stats_t *st, const char *cl, dm_buf_t *b) {
     if (st->worker_limit != UINT64_MAX)
         process_u64(b, cl, "worker_limit_bytes", "gauge",
                     "worker_limit: the most counted live bytes.", st->worker_limit);
-    int shown = st->ntags < TAGS_TEXT_MAX ? st->ntags : TAGS_TEXT_MAX;
-    dm_tag_stats_t other = tags_other(st, shown);
+    process_u64(b, cl, "tag_names_overflowed_total", "counter",
+                "Tag names counted under tag=\"(other)\" because every row of the "
+                "process's tag table held bytes or a tag set.", st->tags_overflowed);
+    int idx[TAGS_TEXT_MAX];
+    dm_tag_stats_t other;
+    bool folded;
+    int shown = tags_pick(st, TAGS_TEXT_MAX, idx, &other, &folded);
     for (size_t m = 0; m < sizeof(tag_metrics) / sizeof(tag_metrics[0]); m++) {
         const tag_metric_t *tm = &tag_metrics[m];
         family(b, "datamem_tag_", tm->name, tm->type, tm->help);
-        for (int i = 0; i <= shown; i++) {
-            const dm_tag_stats_t *t = i < shown ? &st->tags[i] : &other;
-            if (i == shown && shown == st->ntags)
-                break;
+        for (int i = 0; i < shown + folded; i++) {
+            const dm_tag_stats_t *t = i < shown ? &st->tags[idx[i]] : &other;
             sample_t s = sample_begin(b, "datamem_tag_", tm->name);
             label(&s, "tag", t->name);
             value_u64(&s, cl, *(const uint64_t *)((const char *)t + tm->off));
@@ -271,11 +286,12 @@ static void tags_text(const dm_stats_t *st, const char *cl, dm_buf_t *b) {
     family(b, "datamem_", "tag_limit_bytes", "gauge",
            "The tag's limit (tag_limits); tags without one have no sample.");
     for (int i = 0; i < shown; i++) {
-        if (st->tags[i].limit == UINT64_MAX)
+        const dm_tag_stats_t *t = &st->tags[idx[i]];
+        if (t->limit == UINT64_MAX)
             continue;
         sample_t s = sample_begin(b, "datamem_", "tag_limit_bytes");
-        label(&s, "tag", st->tags[i].name);
-        value_u64(&s, cl, st->tags[i].limit);
+        label(&s, "tag", t->name);
+        value_u64(&s, cl, t->limit);
     }
 }
 
@@ -449,13 +465,16 @@ static void tags_json(const dm_stats_t *st, int *n, dm_buf_t *b) {
     json_strv(b, &k, "worker_limit_source", st->worker_limit_source);
     json_u64(b, &k, "worker_refused", st->worker_refused);
     json_u64(b, &k, "ntags", (uint64_t)st->ntags);
+    json_u64(b, &k, "overflowed", st->tags_overflowed);
     dm__buf_put(b, "}", 1);
     json_key(b, n, "tags");
     dm__buf_put(b, "[", 1);
-    int shown = st->ntags < TAGS_JSON_MAX ? st->ntags : TAGS_JSON_MAX;
-    dm_tag_stats_t other = tags_other(st, shown);
-    for (int i = 0; i < shown || (i == shown && shown < st->ntags); i++) {
-        const dm_tag_stats_t *t = i < shown ? &st->tags[i] : &other;
+    int idx[TAGS_JSON_MAX];
+    dm_tag_stats_t other;
+    bool folded;
+    int shown = tags_pick(st, TAGS_JSON_MAX, idx, &other, &folded);
+    for (int i = 0; i < shown + folded; i++) {
+        const dm_tag_stats_t *t = i < shown ? &st->tags[idx[i]] : &other;
         k = 0;
         dm__buf_puts(b, i ? ",{" : "{");
         json_strv(b, &k, "tag", t->name);

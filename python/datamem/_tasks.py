@@ -1,9 +1,15 @@
 """Task tags for engines, shared by datamem.dask and datamem.ray:
-the rule that turns a task's name into a tag datamem.tag() accepts, and the
-per-tag table gathered over a cluster's workers. Imports no engine."""
+the rule that turns a task's name into a tag datamem.tag() accepts, entering
+and leaving a task's tag without ever failing the task, and the per-tag table
+gathered over a cluster's workers. Imports no engine."""
+import logging
 import re
 
-__all__ = ["task_tag", "tag_rows", "format_table", "TABLE_COLUMNS"]
+import datamem
+
+__all__ = ["task_tag", "TaskTag", "untagged", "tag_rows", "format_table", "TABLE_COLUMNS"]
+
+logger = logging.getLogger("datamem")
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 TABLE_COLUMNS = ("worker", "tag", "live", "peak", "limit", "refused")
@@ -30,6 +36,49 @@ def _tag_items(tags):
     if isinstance(tags, dict):
         return tags.items()
     return [(t.get("tag"), t) for t in tags]
+
+
+class TaskTag:
+    """datamem.tag(name_of()) entered for one task by an engine's wrapper,
+    which must never raise outside the task: a Dask worker's execute wrapper
+    that raises leaves the task `executing` for good, and a worker whose thread
+    slots all hold such tasks runs nothing more. Any failure here (naming the
+    task, entering or leaving its tag) runs the task untagged and is said once
+    per process on the "datamem" logger. close() leaves the tag and never
+    raises either; a failure of the task itself is not seen here."""
+
+    def __init__(self, name_of):
+        self._cm = None
+        try:
+            cm = datamem.tag(name_of())
+            cm.__enter__()
+            self._cm = cm
+        except Exception as e:  # the task runs untagged
+            untagged(e)
+
+    def close(self):
+        cm, self._cm = self._cm, None
+        if cm is None:
+            return
+        try:
+            cm.__exit__(None, None, None)
+        except Exception as e:
+            untagged(e)
+
+
+_said = False
+
+
+def untagged(e):
+    """Says, once per process, that a task runs untagged because its tag
+    failed with `e`."""
+    global _said
+    if _said:
+        return
+    _said = True
+    logger.warning("datamem: a task runs untagged: its tag failed (%s: %s); later tasks "
+                   "whose tag fails run untagged too, and are not reported again",
+                   type(e).__name__, e)
 
 
 def tag_rows(per_worker):

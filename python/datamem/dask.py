@@ -66,7 +66,7 @@ import warnings
 
 import datamem
 from datamem import _files
-from datamem._tasks import task_tag, tag_rows, format_table
+from datamem._tasks import TaskTag, task_tag, tag_rows, format_table
 from distributed.diagnostics.plugin import NannyPlugin
 
 __all__ = ["Policy", "reload", "stats", "tag_table", "tag_rows", "format_table", "task_tag", "policy_file",
@@ -227,21 +227,20 @@ def _tag_tasks(worker):
     method: the state machine calls self.execute) so each task runs under its
     tag. Worker.execute runs as its own asyncio task, so the tag set here stays
     in that task's context and reaches the executor thread through
-    run_in_executor_with_context's copy (checked with distributed 2026.8)."""
+    run_in_executor_with_context's copy (checked with distributed 2026.8).
+    The wrapper runs outside the task and never raises (TaskTag): an exception
+    there would leave the task executing for good."""
     execute = worker.execute
     if getattr(execute, "_datamem", False):
         return
 
     @functools.wraps(execute)
     async def tagged_execute(key, *args, **kwargs):
+        tag = TaskTag(lambda: _tag_of(worker, key))  # never raises: untagged on failure
         try:
-            tag = _tag_of(worker, key)
-        except Exception:  # never let tagging fail a task
-            tag = None
-        if tag is None:
             return await execute(key, *args, **kwargs)
-        with datamem.tag(tag):
-            return await execute(key, *args, **kwargs)
+        finally:
+            tag.close()
 
     tagged_execute._datamem = True
     worker.execute = tagged_execute

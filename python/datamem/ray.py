@@ -39,7 +39,7 @@ import tempfile
 
 import datamem
 from datamem import _files
-from datamem._tasks import task_tag, tag_rows, format_table
+from datamem._tasks import task_tag, tag_rows, format_table, untagged
 
 __all__ = ["runtime_env", "worker_setup", "tag", "stats", "tag_table", "format_table",
            "POLICY_NAME", "SETUP_HOOK"]
@@ -126,18 +126,20 @@ def _in_tag(name):
     the call in one it does not: an async actor's methods run as asyncio tasks
     whose context is copied from Ray's C++ task thread, where NumPy's handler
     is still the default one (checked with Ray 2.60: such methods allocated
-    outside the policy). The handler set here is put back on the way out."""
+    outside the policy). The handler set here is put back on the way out. A
+    failure to enter the tag never fails the task: it runs untagged (said once
+    per process, datamem._tasks.untagged)."""
     from datamem import _ext
-    prev = _ext.get_handler()
-    served = not _ext.active() or _ext.handler_tags(prev) is not None
-    if not served:
-        _ext.set_handler(_ext.handler())
-    try:
-        with datamem.tag(name):
-            yield
-    finally:
-        if not served:
-            _ext.set_handler(prev)
+    with contextlib.ExitStack() as stack:
+        try:
+            prev = _ext.get_handler()
+            if _ext.active() and _ext.handler_tags(prev) is None:
+                _ext.set_handler(_ext.handler())
+                stack.callback(_ext.set_handler, prev)
+            stack.enter_context(datamem.tag(name))
+        except Exception as e:  # never let tagging fail the task: it runs untagged
+            untagged(e)
+        yield
 
 
 def _tagged(fn, name, attrs=None):

@@ -14,7 +14,7 @@ import pytest
 import datamem
 from datamem._tasks import format_table, tag_rows, task_tag
 
-from conftest import get, job, last_json, need, run_script
+from conftest import get, job, last_json, need, run_py, run_script
 
 
 # ---- names: what a Dask key prefix or a Ray function name becomes ----------------------------
@@ -206,7 +206,114 @@ def test_dask_runaway_task_fails_alone_and_names_its_tag(tmp_path):
     assert "runaway" in out["table"] and "keep" in out["table"]
 
 
+# A worker stopped running tasks for good after about 4,095 distinct task names:
+# datamem.tag() raised in the execute wrapper, outside the task, which then stayed
+# `executing`, and once every thread slot held one the worker ran nothing more.
+# One in-process worker (the same execute wrapper the plugin's preload installs)
+# runs tasks of 20,000 distinct key prefixes, then tasks whose tagging is made to
+# fail (they run untagged, said once), then a fresh task.
+DASK_MANY = r"""
+import json, logging, sys, time
+import numpy as np
+import datamem
+datamem.install(sys.argv[1])
+import datamem.dask
+from dask.distributed import Client, LocalCluster, wait
+
+def small(i):
+    return int(np.ones(16).sum())        # an array made and freed under the task's tag
+
+def boom(*names):
+    raise RuntimeError("tagging broke")
+
+class Said(logging.Handler):
+    def __init__(self):
+        super().__init__()
+        self.lines = []
+    def emit(self, record):
+        self.lines.append(record.getMessage())
+
+if __name__ == "__main__":
+    said = Said()
+    logging.getLogger("datamem").addHandler(said)
+    out = {"done": 0}
+    n, batch, bound = int(sys.argv[2]), 2000, float(sys.argv[3])
+    with LocalCluster(n_workers=1, threads_per_worker=4, processes=False,
+                      dashboard_address=":0") as cluster, Client(cluster) as c:
+        c.run(lambda dask_worker: datamem.dask.dask_setup(dask_worker))
+        for start in range(0, n, batch):
+            fs = c.map(small, range(start, start + batch),
+                       key=["p%d-0" % i for i in range(start, start + batch)])  # prefix p<i>
+            try:
+                wait(fs, timeout=bound)
+            except Exception:
+                out["stuck"] = [start, sum(f.status == "finished" for f in fs)]
+                break
+            out["done"] += sum(1 for r in c.gather(fs) if r == 16)
+        s = datamem.stats()
+        out["rows"], out["contexts"] = len(s["tags"]), s["contexts"]
+        if "stuck" not in out:
+            datamem.tag = boom
+            fs = c.map(small, range(50), key=["q%d-0" % i for i in range(50)])
+            wait(fs, timeout=bound)
+            out["untagged"] = sum(1 for r in c.gather(fs) if r == 16)
+        out["fresh"] = c.submit(small, -1, key="fresh-0").result(timeout=bound)
+    out["said"] = [l for l in said.lines if "runs untagged" in l]
+    print(json.dumps(out))
+"""
+
+
+def test_dask_worker_runs_any_number_of_distinct_task_names(tmp_path):
+    need("distributed", "dask")
+    pol = tmp_path / "policy.yaml"
+    pol.write_text(POLICY)
+    r = run_script(tmp_path, "dask_many.py", DASK_MANY, [pol, 20000, 300], timeout=1500)
+    out = last_json(r)
+    assert "stuck" not in out, out
+    assert out["done"] == 20000, out
+    assert out["rows"] <= 4096 and out["contexts"] <= 4097, out
+    assert out["untagged"] == 50 and out["fresh"] == 16, out
+    assert len(out["said"]) == 1 and "tagging broke" in out["said"][0], out
+
+
 # ---- Ray --------------------------------------------------------------------------------------
+
+# On Ray, about 200 of 4,300 distinct remote functions failed with
+# RayTaskError(ValueError) once the runtime's tables were full. Ray's task
+# wrapper (what worker_setup() puts around each function, no cluster needed)
+# runs 6,000 distinct names, each under its own tag, then functions whose
+# tagging is made to fail: they run untagged, said once.
+RAY_WRAPPER = r"""
+import json, logging, numpy as np, datamem, datamem.ray
+lines = []
+class Said(logging.Handler):
+    def emit(self, record):
+        lines.append(record.getMessage())
+logging.getLogger("datamem").addHandler(Said())
+def make():
+    return datamem._ext.handler_tags(datamem._ext.get_handler()), int(np.ones(16).sum())
+ok = 0
+for i in range(6000):
+    tags, total = datamem.ray._tagged(make, "fn%d" % i)()
+    ok += tags == ("fn%d" % i,) and total == 16
+def boom(*names):
+    raise RuntimeError("tagging broke")
+datamem.tag = boom
+untagged = [datamem.ray._tagged(make, "late%d" % i)() for i in range(20)]
+print(json.dumps({"ok": ok, "untagged": untagged[0], "n": len(untagged),
+                  "said": [l for l in lines if "runs untagged" in l]}))
+"""
+
+
+def test_ray_task_wrapper_never_fails_a_task_for_its_tag(tmp_path):
+    pol = tmp_path / "policy.yaml"
+    pol.write_text(POLICY)
+    out = last_json(run_py(RAY_WRAPPER, config=str(pol)))
+    assert out["ok"] == 6000, out
+    assert out["untagged"] == [[], 16] and out["n"] == 20, out
+    assert len(out["said"]) == 1 and "tagging broke" in out["said"][0], out
+
+
 
 RAY = r"""
 import json, sys

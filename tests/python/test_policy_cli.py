@@ -165,3 +165,21 @@ def test_explain_unknown_dtype_lists_the_accepted_ones(write_policy):
     assert "argument --dtype: unknown dtype 'float33'; accepted dtypes are unknown, bool, " \
         in r.stderr
     assert "float32, float64" in r.stderr
+
+
+# A policy's tables (rules, arenas) are refused past their size at the offending
+# line, saying the bound; 100 times their size is over the 1 MiB file bound and is
+# refused for that before parsing (docs/reliability.md, "Tables that fill").
+def test_too_many_rules_or_arenas_are_refused_at_their_line(write_policy):
+    rules = "".join("  - {name: r%d, arena: a, match: {size: {min: %d}}}\n" % (i, i)
+                    for i in range(1025))
+    r = cli("check", write_policy(OK + "rules:\n" + rules))
+    assert r.returncode == 1 and ":5:3: error: rules: too many rules: 1025 (at most 1024)" \
+        in r.stderr, r.stderr
+    arenas = "".join("  a%d: {}\n" % i for i in range(65))
+    r = cli("check", write_policy("version: 1\ndefault: a0\narenas:\n" + arenas))
+    assert r.returncode == 1 and ":68:3: error: arenas: too many arenas: at most 64" \
+        in r.stderr, r.stderr
+    rules = "".join("  - {name: r%d, arena: a}\n" % i for i in range(102400))
+    r = cli("check", write_policy(OK + "rules:\n" + rules))
+    assert r.returncode == 1 and "larger than 1048576 bytes" in r.stderr, r.stderr

@@ -175,3 +175,42 @@ print(json.dumps([datamem.arena_of(b), int(b.max()), datamem.arena_of(np.zeros(6
     r = run(tmp_path, code)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout) == ["loading", 0, "general"], r.stdout
+
+
+# The call-site cache kept one entry, and a reference to the code object, for every
+# code object it met: a job that makes code as it runs (exec, namedtuple,
+# dataclasses, code.replace) grew without bound (215 MB for 409,600 generated
+# functions). It starts over at 4,096 entries; rules keep matching and a profile
+# keeps naming every site right across the restarts. 100 x its size here.
+def test_the_call_site_cache_stays_bounded_as_code_is_made(tmp_path):
+    policy = ("version: 1\ndefault: general\narenas:\n  general: {}\n  gen: {}\n"
+              "rules:\n  - {name: gen, match: {function: '__main__.g*7'}, arena: gen}\n")
+    code = r"""
+import json, types, numpy as np, datamem
+
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+
+def f():
+    return np.empty(8)
+
+wrong, start = 0, rss()
+for i in range(409600):
+    name = "g%d" % i
+    names = {"co_name": name}
+    if hasattr(f.__code__, "co_qualname"):   # 3.11+: the site's function is the qualname
+        names["co_qualname"] = name
+    g = types.FunctionType(f.__code__.replace(**names), globals())
+    want = "gen" if name.endswith("7") else "general"
+    wrong += datamem.arena_of(g()) != want
+    if i == 40960:
+        base = rss()
+print(json.dumps({"wrong": wrong, "growth": rss() - base, "total": rss() - start}))
+"""
+    r = run(tmp_path, code, policy=policy)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["wrong"] == 0, out
+    assert out["growth"] < 16 << 20, out
+    assert out["total"] < 32 << 20, out

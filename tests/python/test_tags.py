@@ -346,6 +346,116 @@ print(json.dumps(lines))
     assert lines[-1].startswith('datamem_tag_live_bytes{tag="(other)"}'), lines
 
 
+# A Dask worker stopped running tasks after about 4,095 distinct task names:
+# datamem.tag() raised "too many tags or contexts" once the runtime's tables were
+# full. Contexts, tag rows and handlers are recycled now: a process runs for
+# ever with any number of distinct tags, in bounded memory, and the tags that
+# hold bytes keep exact counts while the others churn.
+def test_a_million_distinct_tags_in_bounded_memory(write_policy):
+    code = r"""
+import json, numpy as np, datamem
+
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+
+keep = {}
+def hold(name):
+    with datamem.tag(name):
+        keep.setdefault(name, []).append(np.empty(512))   # 4096 bytes: a size class
+
+def wrong():
+    tags = datamem.stats()["tags"]
+    return {n: [tags.get(n, {}).get("live"), 4096 * len(a)] for n, a in keep.items()
+            if tags.get(n, {}).get("live") != 4096 * len(a)}
+
+for k in range(20):
+    hold("keep%d" % k)
+errors, mismatches, start, base = [], {}, rss(), None
+for i in range(1000000):
+    try:
+        with datamem.tag("n%d" % i):
+            if i % 4 == 0:
+                a = np.empty(64)                          # the name holds bytes a moment
+                del a
+    except Exception as e:
+        errors.append(repr(e))
+        if len(errors) > 3:
+            break
+    if i % 50000 == 0:
+        hold("keep%d" % (i // 50000 % 20))
+        mismatches.update(wrong())
+    if i == 100000:
+        base = rss()
+s = datamem.stats()
+print(json.dumps({"errors": errors, "mismatches": mismatches, "growth": rss() - (base or 0),
+                  "total": rss() - start, "contexts": s["contexts"], "rows": len(s["tags"]),
+                  "overflowed": s["tag_bytes"]["overflowed"]}))
+"""
+    out = last_json(run_py(code, config=write_policy(POLICY), env={"DATAMEM_TAG_BYTES": "1"},
+                           timeout=300))
+    assert out["errors"] == [], out
+    assert out["mismatches"] == {}, out
+    assert out["growth"] < 16 * MiB, out            # after the first 100,000 names
+    assert out["total"] < 64 * MiB, out
+    assert out["contexts"] <= 4097 and out["rows"] <= 4096, out
+    assert out["overflowed"] == 0, out              # none held bytes when the next came
+
+
+# An array keeps the handler it was made with (NumPy holds its capsule), and the
+# handler keeps its context: long after its tag left the handler cache and
+# thousands of tag sets came and went, the array still grows (realloc, under its
+# own tag) and frees through it, counted exactly.
+def test_an_array_outlives_its_tags_turnover(write_policy):
+    code = r"""
+import json, numpy as np, datamem
+with datamem.tag("old"):
+    a = np.zeros(512)                       # 4096 bytes
+for i in range(20000):
+    with datamem.tag("churn%d" % i):
+        np.empty(64)
+a.resize(2048, refcheck=False)              # NumPy reallocs through a's handler
+live = datamem.stats()["tags"]["old"]["live"]
+ok = bool((a[:512] == 0).all())
+del a
+print(json.dumps({"live": live, "ok": ok, "after": datamem.stats()["tags"]["old"]["live"]}))
+"""
+    out = last_json(run_py(code, config=write_policy(POLICY), env={"DATAMEM_TAG_BYTES": "1"}))
+    assert out == {"live": 16384, "ok": True, "after": 0}, out
+
+
+# More tag sets holding arrays at once than the tables have rows: the rest count
+# under "(other)" (exactly), stats say how many names went there, and /metrics
+# shows one "(other)" series, not two.
+def test_tags_past_the_table_count_under_other(write_policy):
+    code = r"""
+import json, numpy as np, datamem
+held = []
+for i in range(4500):
+    with datamem.tag("h%d" % i):
+        held.append(np.empty(512))
+s = datamem.stats()
+others = [l for l in datamem.metrics().splitlines()
+          if l.startswith('datamem_tag_live_bytes{tag="(other)"')]
+over = [l for l in datamem.metrics().splitlines()
+        if l.startswith("datamem_tag_names_overflowed_total")]
+counted = sum(t["live"] for n, t in s["tags"].items() if n.startswith("h") or n == "(other)")
+del held
+print(json.dumps({"overflowed": s["tag_bytes"]["overflowed"], "counted": counted,
+                  "other": s["tags"]["(other)"]["live"], "others": others, "over": over,
+                  "after": datamem.stats()["tags"]["(other)"]["live"]}))
+"""
+    r = run_py(code, config=write_policy(POLICY), env={"DATAMEM_TAG_BYTES": "1"})
+    out = last_json(r)
+    assert out["overflowed"] > 0, out
+    assert out["other"] == out["overflowed"] * 4096, out
+    assert out["counted"] == 4500 * 4096, out
+    assert len(out["others"]) == 1, out
+    assert out["over"] == ["datamem_tag_names_overflowed_total %d" % out["overflowed"]], out
+    assert out["after"] == 0, out
+    assert r.stderr.count("are counted under '(other)'") == 1, r.stderr
+
+
 def test_bad_tag_limits_and_worker_limit_are_reported_at_their_line(write_policy):
     import datamem
     bad = write_policy("version: 1\ndefault: general\narenas:\n  general: {}\n"
