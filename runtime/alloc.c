@@ -471,7 +471,7 @@ static __attribute__((noinline)) void *bcache_miss(dm__thread_t *t, const dm_ctx
 }
 
 /* The cached path while bytes are counted per tag (DM_MEMO_CACHED_TALLY,
- * alloc_impl): a block is popped as the fast path pops it, then its usable
+ * bcache_tallied): a block is popped as the fast path pops it, then its usable
  * size, its class (the memo's tag bits say which), is reserved against its
  * context's tags and the worker limit and its context recorded for its free
  * (tally.c, dm__tally_charge), before it is handed out. Neither this nor the
@@ -505,6 +505,23 @@ static __attribute__((noinline)) void *bcache_tallied_miss(dm__thread_t *t, cons
     return p;
 }
 
+/* Out of line, so that the uncounted fast path above keeps no stack frame. */
+static __attribute__((noinline)) void *bcache_tallied(dm__thread_t *t, const dm_ctx_t *c,
+                                                      size_t size, const dm__bcache_memo_t *m,
+                                                      int zero) {
+    dm__bcache_bin_t *b = m->bin;
+    uint32_t n = dm__bcache_count(b);
+    if (DM_UNLIKELY(n == 0 || b->tag != m->tag))
+        return bcache_tallied_miss(t, c, size, m, zero);
+    void *p = b->items[n - 1];
+    dm__bcache_set_count(b, n - 1);
+    if (DM_UNLIKELY(!dm__tally_charge(c ? c : &dm__context_root, p, bcache_usable(m), size,
+                                      &t->last_failure)))
+        return bcache_refused(t, m, p, n);
+    bcache_hand_out(m, p, size);
+    return zero ? memset(p, 0, size) : p;
+}
+
 /* The fast path: a size class the bound view sends wholly to one arena. Pops a
  * cached block of that arena (or asks jemalloc), tags it, counts. Anything else
  * (first call, reload, another context, a class split by a rule, dtype known,
@@ -527,19 +544,8 @@ static inline __attribute__((always_inline)) void *alloc_impl(const dm_ctx_t *c,
                 bcache_hand_out(m, p, size);
                 return zero ? memset(p, 0, size) : p;
             }
-            if (m->state == DM_MEMO_CACHED_TALLY) { /* the same, counted */
-                dm__bcache_bin_t *b = m->bin;
-                uint32_t n = dm__bcache_count(b);
-                if (DM_UNLIKELY(n == 0 || b->tag != m->tag))
-                    return bcache_tallied_miss(t, c, size, m, zero);
-                void *p = b->items[n - 1];
-                dm__bcache_set_count(b, n - 1);
-                if (DM_UNLIKELY(!dm__tally_charge(c ? c : &dm__context_root, p,
-                                                  bcache_usable(m), size, &t->last_failure)))
-                    return bcache_refused(t, m, p, n);
-                bcache_hand_out(m, p, size);
-                return zero ? memset(p, 0, size) : p;
-            }
+            if (m->state == DM_MEMO_CACHED_TALLY) /* the same, counted */
+                return bcache_tallied(t, c, size, m, zero);
         }
     }
     return alloc_slow(t, c, size, dt, zero);
