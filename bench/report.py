@@ -12,7 +12,7 @@ LABELS = {
     "zeros": "np.zeros create/destroy %s (ns)",
     "touch": "np.zeros + touch every page %s (us)",
 }
-ABSOLUTE = {"faults", "steady_faults", "peak_live_mb", "thp_mb"}
+ABSOLUTE = {"faults", "steady_faults", "peak_live_mb", "thp_mb", "rss_over_live"}
 
 
 def label(w, k):
@@ -26,7 +26,8 @@ def label(w, k):
             "steady_faults": "minor faults/iter in the loops (thread starts left out)", "ns": "ns/op",
             "peak_rss_mb": "peak RSS (MB)", "rss_over_start_mb": "peak RSS over start (MB)",
             "peak_live_mb": "peak live (MB)", "fill_ms": "first-touch fill (ms)",
-            "thp_mb": "AnonHugePages (MB)"}.get(k, k)
+            "thp_mb": "AnonHugePages (MB)",
+            "rss_over_live": "peak RSS over start per peak live byte"}.get(k, k)
     if w == "gather" and k == "ns":
         what = "random gather (ns/element)"
     return "%s, %s" % (name, what)
@@ -46,7 +47,7 @@ ORDER_W = ["empty", "zeros", "touch", "temp1", "temp8", "temp64", "threads8", "t
            "mixed", "gather"]
 ORDER_C = ["default", "glibc-tuned", "jemalloc", "jemalloc-tuned", "tcmalloc", "mimalloc",
            "dm-minimal", "dm-throughput"]
-ORDER_K = ["us", "ns", "faults", "steady_faults", "peak_rss_mb", "fill_ms"]
+ORDER_K = ["us", "ns", "faults", "steady_faults", "peak_rss_mb", "rss_over_live", "fill_ms"]
 
 
 def key_order(k):

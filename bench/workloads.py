@@ -18,7 +18,8 @@ Workloads (docs/performance.md describes each):
              per iteration of one thread)
   mixed      sizes log-uniform 64 B .. 64 MiB, random lifetimes (random
              replacement in a pool of 32 live arrays), every page of each new array
-             written once; ns/op, peak RSS (ru_maxrss) and peak live bytes
+             written once; ns/op, minor faults/op, peak RSS (ru_maxrss) and peak
+             live bytes
   gather     first-touch fill of a big float64 array (2 GiB, 256 MiB with
              --quick), then a random gather a[idx]; ms and ns/element
 """
@@ -244,6 +245,7 @@ def w_mixed():
         a[::PAGE] = 1
         pool.append(a)
     live = peak_live = sum(a.nbytes for a in pool)
+    f0 = minflt()
     t0 = clock()
     for size, slot in zip(sizes[nslots:], slots):
         a = np.empty(size, np.uint8)
@@ -253,7 +255,8 @@ def w_mixed():
         if live > peak_live:
             peak_live = live
     dt = clock() - t0
-    return {"ns": dt / nops * 1e9, "peak_live_mb": peak_live / 1e6}
+    return {"ns": dt / nops * 1e9, "faults": (minflt() - f0) / nops,
+            "peak_live_mb": peak_live / 1e6}
 
 
 def w_gather():

@@ -360,10 +360,27 @@ alloc_counted(dm__thread_t *t, const dm__dispatch_slot_t *s, int r, size_t size,
     return p;
 }
 
+/* A reservation against a tag or the worker limit was refused (the thread's
+ * last_failure says which): counted for slot `s` and rule `r`, logged. */
+static __attribute__((noinline)) void *tally_refused(dm__thread_t *t,
+                                                     const dm__dispatch_slot_t *s, int r) {
+    DM_CTR_ADD(t->ctrs[s->arena_id].nfail, 1);
+    DM_CTR_ADD(t->rule_ctrs[r].nfail, 1);
+    DM_CTR_ADD(t->ctrs[s->arena_id].nlimit, 1);
+    DM_CTR_ADD(t->rule_ctrs[r].nlimit, 1);
+    const dm_policy_t *pol = t->table->policy;
+    snprintf(t->last_failure.rule, sizeof(t->last_failure.rule), "%s",
+             r < pol->nrules ? pol->rules[r].name : "default");
+    snprintf(t->last_failure.arena, sizeof(t->last_failure.arena), "%s", s->arena->name);
+    limit_log(&t->last_failure);
+    return NULL;
+}
+
 /* Bytes per tag are counted (tally.c): the block's usable size is reserved
  * against the worker limit and its context's tags, then allocated as
  * alloc_counted does, then recorded for its free. A refusal fails the
- * allocation (no fallback: another arena would not change the tag's bytes). */
+ * allocation (no fallback: another arena would not change the tag's bytes).
+ * Sizes the block cache serves take bcache_tallied instead once learnt. */
 static __attribute__((noinline)) void *alloc_tallied(dm__thread_t *t, const dm_ctx_t *c,
                                                      const dm__dispatch_slot_t *s, int r,
                                                      size_t size, int dt, int zero) {
@@ -378,18 +395,8 @@ static __attribute__((noinline)) void *alloc_tallied(dm__thread_t *t, const dm_c
     uint64_t est = small ? dm_sc_size(dm_sc_index(n)) : dmje_nallocx(n, s->flags);
     if (DM_UNLIKELY(est == 0))
         return alloc_counted(t, s, r, size, dt, zero);
-    if (DM_UNLIKELY(!dm__tally_reserve(cx, est, size, &t->last_failure))) {
-        DM_CTR_ADD(t->ctrs[s->arena_id].nfail, 1);
-        DM_CTR_ADD(t->rule_ctrs[r].nfail, 1);
-        DM_CTR_ADD(t->ctrs[s->arena_id].nlimit, 1);
-        DM_CTR_ADD(t->rule_ctrs[r].nlimit, 1);
-        const dm_policy_t *pol = t->table->policy;
-        snprintf(t->last_failure.rule, sizeof(t->last_failure.rule), "%s",
-                 r < pol->nrules ? pol->rules[r].name : "default");
-        snprintf(t->last_failure.arena, sizeof(t->last_failure.arena), "%s", s->arena->name);
-        limit_log(&t->last_failure);
-        return NULL;
-    }
+    if (DM_UNLIKELY(!dm__tally_reserve(cx, est, size, &t->last_failure)))
+        return tally_refused(t, s, r);
     void *p = alloc_counted(t, s, r, size, dt, zero);
     if (DM_UNLIKELY(!p)) {
         dm__tally_unreserve(cx, est);
@@ -407,13 +414,13 @@ static __attribute__((noinline)) void *alloc_slow(dm__thread_t *t, const dm_ctx_
     const dm__dispatch_slot_t *s = route(t, c, size, dt, &r);
     if (DM_UNLIKELY(!s))
         return NULL;
-    if (DM_UNLIKELY(t->table->tally))
-        return alloc_tallied(t, c, s, r, size, dt, zero);
     if (size - 1 < DM_SC_MAX) { /* the cached path, next time */
         unsigned k = dm_sc_index(size);
         if (t->memo[k].state == DM_MEMO_UNKNOWN)
             dm__bcache_learn(t, k);
     }
+    if (DM_UNLIKELY(t->table->tally))
+        return alloc_tallied(t, c, s, r, size, dt, zero);
     return alloc_counted(t, s, r, size, dt, zero);
 }
 
@@ -463,6 +470,58 @@ static __attribute__((noinline)) void *bcache_miss(dm__thread_t *t, const dm_ctx
     return p;
 }
 
+/* The cached path while bytes are counted per tag (DM_MEMO_CACHED_TALLY,
+ * bcache_tallied): a block is popped as the fast path pops it, then its usable
+ * size, its class (the memo's tag bits say which), is reserved against its
+ * context's tags and the worker limit and its context recorded for its free
+ * (tally.c, dm__tally_charge), before it is handed out. Neither this nor the
+ * free (free_impl: the class from the block's tag) asks jemalloc. */
+static inline uint64_t bcache_usable(const dm__bcache_memo_t *m) {
+    return dm_sc_size((unsigned)(m->tag_bits >> DM_BCACHE_TAG_CLASS_SHIFT) & 63u);
+}
+
+/* A refusal: the block goes back to where it came from (the bin, which held
+ * n blocks, or jemalloc), and it is reported as alloc_tallied reports it. */
+static __attribute__((noinline)) void *bcache_refused(dm__thread_t *t, const dm__bcache_memo_t *m,
+                                                      void *p, uint32_t n) {
+    if (n)
+        dm__bcache_set_count(m->bin, n);
+    else
+        dmje_dallocx(p, MALLOCX_TCACHE_NONE);
+    return tally_refused(t, &t->table->slots[m->rule], m->rule);
+}
+
+/* The counted path with no block in the bin: jemalloc's, as bcache_miss. */
+static __attribute__((noinline)) void *bcache_tallied_miss(dm__thread_t *t, const dm_ctx_t *c,
+                                                           size_t size,
+                                                           const dm__bcache_memo_t *m, int zero) {
+    void *p = slot_alloc(t, &t->table->slots[m->rule], size, zero);
+    if (DM_UNLIKELY(!p))
+        return alloc_slow(t, c, size, DM_DT_UNKNOWN, zero); /* failure, fallback */
+    if (DM_UNLIKELY(!dm__tally_charge(c ? c : &dm__context_root, p, bcache_usable(m), size,
+                                      &t->last_failure)))
+        return bcache_refused(t, m, p, 0);
+    bcache_hand_out(m, p, size);
+    return p;
+}
+
+/* Out of line, so that the uncounted fast path above keeps no stack frame. */
+static __attribute__((noinline)) void *bcache_tallied(dm__thread_t *t, const dm_ctx_t *c,
+                                                      size_t size, const dm__bcache_memo_t *m,
+                                                      int zero) {
+    dm__bcache_bin_t *b = m->bin;
+    uint32_t n = dm__bcache_count(b);
+    if (DM_UNLIKELY(n == 0 || b->tag != m->tag))
+        return bcache_tallied_miss(t, c, size, m, zero);
+    void *p = b->items[n - 1];
+    dm__bcache_set_count(b, n - 1);
+    if (DM_UNLIKELY(!dm__tally_charge(c ? c : &dm__context_root, p, bcache_usable(m), size,
+                                      &t->last_failure)))
+        return bcache_refused(t, m, p, n);
+    bcache_hand_out(m, p, size);
+    return zero ? memset(p, 0, size) : p;
+}
+
 /* The fast path: a size class the bound view sends wholly to one arena. Pops a
  * cached block of that arena (or asks jemalloc), tags it, counts. Anything else
  * (first call, reload, another context, a class split by a rule, dtype known,
@@ -474,15 +533,19 @@ static inline __attribute__((always_inline)) void *alloc_impl(const dm_ctx_t *c,
     if (DM_LIKELY(t->fast) && size - 1 < DM_SC_MAX && dt == DM_DT_UNKNOWN) {
         dm__dispatch_t *tab = atomic_load_explicit(&dm__dispatch_current, memory_order_acquire);
         const dm__bcache_memo_t *m = &t->memo[dm_sc_index(size)];
-        if (DM_LIKELY(t->table == tab && t->ctx == c && m->state == DM_MEMO_CACHED)) {
-            dm__bcache_bin_t *b = m->bin;
-            uint32_t n = dm__bcache_count(b);
-            if (DM_UNLIKELY(n == 0 || b->tag != m->tag))
-                return bcache_miss(t, c, size, m, zero);
-            void *p = b->items[n - 1];
-            dm__bcache_set_count(b, n - 1);
-            bcache_hand_out(m, p, size);
-            return zero ? memset(p, 0, size) : p;
+        if (DM_LIKELY(t->table == tab && t->ctx == c)) {
+            if (DM_LIKELY(m->state == DM_MEMO_CACHED)) {
+                dm__bcache_bin_t *b = m->bin;
+                uint32_t n = dm__bcache_count(b);
+                if (DM_UNLIKELY(n == 0 || b->tag != m->tag))
+                    return bcache_miss(t, c, size, m, zero);
+                void *p = b->items[n - 1];
+                dm__bcache_set_count(b, n - 1);
+                bcache_hand_out(m, p, size);
+                return zero ? memset(p, 0, size) : p;
+            }
+            if (m->state == DM_MEMO_CACHED_TALLY) /* the same, counted */
+                return bcache_tallied(t, c, size, m, zero);
         }
     }
     return alloc_slow(t, c, size, dt, zero);
@@ -558,7 +621,8 @@ static __attribute__((noinline)) void free_slow(dm__thread_t *t, void *p, _Atomi
 
 /* The fast path: a tagged block goes into its class's bin, if the bin is
  * empty or holds the same arena's blocks and has room; otherwise down the
- * slow path, untagged. The tag says the class; NumPy's size (hint) is only a
+ * slow path, untagged. While bytes are counted, its class's bytes leave its
+ * tags first. The tag says the class; NumPy's size (hint) is only a
  * filter for the slow path: a block it calls big may be kept for reuse after
  * jemalloc tells its real size. */
 static inline __attribute__((always_inline)) void free_impl(void *p, size_t hint) {
@@ -569,6 +633,10 @@ static inline __attribute__((always_inline)) void free_impl(void *p, size_t hint
         atomic_store_explicit(w, 0, memory_order_relaxed);
         unsigned k = (unsigned)(v >> DM_BCACHE_TAG_CLASS_SHIFT) & 63u;
         uint32_t tag = (uint32_t)(v >> DM_BCACHE_TAG_ARENA_SHIFT);
+        /* counted (bcache_tallied): its class is its usable size; the slow
+         * path below then finds nothing left to release */
+        if (DM_UNLIKELY(atomic_load_explicit(&dm__tally_counting, memory_order_relaxed)))
+            dm__tally_release_sized(p, dm_sc_size(k));
         dm__bcache_bin_t *b = &t->bins[k];
         uint32_t n = dm__bcache_count(b);
         if (DM_LIKELY(n < dm__bcache_cap[k]) && (DM_LIKELY(b->tag == tag) || n == 0)) {

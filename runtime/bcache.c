@@ -48,15 +48,16 @@ void dm__bcache_flush(dm__thread_t *t) {
 
 /* When every request size of class k falls in one interval of the view (no
  * rule boundary splits it, and no rule uses dtype) and that interval's arena
- * has one jemalloc arena and alignment <= 64, the class is CACHED, with
- * everything the fast path needs precomputed: the rule, the arena, and the bin
- * of the class its blocks have once rounded to the alignment. Otherwise SLOW. */
+ * has one jemalloc arena and alignment <= 64, the class is CACHED (or
+ * CACHED_TALLY while bytes are counted per tag), with everything the fast path
+ * needs precomputed: the rule, the arena, and the bin of the class its blocks
+ * have once rounded to the alignment. Otherwise SLOW. */
 void dm__bcache_learn(dm__thread_t *t, unsigned k) {
     dm__bcache_memo_t *m = &t->memo[k];
     const dm_view_t *v = t->view;
     size_t lo = k ? dm_sc_size(k - 1) + 1 : 1, hi = dm_sc_size(k);
     m->state = DM_MEMO_SLOW;
-    if (v->dt_mask != 0 || t->table->tally)
+    if (v->dt_mask != 0)
         return;
     uint32_t row = dm_view_interval(v, lo);
     if (row != dm_view_interval(v, hi))
@@ -74,5 +75,5 @@ void dm__bcache_learn(dm__thread_t *t, unsigned k) {
     m->arena_ctrs = &t->ctrs[s->arena_id];
     m->rule_ctrs = &t->rule_ctrs[r];
     m->rule = (uint16_t)r;
-    m->state = DM_MEMO_CACHED;
+    m->state = t->table->tally ? DM_MEMO_CACHED_TALLY : DM_MEMO_CACHED;
 }

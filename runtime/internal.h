@@ -190,8 +190,8 @@ typedef struct dm__dispatch {
     int nviews, views_sweep_at;  /* how many; when unused ones are freed */
     dm__ctrs_t *rule_ctrs;       /* per slot, folded from threads that moved on
                                     (nfree unused); guarded by dm__runtime_mu */
-    bool tally;                  /* bytes are counted per tag (tally.c): every
-                                    allocation takes alloc_tallied */
+    bool tally;                  /* bytes are counted per tag (tally.c): the
+                                    block cache's counted path or alloc_tallied */
 } dm__dispatch_t;
 
 #define DM_BCACHE_SLOTS 8                      /* most blocks per class and thread */
@@ -207,7 +207,13 @@ typedef struct dm__bcache_bin {
 
 /* What the bound view does with one raw size class, learnt on first use
  * (bcache.c, dm__bcache_learn) and forgotten at every bind. */
-typedef enum { DM_MEMO_UNKNOWN = 0, DM_MEMO_SLOW, DM_MEMO_CACHED } dm__bcache_memo_state_t;
+/* CACHED_TALLY: cached, and bytes are counted per tag (alloc.c, bcache_tallied). */
+typedef enum {
+    DM_MEMO_UNKNOWN = 0,
+    DM_MEMO_SLOW,
+    DM_MEMO_CACHED,
+    DM_MEMO_CACHED_TALLY
+} dm__bcache_memo_state_t;
 typedef struct dm__bcache_memo {
     dm__bcache_bin_t *bin;       /* the bin of the class its blocks have */
     uint64_t tag_bits;           /* class and arena fields of its blocks' tags */

@@ -5,11 +5,13 @@
  * Counting is on when the policy asks for it (tag_bytes, tag_limits,
  * worker_limit) or DATAMEM_TAG_BYTES=1; once on it stays on for the process,
  * so every block counted at its allocation is uncounted at its free. While it
- * is on, every allocation takes the runtime's slow path (alloc.c,
- * alloc_tallied: no small-block cache), which reserves the block's usable size
- * against the worker limit and each of its context's tags, allocates, and
- * records the block's context in a shadow table; any thread's free reads the
- * shadow back and takes the bytes out. The counts are therefore exact
+ * is on, every allocation reserves the block's usable size against the worker
+ * limit and each of its context's tags, allocates, and records the block's
+ * context in a shadow table; any thread's free reads the shadow back and takes
+ * the bytes out. Small blocks keep the block cache (alloc.c, bcache_tallied):
+ * their usable size is their class, which the allocation knows from the
+ * thread's memo and the free from the block's tag word, so neither asks
+ * jemalloc; other sizes take alloc_tallied. The counts are therefore exact
  * wherever a block is freed, and a limit is never passed by concurrent
  * threads (a compare-and-swap per limited count, as arena limits do).
  *
@@ -56,6 +58,7 @@
 #define SHADOW_BYTES ((DM_SEG_SIZE >> DM_TALLY_GRAIN_SHIFT) * sizeof(uint16_t))
 
 uint16_t *_Atomic dm__tally_shadow[NSEGS];
+_Atomic bool dm__tally_counting;
 
 typedef struct tally_tag {
     char name[DM_NAME_MAX];
@@ -307,6 +310,8 @@ bool dm__tally_configure(const dm_policy_t *p, const dm__tally_worker_t *w) {
     const char *env = getenv("DATAMEM_TAG_BYTES");
     on = on || p->tag_bytes || p->ntag_limits > 0 || p->worker_limit[0] ||
          (env && strcmp(env, "1") == 0);
+    if (on)
+        atomic_store_explicit(&dm__tally_counting, true, memory_order_relaxed);
     for (int i = ROW_OTHER + 1; i < ntags; i++) {
         atomic_store_explicit(&tags[i].limit, limit_for(tags[i].name), memory_order_relaxed);
         if (tags[i].idle >= 0) { /* idle: onto the list its limit now says */
@@ -319,30 +324,42 @@ bool dm__tally_configure(const dm_policy_t *p, const dm__tally_worker_t *w) {
     return on;
 }
 
-/* Adds n unless that passes the limit. */
-static bool add_capped(tally_tag_t *t, uint64_t n, uint64_t *live_seen, uint64_t *limit_seen) {
-    uint64_t limit = atomic_load_explicit(&t->limit, memory_order_relaxed);
-    uint64_t before;
-    if (limit == UINT64_MAX) {
-        before = atomic_fetch_add_explicit(&t->live, n, memory_order_relaxed);
-    } else {
-        before = atomic_load_explicit(&t->live, memory_order_relaxed);
-        for (;;) {
-            if (before + n > limit || before + n < before) {
-                *live_seen = before;
-                *limit_seen = limit;
-                return false;
-            }
-            if (atomic_compare_exchange_weak_explicit(&t->live, &before, before + n,
-                                                      memory_order_relaxed, memory_order_relaxed))
-                break;
-        }
+#define REFUSED UINT64_MAX /* add_limited: the count would pass its limit */
+
+/* Adds n to a limited count unless that passes its limit (a compare-and-swap:
+ * the count never passes it, not even for an instant); returns the count
+ * before, or REFUSED. */
+static __attribute__((noinline)) uint64_t add_limited(tally_tag_t *t, uint64_t n, uint64_t limit) {
+    uint64_t b = atomic_load_explicit(&t->live, memory_order_relaxed);
+    for (;;) {
+        if (b + n > limit || b + n < b)
+            return REFUSED;
+        if (atomic_compare_exchange_weak_explicit(&t->live, &b, b + n, memory_order_relaxed,
+                                                  memory_order_relaxed))
+            return b;
     }
-    uint64_t now = before + n, pk = atomic_load_explicit(&t->peak, memory_order_relaxed);
+}
+
+static __attribute__((noinline)) void raise_peak(tally_tag_t *t, uint64_t now, uint64_t pk) {
     while (now > pk && !atomic_compare_exchange_weak_explicit(&t->peak, &pk, now,
                                                              memory_order_relaxed,
                                                              memory_order_relaxed))
         ;
+}
+
+/* Adds n unless that passes the limit; the peak follows. Inlined into every
+ * reservation: a count without a limit costs one atomic add and a compare
+ * with its peak. */
+static inline __attribute__((always_inline)) bool add_capped(tally_tag_t *t, uint64_t n) {
+    uint64_t limit = atomic_load_explicit(&t->limit, memory_order_relaxed);
+    uint64_t before;
+    if (DM_LIKELY(limit == UINT64_MAX))
+        before = atomic_fetch_add_explicit(&t->live, n, memory_order_relaxed);
+    else if ((before = add_limited(t, n, limit)) == REFUSED)
+        return false;
+    uint64_t now = before + n, pk = atomic_load_explicit(&t->peak, memory_order_relaxed);
+    if (DM_UNLIKELY(now > pk))
+        raise_peak(t, now, pk);
     return true;
 }
 
@@ -353,32 +370,29 @@ static void note_refusal(tally_tag_t *t, uint64_t request, uint64_t limit, uint6
     atomic_fetch_add_explicit(&t->refused, 1, memory_order_release);
 }
 
-static void sub(tally_tag_t *t, uint64_t n) {
+static inline void sub(tally_tag_t *t, uint64_t n) {
     atomic_fetch_sub_explicit(&t->live, n, memory_order_relaxed);
 }
 
-bool dm__tally_reserve(const struct dm_ctx *c, uint64_t n, uint64_t request, dm_failure_t *f) {
-    uint64_t live = 0, limit = 0;
-    if (!add_capped(&total, n, &live, &limit)) {
-        note_refusal(&total, request, limit, live);
+/* Count `failed` (-1: the worker total; else the context's i-th tag) refused
+ * n bytes: what was added before it is taken back, the refusal noted in the
+ * count and in f (with the count's limit and live bytes as read now). */
+static __attribute__((noinline)) bool refuse(const struct dm_ctx *c, int failed, uint64_t n,
+                                             uint64_t request, dm_failure_t *f) {
+    tally_tag_t *t = failed < 0 ? &total : &tags[c->tally[failed]];
+    uint64_t limit = atomic_load_explicit(&t->limit, memory_order_relaxed);
+    uint64_t live = atomic_load_explicit(&t->live, memory_order_relaxed);
+    note_refusal(t, request, limit, live);
+    if (failed < 0) {
         f->kind = DM_REFUSED_WORKER;
         f->tag[0] = 0;
-        goto refused;
-    }
-    for (int i = 0; i < c->ntally; i++) {
-        tally_tag_t *t = &tags[c->tally[i]];
-        if (add_capped(t, n, &live, &limit))
-            continue;
-        note_refusal(t, request, limit, live);
-        while (i-- > 0)
+    } else {
+        for (int i = 0; i < failed; i++)
             sub(&tags[c->tally[i]], n);
         sub(&total, n);
         f->kind = DM_REFUSED_TAG;
         snprintf(f->tag, sizeof(f->tag), "%s", t->name);
-        goto refused;
     }
-    return true;
-refused:
     f->seq++;
     f->arena[0] = 0;
     f->rule[0] = 0;
@@ -389,25 +403,35 @@ refused:
     return false;
 }
 
-void dm__tally_unreserve(const struct dm_ctx *c, uint64_t n) {
+static inline __attribute__((always_inline)) bool reserve(const struct dm_ctx *c, uint64_t n,
+                                                          uint64_t request, dm_failure_t *f) {
+    if (!add_capped(&total, n))
+        return refuse(c, -1, n, request, f);
+    for (int i = 0; i < c->ntally; i++)
+        if (!add_capped(&tags[c->tally[i]], n))
+            return refuse(c, i, n, request, f);
+    return true;
+}
+
+bool dm__tally_reserve(const struct dm_ctx *c, uint64_t n, uint64_t request, dm_failure_t *f) {
+    return reserve(c, n, request, f);
+}
+
+static inline void unreserve(const struct dm_ctx *c, uint64_t n) {
     sub(&total, n);
     for (int i = 0; i < c->ntally; i++)
         sub(&tags[c->tally[i]], n);
 }
+
+void dm__tally_unreserve(const struct dm_ctx *c, uint64_t n) { unreserve(c, n); }
 
 static inline _Atomic uint16_t *entry(uint16_t *sh, const void *p) {
     return (_Atomic uint16_t *)&sh[((uintptr_t)p & (DM_SEG_SIZE - 1)) >> DM_TALLY_GRAIN_SHIFT];
 }
 
 /* The segment's shadow, made on first use (a lost race unmaps its copy). */
-static uint16_t *shadow_of(const void *p) {
-    uintptr_t seg = (uintptr_t)p >> DM_SEG_SHIFT;
-    if (seg >= NSEGS)
-        return NULL;
-    uint16_t *sh = atomic_load_explicit(&dm__tally_shadow[seg], memory_order_acquire);
-    if (DM_LIKELY(sh != NULL))
-        return sh;
-    uint16_t *fresh = dm__os_map_sparse(SHADOW_BYTES);
+static __attribute__((noinline)) uint16_t *shadow_make(uintptr_t seg) {
+    uint16_t *sh = NULL, *fresh = dm__os_map_sparse(SHADOW_BYTES);
     if (!fresh)
         return NULL;
     if (atomic_compare_exchange_strong_explicit(&dm__tally_shadow[seg], &sh, fresh,
@@ -415,6 +439,27 @@ static uint16_t *shadow_of(const void *p) {
         return fresh;
     dm__os_release(fresh, SHADOW_BYTES);
     return sh;
+}
+
+static inline uint16_t *shadow_of(const void *p) {
+    uintptr_t seg = (uintptr_t)p >> DM_SEG_SHIFT;
+    if (DM_UNLIKELY(seg >= NSEGS))
+        return NULL;
+    uint16_t *sh = atomic_load_explicit(&dm__tally_shadow[seg], memory_order_acquire);
+    return DM_LIKELY(sh != NULL) ? sh : shadow_make(seg);
+}
+
+bool dm__tally_charge(const struct dm_ctx *c, void *p, uint64_t n, uint64_t request,
+                      dm_failure_t *f) {
+    uint16_t *sh = shadow_of(p);
+    if (DM_UNLIKELY(!sh)) /* no memory for the shadow: the block goes uncounted */
+        return true;
+    if (!reserve(c, n, request, f))
+        return false;
+    if (c->id >= ID_FIRST) /* the block holds its context (the caller holds it too); */
+        dm__context_hold(c); /* one counted under (other) is found by no id: not held */
+    atomic_store_explicit(entry(sh, p), (uint16_t)(c->id + 1), memory_order_relaxed);
+    return true;
 }
 
 void dm__tally_record(const struct dm_ctx *c, void *p, uint64_t n, bool exact) {
@@ -434,21 +479,36 @@ void dm__tally_record(const struct dm_ctx *c, void *p, uint64_t n, bool exact) {
             dm__tally_unreserve(c, n - usable);
         }
     }
-    if (c->id >= ID_FIRST) /* the block holds its context (the caller holds it too) */
-        dm__context_hold(c);
+    if (c->id >= ID_FIRST) /* the block holds its context (the caller holds it too); */
+        dm__context_hold(c); /* one counted under (other) is found by no id: not held */
     atomic_store_explicit(entry(sh, p), (uint16_t)(c->id + 1), memory_order_relaxed);
 }
 
+/* The block's context, its shadow entry cleared (NULL: not counted). */
+static inline __attribute__((always_inline)) const struct dm_ctx *release_entry(const void *p) {
+    uintptr_t seg = (uintptr_t)p >> DM_SEG_SHIFT;
+    uint16_t *sh = seg < NSEGS ? atomic_load_explicit(&dm__tally_shadow[seg], memory_order_acquire)
+                               : NULL;
+    uint16_t v = sh ? atomic_exchange_explicit(entry(sh, p), 0, memory_order_relaxed) : 0;
+    return v ? atomic_load_explicit(&by_id[v - 1], memory_order_acquire) : NULL;
+}
+
+void dm__tally_release_sized(const void *p, uint64_t usable) {
+    const struct dm_ctx *c = release_entry(p);
+    if (c) {
+        unreserve(c, usable);
+        if (c->id >= ID_FIRST)
+            dm__context_drop(c); /* last: c may be freed from here on */
+    }
+}
+
 void dm__tally_release_slow(const void *p) {
-    uint16_t *sh = atomic_load_explicit(&dm__tally_shadow[(uintptr_t)p >> DM_SEG_SHIFT],
-                                        memory_order_acquire);
-    uint16_t v = atomic_exchange_explicit(entry(sh, p), 0, memory_order_relaxed);
-    if (!v)
-        return;
-    const struct dm_ctx *c = atomic_load_explicit(&by_id[v - 1], memory_order_acquire);
-    dm__tally_unreserve(c, dmje_sallocx((void *)p, 0));
-    if (v - 1 >= ID_FIRST)
-        dm__context_drop(c); /* last: c may be freed from here on */
+    const struct dm_ctx *c = release_entry(p);
+    if (c) {
+        unreserve(c, dmje_sallocx((void *)p, 0));
+        if (c->id >= ID_FIRST)
+            dm__context_drop(c); /* last: c may be freed from here on */
+    }
 }
 
 int dm_runtime_refusals(const char *name, dm_refusals_t *out) {

@@ -4,6 +4,7 @@
  */
 #ifndef DM_RUNTIME_TALLY_H
 #define DM_RUNTIME_TALLY_H
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -53,6 +54,11 @@ bool dm__tally_configure(const dm_policy_t *p, const dm__tally_worker_t *w);
  * a count never passes its limit). False on refusal, with `f` filled (kind,
  * tag, limit, live, request) and nothing reserved. */
 bool dm__tally_reserve(const struct dm_ctx *c, uint64_t n, uint64_t request, dm_failure_t *f);
+/* The block cache's counted path: reserves `n` bytes (the block's usable
+ * size) for block `p` in context `c` as dm__tally_reserve does and records its
+ * context, in one call. False on refusal (f filled, nothing reserved). */
+bool dm__tally_charge(const struct dm_ctx *c, void *p, uint64_t n, uint64_t request,
+                      dm_failure_t *f);
 /* Takes back a reservation whose allocation failed. */
 void dm__tally_unreserve(const struct dm_ctx *c, uint64_t n);
 /* The block `p` was allocated for reservation `n`: settles the counts to its
@@ -61,8 +67,15 @@ void dm__tally_unreserve(const struct dm_ctx *c, uint64_t n);
  * its free. The caller is bound to `c` (so holds it). */
 void dm__tally_record(const struct dm_ctx *c, void *p, uint64_t n, bool exact);
 
+/* Whether any block may be counted: set (for good) when counting turns on,
+ * before the table that counts is published. */
+extern _Atomic bool dm__tally_counting;
+
 /* A block is released: if it was counted, its usable size leaves its tags.
- * Call before the block goes back to jemalloc. */
+ * Call before the block goes back to jemalloc. dm__tally_release_sized: the
+ * same for a block whose usable size the caller knows (the block cache's tag
+ * names its class), without asking jemalloc. */
+void dm__tally_release_sized(const void *p, uint64_t usable);
 void dm__tally_release_slow(const void *p);
 static inline void dm__tally_release(const void *p) {
     uintptr_t seg = (uintptr_t)p >> DM_SEG_SHIFT;

@@ -37,6 +37,18 @@ fi
 stage "Python tests (NumPy $(python3 -c 'import numpy; print(numpy.__version__)'))"
 python3 -m pytest -q tests/python
 
+stage "performance net: page faults, instructions and peak RSS against bench/budgets.json (bench/net.py)"
+# Figures that repeat run to run (docs/performance.md, "The net"); a figure past
+# its budget's tolerance fails. pandas goes into a venv that sees the main
+# site-packages (numpy, the installed wheel), as the engines stage does.
+venv=.venv-net
+if [ ! -x "$venv/bin/python" ]; then
+  python3 -m venv --system-site-packages "$venv"
+fi
+"$venv/bin/python" -c "import pandas" 2>/dev/null ||
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check "pandas>=2"
+"$venv/bin/python" bench/net.py
+
 stage "Python tests with the extension built under ASan+UBSan"
 bash scripts/asan-python.sh
 

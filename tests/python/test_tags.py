@@ -96,6 +96,35 @@ print(json.dumps(datamem.stats()["tags"]["producer"]))
     assert t["peak"] > 0, t
 
 
+def test_small_arrays_keep_the_block_cache_while_counting_and_count_exactly(write_policy):
+    """With counting on (DATAMEM_TAG_BYTES=1, as the Dask plugin sets it), small
+    arrays still come from the per-thread block cache (freed ones wait in it:
+    thread_cache_bytes), and each counts exactly its size class under its tag,
+    freed by its own thread or by another."""
+    plain = write_policy("version: 1\ndefault: general\narenas:\n  general: {alignment: 64}\n")
+    code = r"""
+import json, threading, numpy as np, datamem
+out = {}
+def live():
+    return datamem.stats()["tags"].get("small", {}).get("live")
+for rnd in range(3):
+    with datamem.tag("small"):
+        held = [np.empty(100, np.uint8) for _ in range(500)]
+    out.setdefault("held", []).append(live())
+    if rnd == 1:
+        t = threading.Thread(target=held.clear); t.start(); t.join()
+    else:
+        held.clear()
+    out.setdefault("freed", []).append(live())
+out["cached"] = datamem.stats()["thread_cache_bytes"]
+print(json.dumps(out))
+"""
+    out = last_json(run_py(code, config=plain, env={"DATAMEM_TAG_BYTES": "1"}))
+    assert out["held"] == [500 * 128] * 3, out     # 100 B at 64-byte alignment: class 128
+    assert out["freed"] == [0, 0, 0], out
+    assert out["cached"] > 0, out
+
+
 def test_counting_is_off_unless_asked_for_and_env_turns_it_on(write_policy):
     plain = write_policy("version: 1\ndefault: general\narenas:\n  general: {}\n")
     code = r"""

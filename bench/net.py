@@ -1,0 +1,261 @@
+"""The performance net: figures that repeat, checked against budgets in bench/budgets.json.
+
+    python3 bench/net.py [--budgets bench/budgets.json] [--only FIGURE_PREFIX,...]
+                         [--out FILE.json] [--write]
+
+Wall time on a shared 2-core VM swings by 2x and more (docs/performance.md, "How
+to read these numbers"); these figures do not: minor page faults per operation
+(getrusage), instructions per operation (callgrind, counted exactly), and peak
+RSS measured against a yardstick that does not move. Each is measured under
+configs/minimal.yaml and configs/throughput.yaml, every workload in a fresh
+process, from a fixed seed:
+
+  mixed           bench/workloads.py mixed --quick: minor faults per operation, and
+                  peak RSS over the start's, divided by the run's peak live bytes
+                  (rss_over_live; NumPy's default reads 1.02-1.45 here, by where
+                  glibc's sliding mmap threshold lands, so it is not the yardstick)
+  temp8, temp64   d = a*b + c; e = np.sqrt(d) - a on 8 and 64 MiB: faults per iteration
+  threads8        the same loop in two threads: faults per iteration in the loops
+  empty64, empty16k, smallops
+                  callgrind instructions per operation (the whole process, the
+                  Python loop included) of np.empty(64 B), np.empty(16 KiB) and a
+                  loop of small NumPy operations, with per-tag counting off and on
+                  (DATAMEM_TAG_BYTES=1): `+count` figures
+  pandas          bench/jobs pandas3_etl (pandas 2: pandas_etl) at scale 0.3: peak
+                  RSS as a ratio to NumPy's default in the same run
+
+A figure fails when it is worse than its budget by more than the budget's
+tolerance (relative `tol` plus absolute `abs`); one better by more than that is
+reported as room to tighten, and passes. Exit status 1 when any figure fails.
+--write stores this run's figures as the budgets (tolerances kept): only from
+the best build, and loosening a budget needs a reason in docs/performance.md
+(its "The net" section says how). About 4 minutes on 2 cores; needs valgrind and
+pandas.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+from run import child_env  # noqa: E402  one environment discipline for every benchmark
+
+POLICIES = {"minimal": "configs/minimal.yaml", "throughput": "configs/throughput.yaml"}
+PHASE_N = 20000  # operations per callgrind phase
+
+# One process per (policy, counting): a warm-up, then each loop between two
+# os.getppid() calls, where callgrind dumps its counts (--dump-before).
+CALLGRIND_LOOPS = r"""
+import os, sys
+import numpy as np
+n = int(sys.argv[1])
+u = np.uint8
+a = np.arange(32.0)
+def empty64(k):
+    for _ in range(k):
+        np.empty(64, u)
+def empty16k(k):
+    for _ in range(k):
+        np.empty(16384, u)
+def smallops(k):
+    for _ in range(k):
+        b = a + 1.0
+        c = b * a
+        c.sum()
+for f in (empty64, empty16k, smallops):
+    f(2000)  # bind, learn the classes, fill the caches
+    os.getppid()
+    f(n)
+    os.getppid()
+"""
+LOOPS = ["empty64", "empty16k", "smallops"]
+# The tolerance a new budget gets, by the figure's last part: instruction counts
+# repeat to 0.1%, faults to a few per run, peak RSS to a megabyte or two.
+TOLERANCES = {
+    "instr_per_op": {"tol": 0.02},
+    "faults_per_op": {"tol": 0.05},
+    "faults_per_iter": {"abs": 0.5},
+    "rss_over_live": {"tol": 0.02},
+    "rss_ratio": {"abs": 0.01},
+}
+
+
+def run_json(cmd, env, timeout=600):
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT, timeout=timeout)
+    if p.returncode != 0:
+        raise RuntimeError("%s failed (%d): %s" % (" ".join(cmd), p.returncode,
+                                                   p.stderr.strip()[-2000:]))
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def policy_env(policy, extra=None):
+    env = {"DATAMEM_CONFIG": os.path.join(ROOT, POLICIES[policy])} if policy else {}
+    env.update(extra or {})
+    return child_env(env)
+
+
+def workload(name, policy):
+    out = run_json([sys.executable, os.path.join(HERE, "workloads.py"), name, "--quick"],
+                   policy_env(policy))
+    if out["handler"] != "datamem":
+        raise RuntimeError("%s under %s ran with handler %r" % (name, policy, out["handler"]))
+    return out
+
+
+def figures_workloads(policy):
+    f = {}
+    m = workload("mixed", policy)
+    r = m["results"]
+    f["mixed/faults_per_op"] = r["faults"]
+    f["mixed/rss_over_live"] = (m["maxrss_kb"] - m["rss0_kb"]) * 1024 / (r["peak_live_mb"] * 1e6)
+    for w in ("temp8", "temp64"):
+        f["%s/faults_per_iter" % w] = workload(w, policy)["results"]["faults"]
+    f["threads8/faults_per_iter"] = workload("threads8", policy)["results"]["steady_faults"]
+    return f
+
+
+def callgrind_totals(policy, count):
+    """Instructions per operation of each loop in LOOPS (one callgrind process)."""
+    with tempfile.TemporaryDirectory() as d:
+        script = os.path.join(d, "loops.py")
+        with open(script, "w") as fh:
+            fh.write(CALLGRIND_LOOPS)
+        env = policy_env(policy)
+        env.pop("DATAMEM_TAG_BYTES", None)
+        env["PYTHONHASHSEED"] = "0"  # the same dict layouts, run after run
+        if count:
+            env["DATAMEM_TAG_BYTES"] = "1"
+        out = os.path.join(d, "cg.out")
+        p = subprocess.run(["valgrind", "--tool=callgrind", "--dump-before=os_getppid",
+                            "--callgrind-out-file=" + out, sys.executable, script, str(PHASE_N)],
+                           env=env, capture_output=True, text=True, cwd=ROOT, timeout=600)
+        if p.returncode != 0:
+            raise RuntimeError("callgrind failed (%d): %s" % (p.returncode, p.stderr[-2000:]))
+        totals = []
+        for i in range(1, 2 * len(LOOPS) + 1):
+            with open("%s.%d" % (out, i)) as fh:
+                totals.append(next(int(line.split()[1]) for line in fh
+                                   if line.startswith("totals:")))
+    # dumps 2, 4, 6 hold the measured loops (1, 3, 5: warm-ups and start-up)
+    return {name: totals[2 * i + 1] / PHASE_N for i, name in enumerate(LOOPS)}
+
+
+def figures_callgrind(policy):
+    f = {}
+    for count in (False, True):
+        for name, v in callgrind_totals(policy, count).items():
+            f["%s%s/instr_per_op" % (name, "+count" if count else "")] = v
+    return f
+
+
+def pandas_job():
+    try:
+        import pandas
+    except ImportError:
+        sys.exit("bench/net.py: pandas is needed (pip install pandas)")
+    return "pandas3_etl" if int(pandas.__version__.split(".")[0]) >= 3 else "pandas_etl"
+
+
+def figures_pandas(policies):
+    job = pandas_job()
+    cmd = [sys.executable, os.path.join(HERE, "jobs", "child.py"), job, "--scale", "0.3"]
+    base = run_json(cmd, policy_env(None))["maxrss_mb"]
+    return {p: {"pandas/rss_ratio": run_json(cmd, policy_env(p))["maxrss_mb"] / base}
+            for p in policies}
+
+
+def figure_names():
+    """Every figure a full run measures (bench/budgets.json holds one budget each)."""
+    per = ["mixed/faults_per_op", "mixed/rss_over_live", "temp8/faults_per_iter",
+           "temp64/faults_per_iter", "threads8/faults_per_iter", "pandas/rss_ratio"]
+    per += ["%s%s/instr_per_op" % (loop, c) for loop in LOOPS for c in ("", "+count")]
+    return sorted("%s/%s" % (p, f) for p in POLICIES for f in per)
+
+
+def measure(only):
+    want = lambda key: not only or any(key.startswith(o) for o in only)  # noqa: E731
+    figs = {}
+    for p in POLICIES:
+        if want(p + "/mixed") or want(p + "/temp") or want(p + "/threads"):
+            figs.update({"%s/%s" % (p, k): v for k, v in figures_workloads(p).items()})
+        if any(want("%s/%s" % (p, loop)) for loop in LOOPS):
+            figs.update({"%s/%s" % (p, k): v for k, v in figures_callgrind(p).items()})
+    if any(want(p + "/pandas") for p in POLICIES):
+        for p, fs in figures_pandas(list(POLICIES)).items():
+            figs.update({"%s/%s" % (p, k): v for k, v in fs.items()})
+    return {k: v for k, v in figs.items() if want(k)}
+
+
+def check(figs, budgets):
+    """Returns (failures, lines): each figure against its budget."""
+    failures, lines = [], []
+    for key in sorted(set(figs) | set(budgets)):
+        b = budgets.get(key)
+        if key not in figs:
+            continue  # not measured in this run (--only)
+        v = figs[key]
+        if b is None:
+            failures.append(key)
+            lines.append("FAIL %-40s %12.4f  no budget in the file" % (key, v))
+            continue
+        limit = b["value"] * (1 + b.get("tol", 0.0)) + b.get("abs", 0.0)
+        floor = b["value"] * (1 - b.get("tol", 0.0)) - b.get("abs", 0.0)
+        if v > limit:
+            failures.append(key)
+            verdict = "FAIL"
+        elif v < floor:
+            verdict = "room"  # better than the budget by more than its tolerance
+        else:
+            verdict = "ok"
+        lines.append("%-4s %-40s %12.4f  budget %12.4f  limit %12.4f" % (verdict, key, v,
+                                                                          b["value"], limit))
+    return failures, lines
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--budgets", default=os.path.join(HERE, "budgets.json"))
+    ap.add_argument("--only", help="comma-separated figure prefixes, e.g. minimal/mixed")
+    ap.add_argument("--out", help="write the measured figures as JSON")
+    ap.add_argument("--figures", help="check figures from this JSON file instead of measuring")
+    ap.add_argument("--write", action="store_true",
+                    help="store the measured figures as the budgets (tolerances kept)")
+    args = ap.parse_args()
+    only = args.only.split(",") if args.only else None
+    if args.figures:
+        with open(args.figures) as fh:
+            figs = json.load(fh)
+    else:
+        figs = measure(only)
+    if args.out:
+        with open(args.out, "w") as fh:
+            json.dump(figs, fh, indent=1, sort_keys=True)
+    with open(args.budgets) as fh:
+        doc = json.load(fh)
+    budgets = doc["budgets"]
+    if args.write:
+        for k, v in figs.items():
+            b = budgets.setdefault(k, dict(TOLERANCES[k.rsplit("/", 1)[1]]))
+            b["value"] = round(v, 4)
+        with open(args.budgets, "w") as fh:
+            json.dump(doc, fh, indent=1, sort_keys=True)
+            fh.write("\n")
+        print("wrote %d budgets to %s" % (len(figs), args.budgets))
+        return 0
+    failures, lines = check(figs, budgets)
+    print("\n".join(lines))
+    if failures:
+        print("\nnet: %d of %d figures past their budget: %s" % (len(failures), len(lines),
+                                                                 ", ".join(failures)))
+        print("(a budget is loosened only in a commit that says why in docs/performance.md)")
+        return 1
+    print("\nnet: %d figures within their budgets" % len(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
