@@ -20,8 +20,11 @@
  *
  * The handler functions run with or without the GIL (NumPy calls realloc
  * without it) and never call into Python (a call site is looked up only with
- * the GIL: site.c). The handler registry and the dtype hooks are changed with
- * the GIL held.
+ * an attached thread state: site.c). Without the GIL (free-threaded CPython)
+ * any number of threads run here at once: the handler registry is a list
+ * prepended to with a compare-and-swap and read without a lock; the dtype
+ * hooks are swapped once, under hooks_mu; function pointers NumPy reads are
+ * switched with atomic stores.
  */
 #include "pyext/ext.h"
 
@@ -35,9 +38,12 @@
 /* ---- dtype discovery ------------------------------------------------------ */
 
 static __thread PyObject *building; /* array whose data is about to be allocated */
+/* NumPy's own slots, saved once under hooks_mu before the wrappers that call
+ * them are installed (release stores of the slots) and never changed again. */
 static allocfunc orig_tp_alloc;
 static destructor orig_tp_dealloc;
-static int dtype_hooks_on;
+static _Atomic int dtype_hooks_on; /* 0 -> 1 once, under hooks_mu; read relaxed */
+static dm_pymu_t hooks_mu = DM_PYMU_INIT;
 
 static PyObject *alloc_wrapper(PyTypeObject *type, Py_ssize_t nitems) {
     PyObject *obj = orig_tp_alloc(type, nitems);
@@ -98,17 +104,28 @@ static int probe_dtype(size_t size) {
     return dtype_of_descr(fa->descr);
 }
 
-/* Called with the GIL when a policy with dtype rules is installed or a
- * profile starts. */
+/* Called when a policy with dtype rules is installed or a profile starts,
+ * from any thread. The slots are swapped once for the process: two threads
+ * installing dtype policies at once must not both save the other's wrapper
+ * as NumPy's slot. CPython and NumPy read the slots with plain loads: each
+ * slot is one aligned pointer, stored atomically, and a wrapper only ever
+ * calls the slot saved before it was stored. */
 void dm__handler_dtype_hooks_enable(void) {
-    if (dtype_hooks_on)
+    if (atomic_load_explicit(&dtype_hooks_on, memory_order_acquire))
         return;
-    orig_tp_alloc = PyArray_Type.tp_alloc;
-    orig_tp_dealloc = PyArray_Type.tp_dealloc;
-    PyArray_Type.tp_dealloc = dealloc_wrapper; /* first: never leave a dangling `building` */
-    PyArray_Type.tp_alloc = alloc_wrapper;
-    dtype_hooks_on = 1;
+    dm_pymu_lock(&hooks_mu);
+    if (!atomic_load_explicit(&dtype_hooks_on, memory_order_relaxed)) {
+        orig_tp_alloc = PyArray_Type.tp_alloc;
+        orig_tp_dealloc = PyArray_Type.tp_dealloc;
+        /* tp_dealloc first: never leave a dangling `building` */
+        __atomic_store_n(&PyArray_Type.tp_dealloc, dealloc_wrapper, __ATOMIC_RELEASE);
+        __atomic_store_n(&PyArray_Type.tp_alloc, alloc_wrapper, __ATOMIC_RELEASE);
+        atomic_store_explicit(&dtype_hooks_on, 1, memory_order_release);
+    }
+    dm_pymu_unlock(&hooks_mu);
 }
+
+void dm__handler_after_fork_child(void) { dm_pymu_reset(&hooks_mu); }
 
 
 int dm__handler_probe_dtype(size_t size) { return probe_dtype(size); }
@@ -126,7 +143,8 @@ static void *h_alloc_hooked(void *ctx, size_t size, int zero);
 /* Whether this allocation needs its dtype or its call site: one load each,
  * both almost always zero. */
 static inline int h_hooked(void) {
-    return dtype_hooks_on | atomic_load_explicit(&dm_runtime_site_rules, memory_order_relaxed);
+    return atomic_load_explicit(&dtype_hooks_on, memory_order_relaxed) |
+           atomic_load_explicit(&dm_runtime_site_rules, memory_order_relaxed);
 }
 
 static void *h_malloc(void *ctx, size_t size) {
@@ -152,13 +170,32 @@ static void *h_realloc(void *ctx, void *ptr, size_t size) {
  * (kept for reuse), never trusted for anything else. */
 static void h_free(void *ctx, void *ptr, size_t size) { dm_free_hint(ptr, size); }
 
+/* An allocation routed by its call site too, when call-site rules are in force
+ * (the recording handlers come here as well). The site's mask is for the
+ * install it was computed under; the runtime ignores a mask from an older
+ * install (the site counts as unknown), so an install that lands between the
+ * two would route the block by neither policy's site rules. Then the block,
+ * never handed out, is freed and the allocation made again: a block follows
+ * the policy in force at one instant of the call. Installs are rare; two
+ * tries more at most. */
+void *dm__handler_alloc_site(void *ctx, size_t size, int dt, int zero) {
+    for (int tries = 0;; tries++) {
+        uint64_t gen = 0, mask = 0;
+        if (atomic_load_explicit(&dm_runtime_site_rules, memory_order_relaxed))
+            mask = dm__site_mask_now(&gen);
+        void *p = zero ? dm_calloc_site(ctx, size, dt, mask, gen)
+                       : dm_alloc_site(ctx, size, dt, mask, gen);
+        if (!p || gen == 0 || tries == 2 || dm_runtime_site_gen() == gen)
+            return p;
+        dm_free(p);
+    }
+}
+
 /* The rare path: a dtype rule or call-site rules are in force. */
 static __attribute__((noinline)) void *h_alloc_hooked(void *ctx, size_t size, int zero) {
-    int dt = dtype_hooks_on ? h_dtype(size) : DM_DT_UNKNOWN;
-    uint64_t gen = 0, mask = 0;
-    if (atomic_load_explicit(&dm_runtime_site_rules, memory_order_relaxed))
-        mask = dm__site_mask_now(&gen);
-    return zero ? dm_calloc_site(ctx, size, dt, mask, gen) : dm_alloc_site(ctx, size, dt, mask, gen);
+    int dt = atomic_load_explicit(&dtype_hooks_on, memory_order_relaxed) ? h_dtype(size)
+                                                                         : DM_DT_UNKNOWN;
+    return dm__handler_alloc_site(ctx, size, dt, zero);
 }
 
 /* ---- capsules: one handler per context ------------------------------------ */
@@ -178,7 +215,10 @@ void dm__handler_init(void) {
     PyErr_Clear();
 }
 
-/* One handler + capsule per context, kept forever (arrays hold the capsule). */
+/* One handler + capsule per context, kept forever (arrays hold the capsule).
+ * The list only grows, at its head, by compare-and-swap (release): readers walk
+ * it with no lock, and an entry's fields never change after it is published
+ * except the four function pointers (atomic stores, below). */
 typedef struct handler_entry {
     struct handler_entry *next;
     const dm_ctx_t *ctx;
@@ -186,42 +226,75 @@ typedef struct handler_entry {
     PyObject *capsule;
 } handler_entry_t;
 
-static handler_entry_t *handlers; /* guarded by the GIL */
-static bool recording;            /* new handlers record (set with the GIL) */
+static _Atomic(handler_entry_t *) handlers;
+/* Every handler records from now on (false -> true once, sequentially
+ * consistent with the list's head: see capsule_for). */
+static _Atomic bool recording;
 
+/* NumPy reads each pointer with one plain load when it allocates: each is
+ * stored atomically, so a call goes to the plain or the recording function,
+ * never to a torn pointer. A block allocated by one and freed by the other is
+ * fine: the recording free ignores blocks it never recorded. */
 static void handler_set_functions(PyDataMem_Handler *h, bool on) {
-    h->allocator.malloc = on ? dm__record_malloc : h_malloc;
-    h->allocator.calloc = on ? dm__record_calloc : h_calloc;
-    h->allocator.realloc = on ? dm__record_realloc : h_realloc;
-    h->allocator.free = on ? dm__record_free : h_free;
+    __atomic_store_n(&h->allocator.malloc, on ? dm__record_malloc : h_malloc, __ATOMIC_RELEASE);
+    __atomic_store_n(&h->allocator.calloc, on ? dm__record_calloc : h_calloc, __ATOMIC_RELEASE);
+    __atomic_store_n(&h->allocator.realloc, on ? dm__record_realloc : h_realloc,
+                     __ATOMIC_RELEASE);
+    __atomic_store_n(&h->allocator.free, on ? dm__record_free : h_free, __ATOMIC_RELEASE);
+}
+
+static handler_entry_t *handler_find(handler_entry_t *from, handler_entry_t *to,
+                                     const dm_ctx_t *ctx) {
+    for (handler_entry_t *e = from; e != to; e = e->next)
+        if (e->ctx == ctx)
+            return e;
+    return NULL;
 }
 
 static PyObject *capsule_for(const dm_ctx_t *ctx) {
-    for (handler_entry_t *e = handlers; e; e = e->next)
-        if (e->ctx == ctx)
-            return Py_NewRef(e->capsule);
+    handler_entry_t *head = atomic_load_explicit(&handlers, memory_order_acquire);
+    handler_entry_t *found = handler_find(head, NULL, ctx);
+    if (found)
+        return Py_NewRef(found->capsule);
     handler_entry_t *e = PyMem_RawCalloc(1, sizeof(*e));
     if (!e)
         return PyErr_NoMemory();
     snprintf(e->handler.name, sizeof(e->handler.name), "%s", HANDLER_NAME);
     e->handler.version = 1;
     e->handler.allocator.ctx = (void *)ctx;
-    handler_set_functions(&e->handler, recording);
+    handler_set_functions(&e->handler, atomic_load(&recording));
     e->ctx = ctx;
     e->capsule = PyCapsule_New(&e->handler, capsule_name, NULL);
     if (!e->capsule) {
         PyMem_RawFree(e);
         return NULL;
     }
-    e->next = handlers;
-    handlers = e;
+    /* Publish unless another thread published one for ctx meanwhile: only the
+     * entries added since `head` need a look on each try. */
+    handler_entry_t *seen = head;
+    for (;;) {
+        e->next = head;
+        if (atomic_compare_exchange_weak_explicit(&handlers, &head, e, memory_order_seq_cst,
+                                                  memory_order_acquire))
+            break;
+        if ((found = handler_find(head, seen, ctx))) {
+            Py_DECREF(e->capsule); /* never handed out: no array holds it */
+            PyMem_RawFree(e);
+            return Py_NewRef(found->capsule);
+        }
+        seen = head;
+    }
+    /* dm__handler_record_all may have walked the list just before e joined
+     * it: then this load sees its flag (both sequentially consistent). */
+    if (atomic_load(&recording))
+        handler_set_functions(&e->handler, true);
     return Py_NewRef(e->capsule);
 }
 
 /* profile_start: every handler, existing or made later, records. */
 void dm__handler_record_all(void) {
-    recording = true;
-    for (handler_entry_t *e = handlers; e; e = e->next)
+    atomic_store(&recording, true);
+    for (handler_entry_t *e = atomic_load(&handlers); e; e = e->next)
         handler_set_functions(&e->handler, true);
 }
 
@@ -229,9 +302,9 @@ void dm__handler_record_all(void) {
 
 static const dm_ctx_t *ctx_from_tags(PyObject *tags) {
     const dm_ctx_t *c = dm_ctx_root();
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(tags);
+    Py_ssize_t n = PyTuple_GET_SIZE(tags);
     for (Py_ssize_t i = 0; i < n; i++) {
-        const char *t = PyUnicode_AsUTF8(PySequence_Fast_GET_ITEM(tags, i));
+        const char *t = PyUnicode_AsUTF8(PyTuple_GET_ITEM(tags, i));
         if (!t)
             return NULL;
         if (!(c = dm_ctx_with_tag(c, t))) {
@@ -249,7 +322,7 @@ static PyObject *py_handler(PyObject *self, PyObject *args) {
         return NULL;
     if (!tags)
         return capsule_for(dm_ctx_root());
-    PyObject *seq = PySequence_Fast(tags, "tags must be a sequence of str");
+    PyObject *seq = dm_seq_tuple(tags, "tags must be a sequence of str");
     if (!seq)
         return NULL;
     const dm_ctx_t *c = ctx_from_tags(seq);
@@ -262,7 +335,10 @@ static PyObject *py_handler_tags(PyObject *self, PyObject *cap) {
     if (!PyCapsule_IsValid(cap, "mem_handler"))
         Py_RETURN_NONE;
     PyDataMem_Handler *h = PyCapsule_GetPointer(cap, "mem_handler");
-    if (!h || (h->allocator.malloc != h_malloc && h->allocator.malloc != dm__record_malloc))
+    void *(*f)(void *, size_t) = NULL;
+    if (h)
+        f = __atomic_load_n(&h->allocator.malloc, __ATOMIC_RELAXED);
+    if (f != h_malloc && f != dm__record_malloc)
         Py_RETURN_NONE;
     const char *tags[256];
     int n = dm_ctx_tags(h->allocator.ctx, tags, 256);
