@@ -113,9 +113,9 @@ static inline int fs_path_or_none(PyObject *o, void *out) {
 }
 
 /* ---- handler.c ---- */
-void dm__handler_init(void);                 /* at import: the capsule name */
+void dm__handler_init(void);                 /* at import: the capsule name, install hook */
 int dm__handler_probe_dtype(size_t size);    /* the array being built's dtype, one use */
-void dm__handler_dtype_hooks_enable(void);   /* any thread, attached; for good once on */
+void dm__handler_dtype_hooks_enable(void);   /* any thread; for good once on */
 void dm__handler_record_all(void);           /* any thread: every handler records from now on */
 void dm__handler_after_fork_child(void);     /* the hooks' mutex, in a fork child */
 void *dm__handler_alloc_site(void *ctx, size_t size, int dt, int zero); /* by call site too */

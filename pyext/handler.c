@@ -28,6 +28,7 @@
  */
 #include "pyext/ext.h"
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
@@ -104,8 +105,8 @@ static int probe_dtype(size_t size) {
     return dtype_of_descr(fa->descr);
 }
 
-/* Called when a policy with dtype rules is installed or a profile starts,
- * from any thread. The slots are swapped once for the process: two threads
+/* Called when a policy with dtype rules is installed (from any thread, the
+ * file watcher's too, which has no Python thread state) or a profile starts. The slots are swapped once for the process: two threads
  * installing dtype policies at once must not both save the other's wrapper
  * as NumPy's slot. CPython and NumPy read the slots with plain loads: each
  * slot is one aligned pointer, stored atomically, and a wrapper only ever
@@ -208,11 +209,25 @@ static __attribute__((noinline)) void *h_alloc_hooked(void *ctx, size_t size, in
  * (bench/callgrind.sh). Our own copy when NumPy's name is not the expected one. */
 static const char *capsule_name = "mem_handler";
 
+static void on_install(const dm_policy_t *p, uint64_t seq, void *arg);
+
+static void observe_installs(void) { dm_runtime_observe(on_install, NULL, NULL); }
+
+/* Every install, from Python or the file watcher's thread (no Python thread
+ * state there), turns the dtype hooks on once a policy wants them: a watcher
+ * reload that brings the first dtype rule is routed by dtype too. */
+static void on_install(const dm_policy_t *p, uint64_t seq, void *arg) {
+    if (dm_runtime_wants_dtype())
+        dm__handler_dtype_hooks_enable();
+}
+
 void dm__handler_init(void) {
     const char *numpy_name = PyCapsule_GetName(PyDataMem_DefaultHandler);
     if (numpy_name && strcmp(numpy_name, "mem_handler") == 0)
-        capsule_name = numpy_name;
+        capsule_name = numpy_name; /* before the module exists: immutable after */
     PyErr_Clear();
+    static pthread_once_t observed = PTHREAD_ONCE_INIT;
+    pthread_once(&observed, observe_installs);
 }
 
 /* One handler + capsule per context, kept forever (arrays hold the capsule).

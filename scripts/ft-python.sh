@@ -3,11 +3,13 @@
 # the GIL. Debian packages no free-threaded interpreter, so it is built once from
 # the upstream tarball inside Debian trixie's python3.13 source package (the only
 # 3.13 source on the reachable archive), configured --disable-gil, and kept under
-# $DATAMEM_ROOTS/py313t (default /var/cache/datamem-roots, outside any clone) with
-# a virtual environment holding NumPy (2.4.6 has a cp313t wheel) and the test tools.
+# $DATAMEM_ROOTS/py313t (default /var/cache/datamem-roots, outside any clone),
+# with NumPy (2.4.6 has a cp313t wheel) and the test tools installed into it. A
+# clone makes its virtual environments from it with --system-site-packages
+# (scripts/wheels.sh, scripts/wheel-venv-test.sh), so they need no download.
 #
-#   bash scripts/ft-python.sh make     make it if missing; print the venv's python
-#   bash scripts/ft-python.sh python   print the venv's python (fails if not made)
+#   bash scripts/ft-python.sh make     make it if missing; print its python3.13t
+#   bash scripts/ft-python.sh python   print its python3.13t (fails if not made)
 #
 # Needs the host's -dev packages for ssl, zlib, ctypes, bz2, lzma (scripts/setup.sh).
 set -euo pipefail
@@ -20,7 +22,7 @@ RECIPE=1
 PKGS=("numpy<2.5" pytest "hypothesis<6.150" prometheus_client)
 
 die() { echo "ft-python.sh: $*" >&2; exit 1; }
-PY=$D/venv/bin/python
+PY=$D/bin/python3.13t
 made() { [ "$(cat "$D/.datamem-root-ok" 2>/dev/null)" = "$RECIPE" ] && [ -x "$PY" ]; }
 
 # The source tarball through a private apt state: trixie's deb-src beside the
@@ -57,10 +59,10 @@ make_it() {
     make -s -j"$(nproc)" >>"$D/build.log" 2>&1 && make -s install >>"$D/build.log" 2>&1) ||
     { tail -20 "$D/build.log" >&2; die "building CPython 3.13t failed (log: $D/build.log)"; }
   rm -rf "$D/src"
-  "$D/bin/python3.13t" -c 'import sys, ssl, zlib, ctypes, bz2, lzma; assert not sys._is_gil_enabled()' ||
-    die "$D/bin/python3.13t lacks a module or has the GIL enabled"
-  "$D/bin/python3.13t" -m venv "$D/venv"
-  PIP_DISABLE_PIP_VERSION_CHECK=1 "$PY" -m pip install -q "${PKGS[@]}" || die "pip install into $D/venv failed"
+  "$PY" -c 'import sys, ssl, zlib, ctypes, bz2, lzma; assert not sys._is_gil_enabled()' ||
+    die "$PY lacks a module or has the GIL enabled"
+  PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore "$PY" -m pip install -q "${PKGS[@]}" ||
+    die "pip install into $D failed"
   echo "$RECIPE" > "$D/.datamem-root-ok"
   echo "$PY"
 }
