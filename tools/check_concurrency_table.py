@@ -58,6 +58,7 @@ def declarators(decl):
     """The names a C declaration (no trailing ';') declares that can change."""
     decl = re.sub(r"__attribute__\s*\(\(.*?\)\)", "", decl)
     decl = re.sub(r"_Atomic\s*\(([^()]*)\)", r"_Atomic \1", decl)
+    decl = re.sub(r"\[[^\]]*\]", "[]", decl)  # array sizes may hold ( )
     parts = split_top(decl)
     first = parts[0].split("=", 1)[0]
     m = re.match(r"^\s*((?:\w+\s+|\*\s*)*?)((?:\*\s*(?:const\s*)?)*)(\w+)\s*(\[[^\]]*\]\s*)*$",
@@ -112,7 +113,8 @@ def c_variables(path):
                 agg_start = i
                 i += 1
                 continue
-            if s.startswith(SKIP_WORDS) or "(" in s.split("=", 1)[0].replace("_Atomic(", ""):
+            head = re.sub(r"\[[^\]]*\]", "[]", s.split("=", 1)[0]).replace("_Atomic(", "")
+            if s.startswith(SKIP_WORDS) or "(" in head:
                 i += 1
                 continue
             decl = s
@@ -120,8 +122,11 @@ def c_variables(path):
                 i += 1
                 decl += " " + lines[i].strip()
                 depth += lines[i].count("{") - lines[i].count("}")
-            if decl.rstrip().endswith(";") and not re.match(r"^(static\s+)?(inline|struct\s+\w+\s*;)", decl):
-                for n in declarators(decl.rstrip()[:-1].replace("static ", "", 1)):
+            decl = decl.rstrip()
+            if decl.endswith("{") and "=" in decl:  # an initialised aggregate: `x[] = {`
+                decl = decl.split("=", 1)[0] + ";"
+            if decl.endswith(";") and not re.match(r"^(static\s+)?(inline|struct\s+\w+\s*;)", decl):
+                for n in declarators(decl[:-1].replace("static ", "", 1)):
                     out.append((i + 1, n))
         elif re.match(r"^static\s", s) and not s.startswith("static inline"):
             decl = s
@@ -178,9 +183,10 @@ def table_rows(doc):
                 break
             continue
         cell = ln.split("|")[1]
-        files = re.findall(r"(?:runtime|service|pyext|python/datamem)/[\w/]+\.(?:c|py)", cell)
-        names = re.findall(r"`([A-Za-z_]\w*)(?:\[\])?`", cell)
-        for f in files:
+        # `file`: names, ...; `other file`: names: each name belongs to the file before it
+        parts = re.split(r"`?((?:runtime|service|pyext|python/datamem)/[\w/]+\.(?:c|py))`?", cell)
+        for f, text in zip(parts[1::2], parts[2::2]):
+            names = re.findall(r"`([A-Za-z_]\w*)`", text)
             rows.setdefault(f, {}).update({n: j + 1 for n in names})
     return rows
 
