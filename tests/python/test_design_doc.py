@@ -1,20 +1,23 @@
 """docs/design.md against the tree: its picture of the layers matches the #include
 lines (tools/check_design_picture.py), and its "Where to change what" table names
 files and tests that exist. Both drifted before: the picture left out
-service/profile.c, export.h and pyext's direct use of jemalloc and policy.h."""
+service/profile.c, export.h and pyext's direct use of jemalloc and policy.h. Its
+concurrency table names every shared variable (tools/check_concurrency_table.py)."""
 import os
 import re
 import shutil
 import subprocess
 import sys
 
+import pytest
+
 from conftest import ROOT
 
 CHECK = os.path.join(ROOT, "tools", "check_design_picture.py")
 
 
-def check(root):
-    return subprocess.run([sys.executable, CHECK, str(root)], capture_output=True, text=True,
+def check(root, tool=CHECK):
+    return subprocess.run([sys.executable, tool, str(root)], capture_output=True, text=True,
                           timeout=60)
 
 
@@ -26,8 +29,9 @@ def copy_tree(tmp_path):
     return tmp_path
 
 
-def test_the_picture_matches_the_includes():
-    r = check(ROOT)
+@pytest.mark.parametrize("tool", ["check_design_picture.py", "check_concurrency_table.py"])
+def test_the_picture_and_the_concurrency_table_match_the_sources(tool):
+    r = check(ROOT, os.path.join(ROOT, "tools", tool))
     assert r.returncode == 0, r.stdout + r.stderr
 
 
@@ -96,19 +100,12 @@ CONCURRENCY = os.path.join(ROOT, "tools", "check_concurrency_table.py")
 
 
 def check_concurrency(root):
-    return subprocess.run([sys.executable, CONCURRENCY, str(root)], capture_output=True,
-                          text=True, timeout=60)
+    return check(root, CONCURRENCY)
 
 
 def copy_sources(tmp_path):
-    root = copy_tree(tmp_path)
     shutil.copytree(os.path.join(ROOT, "python", "datamem"), tmp_path / "python" / "datamem")
-    return root
-
-
-def test_the_concurrency_table_names_every_shared_variable():
-    r = check_concurrency(ROOT)
-    assert r.returncode == 0, r.stdout + r.stderr
+    return copy_tree(tmp_path)
 
 
 def test_a_new_static_or_module_global_fails_the_concurrency_check(tmp_path):
