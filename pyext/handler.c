@@ -106,11 +106,12 @@ static int probe_dtype(size_t size) {
 }
 
 /* Called when a policy with dtype rules is installed (from any thread, the
- * file watcher's too, which has no Python thread state) or a profile starts. The slots are swapped once for the process: two threads
- * installing dtype policies at once must not both save the other's wrapper
- * as NumPy's slot. CPython and NumPy read the slots with plain loads: each
- * slot is one aligned pointer, stored atomically, and a wrapper only ever
- * calls the slot saved before it was stored. */
+ * file watcher's too, which has no Python thread state) or a profile starts.
+ * The slots are swapped once for the process: two threads installing dtype
+ * policies at once must not both save the other's wrapper as NumPy's slot.
+ * CPython and NumPy read the slots with plain loads: each slot is one aligned
+ * pointer, stored atomically, and a wrapper only ever calls the slot saved
+ * before it was stored. */
 void dm__handler_dtype_hooks_enable(void) {
     if (atomic_load_explicit(&dtype_hooks_on, memory_order_acquire))
         return;
