@@ -31,6 +31,7 @@ import datamem
 from datamem import _ext
 
 KIB, MIB = 1024, 1024 * 1024
+STORM = 64  # rounds in which every mutator asks for one new tag set at once
 # Arenas only the checked arrays use: their live counts must be exact.
 OURS = ("workers", "f32", "tagged", "site", "big")
 
@@ -102,6 +103,7 @@ class Race:
         self.queues = [queue.Queue(maxsize=8) for _ in range(nalloc)]
         self.a_in_force = threading.Event()  # the first install of A has returned
         self.go = threading.Barrier(nmut + nalloc + 1)
+        self.round = threading.Barrier(nmut)  # the mutators' storm of new tag sets
         self.done = threading.Barrier(nmut + nalloc + 1)
         self.errors = []
         self.held = {}  # thread name -> arrays it still holds at the end
@@ -111,6 +113,8 @@ class Race:
         self.count_lock = threading.Lock()
         self.uid = iter(range(1 << 62))  # next() is atomic on a free-threaded build too
         self.uid_lock = threading.Lock()
+        self.capsules = {}  # tag set -> the capsules handed out for it (one, always)
+        self.capsule_lock = threading.Lock()
 
     def bump(self, key, n=1):
         with self.count_lock:
@@ -119,6 +123,13 @@ class Race:
     def next_uid(self):
         with self.uid_lock:
             return next(self.uid)
+
+    def capsule(self, tags):
+        """datamem's handler for `tags`, noted: one tag set has one handler."""
+        cap = _ext.handler(tags)
+        with self.capsule_lock:
+            self.capsules.setdefault(tags, []).append(cap)
+        return cap
 
     def fail(self, what):
         self.errors.append("%s: %s" % (threading.current_thread().name, what))
@@ -194,6 +205,9 @@ class Race:
         rng = random.Random(k)
         held = []
         self.go.wait()
+        for r in range(STORM):  # every mutator asks for the same new tag set at once
+            self.round.wait()
+            self.capsule(("hot", "fresh%d" % r))
         if k < 4 or rng.random() < 0.5:  # many installs of a dtype policy at once
             self.install("A")
         for i in range(self.iters):
@@ -206,6 +220,7 @@ class Race:
             elif op == 2:
                 extra = ("x%d" % rng.randrange(16),) if rng.random() < 0.5 else ()
                 with datamem.tag(*extra):  # new tag sets: new handlers, made at once
+                    self.capsule(tuple(_ext.handler_tags(_ext.get_handler())) + ("hot",))
                     held.append(self.make(rng, tagged=True, alloc_thread=False))
                 self.bump("tags")
             elif op == 3:
@@ -252,8 +267,9 @@ class Race:
         self.bump("explains")
 
     def read_stats(self):
+        a_first = self.a_in_force.is_set()  # before the snapshot, which must then show A's
         s = datamem.stats()
-        if self.a_in_force.is_set() and not set(OURS) <= set(s["arenas"]):
+        if a_first and not set(OURS) <= set(s["arenas"]):
             self.fail("stats() after A's install lacks arenas: %r" % sorted(s["arenas"]))
         if datamem.current_policy() not in (self.paths["A"], self.paths["B"], self.paths["start"]):
             self.fail("current_policy() is %r" % datamem.current_policy())
@@ -318,6 +334,10 @@ def main():
     if now != want:
         r.fail("live arrays per arena %r, held %r" % (now, want))
     held.clear()
+    for tags, caps in sorted(r.capsules.items()):
+        if len({id(c) for c in caps}) != 1:
+            r.fail("tag set %r: %d handlers" % (tags, len({id(c) for c in caps})))
+    r.capsules.clear()
     if not all(q.empty() for q in r.queues):
         r.fail("arrays left in the hand-over queues")
     after = live(OURS)
