@@ -14,10 +14,10 @@ whl=$(ls dist/datamem-*-cp${pv/./}-cp${v/./}-manylinux_*_"$(uname -m)".whl 2>/de
 venv=.venv-wheel-test-cp${v/./}
 rm -rf "$venv"
 "$py" -m venv "$venv"
-pins=()
+pkgs=(pytest hypothesis prometheus_client)
 # free-threaded: NumPy 2.5 has no cp313t wheel (pip would build it, minutes);
 # hypothesis >= 6.150 needs Rust crates that are not reachable here
-[ "$pv" = "$v" ] || { pins=("numpy>=2.1,<2.5" "hypothesis<6.150"); export PYTHON_GIL=0; }
-"$venv/bin/python" -m pip install -q --disable-pip-version-check "$whl" pytest hypothesis prometheus_client "${pins[@]}"
+[ "$pv" = "$v" ] || { pkgs=(pytest "hypothesis<6.150" prometheus_client "numpy>=2.1,<2.5"); export PYTHON_GIL=0; }
+"$venv/bin/python" -m pip install -q --disable-pip-version-check "$whl" "${pkgs[@]}"
 echo "$whl in $venv: $("$venv/bin/python" -m datamem --version | tr '\n' ';')"
 "$venv/bin/python" -m pytest -q -p no:cacheprovider tests/python
