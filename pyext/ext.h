@@ -16,8 +16,12 @@
  * every other file refers to that one table (NO_IMPORT_ARRAY).
  *
  * Thread rules: the handler functions (handler.c's h_*, record.c's
- * dm__record_*) run with or without the GIL (NumPy calls realloc without it)
- * and never call into Python without it; everything else runs with the GIL.
+ * dm__record_*) run with or without an attached thread state (NumPy calls
+ * realloc without the GIL) and never call into Python without one; everything
+ * else runs attached. On a free-threaded CPython (Py_GIL_DISABLED) "attached"
+ * no longer means "alone": every piece of shared state here has its own guard,
+ * named where it is declared and in docs/design.md's concurrency table. The
+ * module declares Py_MOD_GIL_NOT_USED.
  */
 #ifndef DM_PYEXT_EXT_H
 #define DM_PYEXT_EXT_H
@@ -41,6 +45,58 @@
 
 #define HANDLER_NAME "datamem"
 
+/* A mutex for the extension's shared state, held only around plain C (never
+ * while calling Python, so it cannot deadlock against the GIL or a
+ * stop-the-world pause). PyMutex on a free-threaded build (it detaches the
+ * thread state while it waits); a pthread mutex on a GIL build (PyMutex is
+ * 3.13+). Fork: dm_pymu_reset in the child (record.c's fork handler). */
+#ifdef Py_GIL_DISABLED
+typedef PyMutex dm_pymu_t;
+#define DM_PYMU_INIT {0}
+static inline void dm_pymu_lock(dm_pymu_t *m) { PyMutex_Lock(m); }
+static inline void dm_pymu_unlock(dm_pymu_t *m) { PyMutex_Unlock(m); }
+static inline void dm_pymu_reset(dm_pymu_t *m) { *m = (PyMutex){0}; }
+#else
+#include <pthread.h>
+typedef pthread_mutex_t dm_pymu_t;
+#define DM_PYMU_INIT PTHREAD_MUTEX_INITIALIZER
+static inline void dm_pymu_lock(dm_pymu_t *m) { pthread_mutex_lock(m); }
+static inline void dm_pymu_unlock(dm_pymu_t *m) { pthread_mutex_unlock(m); }
+static inline void dm_pymu_reset(dm_pymu_t *m) { pthread_mutex_init(m, NULL); }
+#endif
+
+/* PyDict_GetItemRef (3.13+): a strong reference, so that another thread
+ * changing the dict cannot free the value under the caller. 1 found, 0 not,
+ * -1 with an exception set. */
+#if PY_VERSION_HEX < 0x030D0000
+static inline int dm_dict_get_item_ref(PyObject *d, PyObject *k, PyObject **out) {
+    PyObject *v = PyDict_GetItemWithError(d, k);
+    *out = Py_XNewRef(v);
+    return v ? 1 : PyErr_Occurred() ? -1 : 0;
+}
+#define PyDict_GetItemRef dm_dict_get_item_ref
+#endif
+
+/* A caller's sequence as a tuple of its own: a list another thread resizes
+ * meanwhile is copied whole (PyList_AsTuple takes the list's lock on a
+ * free-threaded build), so items stay owned while they are used. A tuple is
+ * returned as is. TypeError `msg` for anything that is not iterable. */
+static inline PyObject *dm_seq_tuple(PyObject *o, const char *msg) {
+    if (PyTuple_CheckExact(o))
+        return Py_NewRef(o);
+    if (PyList_CheckExact(o))
+        return PyList_AsTuple(o);
+    PyObject *it = PyObject_GetIter(o);
+    if (!it) {
+        if (PyErr_ExceptionMatches(PyExc_TypeError))
+            PyErr_SetString(PyExc_TypeError, msg);
+        return NULL;
+    }
+    PyObject *t = PySequence_Tuple(it);
+    Py_DECREF(it);
+    return t;
+}
+
 /* Paths are bytes: a path argument is str, bytes or os.PathLike, encoded as
  * the file system does ("O&" with PyUnicode_FSConverter: a str from
  * os.environ or sys.argv gives back the very bytes it came from, undecodable
@@ -57,17 +113,21 @@ static inline int fs_path_or_none(PyObject *o, void *out) {
 }
 
 /* ---- handler.c ---- */
-void dm__handler_init(void);                 /* at import: the capsule name */
+void dm__handler_init(void);                 /* at import: the capsule name, install hook */
 int dm__handler_probe_dtype(size_t size);    /* the array being built's dtype, one use */
-void dm__handler_dtype_hooks_enable(void);   /* GIL held; for good once on */
-void dm__handler_record_all(void);           /* GIL held: every handler records from now on */
+void dm__handler_dtype_hooks_enable(void);   /* any thread; for good once on */
+void dm__handler_record_all(void);           /* any thread: every handler records from now on */
+void dm__handler_after_fork_child(void);     /* the hooks' mutex, in a fork child */
+void *dm__handler_alloc_site(void *ctx, size_t size, int dt, int zero); /* by call site too */
 extern PyMethodDef dm__handler_methods[];
 
 /* ---- site.c ---- */
-int dm__site_init(void);                     /* 0, or -1 with an exception set */
-uint64_t dm__site_mask_now(uint64_t *gen);   /* the call site's rule mask; 0 without the GIL */
-int dm__site_capture(dm_prof_frame_t *out, int max, bool stacks, int *site); /* GIL held;
-                                                 frames valid until the next walk */
+int dm__site_init(void);                     /* at import: 0, or -1 with an exception set */
+uint64_t dm__site_mask_now(uint64_t *gen);   /* the call site's rule mask; 0 when detached */
+int dm__site_capture(dm_prof_frame_t *out, int max, bool stacks, int *site); /* attached;
+                                                 frames valid until dm__site_capture_done */
+void dm__site_capture_done(void);            /* once after each dm__site_capture */
+void dm__site_after_fork_child(void);        /* the cache's mutex and walks, in a fork child */
 
 /* ---- record.c ---- */
 void *dm__record_malloc(void *ctx, size_t size);

@@ -25,11 +25,15 @@
  *
  * The handler functions run with or without the GIL (NumPy calls realloc
  * without it) and never call into Python (a call site is looked up only with
- * the GIL: site.c). The handler registry and the dtype hooks are changed with
- * the GIL held.
+ * an attached thread state: site.c). Without the GIL (free-threaded CPython)
+ * any number of threads run here at once: the handler registry is a list
+ * prepended to with a compare-and-swap and read without a lock; the dtype
+ * hooks are swapped once, under hooks_mu; function pointers NumPy reads are
+ * switched with atomic stores.
  */
 #include "pyext/ext.h"
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
@@ -40,9 +44,13 @@
 /* ---- dtype discovery ------------------------------------------------------ */
 
 static __thread PyObject *building; /* array whose data is about to be allocated */
+/* NumPy's own slots, saved once under hooks_mu before the wrappers that call
+ * them are installed (release stores of the slots) and never changed again. */
 static allocfunc orig_tp_alloc;
 static destructor orig_tp_dealloc;
-static int dtype_hooks_on;
+static _Atomic int dtype_hooks_on; /* 0 -> 1 once, under hooks_mu; read relaxed */
+static dm_pymu_t hooks_mu = DM_PYMU_INIT;
+static dm_pymu_t handlers_mu = DM_PYMU_INIT; /* the live handlers (below) */
 
 static PyObject *alloc_wrapper(PyTypeObject *type, Py_ssize_t nitems) {
     PyObject *obj = orig_tp_alloc(type, nitems);
@@ -103,16 +111,31 @@ static int probe_dtype(size_t size) {
     return dtype_of_descr(fa->descr);
 }
 
-/* Called with the GIL when a policy with dtype rules is installed or a
- * profile starts. */
+/* Called when a policy with dtype rules is installed (from any thread, the
+ * file watcher's too, which has no Python thread state) or a profile starts.
+ * The slots are swapped once for the process: two threads installing dtype
+ * policies at once must not both save the other's wrapper as NumPy's slot.
+ * CPython and NumPy read the slots with plain loads: each slot is one aligned
+ * pointer, stored atomically, and a wrapper only ever calls the slot saved
+ * before it was stored. */
 void dm__handler_dtype_hooks_enable(void) {
-    if (dtype_hooks_on)
+    if (atomic_load_explicit(&dtype_hooks_on, memory_order_acquire))
         return;
-    orig_tp_alloc = PyArray_Type.tp_alloc;
-    orig_tp_dealloc = PyArray_Type.tp_dealloc;
-    PyArray_Type.tp_dealloc = dealloc_wrapper; /* first: never leave a dangling `building` */
-    PyArray_Type.tp_alloc = alloc_wrapper;
-    dtype_hooks_on = 1;
+    dm_pymu_lock(&hooks_mu);
+    if (!atomic_load_explicit(&dtype_hooks_on, memory_order_relaxed)) {
+        orig_tp_alloc = PyArray_Type.tp_alloc;
+        orig_tp_dealloc = PyArray_Type.tp_dealloc;
+        /* tp_dealloc first: never leave a dangling `building` */
+        __atomic_store_n(&PyArray_Type.tp_dealloc, dealloc_wrapper, __ATOMIC_RELEASE);
+        __atomic_store_n(&PyArray_Type.tp_alloc, alloc_wrapper, __ATOMIC_RELEASE);
+        atomic_store_explicit(&dtype_hooks_on, 1, memory_order_release);
+    }
+    dm_pymu_unlock(&hooks_mu);
+}
+
+void dm__handler_after_fork_child(void) {
+    dm_pymu_reset(&hooks_mu);
+    dm_pymu_reset(&handlers_mu);
 }
 
 
@@ -131,7 +154,8 @@ static void *h_alloc_hooked(void *ctx, size_t size, int zero);
 /* Whether this allocation needs its dtype or its call site: one load each,
  * both almost always zero. */
 static inline int h_hooked(void) {
-    return dtype_hooks_on | atomic_load_explicit(&dm_runtime_site_rules, memory_order_relaxed);
+    return atomic_load_explicit(&dtype_hooks_on, memory_order_relaxed) |
+           atomic_load_explicit(&dm_runtime_site_rules, memory_order_relaxed);
 }
 
 static void *h_malloc(void *ctx, size_t size) {
@@ -157,13 +181,32 @@ static void *h_realloc(void *ctx, void *ptr, size_t size) {
  * (kept for reuse), never trusted for anything else. */
 static void h_free(void *ctx, void *ptr, size_t size) { dm_free_hint(ptr, size); }
 
+/* An allocation routed by its call site too, when call-site rules are in force
+ * (the recording handlers come here as well). The site's mask is for the
+ * install it was computed under; the runtime ignores a mask from an older
+ * install (the site counts as unknown), so an install that lands between the
+ * two would route the block by neither policy's site rules. Then the block,
+ * never handed out, is freed and the allocation made again: a block follows
+ * the policy in force at one instant of the call. Installs are rare; two
+ * tries more at most. */
+void *dm__handler_alloc_site(void *ctx, size_t size, int dt, int zero) {
+    for (int tries = 0;; tries++) {
+        uint64_t gen = 0, mask = 0;
+        if (atomic_load_explicit(&dm_runtime_site_rules, memory_order_relaxed))
+            mask = dm__site_mask_now(&gen);
+        void *p = zero ? dm_calloc_site(ctx, size, dt, mask, gen)
+                       : dm_alloc_site(ctx, size, dt, mask, gen);
+        if (!p || gen == 0 || tries == 2 || dm_runtime_site_gen() == gen)
+            return p;
+        dm_free(p);
+    }
+}
+
 /* The rare path: a dtype rule or call-site rules are in force. */
 static __attribute__((noinline)) void *h_alloc_hooked(void *ctx, size_t size, int zero) {
-    int dt = dtype_hooks_on ? h_dtype(size) : DM_DT_UNKNOWN;
-    uint64_t gen = 0, mask = 0;
-    if (atomic_load_explicit(&dm_runtime_site_rules, memory_order_relaxed))
-        mask = dm__site_mask_now(&gen);
-    return zero ? dm_calloc_site(ctx, size, dt, mask, gen) : dm_alloc_site(ctx, size, dt, mask, gen);
+    int dt = atomic_load_explicit(&dtype_hooks_on, memory_order_relaxed) ? h_dtype(size)
+                                                                         : DM_DT_UNKNOWN;
+    return dm__handler_alloc_site(ctx, size, dt, zero);
 }
 
 /* ---- capsules: one handler per context ------------------------------------ */
@@ -176,14 +219,32 @@ static __attribute__((noinline)) void *h_alloc_hooked(void *ctx, size_t size, in
  * (bench/callgrind.sh). Our own copy when NumPy's name is not the expected one. */
 static const char *capsule_name = "mem_handler";
 
+static void on_install(const dm_policy_t *p, uint64_t seq, void *arg);
+
+static void observe_installs(void) { dm_runtime_observe(on_install, NULL, NULL); }
+
+/* Every install, from Python or the file watcher's thread (no Python thread
+ * state there), turns the dtype hooks on once a policy wants them: a watcher
+ * reload that brings the first dtype rule is routed by dtype too. */
+static void on_install(const dm_policy_t *p, uint64_t seq, void *arg) {
+    if (dm_runtime_wants_dtype())
+        dm__handler_dtype_hooks_enable();
+}
+
 void dm__handler_init(void) {
     const char *numpy_name = PyCapsule_GetName(PyDataMem_DefaultHandler);
     if (numpy_name && strcmp(numpy_name, "mem_handler") == 0)
-        capsule_name = numpy_name;
+        capsule_name = numpy_name; /* before the module exists: immutable after */
     PyErr_Clear();
+    static pthread_once_t observed = PTHREAD_ONCE_INIT;
+    pthread_once(&observed, observe_installs);
 }
 
-/* One handler per live capsule. */
+/* One handler per live capsule: the capsule's destructor unlinks and frees it.
+ * The list of live handlers (for dm__handler_record_all), `recent` and
+ * `root_capsule` are guarded by handlers_mu, never held while a capsule can be
+ * destroyed (a destructor takes it). NumPy reads the four function pointers
+ * with no lock: they are stored atomically (handler_set_functions). */
 typedef struct handler_entry {
     struct handler_entry *next, *prev; /* every live one (dm__handler_record_all) */
     const dm_ctx_t *ctx;               /* one reference, given back with the capsule */
@@ -196,30 +257,37 @@ typedef struct handler_entry {
  * counted under its own tags. */
 #define HANDLER_RECENT 128
 
-static handler_entry_t *handlers;   /* guarded by the GIL, as below */
-static PyObject *recent[HANDLER_RECENT];
-static PyObject *root_capsule;      /* the root context's, for the process */
-static bool recording;              /* new handlers record (set with the GIL) */
+static handler_entry_t *handlers;   /* under handlers_mu */
+static PyObject *recent[HANDLER_RECENT]; /* under handlers_mu */
+static PyObject *root_capsule;      /* the root context's, for the process (handlers_mu) */
+static _Atomic bool recording;      /* new handlers record (set under handlers_mu) */
 
+/* NumPy reads each pointer with one plain load when it allocates: each is
+ * stored atomically, so a call goes to the plain or the recording function,
+ * never to a torn pointer. A block allocated by one and freed by the other is
+ * fine: the recording free ignores blocks it never recorded. */
 static void handler_set_functions(PyDataMem_Handler *h, bool on) {
-    h->allocator.malloc = on ? dm__record_malloc : h_malloc;
-    h->allocator.calloc = on ? dm__record_calloc : h_calloc;
-    h->allocator.realloc = on ? dm__record_realloc : h_realloc;
-    h->allocator.free = on ? dm__record_free : h_free;
+    __atomic_store_n(&h->allocator.malloc, on ? dm__record_malloc : h_malloc, __ATOMIC_RELEASE);
+    __atomic_store_n(&h->allocator.calloc, on ? dm__record_calloc : h_calloc, __ATOMIC_RELEASE);
+    __atomic_store_n(&h->allocator.realloc, on ? dm__record_realloc : h_realloc,
+                     __ATOMIC_RELEASE);
+    __atomic_store_n(&h->allocator.free, on ? dm__record_free : h_free, __ATOMIC_RELEASE);
 }
 
-/* The capsule's destructor (GIL held): nothing can allocate or free through
+/* The capsule's destructor (attached): nothing can allocate or free through
  * the handler any more (arrays hold their capsule until after their free). */
 static void capsule_gone(PyObject *cap) {
     handler_entry_t *e = PyCapsule_GetContext(cap);
     if (!e)
         return;
+    dm_pymu_lock(&handlers_mu);
     if (e->prev)
         e->prev->next = e->next;
     else
         handlers = e->next;
     if (e->next)
         e->next->prev = e->prev;
+    dm_pymu_unlock(&handlers_mu);
     dm_ctx_release(e->ctx);
     PyMem_RawFree(e);
 }
@@ -229,15 +297,28 @@ static size_t recent_slot(const dm_ctx_t *ctx) {
            (HANDLER_RECENT - 1);
 }
 
+/* A capsule for `ctx` already made and still alive, a new reference, or NULL
+ * (under handlers_mu). */
+static PyObject *capsule_known(const dm_ctx_t *ctx) {
+    if (ctx == dm_ctx_root())
+        return root_capsule ? Py_NewRef(root_capsule) : NULL;
+    PyObject *cap = recent[recent_slot(ctx)];
+    if (cap && ((handler_entry_t *)PyCapsule_GetContext(cap))->ctx == ctx)
+        return Py_NewRef(cap);
+    return NULL;
+}
+
 /* The capsule for `ctx`, whose reference the caller passes on (to the
- * capsule, or given back when a capsule for it exists). */
+ * capsule, or given back when a capsule for it exists). Another thread may
+ * make one for the same context meanwhile: the second look, under the mutex,
+ * keeps the first and drops this one. */
 static PyObject *capsule_for(const dm_ctx_t *ctx) {
-    if (ctx == dm_ctx_root() && root_capsule)
-        return Py_NewRef(root_capsule);
-    PyObject **slot = &recent[recent_slot(ctx)];
-    if (*slot && ((handler_entry_t *)PyCapsule_GetContext(*slot))->ctx == ctx) {
+    dm_pymu_lock(&handlers_mu);
+    PyObject *known = capsule_known(ctx);
+    dm_pymu_unlock(&handlers_mu);
+    if (known) {
         dm_ctx_release(ctx);
-        return Py_NewRef(*slot);
+        return known;
     }
     handler_entry_t *e = PyMem_RawCalloc(1, sizeof(*e));
     if (!e) {
@@ -247,15 +328,26 @@ static PyObject *capsule_for(const dm_ctx_t *ctx) {
     snprintf(e->handler.name, sizeof(e->handler.name), "%s", HANDLER_NAME);
     e->handler.version = 1;
     e->handler.allocator.ctx = (void *)ctx;
-    handler_set_functions(&e->handler, recording);
+    handler_set_functions(&e->handler, false);
     e->ctx = ctx;
-    PyObject *cap = PyCapsule_New(&e->handler, capsule_name, capsule_gone);
+    PyObject *cap = PyCapsule_New(&e->handler, capsule_name, NULL);
     if (!cap || PyCapsule_SetContext(cap, e) < 0) {
         Py_XDECREF(cap);
         dm_ctx_release(ctx);
         PyMem_RawFree(e);
         return NULL;
     }
+    PyObject *old = NULL;
+    dm_pymu_lock(&handlers_mu);
+    if ((known = capsule_known(ctx))) {
+        dm_pymu_unlock(&handlers_mu);
+        Py_DECREF(cap); /* never handed out, never linked: no destructor yet */
+        dm_ctx_release(ctx);
+        PyMem_RawFree(e);
+        return known;
+    }
+    (void)PyCapsule_SetDestructor(cap, capsule_gone);
+    handler_set_functions(&e->handler, atomic_load(&recording));
     e->next = handlers;
     if (handlers)
         handlers->prev = e;
@@ -263,18 +355,22 @@ static PyObject *capsule_for(const dm_ctx_t *ctx) {
     if (ctx == dm_ctx_root()) {
         root_capsule = Py_NewRef(cap);
     } else {
-        PyObject *old = *slot;
+        PyObject **slot = &recent[recent_slot(ctx)];
+        old = *slot;
         *slot = Py_NewRef(cap);
-        Py_XDECREF(old); /* last: its destructor may run here */
     }
+    dm_pymu_unlock(&handlers_mu);
+    Py_XDECREF(old); /* unlocked: its destructor may run here */
     return cap;
 }
 
 /* profile_start: every handler, existing or made later, records. */
 void dm__handler_record_all(void) {
-    recording = true;
+    dm_pymu_lock(&handlers_mu);
+    atomic_store(&recording, true);
     for (handler_entry_t *e = handlers; e; e = e->next)
         handler_set_functions(&e->handler, true);
+    dm_pymu_unlock(&handlers_mu);
 }
 
 /* ---- Python API ---------------------------------------------------------------- */
@@ -283,9 +379,9 @@ void dm__handler_record_all(void) {
  * exception set (a bad name or too many tags: ValueError; no memory). */
 static const dm_ctx_t *ctx_from_tags(PyObject *tags) {
     const dm_ctx_t *c = dm_ctx_root();
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(tags);
+    Py_ssize_t n = PyTuple_GET_SIZE(tags);
     for (Py_ssize_t i = 0; i < n; i++) {
-        const char *t = PyUnicode_AsUTF8(PySequence_Fast_GET_ITEM(tags, i));
+        const char *t = PyUnicode_AsUTF8(PyTuple_GET_ITEM(tags, i));
         const dm_ctx_t *next = t ? dm_ctx_with_tag(c, t) : NULL;
         if (!next && t) {
             if (strlen(t) >= DM_NAME_MAX)
@@ -311,7 +407,7 @@ static PyObject *py_handler(PyObject *self, PyObject *args) {
         return NULL;
     if (!tags)
         return capsule_for(dm_ctx_root());
-    PyObject *seq = PySequence_Fast(tags, "tags must be a sequence of str");
+    PyObject *seq = dm_seq_tuple(tags, "tags must be a sequence of str");
     if (!seq)
         return NULL;
     const dm_ctx_t *c = ctx_from_tags(seq);
@@ -324,7 +420,10 @@ static PyObject *py_handler_tags(PyObject *self, PyObject *cap) {
     if (!PyCapsule_IsValid(cap, "mem_handler"))
         Py_RETURN_NONE;
     PyDataMem_Handler *h = PyCapsule_GetPointer(cap, "mem_handler");
-    if (!h || (h->allocator.malloc != h_malloc && h->allocator.malloc != dm__record_malloc))
+    void *(*f)(void *, size_t) = NULL;
+    if (h)
+        f = __atomic_load_n(&h->allocator.malloc, __ATOMIC_RELAXED);
+    if (f != h_malloc && f != dm__record_malloc)
         Py_RETURN_NONE;
     const char *tags[256];
     int n = dm_ctx_tags(h->allocator.ctx, tags, 256);

@@ -201,14 +201,14 @@ static PyObject *py_explain(PyObject *self, PyObject *args) {
         return NULL;
     PyObject *res = NULL, *seq = NULL;
     int dt = dtype_code(dtype);
-    if (dt < 0 || !(seq = PySequence_Fast(tags, "tags must be a sequence of str")))
+    if (dt < 0 || !(seq = dm_seq_tuple(tags, "tags must be a sequence of str")))
         goto done;
-    Py_ssize_t ntags = PySequence_Fast_GET_SIZE(seq);
+    Py_ssize_t ntags = PyTuple_GET_SIZE(seq); /* our own tuple: its items live while used */
     const char *tagv[64];
     if (ntags > 64)
         ntags = 64;
     for (Py_ssize_t i = 0; i < ntags; i++)
-        if (!(tagv[i] = PyUnicode_AsUTF8(PySequence_Fast_GET_ITEM(seq, i))))
+        if (!(tagv[i] = PyUnicode_AsUTF8(PyTuple_GET_ITEM(seq, i))))
             goto done;
     dm_context_t ctx = {thread, tagv, (int)ntags, module, function};
     res = explain_text(PyBytes_AS_STRING(path_obj), table ? NULL : &ctx, (size_t)size, dt);

@@ -5,7 +5,8 @@
  * site_rules_active(), jemalloc_version(), owner_arena(), process settings
  * (thread name, NumPy's hugepage setting, the CUDA runtime), the fork-child
  * restart and the fault switches for tests.
- * Runs with the GIL.
+ * Runs attached (with the GIL on a GIL build); nothing here keeps state of
+ * its own.
  */
 #define DM_PYEXT_IMPORT_ARRAY /* this file imports NumPy's C API for all of pyext/ */
 #include "pyext/ext.h"
@@ -168,6 +169,12 @@ PyMODINIT_FUNC PyInit__ext(void) {
     PyObject *m = PyModule_Create(&module);
     if (!m)
         return NULL;
+#ifdef Py_GIL_DISABLED
+    /* Every piece of shared state in pyext/ has its own guard (docs/design.md,
+     * "Free-threaded CPython"): importing datamem leaves the GIL off. */
+    if (PyUnstable_Module_SetGIL(m, Py_MOD_GIL_NOT_USED) < 0)
+        goto fail;
+#endif
     for (size_t i = 0; i < sizeof(file_methods) / sizeof(file_methods[0]); i++)
         if (PyModule_AddFunctions(m, file_methods[i]) < 0)
             goto fail;

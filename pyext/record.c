@@ -8,13 +8,16 @@
  * (service/datamem_profile.h), call sites come from site.c.
  *
  * The handler functions run with or without the GIL and touch Python only
- * with it (the call site). The sampler's per-thread state is thread-local; its
- * shared rate state is under prof_rate_mu. profile_start runs with the GIL.
+ * with an attached thread state (the call site). The sampler's per-thread
+ * state is thread-local; its shared rate state is under prof_rate_mu;
+ * profile_start is serialised by prof_start_mu (free-threaded CPython runs
+ * two at once).
  */
 #include "pyext/ext.h"
 
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -33,8 +36,10 @@
  * estimates of the counts and bytes of all allocations. Full mode records
  * everything with weight 1. */
 
-static unsigned prof_flags;  /* DM_PROF_*; set before the handlers are used */
-static double prof_mean;     /* sampled mode: mean bytes between samples */
+/* DM_PROF_*: stored by profile_start (under prof_start_mu, before the handlers
+ * record), read relaxed by every recording handler */
+static _Atomic unsigned prof_flags;
+static double prof_mean;     /* sampled mode: mean bytes between samples; under prof_rate_mu */
 
 typedef struct prof_tls {
     int64_t left;            /* bytes to the next sample */
@@ -76,8 +81,18 @@ static double prof_asked;     /* the mean asked for (--sample) */
 static double prof_tokens = PROF_BURST, prof_tokens_at; /* under prof_rate_mu */
 static double prof_seen;      /* estimated bytes allocated so far (sum of weights x sizes) */
 
-/* A thread that held the rate lock at fork() does not exist in the child. */
-static void prof_rate_atfork_child(void) { pthread_mutex_init(&prof_rate_mu, NULL); }
+/* One profile_start at a time: a second one (refused: already recording)
+ * must not change the running profile's settings first. */
+static dm_pymu_t prof_start_mu = DM_PYMU_INIT;
+
+/* A thread that held a lock at fork() does not exist in the child: the
+ * rate lock and every pyext mutex start unlocked there. */
+static void prof_rate_atfork_child(void) {
+    pthread_mutex_init(&prof_rate_mu, NULL);
+    dm_pymu_reset(&prof_start_mu);
+    dm__handler_after_fork_child();
+    dm__site_after_fork_child();
+}
 
 static void prof_rate_register_atfork(void) {
     pthread_atfork(NULL, NULL, prof_rate_atfork_child);
@@ -160,7 +175,7 @@ static __attribute__((noinline)) bool prof_sample_slow(prof_tls_t *s, size_t siz
 }
 
 static inline bool prof_sample(size_t size, double *w) {
-    if (prof_flags & DM_PROF_FULL) {
+    if (atomic_load_explicit(&prof_flags, memory_order_relaxed) & DM_PROF_FULL) {
         *w = 1.0;
         return true;
     }
@@ -205,14 +220,16 @@ static __attribute__((noinline)) void prof_record(const dm_ctx_t *ctx, void *p, 
     if (PyGILState_Check()) {
         PyObject *et, *ev, *tb;
         PyErr_Fetch(&et, &ev, &tb); /* an allocation may happen while one is set */
-        a.nframes = dm__site_capture(frames, DM_PROF_FRAMES_MAX,
-                                     (prof_flags & DM_PROF_STACKS) != 0, &a.site);
+        bool stacks = atomic_load_explicit(&prof_flags, memory_order_relaxed) & DM_PROF_STACKS;
+        a.nframes = dm__site_capture(frames, DM_PROF_FRAMES_MAX, stacks, &a.site);
         a.frames = frames;
         PyErr_Restore(et, ev, tb);
     } else {
         a.flags |= DM_PROF_NOGIL;
     }
-    dm_prof_record_alloc(&a);
+    dm_prof_record_alloc(&a); /* copies the frames' strings */
+    if (a.frames)
+        dm__site_capture_done();
     s->busy = false;
 }
 
@@ -222,7 +239,7 @@ static inline int prof_route_dt(int dt) {
 
 void *dm__record_malloc(void *ctx, size_t size) {
     int dt = dm__handler_probe_dtype(size), rdt = prof_route_dt(dt);
-    void *p = dm_alloc(ctx, size, rdt);
+    void *p = dm__handler_alloc_site(ctx, size, rdt, 0); /* call-site rules apply too */
     double w;
     if (p && prof_sample(size, &w))
         prof_record(ctx, p, size, dt, rdt, w, 0);
@@ -234,7 +251,7 @@ void *dm__record_calloc(void *ctx, size_t nelem, size_t elsize) {
         return NULL;
     size_t size = nelem * elsize;
     int dt = dm__handler_probe_dtype(size), rdt = prof_route_dt(dt);
-    void *p = dm_calloc(ctx, size, rdt);
+    void *p = dm__handler_alloc_site(ctx, size, rdt, 1);
     double w;
     if (p && prof_sample(size, &w))
         prof_record(ctx, p, size, dt, rdt, w, DM_PROF_CALLOC);
@@ -242,7 +259,8 @@ void *dm__record_calloc(void *ctx, size_t nelem, size_t elsize) {
 }
 
 static inline void prof_free(void *ptr) {
-    if (ptr && ((prof_flags & DM_PROF_FULL) || dm_prof_maybe_live(ptr)))
+    if (ptr && ((atomic_load_explicit(&prof_flags, memory_order_relaxed) & DM_PROF_FULL) ||
+                dm_prof_maybe_live(ptr)))
         dm_prof_record_free(ptr, dm_prof_now());
 }
 
@@ -263,14 +281,39 @@ void dm__record_free(void *ctx, void *ptr, size_t size) {
 
 /* ---- Python API ------------------------------------------------------------------ */
 
+/* Starts the profile, under prof_start_mu, in plain C (no Python object is
+ * made while the mutex is held: on a GIL build that could run the cyclic GC,
+ * finalizers and a GIL switch to a thread waiting here). 0, DM_ESTATE when
+ * one is already recording (the running one's settings untouched), or
+ * dm_prof_start's code. `path` gets the file's. */
+static int profile_start_locked(const char *dir, unsigned long long sample, unsigned flags,
+                                unsigned long long max_bytes, const char *meta, char *path,
+                                size_t cap) {
+    dm_prof_path(path, cap);
+    if (path[0])
+        return DM_ESTATE;
+    pthread_mutex_lock(&prof_rate_mu);
+    prof_mean = prof_asked = (double)sample;
+    prof_tokens = PROF_BURST;
+    prof_tokens_at = 0;
+    prof_seen = 0;
+    pthread_mutex_unlock(&prof_rate_mu);
+    /* before the file opens: a fork child sees both */
+    atomic_store_explicit(&prof_flags, flags, memory_order_relaxed);
+    int rc = dm_prof_start(dir, sample, flags, max_bytes, meta);
+    if (rc)
+        return rc;
+    dm__handler_dtype_hooks_enable(); /* the records carry the dtype */
+    dm__handler_record_all();
+    dm_prof_path(path, cap);
+    return 0;
+}
+
 /* profile_start(dir, sample_bytes, full, stacks, meta, max_bytes=0) -> path of
  * this process's file, or "" when DIR is refused (another user's, writable by
  * others: logged, and the job runs on without a profile). max_bytes: each
  * process's file stops there (0: DM_PROF_MAX_BYTES_DEFAULT, 256 MiB).
  * Every datamem handler, existing or made later, records from now on. */
-static PyObject *profile_start(const char *dir, unsigned long long sample, int full, int stacks,
-                               const char *meta, unsigned long long max_bytes);
-
 static PyObject *py_profile_start(PyObject *self, PyObject *args) {
     const char *meta;
     PyObject *dir_obj;
@@ -279,50 +322,32 @@ static PyObject *py_profile_start(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "O&Kpps|K", PyUnicode_FSConverter, &dir_obj, &sample, &full,
                           &stacks, &meta, &max_bytes))
         return NULL;
-    PyObject *res = profile_start(PyBytes_AS_STRING(dir_obj), sample, full, stacks, meta,
-                                  max_bytes);
-    Py_DECREF(dir_obj);
-    return res;
-}
-
-static PyObject *profile_start(const char *dir, unsigned long long sample, int full, int stacks,
-                               const char *meta, unsigned long long max_bytes) {
-    if (!full && sample == 0) {
+    const char *dir = PyBytes_AS_STRING(dir_obj);
+    PyObject *res = NULL;
+    char path[4200];
+    int rc;
+    if (!full && sample == 0)
         PyErr_SetString(PyExc_ValueError, "sample interval must be at least 1 byte");
-        return NULL;
-    }
-    if (max_bytes != 0 && max_bytes < DM_PROF_MAX_BYTES_MIN) {
+    else if (max_bytes != 0 && max_bytes < DM_PROF_MAX_BYTES_MIN)
         PyErr_Format(PyExc_ValueError, "profile size limit must be at least %llu bytes (1MiB)",
                      (unsigned long long)DM_PROF_MAX_BYTES_MIN);
-        return NULL;
+    else if (dm__site_init() == 0) {
+        unsigned flags = (full ? DM_PROF_FULL : 0) | (stacks ? DM_PROF_STACKS : 0);
+        dm_pymu_lock(&prof_start_mu);
+        rc = profile_start_locked(dir, sample, flags, max_bytes, meta, path, sizeof(path));
+        dm_pymu_unlock(&prof_start_mu);
+        if (rc == DM_ESTATE)
+            PyErr_SetString(PyExc_RuntimeError, "datamem: already recording a profile");
+        else if (rc == DM_EUNSAFE) /* logged; no handler records */
+            res = PyUnicode_FromString("");
+        else if (rc)
+            PyErr_Format(PyExc_OSError, "datamem: cannot record a profile in %s: %s", dir,
+                         dm_strerror(rc));
+        else
+            res = PyUnicode_DecodeFSDefault(path);
     }
-    unsigned flags = (full ? DM_PROF_FULL : 0) | (stacks ? DM_PROF_STACKS : 0);
-    if (dm__site_init() < 0)
-        return NULL;
-    pthread_mutex_lock(&prof_rate_mu);
-    prof_mean = prof_asked = (double)sample;
-    prof_tokens = PROF_BURST;
-    prof_tokens_at = 0;
-    prof_seen = 0;
-    pthread_mutex_unlock(&prof_rate_mu);
-    prof_flags = flags; /* before the file opens: a fork child sees both */
-    int rc = dm_prof_start(dir, sample, flags, max_bytes, meta);
-    if (rc == DM_ESTATE) {
-        PyErr_SetString(PyExc_RuntimeError, "datamem: already recording a profile");
-        return NULL;
-    }
-    if (rc == DM_EUNSAFE) /* logged; no handler records */
-        return PyUnicode_FromString("");
-    if (rc) {
-        PyErr_Format(PyExc_OSError, "datamem: cannot record a profile in %s: %s", dir,
-                     dm_strerror(rc));
-        return NULL;
-    }
-    dm__handler_dtype_hooks_enable(); /* the records carry the dtype */
-    dm__handler_record_all();
-    char path[4200];
-    dm_prof_path(path, sizeof(path));
-    return PyUnicode_DecodeFSDefault(path);
+    Py_DECREF(dir_obj);
+    return res;
 }
 
 static PyObject *py_profile_flush(PyObject *self, PyObject *unused) {

@@ -345,10 +345,10 @@ static PyObject *py_stats_textfile_write(PyObject *self, PyObject *args) {
 
 /* set_threads_not_covered(names): for /metrics and /stats.json */
 static PyObject *py_set_threads_not_covered(PyObject *self, PyObject *arg) {
-    PyObject *seq = PySequence_Fast(arg, "set_threads_not_covered: expected a sequence");
+    PyObject *seq = dm_seq_tuple(arg, "set_threads_not_covered: expected a sequence");
     if (!seq)
         return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    Py_ssize_t n = PyTuple_GET_SIZE(seq); /* our own tuple: its items live while used */
     if (n > 4096)
         n = 4096;
     const char **names = PyMem_RawCalloc((size_t)n + 1, sizeof(char *));
@@ -357,7 +357,7 @@ static PyObject *py_set_threads_not_covered(PyObject *self, PyObject *arg) {
         return PyErr_NoMemory();
     }
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *o = PySequence_Fast_GET_ITEM(seq, i);
+        PyObject *o = PyTuple_GET_ITEM(seq, i);
         names[i] = PyUnicode_Check(o) ? PyUnicode_AsUTF8(o) : NULL;
         if (!names[i]) {
             PyErr_Clear();

@@ -84,7 +84,8 @@ enum { IDLE_PLAIN, IDLE_LIMITED, NIDLE };
 static tally_tag_t tags[DM_TALLY_TAGS_MAX];
 static int ntags;                         /* rows ever used; under dm__runtime_mu */
 static uint16_t tag_heads[TAG_BUCKETS];   /* row + 1, 0 = empty (dm__runtime_mu) */
-static struct { int16_t head, tail; } idle[NIDLE] = {{-1, -1}, {-1, -1}};
+typedef struct { int16_t head, tail; } idle_list_t; /* rows, oldest first */
+static idle_list_t idle[NIDLE] = {{-1, -1}, {-1, -1}};
 static struct dm_ctx *_Atomic by_id[DM_CTX_MAX];
 static uint16_t free_ids[DM_CTX_MAX];     /* ids given back (dm__runtime_mu) */
 static int nfree_ids, next_id = ID_FIRST;

@@ -74,14 +74,18 @@ fi
 "$venv/bin/python" -m pip install -q --disable-pip-version-check --force-reinstall --no-deps dist/datamem-*.whl
 "$venv/bin/python" -m pytest -q tests/python
 
-stage "Debian roots: testing (CPython 3.14), bookworm arm64 (qemu), bullseye (glibc 2.31) (scripts/roots.sh, cached)"
+stage "Debian roots: testing (CPython 3.14), bookworm arm64 (qemu), bullseye (glibc 2.31) (scripts/roots.sh), free-threaded CPython 3.13t from trixie's source (scripts/ft-python.sh); all cached"
 for r in forky arm64 bullseye; do bash scripts/roots.sh make "$r"; done
+bash scripts/ft-python.sh make
 
-stage "manylinux_2_28 wheels, CPython 3.10-3.14, x86_64 and aarch64 (scripts/wheels.sh)"
+stage "manylinux_2_28 wheels, CPython 3.10-3.14 (x86_64 and aarch64) and 3.13t (x86_64) (scripts/wheels.sh)"
 bash scripts/wheels.sh
 
 stage "the CPython 3.13 wheel: Python tests in a fresh virtual environment"
 bash scripts/wheel-venv-test.sh 3.13
+
+stage "the free-threaded CPython 3.13t wheel: Python tests under PYTHON_GIL=0 in a fresh virtual environment"
+bash scripts/wheel-venv-test.sh 3.13t
 
 stage "each x86_64 wheel this machine has a Python for: only glibc outside it (ldd), imports with system libyaml/libnuma hidden"
 host_wheels=()

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # The manylinux wheels, into dist/: CPython 3.10-3.14, each for x86_64 and aarch64,
+# and free-threaded CPython 3.13t for x86_64 (no 3.13t interpreter for aarch64 can be
+# made here to test one, and no wheel ships that no test ran),
 # tagged manylinux_2_28 (glibc >= 2.28: RHEL 8, Debian bullseye, Ubuntu 20.04 and
 # later; the floor NumPy's own wheels have). The extension links jemalloc, libyaml
 # and libnuma statically (docs/building.md), so nothing is grafted: auditwheel
@@ -13,21 +15,26 @@
 #
 # Interpreters (for the Python and NumPy headers, NumPy >= 2): python3.X on PATH,
 # else pyenv's newest 3.X, else, for 3.14, Debian testing's in the root that
-# scripts/roots.sh makes (needs root). The aarch64 wheels use the same headers
+# scripts/roots.sh makes (needs root); for 3.13t the one scripts/ft-python.sh makes
+# (needs root the first time), whose NumPy (2.4, free-threaded) its venv shares. The aarch64 wheels use the same headers
 # (the same ABI on both architectures: docs/building.md).
 #
 #   bash scripts/wheels.sh                  build them all
 #   bash scripts/wheels.sh --python 3.13    print this machine's interpreter for 3.13
-#   DATAMEM_WHEEL_ARCHS=x86_64 DATAMEM_WHEEL_VERSIONS="3.11 3.14" bash scripts/wheels.sh
+#   DATAMEM_WHEEL_ARCHS=x86_64 DATAMEM_WHEEL_VERSIONS="3.11 3.13t" bash scripts/wheels.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
-VERSIONS=(${DATAMEM_WHEEL_VERSIONS:-3.10 3.11 3.12 3.13 3.14})
+VERSIONS=(${DATAMEM_WHEEL_VERSIONS:-3.10 3.11 3.12 3.13 3.14 3.13t})
 ARCHS=(${DATAMEM_WHEEL_ARCHS:-x86_64 aarch64})
 GLIBC=2.28
 ZIG=ziglang==0.15.2
 
 find_python() {  # find_python 3.13 -> path of a working, GIL-enabled CPython 3.13, or nothing
   local v=$1 c cands=()
+  if [ "${v%t}" != "$v" ]; then  # 3.13t: free-threaded, only scripts/ft-python.sh's
+    [ "$v" = 3.13t ] && bash scripts/ft-python.sh python 2>/dev/null
+    return 0
+  fi
   c=$(command -v "python$v" 2>/dev/null) && cands+=("$c")
   if command -v pyenv >/dev/null 2>&1; then
     while IFS= read -r c; do cands+=("$c"); done < <(
@@ -73,9 +80,15 @@ trap 'rm -rf "$tmp"' EXIT
 built=()
 for v in "${VERSIONS[@]}"; do
   py=$(find_python "$v"); root=""
+  if [ -z "$py" ] && [ "$v" = 3.13t ] && [ "$(id -u)" -eq 0 ]; then
+    py=$(bash scripts/ft-python.sh make)  # built once from Debian's source, cached
+  fi
   if [ -n "$py" ]; then
     venv=$PWD/.venv-wheels/cp${v/./}
-    [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
+    if [ ! -x "$venv/bin/python" ]; then
+      # free-threaded: NumPy 2.5 has no cp313t wheel; the interpreter's own 2.4 serves
+      if [ "${v%t}" != "$v" ]; then "$py" -m venv --system-site-packages "$venv"; else "$py" -m venv "$venv"; fi
+    fi
     "$venv/bin/python" -m pip install -q --disable-pip-version-check "numpy>=2"
     py=$venv/bin/python
     np=$("$py" -c 'import numpy; print(numpy.__version__)')
@@ -87,6 +100,9 @@ for v in "${VERSIONS[@]}"; do
     echo "wheels.sh: no CPython $v found, skipped"; continue
   fi
   for arch in "${ARCHS[@]}"; do
+    if [ "${v%t}" != "$v" ] && [ "$arch" != x86_64 ]; then
+      echo "wheels.sh: no CPython $v for $arch here to test a wheel with, skipped"; continue
+    fi
     echo "--- CPython $v (${root:+$root:}$py), NumPy $np, $arch-linux-gnu.$GLIBC"
     cc=$(cc_for "$arch")
     bz=(bazel --output_base="$cache/bazel-$arch" --max_idle_secs=300)

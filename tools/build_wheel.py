@@ -41,7 +41,9 @@ def main():
     ap.add_argument("files", nargs="+")
     a = ap.parse_args()
     info = read_info(a.info)
-    tag = "%s-%s-%s" % (info["abi"], info["abi"], info["platform"])
+    # cp313-cp313t-...: a free-threaded interpreter's ABI tag carries its "t"
+    # (PEP 703), the Python tag does not.
+    tag = "%s-%s-%s" % (info["python_tag"], info["abi"], info["platform"])
     dist = "%s-%s.dist-info" % (NAME, a.version)
     entries = []
     for f in a.files:

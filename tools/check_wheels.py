@@ -69,7 +69,7 @@ def check(whl):
     errors = 0
     name = os.path.basename(whl)
     print("--- " + name)
-    m = re.match(r"datamem-[^-]+-(cp\d+)-(cp\d+)-([^.]+)\.whl$", name)
+    m = re.match(r"datamem-[^-]+-(cp\d+)-(cp\d+t?)-([^.]+)\.whl$", name)  # cp313t: free-threaded
     if not m:
         return fail("%s: not a datamem CPython wheel name" % name)
     abi, plat = m.group(2), m.group(3)

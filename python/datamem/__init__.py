@@ -31,9 +31,15 @@ __all__ = ["install", "uninstall", "reload", "tag", "stats", "current_policy",
 HANDLER_NAME = _ext.HANDLER_NAME
 __version__ = _ext.VERSION
 
+# Module state and its guards (docs/design.md, "Free-threaded CPython"): _state
+# changes only under _lock (install, reload, uninstall); _covered, added to by
+# every starting thread, only under _covered_lock, which also orders the
+# publications of the uncovered threads (it is taken under _lock, never the
+# other way round).
 _state = {"path": None, "threads_patched": False, "orig_bootstrap": None}
 _covered = weakref.WeakSet()  # threads that set datamem's handler themselves
 _lock = threading.Lock()
+_covered_lock = threading.Lock()
 
 
 def _warn(text):
@@ -72,7 +78,7 @@ def install(policy):
         _warn_policy(_ext.load(path))
         _state["path"] = path
         _ext.set_thread_name(threading.current_thread().name)
-        _covered.add(threading.current_thread())
+        _cover(threading.current_thread())
         _ext.set_handler(_ext.handler())
         _patch_threads()
         _apply_settings()
@@ -88,11 +94,13 @@ def reload(policy=None):
     (nor ran with DATAMEM_CONFIG) it raises RuntimeError and changes nothing:
     a reload only replaces the rules of an installed allocator, and would
     otherwise name a policy that serves no array; call datamem.install(path)."""
-    if _state["path"] is None:
-        raise RuntimeError("no policy is installed in this process; call "
-                           "datamem.install(path) first")
-    path = _policy_path(policy) if policy is not None else _state["path"]
-    with _lock:
+    path = _policy_path(policy) if policy is not None else None
+    with _lock:  # the path in force, read where no install can change it
+        if _state["path"] is None:
+            raise RuntimeError("no policy is installed in this process; call "
+                               "datamem.install(path) first")
+        if path is None:
+            path = _state["path"]
         _warn_policy(_ext.load(path))
         _state["path"] = path
         _apply_settings()
@@ -146,11 +154,19 @@ def stats():
 def _publish_uncovered():
     """The live threads not covered, told to C for /metrics and /stats.json (the
     endpoint's thread never touches Python). Called at install, when a thread
-    started through threading starts or ends, and by stats()."""
-    names = sorted(t.name for t in threading.enumerate()
-                   if t not in _covered) if _ext.active() else []
-    _ext.set_threads_not_covered(names)
+    started through threading starts or ends, and by stats(). Under
+    _covered_lock: the set is read whole, and the last list handed to C is
+    the one computed last."""
+    with _covered_lock:
+        names = sorted(t.name for t in threading.enumerate()
+                       if t not in _covered) if _ext.active() else []
+        _ext.set_threads_not_covered(names)
     return names
+
+
+def _cover(thread):
+    with _covered_lock:
+        _covered.add(thread)
 
 
 def last_failure():
@@ -391,8 +407,18 @@ def _apply_settings():
         signal.signal(signal.SIGHUP, _state.pop("prev_sighup", signal.SIG_DFL))
 
 
+def _after_fork_child():
+    """A thread of the parent that held a lock at fork() does not exist in the
+    child (no lock is held by the forking thread itself: none is held across
+    a call that could fork)."""
+    global _lock, _covered_lock
+    _lock = threading.Lock()
+    _covered_lock = threading.Lock()
+    _ext.after_fork_child()
+
+
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_ext.after_fork_child)
+    os.register_at_fork(after_in_child=_after_fork_child)
 
 
 # ---- threads -------------------------------------------------------------------
@@ -402,7 +428,7 @@ if hasattr(os, "register_at_fork"):
 # handler itself, before run(), inside the context run() will use.
 
 def _thread_setup(thread):
-    _covered.add(thread)
+    _cover(thread)
     _ext.set_thread_name(thread.name)
     ctx = getattr(thread, "_context", None)
     if ctx is not None:  # 3.14+: run() executes inside thread._context

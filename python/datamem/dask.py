@@ -62,6 +62,7 @@ import hashlib
 import logging
 import os
 import tempfile
+import threading
 import warnings
 
 import datamem
@@ -208,7 +209,8 @@ class _Collector:
         yield from text_string_to_metric_families(datamem.metrics())
 
 
-_collector = None
+_collector = None  # registered with prometheus_client; set and cleared under _collector_lock
+_collector_lock = threading.Lock()
 
 
 def _tag_of(worker, key):
@@ -322,17 +324,20 @@ def dask_setup(worker):
         import prometheus_client
     except ImportError:
         return
-    if _collector is None:
-        _collector = _Collector()
-        prometheus_client.REGISTRY.register(_collector)
+    with _collector_lock:  # two workers' setup in one process register it once
+        if _collector is None:
+            _collector = _Collector()
+            prometheus_client.REGISTRY.register(_collector)
 
 
 def dask_teardown(worker):
     global _collector
-    if _collector is not None:
-        import prometheus_client
-        prometheus_client.REGISTRY.unregister(_collector)
-        _collector = None
+    with _collector_lock:
+        if _collector is not None:
+            import prometheus_client
+            prometheus_client.REGISTRY.unregister(_collector)
+            _collector = None  # registered with prometheus_client; set and cleared under _collector_lock
+_collector_lock = threading.Lock()
 
 
 # ---- from the client ---------------------------------------------------------------------------

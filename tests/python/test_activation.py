@@ -4,6 +4,7 @@ import os
 import re
 import subprocess
 import sys
+import sysconfig
 
 import pytest
 
@@ -237,9 +238,11 @@ def test_activates_in_a_venv_whose_numpy_is_the_base_interpreters(tmp_path, demo
     if subprocess.run([base, "-c", "import numpy"], capture_output=True).returncode != 0:
         pytest.skip("SKIP: NumPy is not in the base interpreter (%s): this one is a venv "
                     "with its own NumPy (scripts/wheel-venv-test.sh, scripts/root-test.sh)" % base)
-    abi = "cp%d%d" % sys.version_info[:2]  # this interpreter's wheel (dist/ may hold others')
+    # this interpreter's wheel (dist/ may hold others'); cp313-cp313t when free-threaded
+    py = "cp%d%d" % sys.version_info[:2]
+    abi = py + ("t" if sysconfig.get_config_var("Py_GIL_DISABLED") else "")
     wheels = glob.glob(os.path.join(ROOT, "dist", "datamem-*-%s-%s-*linux_*%s.whl"
-                                    % (abi, abi, platform.machine())))
+                                    % (py, abi, platform.machine())))
     assert wheels, "build and install first (scripts/build.sh, or scripts/wheels.sh)"
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip",

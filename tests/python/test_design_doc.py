@@ -1,20 +1,23 @@
 """docs/design.md against the tree: its picture of the layers matches the #include
 lines (tools/check_design_picture.py), and its "Where to change what" table names
 files and tests that exist. Both drifted before: the picture left out
-service/profile.c, export.h and pyext's direct use of jemalloc and policy.h."""
+service/profile.c, export.h and pyext's direct use of jemalloc and policy.h. Its
+concurrency table names every shared variable (tools/check_concurrency_table.py)."""
 import os
 import re
 import shutil
 import subprocess
 import sys
 
+import pytest
+
 from conftest import ROOT
 
 CHECK = os.path.join(ROOT, "tools", "check_design_picture.py")
 
 
-def check(root):
-    return subprocess.run([sys.executable, CHECK, str(root)], capture_output=True, text=True,
+def check(root, tool=CHECK):
+    return subprocess.run([sys.executable, tool, str(root)], capture_output=True, text=True,
                           timeout=60)
 
 
@@ -26,8 +29,9 @@ def copy_tree(tmp_path):
     return tmp_path
 
 
-def test_the_picture_matches_the_includes():
-    r = check(ROOT)
+@pytest.mark.parametrize("tool", ["check_design_picture.py", "check_concurrency_table.py"])
+def test_the_picture_and_the_concurrency_table_match_the_sources(tool):
+    r = check(ROOT, os.path.join(ROOT, "tools", tool))
     assert r.returncode == 0, r.stdout + r.stderr
 
 
@@ -88,3 +92,45 @@ def test_every_file_and_test_the_change_table_names_exists():
             missing.append(ref)
     assert named > 30, named
     assert not missing, missing
+
+
+# ---- the concurrency table (tools/check_concurrency_table.py) ------------------------
+
+CONCURRENCY = os.path.join(ROOT, "tools", "check_concurrency_table.py")
+
+
+def check_concurrency(root):
+    return check(root, CONCURRENCY)
+
+
+def copy_sources(tmp_path):
+    shutil.copytree(os.path.join(ROOT, "python", "datamem"), tmp_path / "python" / "datamem")
+    return copy_tree(tmp_path)
+
+
+def test_a_new_static_or_module_global_fails_the_concurrency_check(tmp_path):
+    root = copy_sources(tmp_path)
+    with open(root / "pyext" / "site.c", "a") as f:
+        f.write("static int cache_hits, *last_seen;\nstatic const char *const fixed = \"x\";\n"
+                "int dm__site_count(void) {\n    static unsigned calls;\n    return ++calls;\n}\n")
+    with open(root / "python" / "datamem" / "_text.py", "a") as f:
+        f.write("\n_seen = set()\n\n\ndef _reset():\n    global _limit\n    _limit = 0\n")
+    r = check_concurrency(root)
+    assert r.returncode == 1, r.stdout
+    for name in ("pyext/site.c:", "`cache_hits`", "`last_seen`", "`calls`",
+                 "python/datamem/_text.py:", "`_seen`", "`_limit`"):
+        assert name in r.stdout, (name, r.stdout)
+    assert "`fixed`" not in r.stdout  # a const pointer to const cannot change
+
+
+def test_a_row_for_a_variable_that_is_gone_fails_the_concurrency_check(tmp_path):
+    root = copy_sources(tmp_path)
+    site = root / "pyext" / "site.c"
+    text = site.read_text()
+    assert "static PyObject *name_key;" in text
+    site.write_text(text.replace("static PyObject *name_key;", "static PyObject *key_name;")
+                        .replace("name_key", "key_name"))
+    r = check_concurrency(root)
+    assert r.returncode == 1, r.stdout
+    assert "`name_key` is not a variable of pyext/site.c" in r.stdout, r.stdout
+    assert "`key_name` is shared mutable state" in r.stdout, r.stdout

@@ -517,3 +517,28 @@ def test_profile_limit_below_one_mib_is_refused():
                         "_ext.profile_start('/nonexistent', 1, True, False, '', 1000)"],
                        env=_env(), capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and "profile size limit must be at least 1048576 bytes" in r.stderr
+
+
+def test_a_refused_second_start_leaves_the_running_profile_alone(tmp_path):
+    """profile_start while a profile records raises, and changes nothing first:
+    it once set the running profile's mode (here: full instead of sampled)
+    before the writer refused it."""
+    code = textwrap.dedent("""\
+        import numpy as np
+        from datamem import _ext
+        _ext.profile_start(%r, 1 << 30, False, False, "")
+        try:
+            _ext.profile_start(%r, 1, True, True, "")
+        except RuntimeError as e:
+            print(e)
+        keep = [np.ones(100) for _ in range(2000)]
+        print(_ext.profile_info()[1])
+        _ext.profile_stop()
+    """) % (str(tmp_path / "a"), str(tmp_path / "b"))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env=_env({"DATAMEM_CONFIG": os.path.join(ROOT, "configs", "minimal.yaml")}))
+    assert r.returncode == 0, r.stderr
+    refused, samples = r.stdout.split("\n")[:2]
+    assert refused == "datamem: already recording a profile", r.stdout
+    assert int(samples) < 10, r.stdout  # sampled once a GiB, not every allocation
+    assert not (tmp_path / "b").exists()

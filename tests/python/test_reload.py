@@ -503,3 +503,25 @@ def test_reloads_under_load_hand_memory_back(write_policy):
     assert out["tables"] == 1 and out["threads"] == out["threads_before"], out  # workers gone
     if not UNDER_ASAN:  # ASan's quarantine holds freed memory on purpose
         assert out["rss_growth"] < 40 << 20, out
+
+
+def test_a_watcher_reload_that_brings_dtype_rules_routes_by_dtype(tmp_path):
+    """The file watcher's thread installs without Python: the dtype hooks are
+    turned on from the install itself, not only by datamem.install() (a
+    reload adding the first dtype rule once left every dtype unknown)."""
+    p = tmp_path / "policy.yaml"
+    base = ("version: 1\ndefault: a\narenas:\n  a: {}\n  f32: {}\n"
+            "reload: {watch: true, debounce: 20ms}\n")
+    p.write_text(base)
+    code = ("import sys, time, numpy as np, datamem\n"
+            "from conftest import wait_for\n"
+            "open(sys.argv[1], 'w').write(sys.argv[2])\n"
+            "wait_for(lambda: datamem.stats()['reloads'], 30, 'the watcher reload',\n"
+            "         until=lambda n: n >= 2)\n"
+            "print(datamem.arena_of(np.ones(1000, np.float32)), datamem.arena_of(np.ones(1000)))\n")
+    dtype = base + "rules:\n  - name: f\n    match: {dtype: float32}\n    arena: f32\n"
+    r = subprocess.run([sys.executable, "-c", code, str(p), dtype], capture_output=True,
+                       text=True, timeout=120, cwd=os.path.join(ROOT, "tests", "python"),
+                       env=dict(os.environ, DATAMEM_CONFIG=str(p)))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["f32", "a"], r.stdout + r.stderr

@@ -214,3 +214,19 @@ print(json.dumps({"wrong": wrong, "growth": rss() - base, "total": rss() - start
     assert out["wrong"] == 0, out
     assert out["growth"] < 16 << 20, out
     assert out["total"] < 32 << 20, out
+
+
+def test_site_rules_apply_while_a_profile_records(tmp_path):
+    """The recording handlers route by call site as the plain ones do (they
+    once called the runtime without the site, so a profiled job's site rules
+    were silently off)."""
+    code = r"""
+import json, numpy as np, datamem
+from mypkg.loader import read_batch, Reader
+print(json.dumps([datamem.arena_of(read_batch(1000)), datamem.arena_of(Reader().read(1000)),
+                  datamem.arena_of(np.ones(1000))]))
+"""
+    r = run(tmp_path, code, env={"DATAMEM_PROFILE": str(tmp_path / "prof"),
+                                 "DATAMEM_PROFILE_SAMPLE": "full"})
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == ["loading", "readers", "general"], r.stdout

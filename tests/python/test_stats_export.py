@@ -111,7 +111,10 @@ t.join()
 
 
 def test_scrape_while_another_thread_holds_the_gil(tmp_path):
-    with job(tmp_path, code=GIL_HOG) as (p, info):
+    # A free-threaded CPython has no GIL to hold unless asked for one: the job
+    # runs with it turned on (PYTHON_GIL=1), as a job that imports an extension
+    # without free-threading support does.
+    with job(tmp_path, code=GIL_HOG, extra={"PYTHON_GIL": "1"}) as (p, info):
         time.sleep(0.5)
         latencies = []
         for _ in range(5):

@@ -1,5 +1,10 @@
 """Finds the Python and NumPy headers of the `python3` first on PATH.
 
+A free-threaded interpreter (PEP 703, Py_GIL_DISABLED: python3.13t) gives an
+extension for it: its pyconfig.h defines Py_GIL_DISABLED, the extension suffix
+and the wheel's ABI tag carry the "t" (cp313t), and NumPy must be >= 2.1, its
+first free-threaded release.
+
 Bazel rejects absolute -I paths, so the directories are symlinked into this
 repository (the pattern TensorFlow's python_configure uses). The rule re-runs when
 PATH or DATAMEM_PYTHON changes, so a new virtual environment is picked up.
@@ -23,22 +28,22 @@ try:
     import numpy
 except ImportError:
     sys.exit("numpy is not installed for " + sys.executable + ": run scripts/setup.sh")
-if sysconfig.get_config_var("Py_GIL_DISABLED"):
-    sys.exit("datamem cannot be built for free-threaded CPython (" + sys.executable + "):"
-             " its extension relies on the GIL for the handler registry, the dtype hooks,"
-             " the call-site cache and the profiler's frame walk, which need their own locks"
-             " first (docs/design.md, 'Free-threaded CPython'); build with a regular CPython"
-             " 3.10-3.14 (DATAMEM_PYTHON=/path/to/python3).")
+ft = bool(sysconfig.get_config_var("Py_GIL_DISABLED"))
+nv = tuple(int(x) for x in numpy.__version__.split(".")[:2])
+if ft and nv < (2, 1):
+    sys.exit("datamem for free-threaded CPython builds against NumPy >= 2.1, its first"
+             " free-threaded release (found %s)" % numpy.__version__)
 if int(numpy.__version__.split(".")[0]) < 2:
     sys.exit("datamem builds against NumPy >= 2 headers (found %s)" % numpy.__version__)
 print(sysconfig.get_paths()["include"])
 print(numpy.get_include())
 print(sys.executable)
-print("cp%d%d" % sys.version_info[:2])
+print("cp%d%d%s" % (sys.version_info[:2] + ("t" if ft else "",)))
 print(sysconfig.get_config_var("EXT_SUFFIX"))
 print(sysconfig.get_platform().replace("-", "_").replace(".", "_"))
 print(numpy.__version__)
 print(sys.version.split()[0])
+print("cp%d%d" % sys.version_info[:2])
 # Debian's pythonX.Y-dev: include/pyconfig.h only picks <MULTIARCH/pythonX.Y/pyconfig.h>.
 h, multi = sysconfig.get_config_h_filename(), sysconfig.get_config_var("MULTIARCH")
 real = "/usr/include/%s/python%d.%d/pyconfig.h" % ((multi,) + sys.version_info[:2])
@@ -59,7 +64,7 @@ def _python_configure_impl(rctx):
     if res.return_code != 0:
         fail("python_configure: %s\n%s" % (res.stdout, res.stderr))
     lines = res.stdout.strip().split("\n")
-    include, config_h = root + lines[0], root + lines[8]
+    include, config_h = root + lines[0], root + lines[9]
     if config_h == include + "/pyconfig.h":
         rctx.symlink(include, "python_include")
     else:
@@ -82,6 +87,7 @@ def _python_configure_impl(rctx):
     rctx.file("python_info.txt", "\n".join([
         "executable=" + lines[2],
         "abi=" + lines[3],
+        "python_tag=" + lines[8],
         "ext_suffix=" + lines[4],
         "platform=" + lines[5],
         "numpy=" + lines[6],
