@@ -5,7 +5,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 nstages=0
-stage() { nstages=$((nstages + 1)); printf '\n=== %s ===\n' "$*"; }
+stage() {  # each stage's start says how long the one before took, and the time so far
+  [ "$nstages" -eq 0 ] || printf '(stage %d took %d s; %d s so far)\n' "$nstages" \
+    $((SECONDS - stage_t0)) "$SECONDS"
+  nstages=$((nstages + 1)); stage_t0=$SECONDS; printf '\n=== %s ===\n' "$*"
+}
 # set -e stops at the first failing stage; reaching the end means all passed.
 trap 'rc=$?; [ $rc -eq 0 ] || printf "\nstages: %d passed, 1 failed\n" $((nstages - 1))' EXIT
 
@@ -109,4 +113,5 @@ bash scripts/root-test.sh bullseye tests/python/test_packaging.py tests/python/t
 stage "NumPy's own test suite (slice) under datamem vs the default allocator"
 python3 tools/numpy_suite.py   # the whole suite: python3 tools/numpy_suite.py --full
 
+printf '(stage %d took %d s; %d s in all)\n' "$nstages" $((SECONDS - stage_t0)) "$SECONDS"
 printf '\nstages: %d passed, 0 failed\n' "$nstages"
