@@ -32,6 +32,7 @@
 #include "runtime/bigblock.h"
 #include "runtime/internal.h"
 #include "runtime/os.h"
+#include "runtime/spill.h"
 #include "runtime/tally.h"
 
 #if defined(__SANITIZE_THREAD__)
@@ -360,6 +361,30 @@ alloc_counted(dm__thread_t *t, const dm__dispatch_slot_t *s, int r, size_t size,
     return p;
 }
 
+/* A tag's or the worker's limit refused the allocation and names an arena to
+ * spill to (tag_limits[].spill, worker_spill): that arena serves it instead,
+ * uncounted (those limits count RAM), and it is no failure. Its own failure
+ * (max, a full disk) is the original refusal's; no `fallback` is tried, which
+ * could be RAM. Counted as a fallback of the rule and the spill arena. */
+static __attribute__((noinline)) void *spill_instead(dm__thread_t *t, int r, size_t size, int zero,
+                                                     const dm_failure_t *before) {
+    const dm__dispatch_slot_t *sp = dm__spill_target(t->table, &t->last_failure);
+    if (!sp)
+        return NULL;
+    dm_failure_t refusal = t->last_failure;
+    void *p = slot_alloc(t, sp, size, zero);
+    t->limit_refused = false; /* the spill arena's own limit: the refusal stands */
+    if (!p) {
+        refusal.seq = t->last_failure.seq;
+        t->last_failure = refusal;
+        return NULL;
+    }
+    t->last_failure = *before;
+    DM_CTR_ADD(t->ctrs[sp->arena_id].nfallback, 1);
+    DM_CTR_ADD(t->rule_ctrs[r].nfallback, 1);
+    return p;
+}
+
 /* Bytes per tag are counted (tally.c): the block's usable size is reserved
  * against the worker limit and its context's tags, then allocated as
  * alloc_counted does, then recorded for its free. A refusal fails the
@@ -378,7 +403,11 @@ static __attribute__((noinline)) void *alloc_tallied(dm__thread_t *t, const dm_c
     uint64_t est = small ? dm_sc_size(dm_sc_index(n)) : dmje_nallocx(n, s->flags);
     if (DM_UNLIKELY(est == 0))
         return alloc_counted(t, s, r, size, dt, zero);
+    dm_failure_t before = t->last_failure;
     if (DM_UNLIKELY(!dm__tally_reserve(cx, est, size, &t->last_failure))) {
+        void *q = spill_instead(t, r, size, zero, &before);
+        if (q)
+            return q;
         DM_CTR_ADD(t->ctrs[s->arena_id].nfail, 1);
         DM_CTR_ADD(t->rule_ctrs[r].nfail, 1);
         DM_CTR_ADD(t->ctrs[s->arena_id].nlimit, 1);

@@ -1,5 +1,6 @@
 /*
- * os.c: mmap/mprotect/madvise/mbind and NUMA topology, nothing else.
+ * os.c: mmap/mprotect/madvise/mbind, NUMA topology, and the files of
+ * file-backed arenas (the directory rule, O_TMPFILE, fallocate), nothing else.
  *
  * NUMA placement uses the raw mbind(2) wrapper from libnuma's numaif.h rather than
  * libnuma's higher-level calls, which allocate and may print to stderr.
@@ -21,9 +22,11 @@
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "policy/policy.h"
+#include "runtime/datamem.h"
 
 #ifndef MPOL_LOCAL
 #define MPOL_LOCAL 4
@@ -125,25 +128,35 @@ static bool read_small(const char *path, char *buf, size_t cap) {
     return true;
 }
 
-static uint64_t cgroup_memory_max(void) {
-    char cg[512], path[640], val[64];
-    if (!read_small("/proc/self/cgroup", cg, sizeof(cg)))
+/* The limit file `leaf` of this process's cgroup whose /proc/self/cgroup line
+ * starts with `tag` ("0::" for v2, a "N:memory:" line for v1), under `root`;
+ * 0 for none ("max", or v1's "unlimited", a number near 2^63). */
+static uint64_t cgroup_limit(const char *cg, const char *tag, const char *root, const char *leaf) {
+    char line[512], path[640], val[64];
+    const char *at = strstr(cg, tag);
+    while (at && at != cg && at[-1] != '\n' && tag[0] != ':')
+        at = strstr(at + 1, tag);
+    if (!at)
         return 0;
-    /* cgroup v2: the line "0::/path" */
-    char *line = strstr(cg, "0::");
-    if (!line || (line != cg && line[-1] != '\n'))
+    at += strlen(tag);
+    snprintf(line, sizeof(line), "%.*s", (int)strcspn(at, "\n"), at);
+    if (!line[0] || strstr(line, "..")) /* never leave /sys/fs/cgroup */
         return 0;
-    line += 3;
-    line[strcspn(line, "\n")] = 0;
-    if (strstr(line, "..")) /* never leave /sys/fs/cgroup */
-        return 0;
-    snprintf(path, sizeof(path), "/sys/fs/cgroup%s%smemory.max", line,
-             line[strlen(line) - 1] == '/' ? "" : "/");
+    snprintf(path, sizeof(path), "%s%s%s%s", root, line, line[strlen(line) - 1] == '/' ? "" : "/",
+             leaf);
     if (!read_small(path, val, sizeof(val)) || strncmp(val, "max", 3) == 0)
         return 0;
     char *end;
     unsigned long long v = strtoull(val, &end, 10);
-    return end != val ? (uint64_t)v : 0;
+    return end != val && v < (1ull << 62) ? (uint64_t)v : 0;
+}
+
+static uint64_t cgroup_memory_max(void) {
+    char cg[1024];
+    if (!read_small("/proc/self/cgroup", cg, sizeof(cg)))
+        return 0;
+    uint64_t v2 = cgroup_limit(cg, "0::", "/sys/fs/cgroup", "memory.max");
+    return v2 ? v2 : cgroup_limit(cg, ":memory:", "/sys/fs/cgroup/memory", "memory.limit_in_bytes");
 }
 
 uint64_t dm__os_memory_limit(char *source, size_t cap) {
@@ -410,4 +423,141 @@ int dm__os_gpu_register(void *p, size_t n, char *why, size_t cap) {
     snprintf(why, cap, "cudaHostRegister: %s (%d)",
              gpu.error_string ? gpu.error_string(rc) : "error", rc);
     return -EIO;
+}
+
+/* ---- files: the directory rule, spill files ------------------------------ */
+
+int dm__os_dir_open_owned(const char *path, bool create, unsigned mode, char *why, size_t cap) {
+    if (create && mkdir(path, (mode_t)mode) != 0 && errno != EEXIST) {
+        snprintf(why, cap, "%s: cannot create: %s", path, strerror(errno));
+        return DM_EIO;
+    }
+    struct stat st;
+    if (lstat(path, &st) != 0) {
+        snprintf(why, cap, "%s: %s", path, strerror(errno));
+        return DM_EIO;
+    }
+    if (S_ISLNK(st.st_mode)) {
+        snprintf(why, cap, "%s: a symbolic link, not a directory", path);
+        return DM_EUNSAFE;
+    }
+    if (!S_ISDIR(st.st_mode)) {
+        snprintf(why, cap, "%s: not a directory", path);
+        return DM_EIO;
+    }
+    int fd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) {
+        int e = errno;
+        if (e == ELOOP || e == ENOTDIR) /* swapped since the lstat */
+            snprintf(why, cap, "%s: replaced while being checked", path);
+        else
+            snprintf(why, cap, "%s: %s", path, strerror(e));
+        return e == ELOOP || e == ENOTDIR ? DM_EUNSAFE : DM_EIO;
+    }
+    /* The descriptor is what we use from now on: check it, not the path. */
+    struct stat fst;
+    int rc = 0;
+    uid_t euid = geteuid();
+    if (fstat(fd, &fst) != 0) {
+        snprintf(why, cap, "%s: %s", path, strerror(errno));
+        rc = DM_EIO;
+    } else if (fst.st_dev != st.st_dev || fst.st_ino != st.st_ino) {
+        snprintf(why, cap, "%s: replaced while being checked", path);
+        rc = DM_EUNSAFE;
+    } else if (fst.st_uid != euid) {
+        snprintf(why, cap, "%s: directory owned by uid %u, not by this user (uid %u)", path,
+                 (unsigned)fst.st_uid, (unsigned)euid);
+        rc = DM_EUNSAFE;
+    } else if (fst.st_mode & (S_IWGRP | S_IWOTH)) {
+        snprintf(why, cap, "%s: directory writable by other users (mode %04o)", path,
+                 (unsigned)(fst.st_mode & 07777));
+        rc = DM_EUNSAFE;
+    }
+    if (rc) {
+        close(fd);
+        return rc;
+    }
+    return fd;
+}
+
+int dm_dir_open_owned(const char *path, bool create, unsigned mode, char *why, size_t cap) {
+    return dm__os_dir_open_owned(path, create, mode, why, cap);
+}
+
+int dm__os_tmpfile(int dirfd) {
+    /* O_EXCL: the file can never be given a name (linkat) */
+    int fd = openat(dirfd, ".", O_TMPFILE | O_RDWR | O_EXCL | O_CLOEXEC, 0600);
+    return fd >= 0 ? fd : -errno;
+}
+
+int dm__os_file_size(int fd, uint64_t n) { return ftruncate(fd, (off_t)n) == 0 ? 0 : -errno; }
+
+int dm__os_file_reserve(int fd, uint64_t off, size_t n) {
+    int rc;
+    while ((rc = fallocate(fd, 0, (off_t)off, (off_t)n)) != 0 && errno == EINTR)
+        ;
+    return rc == 0 ? 0 : -errno;
+}
+
+int dm__os_file_punch(int fd, uint64_t off, size_t n) {
+    return fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)off, (off_t)n) == 0
+               ? 0
+               : -errno;
+}
+
+int dm__os_file_zero(int fd, uint64_t off, size_t n) {
+    return fallocate(fd, FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE, (off_t)off, (off_t)n) == 0
+               ? 0
+               : -errno;
+}
+
+int dm__os_map_file(void *p, size_t n, int fd, uint64_t off, bool shared) {
+    void *q = mmap(p, n, PROT_READ | PROT_WRITE, (shared ? MAP_SHARED : MAP_PRIVATE) | MAP_FIXED,
+                   fd, (off_t)off);
+    return q == p ? 0 : -errno;
+}
+
+int dm__os_map_anon(void *p, size_t n) {
+    void *q = mmap(p, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+    return q == p ? 0 : -errno;
+}
+
+/* copy_file_range (in the kernel; a reflink where the filesystem shares
+ * blocks), else read and write through a buffer. */
+int dm__os_file_copy(int from, int to, uint64_t off, size_t n) {
+    loff_t in = (loff_t)off, out = (loff_t)off;
+    size_t left = n;
+    while (left) {
+        ssize_t k = copy_file_range(from, &in, to, &out, left, 0);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0)
+            break;
+        left -= (size_t)k;
+    }
+    char buf[1 << 16];
+    while (left) {
+        size_t want = left < sizeof(buf) ? left : sizeof(buf);
+        ssize_t k = pread(from, buf, want, (off_t)in);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0)
+            return k == 0 ? -EIO : -errno;
+        for (ssize_t w = 0; w < k;) {
+            ssize_t m = pwrite(to, buf + w, (size_t)(k - w), (off_t)(in + w));
+            if (m < 0 && errno == EINTR)
+                continue;
+            if (m <= 0)
+                return m == 0 ? -EIO : -errno;
+            w += m;
+        }
+        in += k;
+        left -= (size_t)k;
+    }
+    return 0;
+}
+
+uint64_t dm__os_file_disk_bytes(int fd) {
+    struct stat st;
+    return fstat(fd, &st) == 0 ? (uint64_t)st.st_blocks * 512 : 0;
 }

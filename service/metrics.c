@@ -110,6 +110,16 @@ static const arena_metric_t arena_metrics[] = {
        "Bytes page-locked (mlock) for the arena's `lock: true`."),
     AM("pinned_bytes", "gauge", "pinned_bytes", pinned_bytes,
        "Bytes registered with the CUDA runtime for the arena's `pinned: cuda`."),
+    AM("backing_reserved_bytes", "gauge", "backing_reserved_bytes", backing_reserved_bytes,
+       "Disk blocks a file-backed arena reserved for its memory (fallocate)."),
+    AM("backing_disk_bytes", "gauge", "backing_disk_bytes", backing_disk_bytes,
+       "Bytes a file-backed arena's file holds on disk (st_blocks): its spilled bytes."),
+    AM("backing_full_total", "counter", "backing_full", backing_full,
+       "Reservations a file-backed arena refused: backing.max reached or the disk full."),
+    AM("backing_fork_copies_total", "counter", "backing_fork_copies", backing_fork_copies,
+       "Fork children given their own copy of a file-backed arena's file."),
+    AM("backing_fork_failures_total", "counter", "backing_fork_failures", backing_fork_failures,
+       "Fork children left with a copy-on-write view of the parent's file instead."),
 };
 
 #define NARENA_METRICS (sizeof(arena_metrics) / sizeof(arena_metrics[0]))

@@ -1,0 +1,379 @@
+/*
+ * spill.c: file-backed (spill) arenas: the file, its regions, the commit and
+ * decommit of pages as disk blocks, zeroing, and fork (spill.h has the layout
+ * and the thread rules).
+ *
+ * Disk blocks are reserved (fallocate) before jemalloc may touch a page, and
+ * `backing.max` bounds what is reserved, so running out of disk or of `max`
+ * fails the allocation that needed the blocks (jemalloc returns NULL, NumPy
+ * raises MemoryError, or `fallback` serves it): a page of a MAP_SHARED file
+ * mapping whose block cannot be allocated at fault time would raise SIGBUS
+ * instead. Decay returns freed pages by decommit (the purge hooks decline:
+ * MADV_FREE / MADV_DONTNEED on a shared file mapping would keep the blocks),
+ * which punches a hole, so disk space comes back as arrays die. The file is
+ * sized to cover every region (sparse: a size costs no blocks), so no mapped
+ * page is ever past its end.
+ *
+ * Fork: MAP_SHARED stays shared across fork(), where users expect a fork's
+ * copy: a write in the child must not show in the parent's arrays, nor the
+ * parent's in the child's. So before fork (pthread_atfork prepare, every bump
+ * mutex held, so no region is added meanwhile) the forking thread copies each
+ * spill arena's reserved pages into a new nameless file (copy_file_range: a
+ * reflink where the filesystem shares blocks, XFS and btrfs; an in-kernel copy
+ * elsewhere), and the child maps that copy over its regions, MAP_FIXED, before
+ * it runs any code of its own: from then on each process writes its own file.
+ * The cost is a copy of the spilled bytes per fork (docs/operations.md).
+ * Writes made by other threads while the copy runs race with the fork itself,
+ * as they would with any memory, but can reach the child page by page rather
+ * than all at once. When the copy cannot be made (no disk space, no
+ * descriptor), the fork still happens and the child maps the parent's file
+ * copy-on-write (MAP_PRIVATE): its own writes stay its own, but a page it has
+ * not written yet shows the parent's later writes; it logs that once, and
+ * `fork_failures` counts it. New memory in the child comes from a file of its
+ * own either way; the parent's file is never written by a child.
+ */
+#include <errno.h>
+#include <fnmatch.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "runtime/os.h"
+#include "runtime/spill.h"
+
+static size_t page_size(void) { return dm__os_page_size(); }
+
+/* ---- the file ------------------------------------------------------------- */
+
+int dm__spill_check_dir(const char *dir, char *why, size_t cap) {
+    int dfd = dm__os_dir_open_owned(dir, false, 0700, why, cap);
+    if (dfd < 0)
+        return dfd;
+    int fd = dm__os_tmpfile(dfd);
+    close(dfd);
+    if (fd < 0) {
+        snprintf(why, cap, "%s: cannot make a file with no name there (O_TMPFILE): %s", dir,
+                 strerror(-fd));
+        return DM_EIO;
+    }
+    close(fd);
+    return 0;
+}
+
+dm__spill_t *dm__spill_open(const char *dir, uint64_t max, char *why, size_t cap) {
+    int dfd = dm__os_dir_open_owned(dir, false, 0700, why, cap);
+    if (dfd < 0)
+        return NULL;
+    int fd = dm__os_tmpfile(dfd);
+    dm__spill_t *s = fd >= 0 ? calloc(1, sizeof(*s)) : NULL;
+    if (!s) {
+        snprintf(why, cap, "%s: cannot make a file with no name there (O_TMPFILE): %s", dir,
+                 fd < 0 ? strerror(-fd) : "out of memory");
+        if (fd >= 0)
+            close(fd);
+        close(dfd);
+        return NULL;
+    }
+    s->dirfd = dfd;
+    s->fd = fd;
+    s->fork_fd = -1;
+    atomic_store_explicit(&s->max, max, memory_order_relaxed);
+    snprintf(s->dir, sizeof(s->dir), "%s", dir);
+    return s;
+}
+
+uint64_t dm__spill_disk_bytes(const dm__spill_t *s) {
+    return s->fd >= 0 ? dm__os_file_disk_bytes(s->fd) : 0;
+}
+
+/* ---- regions and page bits ------------------------------------------------ */
+
+bool dm__spill_region_add(dm__spill_t *s, char *base, size_t len) {
+    int n = atomic_load_explicit(&s->nregions, memory_order_relaxed);
+    if (n >= DM_SPILL_REGIONS_MAX || s->fd < 0)
+        return false;
+    size_t pages = len / page_size();
+    _Atomic uint64_t *bits = calloc((pages + 63) / 64, sizeof(uint64_t));
+    if (!bits || dm__os_file_size(s->fd, s->file_end + len) != 0) {
+        free(bits);
+        return false;
+    }
+    dm__spill_region_t *r = &s->regions[n];
+    r->base = base;
+    r->len = len;
+    r->mapped = 0;
+    r->off = s->file_end;
+    r->bits = bits;
+    r->priv = false;
+    s->file_end += len;
+    atomic_store_explicit(&s->nregions, n + 1, memory_order_release);
+    return true;
+}
+
+/* The region holding [p, p+n), or NULL. Newest first: an older region's
+ * released tail (extent.c, region_grow) may be a newer region now. */
+static dm__spill_region_t *region_of(dm__spill_t *s, const char *p, size_t n) {
+    for (int i = atomic_load_explicit(&s->nregions, memory_order_acquire) - 1; i >= 0; i--) {
+        dm__spill_region_t *r = &s->regions[i];
+        if (p >= r->base && p < r->base + r->len)
+            return (size_t)(r->base + r->len - p) >= n ? r : NULL;
+    }
+    return NULL;
+}
+
+bool dm__spill_same_region(dm__spill_t *s, const void *a, const void *b) {
+    const dm__spill_region_t *r = region_of(s, a, 1);
+    return r && (const char *)b >= r->base && (const char *)b < r->base + r->len;
+}
+
+/* Sets (or clears) the bits of pages [first, first+count); returns how many
+ * changed. */
+static size_t bits_update(_Atomic uint64_t *bits, size_t first, size_t count, bool set) {
+    size_t changed = 0;
+    for (size_t pg = first; pg < first + count;) {
+        size_t w = pg / 64, lo = pg % 64, k = 64 - lo < first + count - pg ? 64 - lo
+                                                                         : first + count - pg;
+        uint64_t m = (k == 64 ? ~UINT64_C(0) : ((UINT64_C(1) << k) - 1)) << lo;
+        uint64_t old = set ? atomic_fetch_or_explicit(&bits[w], m, memory_order_relaxed)
+                           : atomic_fetch_and_explicit(&bits[w], ~m, memory_order_relaxed);
+        changed += (size_t)__builtin_popcountll(set ? (~old & m) : (old & m));
+        pg += k;
+    }
+    return changed;
+}
+
+/* Pages of [first, first+count) whose bit is clear. */
+static size_t bits_clear_in(_Atomic uint64_t *bits, size_t first, size_t count) {
+    size_t n = 0;
+    for (size_t pg = first; pg < first + count; pg++)
+        n += !(atomic_load_explicit(&bits[pg / 64], memory_order_relaxed) >> (pg % 64) & 1);
+    return n;
+}
+
+/* ---- commit and decommit ---------------------------------------------------- */
+
+/* At most one line a second, from the failure path only. */
+static void full_log(const dm__arena_je_t *ja, size_t n, int err) {
+    static _Atomic int64_t last_s;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    int64_t prev = atomic_load_explicit(&last_s, memory_order_relaxed);
+    if ((prev && ts.tv_sec - prev < 1) ||
+        !atomic_compare_exchange_strong_explicit(&last_s, &prev, (int64_t)ts.tv_sec,
+                                                 memory_order_relaxed, memory_order_relaxed))
+        return;
+    const dm__spill_t *s = ja->spill;
+    if (err == -EDQUOT || err == -ENOSPC) {
+        dm__log("datamem: arena '%s': cannot reserve %zu KiB of disk in %s: %s; the allocation "
+                "fails (MemoryError) unless `fallback` serves it", ja->owner->name, n >> 10,
+                s->dir, strerror(-err));
+    } else if (err == -EFBIG) {
+        dm__log("datamem: arena '%s': its file in %s is at backing.max (%llu MiB): a request "
+                "for %zu KiB more fails (MemoryError) unless `fallback` serves it",
+                ja->owner->name, s->dir,
+                (unsigned long long)(atomic_load_explicit(&s->max, memory_order_relaxed) >> 20),
+                n >> 10);
+    } else {
+        dm__log("datamem: arena '%s': cannot map its file in %s: %s", ja->owner->name, s->dir,
+                strerror(-err));
+    }
+}
+
+/* Reserves the blocks of [p, p+n) in region r: `max` first (a
+ * compare-and-swap: never passed, even by racing threads), then the disk. */
+static int reserve(dm__arena_je_t *ja, dm__spill_region_t *r, char *p, size_t n) {
+    dm__spill_t *s = ja->spill;
+    size_t first = (size_t)(p - r->base) / page_size(), count = n / page_size();
+    uint64_t need = (uint64_t)bits_clear_in(r->bits, first, count) * page_size();
+    uint64_t max = atomic_load_explicit(&s->max, memory_order_relaxed);
+    uint64_t before = atomic_load_explicit(&s->committed, memory_order_relaxed);
+    int rc = 0;
+    do {
+        if (before + need > max || before + need < before) {
+            rc = -EFBIG;
+            break;
+        }
+    } while (!atomic_compare_exchange_weak_explicit(&s->committed, &before, before + need,
+                                                    memory_order_relaxed, memory_order_relaxed));
+    if (rc == 0 && r->priv) /* a fork child's copy-on-write region: anonymous pages */
+        rc = dm__os_map_anon(p, n);
+    else if (rc == 0)
+        rc = dm__os_file_reserve(s->fd, r->off + (uint64_t)(p - r->base), n);
+    if (rc == 0) {
+        bits_update(r->bits, first, count, true);
+        return 0;
+    }
+    if (rc != -EFBIG)
+        atomic_fetch_sub_explicit(&s->committed, need, memory_order_relaxed);
+    atomic_fetch_add_explicit(&s->nfull, 1, memory_order_relaxed);
+    full_log(ja, n, rc);
+    return rc;
+}
+
+int dm__spill_map(dm__arena_je_t *ja, char *p, size_t n, bool commit) {
+    dm__spill_t *s = ja->spill;
+    dm__spill_region_t *r = region_of(s, p, n);
+    if (!r)
+        return -EINVAL;
+    int rc = commit ? reserve(ja, r, p, n) : 0;
+    if (rc)
+        return rc;
+    rc = dm__os_map_file(p, n, s->fd, r->off + (uint64_t)(p - r->base), true);
+    if (rc) {
+        full_log(ja, n, rc);
+        if (commit)
+            dm__spill_decommit(ja, p, n);
+        return rc;
+    }
+    if ((size_t)(p + n - r->base) > r->mapped)
+        r->mapped = (size_t)(p + n - r->base);
+    return 0;
+}
+
+int dm__spill_commit(dm__arena_je_t *ja, char *p, size_t n) {
+    dm__spill_region_t *r = region_of(ja->spill, p, n);
+    return r ? reserve(ja, r, p, n) : -EINVAL;
+}
+
+int dm__spill_decommit(dm__arena_je_t *ja, char *p, size_t n) {
+    dm__spill_t *s = ja->spill;
+    dm__spill_region_t *r = region_of(s, p, n);
+    if (!r || r->priv) /* a copy-on-write region keeps its pages (see Fork) */
+        return -EBUSY;
+    int rc = dm__os_file_punch(s->fd, r->off + (uint64_t)(p - r->base), n);
+    if (rc)
+        return rc;
+    size_t gone = bits_update(r->bits, (size_t)(p - r->base) / page_size(), n / page_size(), false);
+    atomic_fetch_sub_explicit(&s->committed, (uint64_t)gone * page_size(), memory_order_relaxed);
+    return 0;
+}
+
+/* calloc of a block jemalloc did not know to be zero: the whole pages of the
+ * file range become zeros that keep their blocks (FALLOC_FL_ZERO_RANGE: no
+ * writes, no page faults), the rest is cleared in place. MADV_DONTNEED, which
+ * zeroes anonymous memory, would only drop the mapping of a file's pages. */
+void dm__spill_zero(dm__arena_je_t *ja, void *p, size_t n) {
+    uintptr_t page = page_size(), b = (uintptr_t)p, e = b + n;
+    uintptr_t lo = (b + page - 1) & ~(page - 1), hi = e & ~(page - 1);
+    dm__spill_region_t *r = hi > lo ? region_of(ja->spill, (char *)lo, hi - lo) : NULL;
+    if (!r || r->priv ||
+        dm__os_file_zero(ja->spill->fd, r->off + (uint64_t)((char *)lo - r->base), hi - lo) != 0) {
+        memset(p, 0, n);
+        return;
+    }
+    memset(p, 0, lo - b);
+    memset((void *)hi, 0, e - hi);
+}
+
+/* ---- fork ------------------------------------------------------------------- */
+
+/* Copies region r's reserved pages to file `to` (blocks reserved first). */
+static int snapshot_region(const dm__spill_t *s, const dm__spill_region_t *r, int to) {
+    size_t pages = r->mapped / page_size();
+    for (size_t pg = 0; pg < pages;) {
+        if (!(atomic_load_explicit(&r->bits[pg / 64], memory_order_relaxed) >> (pg % 64) & 1)) {
+            pg++;
+            continue;
+        }
+        size_t end = pg;
+        while (end < pages &&
+               (atomic_load_explicit(&r->bits[end / 64], memory_order_relaxed) >> (end % 64) & 1))
+            end++;
+        uint64_t off = r->off + (uint64_t)pg * page_size();
+        size_t len = (end - pg) * page_size();
+        int rc = dm__os_file_reserve(to, off, len);
+        if (rc == 0 && r->priv) { /* its pages are in memory, not in the file */
+            if (pwrite(to, r->base + pg * page_size(), len, (off_t)off) != (ssize_t)len)
+                rc = -EIO;
+        } else if (rc == 0) {
+            rc = dm__os_file_copy(s->fd, to, off, len);
+        }
+        if (rc)
+            return rc;
+        pg = end;
+    }
+    return 0;
+}
+
+static int snapshot(dm__spill_t *s) {
+    int to = dm__os_tmpfile(s->dirfd);
+    if (to < 0)
+        return to;
+    int rc = dm__os_file_size(to, s->file_end);
+    int n = atomic_load_explicit(&s->nregions, memory_order_acquire);
+    for (int i = 0; rc == 0 && i < n; i++)
+        rc = snapshot_region(s, &s->regions[i], to);
+    if (rc) {
+        close(to);
+        return rc;
+    }
+    return to;
+}
+
+/* In the child: the regions are the snapshot's (shared), or, without one,
+ * the parent's file copy-on-write; new regions go to a file of its own. */
+static void child_remap(dm__spill_t *s, const char *name) {
+    int n = atomic_load_explicit(&s->nregions, memory_order_relaxed);
+    bool shared = s->fork_fd >= 0;
+    int own = shared ? s->fork_fd : dm__os_tmpfile(s->dirfd), rc = 0;
+    if (!shared && own >= 0 && dm__os_file_size(own, s->file_end) != 0) {
+        close(own);
+        own = -1;
+    }
+    for (int i = 0; i < n; i++) {
+        dm__spill_region_t *r = &s->regions[i];
+        if (r->mapped && !r->priv) {
+            int e = dm__os_map_file(r->base, r->mapped, shared ? own : s->fd, r->off, shared);
+            rc = rc ? rc : e;
+        }
+        r->priv = r->priv || !shared;
+    }
+    close(s->fd);
+    s->fd = own; /* -1: no new regions (their allocations fail cleanly) */
+    s->fork_fd = -1;
+    if (!shared || rc)
+        dm__log("datamem: arena '%s': this fork child could not get its own copy of the "
+                "spilled arrays (%s): it sees them copy-on-write from the parent's file, where "
+                "pages it has not written show the parent's later writes",
+                name, rc ? strerror(-rc) : "the copy failed before fork");
+}
+
+void dm__spill_fork(int phase) {
+    for (int i = 0; i < DM_JE_MAX && dm__arena_by_slot[i]; i++) {
+        dm__arena_je_t *ja = dm__arena_by_slot[i];
+        dm__spill_t *s = ja->spill;
+        if (!s)
+            continue;
+        if (phase == 0) {
+            int fd = snapshot(s);
+            s->fork_fd = fd >= 0 ? fd : -1;
+            atomic_fetch_add_explicit(fd >= 0 ? &s->fork_copies : &s->fork_failures, 1,
+                                      memory_order_relaxed);
+        } else if (phase == 1) {
+            if (s->fork_fd >= 0)
+                close(s->fork_fd);
+            s->fork_fd = -1;
+        } else {
+            child_remap(s, ja->owner->name);
+        }
+    }
+}
+
+/* ---- spill instead of refuse ------------------------------------------------ */
+
+const dm__dispatch_slot_t *dm__spill_target(const dm__dispatch_t *tab, const dm_failure_t *f) {
+    const dm_policy_t *p = tab->policy;
+    int a = -1;
+    if (f->kind == DM_REFUSED_WORKER) {
+        a = p->worker_spill;
+    } else if (f->kind == DM_REFUSED_TAG) {
+        for (int i = 0; i < p->ntag_limits; i++) /* the entry that gave the tag its limit */
+            if (fnmatch(p->tag_limits[i].tag, f->tag, 0) == 0) {
+                a = p->tag_limits[i].spill;
+                break;
+            }
+    }
+    return a >= 0 ? &tab->spill_slots[a] : NULL;
+}

@@ -1,0 +1,139 @@
+"""File-backed (spill) arenas from Python: a rule routes arrays to a file,
+their contents are right, a fork child gets a copy (multiprocessing's fork
+start method), tag and worker limits spill instead of raising MemoryError,
+and stats show the bytes on disk. The C side (hole punching, max, a full
+disk, reload) is //runtime:spill_test."""
+import json
+import os
+import textwrap
+
+import pytest
+
+from conftest import run_py
+
+MiB = 1 << 20
+
+
+@pytest.fixture
+def spill_dir(tmp_path):
+    d = tmp_path / "spill"
+    d.mkdir(mode=0o700)
+    return str(d)
+
+
+def policy(write_policy, spill_dir, tail=""):
+    return write_policy(textwrap.dedent("""\
+        version: 1
+        default: general
+        arenas:
+          general: {{}}
+          disk: {{decay: {{dirty: 0}}, backing: {{dir: '{d}'}}}}
+        """).format(d=spill_dir) + tail)
+
+
+def test_a_rule_routes_an_array_to_the_file(write_policy, spill_dir):
+    pol = policy(write_policy, spill_dir, textwrap.dedent("""\
+        rules:
+          - {name: big, match: {size: {min: 8MiB}}, arena: disk}
+        """))
+    code = r"""
+import json, numpy as np, datamem
+a = np.arange(8 << 20, dtype=np.int64)          # 64 MiB: the rule's
+b = np.arange(1000, dtype=np.int64)
+c = np.zeros(6 << 20)                          # 48 MiB of zeros from the file
+a[::4096] *= 3
+s = datamem.stats()["arenas"]["disk"]
+print(json.dumps({"a": datamem.arena_of(a), "b": datamem.arena_of(b),
+                  "sum": int(a.sum()), "want": int(np.arange(8 << 20, dtype=np.int64).sum()
+                                                   + 2 * np.arange(0, 8 << 20, 4096).sum()),
+                  "zeros": float(c.sum()), "backed": s["backed"],
+                  "disk": s["backing_disk_bytes"], "reserved": s["backing_reserved_bytes"]}))
+"""
+    r = run_py(code, config=pol)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["a"] == "disk" and out["b"] == "general", out
+    assert out["sum"] == out["want"] and out["zeros"] == 0.0, out
+    assert out["backed"] and out["disk"] >= 64 * MiB and out["reserved"] >= 64 * MiB, out
+    assert os.listdir(spill_dir) == []  # the file has no name
+
+
+def test_a_fork_child_gets_a_copy_not_a_shared_mapping(write_policy, spill_dir):
+    pol = policy(write_policy, spill_dir, textwrap.dedent("""\
+        rules:
+          - {name: big, match: {size: {min: 8MiB}}, arena: disk}
+        """))
+    code = r"""
+import json, multiprocessing as mp, numpy as np, datamem
+ctx = mp.get_context("fork")
+a = np.full(4 << 20, 1.0)                      # 32 MiB on disk
+def child(conn, go):
+    seen = float(a[0])
+    a[:] = 2.0                                 # the child's own write
+    conn.send("written")
+    go.wait()                                  # the parent has written 3.0 meanwhile
+    conn.send({"before": seen, "after": float(a.min()), "max": float(a.max()),
+               "arena": datamem.arena_of(a)})
+parent_end, child_end = ctx.Pipe()
+go = ctx.Event()
+p = ctx.Process(target=child, args=(child_end, go))
+p.start()
+assert parent_end.recv() == "written"
+seen_by_parent = float(a.max())
+a[:] = 3.0
+go.set()
+child_saw = parent_end.recv()
+p.join()
+print(json.dumps({"parent_saw": seen_by_parent, "child": child_saw, "parent_now": float(a.min()),
+                  "exit": p.exitcode,
+                  "copies": datamem.stats()["arenas"]["disk"]["backing_fork_copies"]}))
+"""
+    r = run_py(code, config=pol)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["exit"] == 0, out
+    assert out["parent_saw"] == 1.0, out          # the child's write is not the parent's
+    assert out["child"]["before"] == 1.0, out     # the child starts with the parent's data
+    assert out["child"]["after"] == 2.0 and out["child"]["max"] == 2.0, out  # not the parent's 3.0
+    assert out["parent_now"] == 3.0 and out["copies"] >= 1, out
+
+
+def test_limits_spill_instead_of_raising(write_policy, spill_dir):
+    pol = policy(write_policy, spill_dir, textwrap.dedent("""\
+        worker_limit: 96MiB
+        worker_spill: disk
+        tag_limits:
+          - {tag: "task-*", limit: 32MiB, spill: disk}
+        """))
+    code = r"""
+import json, numpy as np, datamem
+out = {}
+with datamem.tag("task-1"):
+    held = [np.ones(4 << 20, np.uint8) for _ in range(16)]     # 64 MiB: 8 past the tag's 32
+    out["task"] = [datamem.arena_of(x) for x in held]
+    out["task_sum"] = int(sum(int(x.sum()) for x in held))
+    out["tag_live"] = datamem.stats()["tags"]["task-1"]["live_bytes"]
+big = [np.ones(16 << 20, np.uint8) for _ in range(8)]           # 128 MiB untagged
+out["worker"] = [datamem.arena_of(x) for x in big]
+out["failure"] = datamem.last_failure()
+print(json.dumps(out))
+"""
+    r = run_py(code, config=pol)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["task"][:8] == ["general"] * 8 and out["task"][8:] == ["disk"] * 8, out
+    assert out["task_sum"] == 64 * MiB and out["tag_live"] <= 32 * MiB, out
+    # 32 MiB of the tag's in RAM, then 96 MiB of worker limit: 4 more in RAM
+    assert out["worker"][:4] == ["general"] * 4 and out["worker"][4:] == ["disk"] * 4, out
+    assert out["failure"] is None, out
+    assert "MemoryError" not in r.stderr, r.stderr
+
+
+def test_a_directory_others_can_write_is_refused(write_policy, tmp_path):
+    d = tmp_path / "open"
+    d.mkdir()
+    d.chmod(0o777)
+    pol = policy(write_policy, str(d))
+    r = run_py("import numpy, datamem; print(datamem.current_policy())", config=pol)
+    assert "arenas.disk.backing.dir" in r.stderr, r.stderr
+    assert "directory writable by other users (mode 0777)" in r.stderr, r.stderr
