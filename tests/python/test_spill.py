@@ -112,7 +112,7 @@ with datamem.tag("task-1"):
     held = [np.ones(4 << 20, np.uint8) for _ in range(16)]     # 64 MiB: 8 past the tag's 32
     out["task"] = [datamem.arena_of(x) for x in held]
     out["task_sum"] = int(sum(int(x.sum()) for x in held))
-    out["tag_live"] = datamem.stats()["tags"]["task-1"]["live_bytes"]
+    out["tag_live"] = datamem.stats()["tags"]["task-1"]["live"]
 big = [np.ones(16 << 20, np.uint8) for _ in range(8)]           # 128 MiB untagged
 out["worker"] = [datamem.arena_of(x) for x in big]
 out["failure"] = datamem.last_failure()
