@@ -45,6 +45,12 @@
 
 static size_t page_size(void) { return dm__os_page_size(); }
 
+/* The engine's own objects live in jemalloc's arena 0, as arena.c's do, and
+ * for the process. */
+static void *zalloc(size_t n) {
+    return dmje_mallocx(n, MALLOCX_ZERO | MALLOCX_TCACHE_NONE | MALLOCX_ARENA(0));
+}
+
 /* ---- the file ------------------------------------------------------------- */
 
 int dm__spill_check_dir(const char *dir, char *why, size_t cap) {
@@ -67,7 +73,7 @@ dm__spill_t *dm__spill_open(const char *dir, uint64_t max, char *why, size_t cap
     if (dfd < 0)
         return NULL;
     int fd = dm__os_tmpfile(dfd);
-    dm__spill_t *s = fd >= 0 ? calloc(1, sizeof(*s)) : NULL;
+    dm__spill_t *s = fd >= 0 ? zalloc(sizeof(*s)) : NULL;
     if (!s) {
         snprintf(why, cap, "%s: cannot make a file with no name there (O_TMPFILE): %s", dir,
                  fd < 0 ? strerror(-fd) : "out of memory");
@@ -95,9 +101,10 @@ bool dm__spill_region_add(dm__spill_t *s, char *base, size_t len) {
     if (n >= DM_SPILL_REGIONS_MAX || s->fd < 0)
         return false;
     size_t pages = len / page_size();
-    _Atomic uint64_t *bits = calloc((pages + 63) / 64, sizeof(uint64_t));
+    _Atomic uint64_t *bits = zalloc((pages + 63) / 64 * sizeof(uint64_t));
     if (!bits || dm__os_file_size(s->fd, s->file_end + len) != 0) {
-        free(bits);
+        if (bits)
+            dmje_dallocx(bits, MALLOCX_TCACHE_NONE);
         return false;
     }
     dm__spill_region_t *r = &s->regions[n];
