@@ -164,6 +164,8 @@ static void dump_arena(dm__sbuf_t *b, const dm_arena_spec_t *a, int i) {
         dm__text_sb_printf(b, ", backed by a file in %s", a->backing.dir);
     if (a->backing.dir[0] && a->backing.max != SIZE_MAX)
         dm__text_sb_printf(b, " (max %zu)", a->backing.max);
+    if (a->backing.dir[0] && a->backing.resident_max != SIZE_MAX)
+        dm__text_sb_printf(b, " (resident_max %zu)", a->backing.resident_max);
     dm__text_sb_printf(b, "\n");
 }
 

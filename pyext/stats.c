@@ -115,6 +115,9 @@ static PyObject *arena_dict(const dm_arena_stats_t *a) {
     SET_U64(d, "backing_reserved_bytes", a->backing_reserved_bytes);
     SET_U64(d, "backing_disk_bytes", a->backing_disk_bytes);
     SET_U64(d, "backing_full", a->backing_full);
+    SET_OBJ(d, "backing_resident_max", u64_or_none(a->backed ? a->backing_resident_max : UINT64_MAX));
+    SET_U64(d, "backing_resident_bytes", a->backing_resident_bytes);
+    SET_U64(d, "backing_paged_out_bytes", a->backing_paged_out_bytes);
     SET_U64(d, "backing_fork_copies", a->backing_fork_copies);
     SET_U64(d, "backing_fork_failures", a->backing_fork_failures);
     return d;

@@ -139,8 +139,13 @@ static void store_settings(dm__arena_t *a, const dm_arena_spec_t *spec) {
     atomic_store_explicit(&a->pinned, (int)spec->pinned, memory_order_relaxed);
     atomic_store_explicit(&a->in_policy, true, memory_order_relaxed);
     dm__arena_je_t *ja = atomic_load_explicit(&a->single, memory_order_acquire);
-    if (ja && ja->spill) /* backing.max: reloadable */
+    if (ja && ja->spill) { /* backing.max and resident_max: reloadable */
         atomic_store_explicit(&ja->spill->max, spec->backing.max, memory_order_relaxed);
+        atomic_store_explicit(&ja->spill->resident_max, spec->backing.resident_max,
+                              memory_order_relaxed);
+        if (spec->backing.resident_max != SIZE_MAX)
+            dm__spill_pager_ensure();
+    }
 }
 
 static dm__arena_je_t *je_get(dm__arena_je_t *_Atomic *p) {
@@ -511,6 +516,9 @@ static void je_stats_add(dm__arena_je_t *ja, dm_arena_stats_t *o) {
         o->backing_reserved_bytes += atomic_load_explicit(&sp->committed, memory_order_relaxed);
         o->backing_disk_bytes += dm__spill_disk_bytes(sp);
         o->backing_full += atomic_load_explicit(&sp->nfull, memory_order_relaxed);
+        o->backing_resident_max = atomic_load_explicit(&sp->resident_max, memory_order_relaxed);
+        o->backing_resident_bytes += dm__spill_resident_bytes(ja->spill);
+        o->backing_paged_out_bytes += atomic_load_explicit(&sp->paged_out, memory_order_relaxed);
         o->backing_fork_copies += atomic_load_explicit(&sp->fork_copies, memory_order_relaxed);
         o->backing_fork_failures += atomic_load_explicit(&sp->fork_failures, memory_order_relaxed);
     }

@@ -194,6 +194,9 @@ typedef struct dm_arena_stats {
     uint64_t backing_reserved_bytes; /* disk blocks reserved for its memory (fallocate) */
     uint64_t backing_disk_bytes;     /* what its file holds on disk (st_blocks) */
     uint64_t backing_full;           /* reservations refused: max reached or disk full */
+    uint64_t backing_resident_max;   /* backing.resident_max; UINT64_MAX = none */
+    uint64_t backing_resident_bytes; /* of its reserved pages, those in memory now */
+    uint64_t backing_paged_out_bytes; /* paged out to keep under resident_max */
     uint64_t backing_fork_copies;    /* fork children given their own copy of the file */
     uint64_t backing_fork_failures;  /* fork children left a copy-on-write view instead */
 } dm_arena_stats_t;

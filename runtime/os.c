@@ -561,3 +561,36 @@ uint64_t dm__os_file_disk_bytes(int fd) {
     struct stat st;
     return fstat(fd, &st) == 0 ? (uint64_t)st.st_blocks * 512 : 0;
 }
+
+int64_t dm__os_resident_pages(void *p, size_t n) {
+    size_t page = dm__os_page_size(), pages = n / page;
+    unsigned char vec[512];
+    int64_t in = 0;
+    for (size_t done = 0; done < pages;) {
+        size_t k = pages - done < sizeof(vec) ? pages - done : sizeof(vec);
+        if (mincore((char *)p + done * page, k * page, vec) != 0)
+            return -errno;
+        for (size_t i = 0; i < k; i++)
+            in += vec[i] & 1;
+        done += k;
+    }
+    return in;
+}
+
+int dm__os_pageout_file(void *p, size_t n, int fd, uint64_t off) {
+    /* MADV_PAGEOUT reclaims clean file pages but leaves dirty ones to kswapd:
+     * write them back first. */
+    if (sync_file_range(fd, (off_t)off, (off_t)n,
+                        SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE |
+                            SYNC_FILE_RANGE_WAIT_AFTER) != 0)
+        return -errno;
+    if (madvise(p, n, MADV_PAGEOUT) == 0)
+        return 0;
+    if (errno != EINVAL)
+        return -errno;
+    /* Before Linux 5.4: safe on a shared mapping once written back (its pages
+     * are the file's: the next touch reads them again) */
+    if (madvise(p, n, MADV_DONTNEED) != 0)
+        return -errno;
+    return -posix_fadvise(fd, (off_t)off, (off_t)n, POSIX_FADV_DONTNEED);
+}

@@ -34,6 +34,7 @@
  */
 #include <errno.h>
 #include <fnmatch.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,6 +45,12 @@
 #include "runtime/spill.h"
 
 static size_t page_size(void) { return dm__os_page_size(); }
+
+static _Atomic bool pager_on; /* the resident_max pager runs (see below) */
+/* Every spill arena's state, for the pager: appended under dm__runtime_mu,
+ * published by the release-increment of the count. */
+static dm__spill_t *all[DM_JE_MAX];
+static _Atomic int nall;
 
 /* The engine's own objects live in jemalloc's arena 0, as arena.c's do, and
  * for the process. */
@@ -86,7 +93,13 @@ dm__spill_t *dm__spill_open(const char *dir, uint64_t max, char *why, size_t cap
     s->fd = fd;
     s->fork_fd = -1;
     atomic_store_explicit(&s->max, max, memory_order_relaxed);
+    atomic_store_explicit(&s->resident_max, UINT64_MAX, memory_order_relaxed);
     snprintf(s->dir, sizeof(s->dir), "%s", dir);
+    int n = atomic_load_explicit(&nall, memory_order_relaxed);
+    if (n < DM_JE_MAX) {
+        all[n] = s;
+        atomic_store_explicit(&nall, n + 1, memory_order_release);
+    }
     return s;
 }
 
@@ -102,17 +115,21 @@ bool dm__spill_region_add(dm__spill_t *s, char *base, size_t len) {
         return false;
     size_t pages = len / page_size();
     _Atomic uint64_t *bits = zalloc((pages + 63) / 64 * sizeof(uint64_t));
-    if (!bits || dm__os_file_size(s->fd, s->file_end + len) != 0) {
+    _Atomic uint32_t *stamps = zalloc((len / DM_SPILL_CHUNK + 1) * sizeof(uint32_t));
+    if (!bits || !stamps || dm__os_file_size(s->fd, s->file_end + len) != 0) {
         if (bits)
             dmje_dallocx(bits, MALLOCX_TCACHE_NONE);
+        if (stamps)
+            dmje_dallocx(stamps, MALLOCX_TCACHE_NONE);
         return false;
     }
     dm__spill_region_t *r = &s->regions[n];
     r->base = base;
     r->len = len;
-    r->mapped = 0;
+    atomic_store_explicit(&r->mapped, 0, memory_order_relaxed);
     r->off = s->file_end;
     r->bits = bits;
+    r->stamps = stamps;
     r->priv = false;
     s->file_end += len;
     atomic_store_explicit(&s->nregions, n + 1, memory_order_release);
@@ -188,6 +205,22 @@ static void full_log(const dm__arena_je_t *ja, size_t n, int err) {
     }
 }
 
+/* The pager pages out the least recently allocated chunks first: each
+ * chunk's pages were reserved at the stamp it holds (a commit is where a
+ * spill arena's memory starts to serve; reuse of pages jemalloc kept is not
+ * seen, so a short decay.dirty makes the order closer). */
+static _Atomic uint32_t clock_now;
+
+static void stamp(dm__spill_t *s, dm__spill_region_t *r, const char *p, size_t n) {
+    uint32_t t = atomic_fetch_add_explicit(&clock_now, 1, memory_order_relaxed) + 1;
+    size_t c0 = (size_t)(p - r->base) / DM_SPILL_CHUNK, c1 = (size_t)(p + n - 1 - r->base) /
+                                                             DM_SPILL_CHUNK;
+    for (size_t c = c0; c <= c1; c++)
+        atomic_store_explicit(&r->stamps[c], t, memory_order_relaxed);
+    if (atomic_load_explicit(&s->resident_max, memory_order_relaxed) != UINT64_MAX)
+        dm__spill_pager_ensure(); /* a fork child's first commit starts its own */
+}
+
 /* Reserves the blocks of [p, p+n) in region r: `max` first (a
  * compare-and-swap: never passed, even by racing threads), then the disk. */
 static int reserve(dm__arena_je_t *ja, dm__spill_region_t *r, char *p, size_t n) {
@@ -210,6 +243,7 @@ static int reserve(dm__arena_je_t *ja, dm__spill_region_t *r, char *p, size_t n)
         rc = dm__os_file_reserve(s->fd, r->off + (uint64_t)(p - r->base), n);
     if (rc == 0) {
         bits_update(r->bits, first, count, true);
+        stamp(s, r, p, n);
         return 0;
     }
     if (rc != -EFBIG)
@@ -234,8 +268,8 @@ int dm__spill_map(dm__arena_je_t *ja, char *p, size_t n, bool commit) {
             dm__spill_decommit(ja, p, n);
         return rc;
     }
-    if ((size_t)(p + n - r->base) > r->mapped)
-        r->mapped = (size_t)(p + n - r->base);
+    if ((size_t)(p + n - r->base) > atomic_load_explicit(&r->mapped, memory_order_relaxed))
+        atomic_store_explicit(&r->mapped, (size_t)(p + n - r->base), memory_order_relaxed);
     return 0;
 }
 
@@ -278,7 +312,7 @@ void dm__spill_zero(dm__arena_je_t *ja, void *p, size_t n) {
 
 /* Copies region r's reserved pages to file `to` (blocks reserved first). */
 static int snapshot_region(const dm__spill_t *s, const dm__spill_region_t *r, int to) {
-    size_t pages = r->mapped / page_size();
+    size_t pages = atomic_load_explicit(&r->mapped, memory_order_relaxed) / page_size();
     for (size_t pg = 0; pg < pages;) {
         if (!(atomic_load_explicit(&r->bits[pg / 64], memory_order_relaxed) >> (pg % 64) & 1)) {
             pg++;
@@ -331,8 +365,9 @@ static void child_remap(dm__spill_t *s, const char *name) {
     }
     for (int i = 0; i < n; i++) {
         dm__spill_region_t *r = &s->regions[i];
-        if (r->mapped && !r->priv) {
-            int e = dm__os_map_file(r->base, r->mapped, shared ? own : s->fd, r->off, shared);
+        size_t mapped = atomic_load_explicit(&r->mapped, memory_order_relaxed);
+        if (mapped && !r->priv) {
+            int e = dm__os_map_file(r->base, mapped, shared ? own : s->fd, r->off, shared);
             rc = rc ? rc : e;
         }
         r->priv = r->priv || !shared;
@@ -366,6 +401,127 @@ void dm__spill_fork(int phase) {
             child_remap(s, ja->owner->name);
         }
     }
+    if (phase == 2) /* the pager did not survive the fork */
+        atomic_store_explicit(&pager_on, false, memory_order_relaxed);
+}
+
+/* ---- resident_max -----------------------------------------------------------
+ * The kernel writes back and drops a file's pages only under memory pressure,
+ * while a cgroup or a Dask nanny counts resident file pages against the job:
+ * waiting for the kernel is not enough. So a spill arena with resident_max
+ * keeps at most that much of its reserved pages in memory. The pager, one
+ * runtime thread started with the first spill arena that has resident_max
+ * (never on an allocation path: the allocation that reserves pages only
+ * stamps their chunks), measures each such arena five times a second
+ * (mincore over the chunks that hold blocks) and pages out whole 2 MiB chunks,
+ * least recently allocated first, until the arena is under its bound:
+ * writeback (sync_file_range), then MADV_PAGEOUT, which needs Linux 5.4;
+ * before that MADV_DONTNEED and POSIX_FADV_DONTNEED, which are as safe on a
+ * shared file mapping once it is written back (its pages are the file's: the
+ * next touch reads them again). A fork child has no pager until its first
+ * commit starts one. */
+
+typedef struct chunk {
+    uint32_t stamp;
+    uint32_t region;
+    uint32_t index;
+    uint32_t pages; /* resident */
+} chunk_t;
+
+static int by_stamp(const void *a, const void *b) {
+    uint32_t x = ((const chunk_t *)a)->stamp, y = ((const chunk_t *)b)->stamp;
+    return x < y ? -1 : x > y;
+}
+
+/* Whether chunk c of region r holds any reserved page. */
+static bool chunk_held(const dm__spill_region_t *r, size_t c) {
+    size_t per = DM_SPILL_CHUNK / page_size(), w0 = c * per / 64, w1 = (c + 1) * per / 64;
+    for (size_t w = w0; w < w1; w++)
+        if (atomic_load_explicit(&r->bits[w], memory_order_relaxed))
+            return true;
+    return false;
+}
+
+/* The resident chunks that hold blocks (malloc'ed, *n of them), and their
+ * resident bytes in all. NULL with *n 0 when none or out of memory. */
+static chunk_t *resident_chunks(dm__spill_t *s, size_t *n, uint64_t *bytes) {
+    size_t cap = 0;
+    chunk_t *v = NULL;
+    *n = 0;
+    *bytes = 0;
+    int nr = atomic_load_explicit(&s->nregions, memory_order_acquire);
+    for (int i = 0; i < nr; i++) {
+        dm__spill_region_t *r = &s->regions[i];
+        size_t mapped = atomic_load_explicit(&r->mapped, memory_order_relaxed);
+        for (size_t c = 0; !r->priv && c < mapped / DM_SPILL_CHUNK; c++) {
+            if (!chunk_held(r, c))
+                continue;
+            int64_t in = dm__os_resident_pages(r->base + c * DM_SPILL_CHUNK, DM_SPILL_CHUNK);
+            if (in <= 0)
+                continue;
+            if (*n == cap) {
+                chunk_t *w = realloc(v, (cap = cap ? 2 * cap : 256) * sizeof(*v));
+                if (!w)
+                    break;
+                v = w;
+            }
+            v[(*n)++] = (chunk_t){atomic_load_explicit(&r->stamps[c], memory_order_relaxed),
+                                  (uint32_t)i, (uint32_t)c, (uint32_t)in};
+            *bytes += (uint64_t)in * page_size();
+        }
+    }
+    return v;
+}
+
+uint64_t dm__spill_resident_bytes(dm__spill_t *s) {
+    size_t n;
+    uint64_t bytes;
+    free(resident_chunks(s, &n, &bytes));
+    return bytes;
+}
+
+static void pager_pass(dm__spill_t *s) {
+    uint64_t max = atomic_load_explicit(&s->resident_max, memory_order_relaxed), bytes;
+    size_t n;
+    if (max == UINT64_MAX)
+        return;
+    chunk_t *v = resident_chunks(s, &n, &bytes);
+    if (bytes > max)
+        qsort(v, n, sizeof(*v), by_stamp);
+    for (size_t i = 0; i < n && bytes > max; i++) {
+        dm__spill_region_t *r = &s->regions[v[i].region];
+        size_t at = (size_t)v[i].index * DM_SPILL_CHUNK;
+        if (dm__os_pageout_file(r->base + at, DM_SPILL_CHUNK, s->fd, r->off + at) != 0)
+            break;
+        uint64_t b = (uint64_t)v[i].pages * page_size();
+        bytes -= b;
+        atomic_fetch_add_explicit(&s->paged_out, b, memory_order_relaxed);
+    }
+    free(v);
+}
+
+static void *pager_main(void *arg) {
+    for (;;) {
+        int n = atomic_load_explicit(&nall, memory_order_acquire);
+        for (int i = 0; i < n; i++)
+            pager_pass(all[i]);
+        struct timespec ts = {0, 200 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    return arg;
+}
+
+void dm__spill_pager_ensure(void) {
+    if (atomic_load_explicit(&pager_on, memory_order_acquire) ||
+        atomic_exchange_explicit(&pager_on, true, memory_order_acq_rel))
+        return;
+    pthread_t th;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    if (pthread_create(&th, &attr, pager_main, NULL) != 0)
+        atomic_store_explicit(&pager_on, false, memory_order_release); /* the next commit tries again */
+    pthread_attr_destroy(&attr);
 }
 
 /* ---- spill instead of refuse ------------------------------------------------ */

@@ -27,13 +27,15 @@
 #include "runtime/internal.h"
 
 #define DM_SPILL_REGIONS_MAX 4096 /* address-space regions of one spill arena */
+#define DM_SPILL_CHUNK ((size_t)2 << 20) /* what resident_max pages out at a time */
 
 typedef struct dm__spill_region {
     char *base;                 /* its first address */
     size_t len;                 /* bytes of address space (and of file) it spans */
-    size_t mapped;              /* bytes from base mapped from the file (ja->mu) */
+    _Atomic size_t mapped;      /* bytes from base mapped from the file (written under ja->mu) */
     uint64_t off;               /* file offset of base */
     _Atomic uint64_t *bits;     /* a bit per page: disk blocks reserved */
+    _Atomic uint32_t *stamps;   /* per DM_SPILL_CHUNK: when its pages were last reserved */
     bool priv;                  /* a fork child's copy-on-write view (spill.c, fork) */
 } dm__spill_region_t;
 
@@ -44,6 +46,8 @@ typedef struct dm__spill {
     dm__spill_region_t regions[DM_SPILL_REGIONS_MAX];
     _Atomic uint64_t committed; /* bytes with blocks reserved */
     _Atomic uint64_t max;       /* backing.max; UINT64_MAX = none */
+    _Atomic uint64_t resident_max; /* backing.resident_max; UINT64_MAX = none */
+    _Atomic uint64_t paged_out;    /* bytes the pager dropped from memory */
     _Atomic uint64_t nfull;     /* commits refused: max reached, or the disk full */
     _Atomic uint64_t fork_copies, fork_failures; /* fork snapshots (spill.c) */
     int fork_fd;                /* the snapshot made for a fork child, or -1 */
@@ -74,6 +78,10 @@ int dm__spill_decommit(dm__arena_je_t *ja, char *p, size_t n);
 void dm__spill_zero(dm__arena_je_t *ja, void *p, size_t n);
 /* Bytes on disk (the file's st_blocks). */
 uint64_t dm__spill_disk_bytes(const dm__spill_t *s);
+/* Bytes of its reserved pages in memory now (mincore; a walk: stats only). */
+uint64_t dm__spill_resident_bytes(dm__spill_t *s);
+/* Starts the pager thread (spill.c, "resident_max") if it is not running. */
+void dm__spill_pager_ensure(void);
 
 /* fork (runtime.c), with every ja->mu held: 0 before fork snapshots each
  * spill arena's file into a new one for the child; 1 in the parent drops it;

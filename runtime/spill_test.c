@@ -5,7 +5,8 @@
  * tmpfs) fail the allocation cleanly, or send it to `fallback`, never SIGBUS;
  * calloc gets zeros from reused file pages; a reload that drops the arena
  * keeps its arrays valid; the directory rule; fork gives the child a copy,
- * not a shared mapping; a tag's or the worker's limit spills instead of
+ * not a shared mapping; resident_max pages out the oldest chunks; a tag's or
+ * the worker's limit spills instead of
  * refusing (last: counting bytes per tag is sticky for the process).
  */
 #include <errno.h>
@@ -13,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -255,6 +257,47 @@ static void test_fork_copies(void) {
     dm_free(p);
 }
 
+/* Bytes of [p, p+n) in memory, in whole pages from the page that holds p. */
+static size_t resident(const void *p, size_t n) {
+    static unsigned char vec[(256 * MiB) / 4096];
+    size_t in = 0;
+    p = (const void *)((uintptr_t)p & ~(uintptr_t)4095);
+    if (mincore((void *)p, n, vec) != 0)
+        return (size_t)-1;
+    for (size_t i = 0; i < n / 4096; i++)
+        in += vec[i] & 1;
+    return in * 4096;
+}
+
+/* resident_max: the pager drops the least recently allocated chunks first,
+ * and what it dropped reads back from the file. */
+static void test_resident_max(void) {
+    load(dir, ", resident_max: 16MiB", NULL);
+    unsigned char *a = dm_alloc(NULL, 64 * MiB, DM_DT_UNKNOWN);
+    memset(a, 'a', 64 * MiB);
+    unsigned char *b = dm_alloc(NULL, 64 * MiB, DM_DT_UNKNOWN);
+    memset(b, 'b', 64 * MiB);
+    dm_arena_stats_t st = arena_stats("disk");
+    for (int i = 0; i < 200 && st.backing_resident_bytes > 18 * MiB; i++) {
+        usleep(50 * 1000);
+        st = arena_stats("disk");
+    }
+    EXPECT_TRUE(st.backing_resident_bytes <= 18 * MiB, "paged out to resident_max");
+    if (st.backing_resident_bytes > 18 * MiB)
+        fprintf(stderr, "  resident %llu after 10 s\n", (unsigned long long)st.backing_resident_bytes);
+    EXPECT_TRUE(st.backing_paged_out_bytes >= 100 * MiB, "counted");
+    /* chunks are 2 MiB: one may be shared with the newer neighbour's */
+    EXPECT_TRUE(resident(a, 64 * MiB) <= 2 * MiB, "the older array went first");
+    EXPECT_TRUE(resident(b, 64 * MiB) >= 12 * MiB, "the newer one stayed");
+    if (resident(a, 64 * MiB) > 2 * MiB || resident(b, 64 * MiB) < 12 * MiB)
+        fprintf(stderr, "  resident: older %zu, newer %zu\n", resident(a, 64 * MiB),
+                resident(b, 64 * MiB));
+    EXPECT_TRUE(filled(a, 64 * MiB, 'a') && filled(b, 64 * MiB, 'b'), "read back from the file");
+    dm_free(a);
+    dm_free(b);
+    load(dir, "", NULL);
+}
+
 /* Spill instead of refuse: the worker's and a tag's limits. */
 static void test_limits_spill(void) {
     load(dir, "", "worker_limit: 24MiB\nworker_spill: disk\n"
@@ -296,6 +339,7 @@ int main(void) {
     test_reload_rules();
     test_directory_rule();
     test_fork_copies();
+    test_resident_max();
     test_limits_spill();
     umount2(small, MNT_DETACH);
     rmdir(small);

@@ -201,10 +201,10 @@ static void test_text(void) {
             TEST_FAIL_("sample outside its family (%s): %s", last_type, buf);
     }
     /* 10 process families (one sample each), 3 arena families outside the table,
-     * 30 in it (2 arenas each), the limit (a sample only for the arena with
+     * 32 in it (2 arenas each), the limit (a sample only for the arena with
      * one), 7 rule families (2 rules each). */
-    EXPECT_INT_EQ(families, 10 + 3 + 30 + 1 + 7, "families");
-    EXPECT_INT_EQ(samples, 10 + 2 * (3 + 30) + 1 + 2 * 7, "samples");
+    EXPECT_INT_EQ(families, 10 + 3 + 32 + 1 + 7, "families");
+    EXPECT_INT_EQ(samples, 10 + 2 * (3 + 32) + 1 + 2 * 7, "samples");
     EXPECT_LINE(t, "datamem_arena_limit_bytes{arena=\"big\"} 8589934592");
     EXPECT_LINE(t, "datamem_arena_live_bytes{arena=\"big\"} 3145728");
     EXPECT_LINE(t, "datamem_arena_limit_hits_total{arena=\"big\"} 4");
