@@ -9,8 +9,8 @@ memory.limit_in_bytes where /sys/fs/cgroup/memory is mounted, else v2
 memory.max) made here and removed after. Recorded per mode: the outcome
 (completed with correct sums, MemoryError, or killed by a signal), wall time
 (the job's own, and the process's), bytes the job wrote to storage
-(/proc/self/io write_bytes) and its peak RSS (VmHWM), both read by the job at
-its end, and the cgroup's peak usage (v1 memory.max_usage_in_bytes, v2
+(/proc/self/io write_bytes), its peak RSS (VmHWM) and its RSS at the end
+(VmRSS, resident file pages included), read by the job at its end, and the cgroup's peak usage (v1 memory.max_usage_in_bytes, v2
 memory.peak; RSS plus page cache).
 
 Throughput: one 4 GiB float64 array on the spill arena, written (one
@@ -59,7 +59,8 @@ except MemoryError as e:
     outcome = "MemoryError after %d arrays" % len(held)
 wall = time.monotonic() - t0
 io = dict(line.split(": ") for line in open("/proc/self/io").read().split("\n") if line)
-hwm = [l for l in open("/proc/self/status") if l.startswith("VmHWM:")][0].split()[1]
+status = {l.split(":")[0]: l.split()[1] for l in open("/proc/self/status") if l.startswith("Vm")}
+hwm, rss = status["VmHWM"], status["VmRSS"]
 extra = {}
 try:
     import datamem
@@ -71,6 +72,7 @@ except Exception:
     pass
 print(json.dumps(dict(outcome=outcome, wall_s=round(wall, 2), arrays=len(held),
                       write_bytes=int(io["write_bytes"]), peak_rss_bytes=int(hwm) * 1024,
+                      end_rss_bytes=int(rss) * 1024,
                       **extra)))
 """
 

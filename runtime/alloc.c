@@ -251,12 +251,7 @@ static void fmt_bytes(char *buf, size_t cap, uint64_t v) {
 static void limit_log(const dm_failure_t *f) {
     static _Atomic int64_t last_s;
     static _Atomic uint64_t quiet;
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
-    int64_t prev = atomic_load_explicit(&last_s, memory_order_relaxed);
-    if ((prev && ts.tv_sec - prev < 1) ||
-        !atomic_compare_exchange_strong_explicit(&last_s, &prev, (int64_t)ts.tv_sec,
-                                                 memory_order_relaxed, memory_order_relaxed)) {
+    if (!dm__runtime_log_due(&last_s)) {
         atomic_fetch_add_explicit(&quiet, 1, memory_order_relaxed);
         return;
     }

@@ -303,6 +303,8 @@ extern pthread_mutex_t dm__runtime_mu;
 /* After a successful install, outside dm__runtime_mu: the observers see it,
  * in install order (an install older than the last one delivered is dropped). */
 void dm__runtime_notify_install(const dm_policy_t *p, uint64_t seq);
+/* At most one line a second per `last_s`: whether this one may go out. */
+bool dm__runtime_log_due(_Atomic int64_t *last_s);
 
 /* context.c: the root context (what NULL means) and one never handed out,
  * which forces the next allocation to bind. */

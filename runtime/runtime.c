@@ -22,6 +22,7 @@
  */
 #include <stdarg.h>
 #include <stdio.h>
+#include <time.h>
 
 #include "runtime/bcache.h"
 #include "runtime/bigblock.h"
@@ -58,6 +59,17 @@ void dm_log(const char *fmt, ...) {
     vfprintf(stderr, fmt, ap);
     va_end(ap);
     fputc('\n', stderr);
+}
+
+/* Whether a rate-limited message (at most one a second, `last_s` its own
+ * clock) may be logged now: failure paths only. */
+bool dm__runtime_log_due(_Atomic int64_t *last_s) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    int64_t prev = atomic_load_explicit(last_s, memory_order_relaxed);
+    return !(prev && ts.tv_sec - prev < 1) &&
+           atomic_compare_exchange_strong_explicit(last_s, &prev, (int64_t)ts.tv_sec,
+                                                   memory_order_relaxed, memory_order_relaxed);
 }
 
 /* ---- observers: the services' seam (datamem.h) -----------------------------

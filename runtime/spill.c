@@ -181,12 +181,7 @@ static size_t bits_clear_in(_Atomic uint64_t *bits, size_t first, size_t count) 
 /* At most one line a second, from the failure path only. */
 static void full_log(const dm__arena_je_t *ja, size_t n, int err) {
     static _Atomic int64_t last_s;
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
-    int64_t prev = atomic_load_explicit(&last_s, memory_order_relaxed);
-    if ((prev && ts.tv_sec - prev < 1) ||
-        !atomic_compare_exchange_strong_explicit(&last_s, &prev, (int64_t)ts.tv_sec,
-                                                 memory_order_relaxed, memory_order_relaxed))
+    if (!dm__runtime_log_due(&last_s))
         return;
     const dm__spill_t *s = ja->spill;
     if (err == -EDQUOT || err == -ENOSPC) {

@@ -539,6 +539,9 @@ static void json_arena(const dm_arena_stats_t *a, dm_buf_t *b) {
     json_limit(b, &k, "limit_bytes", a->limit);
     json_bool(b, &k, "lock", a->lock);
     json_strv(b, &k, "pinned", a->pinned ? "cuda" : "none");
+    json_bool(b, &k, "backed", a->backed);
+    json_limit(b, &k, "backing_max", a->backed ? a->backing_max : UINT64_MAX);
+    json_limit(b, &k, "backing_resident_max", a->backed ? a->backing_resident_max : UINT64_MAX);
     for (size_t m = 0; m < NARENA_METRICS; m++)
         json_u64(b, &k, arena_metrics[m].key, arena_u64(a, &arena_metrics[m]));
     dm__buf_put(b, "}", 1);

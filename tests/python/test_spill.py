@@ -137,3 +137,23 @@ def test_a_directory_others_can_write_is_refused(write_policy, tmp_path):
     r = run_py("import numpy, datamem; print(datamem.current_policy())", config=pol)
     assert "arenas.disk.backing.dir" in r.stderr, r.stderr
     assert "directory writable by other users (mode 0777)" in r.stderr, r.stderr
+
+
+def test_explain_says_when_an_allocation_would_spill(write_policy, spill_dir):
+    pol = policy(write_policy, spill_dir, textwrap.dedent("""\
+        worker_limit: 1GiB
+        worker_spill: disk
+        tag_limits:
+          - {tag: "task-*", limit: 32MiB, spill: disk}
+        rules:
+          - {name: big, match: {size: {min: 8MiB}}, arena: disk}
+        """))
+    r = run_py("import datamem\n"
+               "print(datamem.explain(%r, 1 << 30))\n"
+               "print(datamem.explain(%r, 4096, tags=['task-7']))" % (pol, pol))
+    assert r.returncode == 0, r.stderr
+    big, small = r.stdout.split("-> default", 1)
+    assert "-> rule 'big' -> arena 'disk'" in big, r.stdout
+    assert "spills: arena 'disk' is a file in %s" % spill_dir in big, r.stdout
+    assert "past tag 'task-7''s limit of 33554432 bytes: spills to arena 'disk'" in small, r.stdout
+    assert "past worker_limit 1GiB: spills to arena 'disk'" in small, r.stdout
