@@ -499,7 +499,12 @@ static void je_stats_add(dm__arena_je_t *ja, dm_arena_stats_t *o) {
     o->active += stat_zu(i, "pactive") * page;
     o->dirty += stat_zu(i, "pdirty") * page;
     o->muzzy += stat_zu(i, "pmuzzy") * page;
-    o->resident += stat_zu(i, "resident");
+    const dm__spill_t *sp = ja->spill;
+    /* jemalloc's `resident` is the pages it has touched: a bound, and for a file's
+     * pages a wrong one (the pager and the kernel drop them behind its back). A
+     * spill arena's is what mincore finds in memory of its reserved pages. */
+    uint64_t spill_resident = sp ? dm__spill_resident_bytes(ja->spill) : 0;
+    o->resident += sp ? spill_resident : stat_zu(i, "resident");
     o->mapped += stat_zu(i, "mapped");
     o->retained += stat_zu(i, "retained");
     o->reuse_bytes += atomic_load_explicit(&ja->reuse_bytes, memory_order_relaxed);
@@ -509,7 +514,6 @@ static void je_stats_add(dm__arena_je_t *ja, dm_arena_stats_t *o) {
     o->reserved += ja->reserved;
     pthread_mutex_unlock(&ja->mu);
     o->njemalloc++;
-    const dm__spill_t *sp = ja->spill;
     if (sp) {
         o->backed = true;
         o->backing_max = atomic_load_explicit(&sp->max, memory_order_relaxed);
@@ -517,7 +521,7 @@ static void je_stats_add(dm__arena_je_t *ja, dm_arena_stats_t *o) {
         o->backing_disk_bytes += dm__spill_disk_bytes(sp);
         o->backing_full += atomic_load_explicit(&sp->nfull, memory_order_relaxed);
         o->backing_resident_max = atomic_load_explicit(&sp->resident_max, memory_order_relaxed);
-        o->backing_resident_bytes += dm__spill_resident_bytes(ja->spill);
+        o->backing_resident_bytes += spill_resident;
         o->backing_paged_out_bytes += atomic_load_explicit(&sp->paged_out, memory_order_relaxed);
         o->backing_fork_copies += atomic_load_explicit(&sp->fork_copies, memory_order_relaxed);
         o->backing_fork_failures += atomic_load_explicit(&sp->fork_failures, memory_order_relaxed);

@@ -111,8 +111,9 @@ int dm__os_file_copy(int from, int to, uint64_t off, size_t n);
 int64_t dm__os_resident_pages(void *p, size_t n);
 /* Writes [p, p+n) of a shared file mapping back (its file range [off,
  * off+n) of fd) and drops its pages: MADV_PAGEOUT (Linux 5.4), else
- * MADV_DONTNEED (the mapping forgets them) and POSIX_FADV_DONTNEED (the page
- * cache drops them, clean after the writeback). 0 or -errno. */
+ * MADV_DONTNEED (the mapping forgets them); then POSIX_FADV_DONTNEED (the page
+ * cache drops those of the range left, clean after the writeback: read ahead,
+ * never mapped). 0 or -errno. */
 int dm__os_pageout_file(void *p, size_t n, int fd, uint64_t off);
 /* Bytes of disk the file holds (st_blocks * 512). */
 uint64_t dm__os_file_disk_bytes(int fd);

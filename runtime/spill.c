@@ -411,10 +411,11 @@ void dm__spill_fork(int phase) {
  * (mincore over the chunks that hold blocks) and pages out whole 2 MiB chunks,
  * least recently allocated first, until the arena is under its bound:
  * writeback (sync_file_range), then MADV_PAGEOUT, which needs Linux 5.4;
- * before that MADV_DONTNEED and POSIX_FADV_DONTNEED, which are as safe on a
- * shared file mapping once it is written back (its pages are the file's: the
- * next touch reads them again). A fork child has no pager until its first
- * commit starts one. */
+ * before that MADV_DONTNEED, which is as safe on a shared file mapping once it
+ * is written back (its pages are the file's: the next touch reads them again);
+ * then POSIX_FADV_DONTNEED for the pages of the chunk in the page cache but
+ * not mapped (read ahead by a fault). A fork child has no pager until its
+ * first commit starts one. */
 
 typedef struct chunk {
     uint32_t stamp;

@@ -157,3 +157,73 @@ def test_explain_says_when_an_allocation_would_spill(write_policy, spill_dir):
     assert "spills: arena 'disk' is a file in %s" % spill_dir in big, r.stdout
     assert "past tag 'task-7''s limit of 33554432 bytes: spills to arena 'disk'" in small, r.stdout
     assert "past worker_limit 1GiB: spills to arena 'disk'" in small, r.stdout
+
+
+def _parse_size(cell):
+    """A `top` size cell ("264.0MiB", "0B") in bytes."""
+    units = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
+    for u in ("KiB", "MiB", "GiB", "TiB", "B"):
+        if cell.endswith(u):
+            return float(cell[:-len(u)]) * units[u]
+    raise AssertionError("not a size: %r" % cell)
+
+
+def test_stats_and_top_show_bytes_on_disk_and_in_memory(write_policy, spill_dir, tmp_path):
+    """A spill arena's resident bytes are its file's pages in memory, not what
+    jemalloc once touched (the pager drops them behind its back), and `top`
+    shows its bytes on disk and in memory under the arena table."""
+    pol = write_policy(textwrap.dedent("""\
+        version: 1
+        default: general
+        arenas:
+          general: {{}}
+          disk: {{backing: {{dir: '{d}', resident_max: 8MiB}}}}
+        rules:
+          - {{name: big, match: {{size: {{min: 8MiB}}}}, arena: disk}}
+        """).format(d=spill_dir))
+    code = r"""
+import json, os, subprocess, sys, time
+import numpy as np, datamem
+held = [np.ones(4 << 20) for _ in range(2)]          # 64 MiB in the file
+deadline = time.monotonic() + 30                      # the pager runs five times a second
+while True:
+    s = datamem.stats()["arenas"]["disk"]
+    if s["backing_resident_bytes"] <= 8 << 20 or time.monotonic() > deadline:
+        break
+    time.sleep(0.1)
+top = subprocess.run([sys.executable, "-m", "datamem", "top", str(os.getpid()), "--once",
+                      "--interval", "0.2"], capture_output=True, text=True, timeout=60)
+after = datamem.stats()["arenas"]["disk"]
+print(json.dumps({"s": s, "after": after, "top": top.stdout, "err": top.stderr,
+                  "sum": float(sum(x.sum() for x in held))}))
+"""
+    r = run_py(code, config=pol, env={"DATAMEM_STATS_HTTP": "127.0.0.1:0",
+                                      "DATAMEM_STATS_DIR": str(tmp_path / "discovery")})
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    s = out["s"]
+    assert s["backing_resident_bytes"] <= 8 * MiB, s
+    assert s["allocated_bytes"] >= 64 * MiB and s["backing_disk_bytes"] >= 64 * MiB, s
+    # The arena's resident bytes are the file's pages in memory (jemalloc's own
+    # count would be every page of the 64 MiB it touched).
+    assert s["resident_bytes"] <= 8 * MiB, s
+    assert out["sum"] == float(8 << 20)
+
+    lines = out["top"].splitlines()
+    assert lines and all(len(l) <= 80 for l in lines), out["top"] + out["err"]
+    head = next(i for i, l in enumerate(lines) if l.startswith("SPILL ARENA"))
+    cols = lines[head].replace("SPILL ARENA", "SPILL_ARENA").replace("ON DISK", "ON_DISK") \
+        .replace("DISK MAX", "DISK_MAX").replace("RES MAX", "RES_MAX") \
+        .replace("PAGED OUT", "PAGED_OUT").split()
+    row = dict(zip(cols, lines[head + 1].split()))
+    assert row["SPILL_ARENA"] == "disk" and row["DISK_MAX"] == "-", row
+    assert row["RES_MAX"] == "8.0MiB" and row["REFUSED"] == "0", row
+    both = (s, out["after"])
+    for col, key in (("ON_DISK", "backing_disk_bytes"), ("RESIDENT", "backing_resident_bytes"),
+                     ("PAGED_OUT", "backing_paged_out_bytes")):
+        shown = _parse_size(row[col])
+        lo, hi = min(x[key] for x in both), max(x[key] for x in both)
+        assert lo * 0.99 - 1 <= shown <= hi * 1.01 + 1, (col, row[col], lo, hi)
+    assert _parse_size(row["ON_DISK"]) >= 64 * MiB and _parse_size(row["PAGED_OUT"]) >= 56 * MiB
+    # Only spill arenas have a row.
+    assert not any(l.split()[:1] == ["general"] for l in lines[head + 1:]), out["top"]
