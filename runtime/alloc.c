@@ -137,6 +137,8 @@ static __attribute__((noinline)) void *slot_alloc_big(dm__thread_t *t, const dm_
     int flags = dm__bigblock_flags(ja, s->flags);
     void *p = dm__bigblock_take(ja, n, flags);
     if (p) {
+        if (DM_UNLIKELY(ja->spill != NULL)) /* resident_max, before anyone writes */
+            dm__spill_catch_up(ja->spill, n);
         if (zero)
             memset(p, 0, n);
         return p;
@@ -145,6 +147,8 @@ static __attribute__((noinline)) void *slot_alloc_big(dm__thread_t *t, const dm_
     if (p)
         dm__bigblock_trim(p, n, SIZE_MAX);
     dm__arena_check_growth(ja);
+    if (DM_UNLIKELY(ja->spill != NULL) && p)
+        dm__spill_catch_up(ja->spill, n);
     return p;
 }
 
@@ -225,6 +229,8 @@ static __attribute__((noinline)) void *slot_alloc_tracked(dm__thread_t *t,
         if (n >= DM_BIG_THP_MIN)
             dm__bigblock_trim(p, n, SIZE_MAX);
         dm__arena_check_growth(ja);
+        if (n >= DM_BIG_THP_MIN && ja->spill) /* resident_max, before the caller writes */
+            dm__spill_catch_up(ja->spill, n);
     }
     return p;
 }

@@ -92,6 +92,7 @@ dm__spill_t *dm__spill_open(const char *dir, uint64_t max, char *why, size_t cap
     s->dirfd = dfd;
     s->fd = fd;
     s->fork_fd = -1;
+    pthread_mutex_init(&s->pass_mu, NULL);
     atomic_store_explicit(&s->max, max, memory_order_relaxed);
     atomic_store_explicit(&s->resident_max, UINT64_MAX, memory_order_relaxed);
     snprintf(s->dir, sizeof(s->dir), "%s", dir);
@@ -216,6 +217,8 @@ static void stamp(dm__spill_t *s, dm__spill_region_t *r, const char *p, size_t n
         dm__spill_pager_ensure(); /* a fork child's first commit starts its own */
 }
 
+static void pager_pass(dm__spill_t *s, uint64_t room);
+
 /* Reserves the blocks of [p, p+n) in region r: `max` first (a
  * compare-and-swap: never passed, even by racing threads), then the disk. */
 static int reserve(dm__arena_je_t *ja, dm__spill_region_t *r, char *p, size_t n) {
@@ -239,6 +242,7 @@ static int reserve(dm__arena_je_t *ja, dm__spill_region_t *r, char *p, size_t n)
     if (rc == 0) {
         bits_update(r->bits, first, count, true);
         stamp(s, r, p, n);
+        dm__spill_catch_up(s, n);
         return 0;
     }
     if (rc != -EFBIG)
@@ -394,6 +398,7 @@ void dm__spill_fork(int phase) {
             s->fork_fd = -1;
         } else {
             child_remap(s, ja->owner->name);
+            pthread_mutex_init(&s->pass_mu, NULL); /* the pager may have held it */
         }
     }
     if (phase == 2) /* the pager did not survive the fork */
@@ -406,8 +411,8 @@ void dm__spill_fork(int phase) {
  * waiting for the kernel is not enough. So a spill arena with resident_max
  * keeps at most that much of its reserved pages in memory. The pager, one
  * runtime thread started with the first spill arena that has resident_max
- * (never on an allocation path: the allocation that reserves pages only
- * stamps their chunks), measures each such arena five times a second
+ * (the allocation that reserves pages stamps their chunks), measures each
+ * such arena five times a second
  * (mincore over the chunks that hold blocks) and pages out whole 2 MiB chunks,
  * least recently allocated first, until the arena is under its bound:
  * writeback (sync_file_range), then MADV_PAGEOUT, which needs Linux 5.4;
@@ -415,7 +420,25 @@ void dm__spill_fork(int phase) {
  * is written back (its pages are the file's: the next touch reads them again);
  * then POSIX_FADV_DONTNEED for the pages of the chunk in the page cache but
  * not mapped (read ahead by a fault). A fork child has no pager until its
- * first commit starts one. */
+ * first commit starts one.
+ *
+ * A job can write its spilled arrays far faster than the disk takes them (a
+ * Dask task filling 128 MiB arrays: page cache at memory speed, while each
+ * pass waits for writeback), and five passes a second then fall behind: the
+ * nanny saw 1.5 GiB resident and killed the worker. So a commit also keeps
+ * count (`since`), and so does every allocation of DM_BIG_THP_MIN or more
+ * (alloc.c: reused pages, which need no commit, may have been paged out): when
+ * what the last pass left plus what came since would pass resident_max, the
+ * allocating thread (in jemalloc's extent hook, which may hold the arena's
+ * bump mutex, or right after a big allocation: the slow path, never the fast
+ * path) runs a pass itself first, down to resident_max less room for what it
+ * is about to write (at least DM_SPILL_ROOM, so that a run of small commits
+ * does not pass on each one). An allocation that outruns the disk waits for
+ * it, and the arena's resident bytes stay within about resident_max plus the
+ * block being written. */
+
+/* Hysteresis of a commit's own pass: at most one per this many bytes reserved. */
+#define DM_SPILL_ROOM ((uint64_t)8 * DM_SPILL_CHUNK)
 
 typedef struct chunk {
     uint32_t stamp;
@@ -476,11 +499,15 @@ uint64_t dm__spill_resident_bytes(dm__spill_t *s) {
     return bytes;
 }
 
-static void pager_pass(dm__spill_t *s) {
+/* Pages out the oldest chunks until at most resident_max - room stays. */
+static void pager_pass(dm__spill_t *s, uint64_t room) {
     uint64_t max = atomic_load_explicit(&s->resident_max, memory_order_relaxed), bytes;
     size_t n;
     if (max == UINT64_MAX)
         return;
+    max = max > room ? max - room : 0;
+    pthread_mutex_lock(&s->pass_mu);
+    atomic_store_explicit(&s->since, 0, memory_order_relaxed);
     chunk_t *v = resident_chunks(s, &n, &bytes);
     if (bytes > max)
         qsort(v, n, sizeof(*v), by_stamp);
@@ -494,13 +521,24 @@ static void pager_pass(dm__spill_t *s) {
         atomic_fetch_add_explicit(&s->paged_out, b, memory_order_relaxed);
     }
     free(v);
+    atomic_store_explicit(&s->seen, bytes, memory_order_relaxed);
+    pthread_mutex_unlock(&s->pass_mu);
+}
+
+void dm__spill_catch_up(dm__spill_t *s, size_t n) {
+    uint64_t max = atomic_load_explicit(&s->resident_max, memory_order_relaxed);
+    if (max == UINT64_MAX)
+        return;
+    uint64_t since = atomic_fetch_add_explicit(&s->since, n, memory_order_relaxed) + n;
+    if (atomic_load_explicit(&s->seen, memory_order_relaxed) + since > max)
+        pager_pass(s, n > DM_SPILL_ROOM ? n : DM_SPILL_ROOM);
 }
 
 static void *pager_main(void *arg) {
     for (;;) {
         int n = atomic_load_explicit(&nall, memory_order_acquire);
         for (int i = 0; i < n; i++)
-            pager_pass(all[i]);
+            pager_pass(all[i], 0);
         struct timespec ts = {0, 200 * 1000 * 1000};
         nanosleep(&ts, NULL);
     }

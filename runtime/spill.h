@@ -19,6 +19,7 @@
 #ifndef DM_RUNTIME_SPILL_H
 #define DM_RUNTIME_SPILL_H
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -48,6 +49,9 @@ typedef struct dm__spill {
     _Atomic uint64_t max;       /* backing.max; UINT64_MAX = none */
     _Atomic uint64_t resident_max; /* backing.resident_max; UINT64_MAX = none */
     _Atomic uint64_t paged_out;    /* bytes the pager dropped from memory */
+    pthread_mutex_t pass_mu;       /* one paging pass at a time (spill.c, resident_max) */
+    _Atomic uint64_t seen;         /* resident bytes the last pass left */
+    _Atomic uint64_t since;        /* bytes reserved since the last pass began */
     _Atomic uint64_t nfull;     /* commits refused: max reached, or the disk full */
     _Atomic uint64_t fork_copies, fork_failures; /* fork snapshots (spill.c) */
     int fork_fd;                /* the snapshot made for a fork child, or -1 */
@@ -80,6 +84,9 @@ void dm__spill_zero(dm__arena_je_t *ja, void *p, size_t n);
 uint64_t dm__spill_disk_bytes(const dm__spill_t *s);
 /* Bytes of its reserved pages in memory now (mincore; a walk: stats only). */
 uint64_t dm__spill_resident_bytes(dm__spill_t *s);
+/* An allocation (or commit) of n bytes in a spill arena: when its resident
+ * bytes may pass resident_max, pages out first (spill.c, "resident_max"). */
+void dm__spill_catch_up(dm__spill_t *s, size_t n);
 /* Starts the pager thread (spill.c, "resident_max") if it is not running. */
 void dm__spill_pager_ensure(void);
 
