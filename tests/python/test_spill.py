@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from conftest import run_py
+from conftest import run_in_group, run_py
 
 MiB = 1 << 20
 
@@ -227,3 +227,43 @@ print(json.dumps({"s": s, "after": after, "top": top.stdout, "err": top.stderr,
     assert _parse_size(row["ON_DISK"]) >= 64 * MiB and _parse_size(row["PAGED_OUT"]) >= 56 * MiB
     # Only spill arenas have a row.
     assert not any(l.split()[:1] == ["general"] for l in lines[head + 1:]), out["top"]
+
+
+CGROUP_SPILL_JOB = r"""
+import json, numpy as np, datamem
+tb = datamem.stats()["tag_bytes"]
+held = [np.full(2 << 20, float(i)) for i in range(40)]   # 40 x 16 MiB = 640 MiB, written
+s = datamem.stats()["arenas"]["spill"]
+print(json.dumps({"limit": tb["worker_limit"], "source": tb["worker_limit_source"],
+                  "where": [datamem.arena_of(a) for a in held],
+                  "sums_ok": all(float(a.sum()) == float(i) * (2 << 20) for i, a in enumerate(held)),
+                  "disk": s["backing_disk_bytes"], "failure": datamem.last_failure()}))
+"""
+
+
+def test_a_worker_limit_share_spills_under_a_real_cgroup_limit(write_policy, spill_dir,
+                                                                memory_groups):
+    """`worker_limit: 50%` of a real memory cgroup's limit (512 MiB), with
+    `worker_spill`: a job holding 640 MiB of written arrays, 1.25x the group's
+    limit, is neither OOM-killed nor refused: the arrays past 256 MiB live in
+    the file, and every sum is right."""
+    _, make = memory_groups
+    pol = write_policy(textwrap.dedent("""\
+        version: 1
+        default: general
+        arenas:
+          general: {{}}
+          spill: {{decay: {{dirty: 1s}}, backing: {{dir: '{d}', resident_max: 32MiB}}}}
+        worker_limit: 50%
+        worker_spill: spill
+        """).format(d=spill_dir))
+    r = run_in_group(make([512 << 20]), CGROUP_SPILL_JOB, pol, timeout=300)
+    assert r.returncode == 0, (r.returncode, r.stderr[-2000:])  # -9: the OOM killer
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    # "cgroup" (or "cgroup v1": the version where the runtime names it)
+    assert out["source"].split()[0] == "cgroup" and out["limit"] == 256 * MiB, out
+    where = out["where"]
+    n_ram = where.count("general")
+    assert 12 <= n_ram <= 16 and where == ["general"] * n_ram + ["spill"] * (40 - n_ram), out
+    assert out["sums_ok"] and out["failure"] is None, out
+    assert out["disk"] >= (40 - n_ram) * 16 * MiB, out
