@@ -20,8 +20,10 @@ outcome, the error.
 
 Modes (each in a fresh interpreter: a plugin leaves variables in the nanny's
 process, which LocalCluster shares with the client):
-  dask-alone, dask-tag-limit, dask-worker-limit (75%), dask-worker-limit-85, ray-alone,
-  ray-tag-limit
+  dask-alone, dask-tag-limit, dask-worker-limit (75%), dask-worker-limit-85,
+  dask-spill (worker_limit 75% + worker_spill to a file-backed arena in /var/tmp;
+  also records each worker's peak RSS, sampled every 20 ms, and its spill stats),
+  ray-alone, ray-tag-limit
 
 Usage: .venv-engines/bin/python bench/cluster_runaway.py [MODE ...]
   (no mode: all; writes bench/results/cluster_runaway.json)
@@ -42,8 +44,8 @@ KEEP_BYTES = 1 << 20
 RUNAWAY_BLOCKS = 60
 BLOCK = 128 << 20
 BOUND_S = 60
-MODES = ("dask-alone", "dask-tag-limit", "dask-worker-limit", "dask-worker-limit-85", "ray-alone",
-         "ray-tag-limit")
+MODES = ("dask-alone", "dask-tag-limit", "dask-worker-limit", "dask-worker-limit-85", "dask-spill",
+         "ray-alone", "ray-tag-limit")
 
 POLICY_TAG = """version: 1
 default: general
@@ -58,6 +60,19 @@ arenas:
   general: {}
 worker_limit: {share}
 """
+# What passes worker_limit goes on from a file on disk instead of failing
+# (docs/operations.md, "When arrays outgrow RAM"); {dir} is made for the run.
+POLICY_SPILL = """version: 1
+default: general
+arenas:
+  general: {}
+  spill:
+    decay: {dirty: 1s}
+    backing: {dir: "{dir}", resident_max: 128MiB}
+worker_limit: 75%
+worker_spill: spill
+"""
+SPILL_ROOT = "/var/tmp"  # local disk here (/tmp may be tmpfs elsewhere: that is RAM)
 
 
 def keep(i):
@@ -157,12 +172,22 @@ def _page(client, out_dir):
 
 
 def run_dask(mode, page_dir=None):
+
+    spill_dir = tempfile.mkdtemp(prefix="datamem-spill-", dir=SPILL_ROOT)  # mode 0700
+    policy = {"dask-tag-limit": POLICY_TAG,
+              "dask-worker-limit": POLICY_WORKER.replace("{share}", "75%"),
+              "dask-worker-limit-85": POLICY_WORKER.replace("{share}", "85%"),
+              "dask-spill": POLICY_SPILL.replace("{dir}", spill_dir)}.get(mode)
+    try:
+        return _run_dask(mode, policy, page_dir, spill_dir)
+    finally:
+        os.rmdir(spill_dir)  # the spill files have no name: nothing is left in it
+
+
+def _run_dask(mode, policy, page_dir, spill_dir):
     from dask.distributed import Client, LocalCluster, wait
     import datamem.dask
 
-    policy = {"dask-tag-limit": POLICY_TAG,
-              "dask-worker-limit": POLICY_WORKER.replace("{share}", "75%"),
-              "dask-worker-limit-85": POLICY_WORKER.replace("{share}", "85%")}.get(mode)
     out = {"mode": mode, "workers": 2, "memory_limit": "1.5GiB", "threads_per_worker": 2,
            "keep_tasks": N_KEEP, "runaway": "%d x %d MiB" % (RUNAWAY_BLOCKS, BLOCK >> 20),
            "policy": policy}
@@ -181,8 +206,11 @@ def run_dask(mode, page_dir=None):
         kept = client.map(keep, range(N_KEEP), pure=False)
         wait(kept)
         t0 = time.monotonic()
+        sampler = _RssSampler(client.run(os.getpid).values()) if mode == "dask-spill" else None
         bad = client.submit(runaway, pure=False)
         wait([bad], timeout=300)
+        if sampler:
+            out["worker_rss_peak_MiB"] = sampler.stop()
         if page_dir:
             _page(client, page_dir)
         try:
@@ -201,12 +229,51 @@ def run_dask(mode, page_dir=None):
         keep_counts = [v for k, v in counts["memory"].items() if k.startswith("keep-")]
         out["worker_deaths"] = counts["removed"]
         out["recomputed"] = sum(v - 1 for v in keep_counts if v > 1)
+        if mode == "dask-spill":  # what each worker spilled, and its resident set now
+            out["spill"] = client.run(_spill_stats)
         if policy:
             try:
                 out["tags"] = [list(r) for r in datamem.dask.tag_table(client)]
             except Exception as e:  # a worker gone
                 out["tags_error"] = _error(e)
     return out
+
+
+class _RssSampler:
+    """The highest resident set of each worker process, sampled every 20 ms
+    (what the nanny checks every 100 ms against 95% of memory_limit)."""
+
+    def __init__(self, pids):
+        import threading
+        import psutil
+        self.procs = [psutil.Process(p) for p in pids]
+        self.peak = [0] * len(self.procs)
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        while not self.done.wait(0.02):
+            for i, p in enumerate(self.procs):
+                try:
+                    self.peak[i] = max(self.peak[i], p.memory_info().rss)
+                except Exception:  # a worker gone
+                    pass
+
+    def stop(self):
+        self.done.set()
+        self.thread.join()
+        return [round(b / 2**20) for b in self.peak]
+
+
+def _spill_stats():
+    """A worker's spill arena (datamem.stats()) and its resident set."""
+    import datamem
+    a = datamem.stats()["arenas"].get("spill", {})
+    with open("/proc/self/statm") as f:
+        rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    return {k: a.get(k) for k in ("fallbacks", "backing_disk_bytes", "backing_resident_bytes",
+                                  "backing_paged_out_bytes", "backing_full")} | {"rss": rss}
 
 
 # ---- Ray --------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@
  * cross-check of the view tables as well as an explanation. Read-only on the
  * table; safe from any thread.
  */
+#include <fnmatch.h>
 #include <string.h>
 
 #include "policy/internal.h"
@@ -78,6 +79,39 @@ static int why_not(dm__sbuf_t *b, const dm_rule_spec_t *r,
     return n;
 }
 
+/* Where an allocation of arena `a` would go on disk: the arena itself when it
+ * is file-backed, else where a limit that refuses it sends it (its arena's
+ * `limit` to the fallback, a tag's limit or worker_limit to their `spill`).
+ * Lines only for what involves a file-backed arena. */
+static void explain_spill(dm__sbuf_t *b, const dm_policy_t *p, int a,
+                          const dm_context_t *ctx) {
+    const dm_arena_spec_t *ar = &p->arenas[a];
+    if (ar->backing.dir[0]) {
+        dm__text_sb_printf(b, "   spills: arena '%s' is a file in %s\n", ar->name,
+                           ar->backing.dir);
+        return;
+    }
+    int f = p->fallback_arena;
+    if (ar->limit != SIZE_MAX && f >= 0 && f != a && p->arenas[f].backing.dir[0])
+        dm__text_sb_printf(b, "   past its limit of %zu bytes: spills to arena '%s' (fallback, "
+                           "a file in %s)\n", ar->limit, p->arenas[f].name,
+                           p->arenas[f].backing.dir);
+    for (int i = 0; ctx && i < ctx->ntags; i++) {
+        for (int k = 0; k < p->ntag_limits; k++) {
+            const dm_tag_limit_spec_t *tl = &p->tag_limits[k];
+            if (fnmatch(tl->tag, ctx->tags[i], 0) != 0)
+                continue;
+            if (tl->spill >= 0)
+                dm__text_sb_printf(b, "   past tag '%s''s limit of %zu bytes: spills to arena "
+                                   "'%s'\n", ctx->tags[i], tl->limit, p->arenas[tl->spill].name);
+            break;
+        }
+    }
+    if (p->worker_limit[0] && p->worker_spill >= 0)
+        dm__text_sb_printf(b, "   past worker_limit %s: spills to arena '%s'\n", p->worker_limit,
+                           p->arenas[p->worker_spill].name);
+}
+
 int dm_table_explain(const dm_table_t *t, const dm_context_t *ctx, size_t size,
                      int dtype, char *buf, size_t cap) {
     const dm_policy_t *p = dm_table_policy(t);
@@ -91,12 +125,14 @@ int dm_table_explain(const dm_table_t *t, const dm_context_t *ctx, size_t size,
             b.len = mark; /* matched: drop the prefix */
             dm__text_sb_printf(&b, "-> rule '%s' -> arena '%s'\n", r->name,
                           p->arenas[r->arena].name);
+            explain_spill(&b, p, r->arena, ctx);
             dm__text_sb_done(&b);
             return i;
         }
         dm__text_sb_printf(&b, "\n");
     }
     dm__text_sb_printf(&b, "-> default arena '%s'\n", p->arenas[p->default_arena].name);
+    explain_spill(&b, p, p->default_arena, ctx);
     dm__text_sb_done(&b);
     return p->nrules;
 }
@@ -124,6 +160,12 @@ static void dump_arena(dm__sbuf_t *b, const dm_arena_spec_t *a, int i) {
         dm__text_sb_printf(b, ", lock");
     if (a->pinned == DM_PIN_CUDA)
         dm__text_sb_printf(b, ", pinned cuda");
+    if (a->backing.dir[0])
+        dm__text_sb_printf(b, ", backed by a file in %s", a->backing.dir);
+    if (a->backing.dir[0] && a->backing.max != SIZE_MAX)
+        dm__text_sb_printf(b, " (max %zu)", a->backing.max);
+    if (a->backing.dir[0] && a->backing.resident_max != SIZE_MAX)
+        dm__text_sb_printf(b, " (resident_max %zu)", a->backing.resident_max);
     dm__text_sb_printf(b, "\n");
 }
 

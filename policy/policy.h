@@ -119,6 +119,13 @@ typedef enum {
     DM_NUMA_PREFERRED,  /* MPOL_PREFERRED: first node of `nodes` */
 } dm_numa_mode_t;
 
+/* `backing`: the arena's memory is a file on disk (spilling). */
+typedef struct dm_backing_spec {
+    char dir[256];          /* absolute directory path; "" = RAM (no backing) */
+    size_t max;             /* bytes of disk the file may hold; SIZE_MAX = no bound */
+    size_t resident_max;    /* file pages kept in memory at most; SIZE_MAX = the kernel's call */
+} dm_backing_spec_t;
+
 typedef struct dm_arena_spec {
     char name[DM_NAME_MAX];
     size_t alignment;       /* power of two, >= 16 */
@@ -133,6 +140,7 @@ typedef struct dm_arena_spec {
     size_t limit;           /* live bytes at most; SIZE_MAX = no limit */
     bool lock;              /* mlock extents */
     dm_pin_t pinned;        /* register extents with a GPU runtime */
+    dm_backing_spec_t backing; /* file-backed (spill) arena when backing.dir[0] */
     int line, col;          /* where it was declared (1-based) */
 } dm_arena_spec_t;
 
@@ -160,6 +168,7 @@ typedef struct dm_rule_spec {
 typedef struct dm_tag_limit_spec {
     char tag[DM_NAME_MAX];  /* fnmatch(3) glob on tag names */
     size_t limit;           /* live bytes of one matching tag at most */
+    int spill;              /* arena index serving what the limit refuses, or -1 */
     int line, col;
 } dm_tag_limit_spec_t;
 
@@ -189,6 +198,7 @@ typedef struct dm_policy {
     dm_tag_limit_spec_t tag_limits[DM_TAG_LIMITS_MAX];
     char worker_limit[32];  /* "" (none), a size, or "N%" of the memory limit
                                (dm_parse_share) */
+    int worker_spill;       /* arena index serving what worker_limit refuses, or -1 */
     dm_stats_spec_t stats;
     dm_reload_spec_t reload;
     uint64_t hash;          /* FNV-1a 64 of the file's bytes */

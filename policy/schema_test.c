@@ -37,8 +37,8 @@ static void item(dm__sbuf_t *b, bool *first, const char *s) {
     *first &= !s[0];
 }
 
-/* "k1: {k2: {key: value}}" for row inside its arena, rule or the root; "" when
- * value is NULL. */
+/* "k1: {k2: {key: value}}" for row inside its arena, rule or the root;
+ * "k1: {k2: {}}" when value is NULL. */
 static void nested(int row, const char *value, char *out, size_t cap) {
     int chain[16], n = 0;
     dm__sbuf_t b;
@@ -48,11 +48,16 @@ static void nested(int row, const char *value, char *out, size_t cap) {
         if (is_container(ROW(r)->parent) || ROW(r)->parent == DM_SK_ROOT)
             break;
     }
-    if (!value)
-        return;
+    /* without a value the sections around the row stay ("backing: {}"), so a
+     * required key inside one is missing there; the row's required siblings
+     * in such a section come with their examples */
     for (int i = n - 1; i > 0; i--)
         dm__text_sb_printf(&b, "%s: {", ROW(chain[i])->key);
-    dm__text_sb_printf(&b, "%s: %s", ROW(row)->key, value);
+    for (int r = 1; n > 1 && r < DM_SK_COUNT; r++)
+        if (r != row && ROW(r)->parent == ROW(row)->parent && (ROW(r)->flags & DM_SF_REQUIRED))
+            dm__text_sb_printf(&b, "%s: %s%s", ROW(r)->key, ROW(r)->example, value ? ", " : "");
+    if (value)
+        dm__text_sb_printf(&b, "%s: %s", ROW(row)->key, value);
     dm__text_sb_putc(&b, '}', (size_t)n - 1);
     dm__text_sb_done(&b);
 }

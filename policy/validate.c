@@ -94,6 +94,11 @@ static void warn_unused(dm__pctx_t *c) {
     used[p->default_arena] = true;
     if (p->fallback_arena >= 0)
         used[p->fallback_arena] = true;
+    if (p->worker_spill >= 0)
+        used[p->worker_spill] = true;
+    for (int i = 0; i < p->ntag_limits; i++)
+        if (p->tag_limits[i].spill >= 0)
+            used[p->tag_limits[i].spill] = true;
     for (int i = 0; i < p->nrules; i++)
         used[p->rules[i].arena] = true;
     for (int i = 0; i < p->narenas; i++) {
@@ -123,12 +128,65 @@ static void check_site_rules(dm__pctx_t *c) {
     }
 }
 
+/* A file-backed arena: an absolute directory, and none of the settings that
+ * place or pin pages, which a file's pages (the page cache's) cannot take. */
+static void check_backing(dm__pctx_t *c, const dm_arena_spec_t *a) {
+    char path[DM_NAME_MAX + 24];
+    const char *what = a->hugepages != DM_THP_SYSTEM ? "hugepages"
+                       : a->numa != DM_NUMA_NONE    ? "numa"
+                       : a->per_node                ? "per_node"
+                       : a->lock                    ? "lock"
+                       : a->pinned != DM_PIN_NONE   ? "pinned"
+                                                    : NULL;
+    if (!a->backing.dir[0])
+        return;
+    snprintf(path, sizeof path, "arenas.%s.backing.dir", a->name);
+    if (a->backing.dir[0] != '/')
+        dm__diag_add(c->ds, DM_SEV_ERROR, a->line, a->col, path,
+                     "'%s' is not an absolute path", a->backing.dir);
+    snprintf(path, sizeof path, "arenas.%s.backing", a->name);
+    if (what)
+        dm__diag_add(c->ds, DM_SEV_ERROR, a->line, a->col, path,
+                     "a file-backed arena cannot take '%s': its pages are the page cache's "
+                     "(leave %s out, or use another arena)", what, what);
+}
+
+/* A spill arena without backing keeps what it serves in RAM; worker_spill
+ * without worker_limit never serves anything. */
+static void warn_spill(dm__pctx_t *c) {
+    const dm_policy_t *p = c->p;
+    char path[40];
+    for (int i = 0; i < p->ntag_limits; i++) {
+        const dm_tag_limit_spec_t *t = &p->tag_limits[i];
+        if (t->spill < 0 || p->arenas[t->spill].backing.dir[0])
+            continue;
+        snprintf(path, sizeof path, "tag_limits[%d].spill", i);
+        dm__diag_add(c->ds, DM_SEV_WARNING, t->line, t->col, path,
+                     "arena '%s' has no backing: what the limit refuses stays in RAM",
+                     p->arenas[t->spill].name);
+    }
+    const dm__ynode_t *n = NULL; /* where worker_spill was written */
+    for (int i = 0; i < c->nrefs; i++)
+        if (c->refs[i].dst == &c->p->worker_spill)
+            n = dm__ynode(c->yt, c->refs[i].node);
+    if (p->worker_spill >= 0 && !p->worker_limit[0])
+        dm__diag_add(c->ds, DM_SEV_WARNING, n ? n->line : 0, n ? n->col : 0, "worker_spill",
+                     "has no effect without worker_limit");
+    else if (p->worker_spill >= 0 && !p->arenas[p->worker_spill].backing.dir[0])
+        dm__diag_add(c->ds, DM_SEV_WARNING, n ? n->line : 0, n ? n->col : 0, "worker_spill",
+                     "arena '%s' has no backing: what worker_limit refuses stays in RAM",
+                     p->arenas[p->worker_spill].name);
+}
+
 void dm__validate_policy(dm__pctx_t *c) {
     check_site_rules(c);
     for (int i = 0; i < c->nrefs; i++)
         resolve_one(c, &c->refs[i]);
+    for (int i = 0; i < c->p->narenas; i++)
+        check_backing(c, &c->p->arenas[i]);
     if (c->ds->d->nerrors || c->nomem)
         return;
     warn_shadowed(c);
     warn_unused(c);
+    warn_spill(c);
 }

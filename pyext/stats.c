@@ -68,6 +68,10 @@ fail:
     return -1;
 }
 
+static PyObject *u64_or_none(uint64_t v) {
+    return v == UINT64_MAX ? Py_NewRef(Py_None) : PyLong_FromUnsignedLongLong(v);
+}
+
 static PyObject *arena_dict(const dm_arena_stats_t *a) {
     PyObject *d = PyDict_New();
     if (!d)
@@ -106,14 +110,20 @@ static PyObject *arena_dict(const dm_arena_stats_t *a) {
     SET_OBJ(d, "pinned", PyUnicode_FromString(a->pinned == DM_PIN_CUDA ? "cuda" : "none"));
     SET_U64(d, "locked_bytes", a->locked_bytes);
     SET_U64(d, "pinned_bytes", a->pinned_bytes);
+    SET_OBJ(d, "backed", PyBool_FromLong(a->backed));
+    SET_OBJ(d, "backing_max", u64_or_none(a->backed ? a->backing_max : UINT64_MAX));
+    SET_U64(d, "backing_reserved_bytes", a->backing_reserved_bytes);
+    SET_U64(d, "backing_disk_bytes", a->backing_disk_bytes);
+    SET_U64(d, "backing_full", a->backing_full);
+    SET_OBJ(d, "backing_resident_max", u64_or_none(a->backed ? a->backing_resident_max : UINT64_MAX));
+    SET_U64(d, "backing_resident_bytes", a->backing_resident_bytes);
+    SET_U64(d, "backing_paged_out_bytes", a->backing_paged_out_bytes);
+    SET_U64(d, "backing_fork_copies", a->backing_fork_copies);
+    SET_U64(d, "backing_fork_failures", a->backing_fork_failures);
     return d;
 fail:
     Py_DECREF(d);
     return NULL;
-}
-
-static PyObject *u64_or_none(uint64_t v) {
-    return v == UINT64_MAX ? Py_NewRef(Py_None) : PyLong_FromUnsignedLongLong(v);
 }
 
 /* stats()["tags"] (biggest live first) and stats()["tag_bytes"]. */

@@ -32,6 +32,7 @@
 #include "runtime/bigblock.h"
 #include "runtime/internal.h"
 #include "runtime/os.h"
+#include "runtime/spill.h"
 #include "runtime/tally.h"
 
 #if defined(__SANITIZE_THREAD__)
@@ -136,6 +137,8 @@ static __attribute__((noinline)) void *slot_alloc_big(dm__thread_t *t, const dm_
     int flags = dm__bigblock_flags(ja, s->flags);
     void *p = dm__bigblock_take(ja, n, flags);
     if (p) {
+        if (DM_UNLIKELY(ja->spill != NULL)) /* resident_max, before anyone writes */
+            dm__spill_catch_up(ja->spill, n);
         if (zero)
             memset(p, 0, n);
         return p;
@@ -144,6 +147,8 @@ static __attribute__((noinline)) void *slot_alloc_big(dm__thread_t *t, const dm_
     if (p)
         dm__bigblock_trim(p, n, SIZE_MAX);
     dm__arena_check_growth(ja);
+    if (DM_UNLIKELY(ja->spill != NULL) && p)
+        dm__spill_catch_up(ja->spill, n);
     return p;
 }
 
@@ -224,6 +229,8 @@ static __attribute__((noinline)) void *slot_alloc_tracked(dm__thread_t *t,
         if (n >= DM_BIG_THP_MIN)
             dm__bigblock_trim(p, n, SIZE_MAX);
         dm__arena_check_growth(ja);
+        if (n >= DM_BIG_THP_MIN && ja->spill) /* resident_max, before the caller writes */
+            dm__spill_catch_up(ja->spill, n);
     }
     return p;
 }
@@ -250,12 +257,7 @@ static void fmt_bytes(char *buf, size_t cap, uint64_t v) {
 static void limit_log(const dm_failure_t *f) {
     static _Atomic int64_t last_s;
     static _Atomic uint64_t quiet;
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
-    int64_t prev = atomic_load_explicit(&last_s, memory_order_relaxed);
-    if ((prev && ts.tv_sec - prev < 1) ||
-        !atomic_compare_exchange_strong_explicit(&last_s, &prev, (int64_t)ts.tv_sec,
-                                                 memory_order_relaxed, memory_order_relaxed)) {
+    if (!dm__runtime_log_due(&last_s)) {
         atomic_fetch_add_explicit(&quiet, 1, memory_order_relaxed);
         return;
     }
@@ -360,10 +362,43 @@ alloc_counted(dm__thread_t *t, const dm__dispatch_slot_t *s, int r, size_t size,
     return p;
 }
 
+/* A tag's or the worker's limit refused the allocation and names an arena to
+ * spill to (tag_limits[].spill, worker_spill): that arena serves it instead,
+ * uncounted (those limits count RAM), and it is no failure. Its own failure
+ * (max, a full disk) is the original refusal's; no `fallback` is tried, which
+ * could be RAM. Counted as a fallback of the rule and the spill arena. With
+ * `before`, the thread's last failure is put back as it was; the block cache's
+ * counted path keeps no copy (its hit must stay cheap) and leaves the refusal
+ * recorded. */
+static __attribute__((noinline)) void *spill_instead(dm__thread_t *t, int r, size_t size, int zero,
+                                                     const dm_failure_t *before) {
+    const dm__dispatch_slot_t *sp = dm__spill_target(t->table, &t->last_failure);
+    if (!sp)
+        return NULL;
+    dm_failure_t refusal = t->last_failure;
+    void *p = slot_alloc(t, sp, size, zero);
+    t->limit_refused = false; /* the spill arena's own limit: the refusal stands */
+    if (!p) {
+        refusal.seq = t->last_failure.seq;
+        t->last_failure = refusal;
+        return NULL;
+    }
+    if (before) /* no failure happened: the thread's last one stays its last */
+        t->last_failure = *before;
+    DM_CTR_ADD(t->ctrs[sp->arena_id].nfallback, 1);
+    DM_CTR_ADD(t->rule_ctrs[r].nfallback, 1);
+    return p;
+}
+
 /* A reservation against a tag or the worker limit was refused (the thread's
- * last_failure says which): counted for slot `s` and rule `r`, logged. */
-static __attribute__((noinline)) void *tally_refused(dm__thread_t *t,
-                                                     const dm__dispatch_slot_t *s, int r) {
+ * last_failure says which): served from the spill arena the limit names, if
+ * any (spill_instead), else counted for slot `s` and rule `r`, logged. */
+static __attribute__((noinline)) void *tally_refused(dm__thread_t *t, const dm__dispatch_slot_t *s,
+                                                     int r, size_t size, int zero,
+                                                     const dm_failure_t *before) {
+    void *q = spill_instead(t, r, size, zero, before);
+    if (q)
+        return q;
     DM_CTR_ADD(t->ctrs[s->arena_id].nfail, 1);
     DM_CTR_ADD(t->rule_ctrs[r].nfail, 1);
     DM_CTR_ADD(t->ctrs[s->arena_id].nlimit, 1);
@@ -395,8 +430,9 @@ static __attribute__((noinline)) void *alloc_tallied(dm__thread_t *t, const dm_c
     uint64_t est = small ? dm_sc_size(dm_sc_index(n)) : dmje_nallocx(n, s->flags);
     if (DM_UNLIKELY(est == 0))
         return alloc_counted(t, s, r, size, dt, zero);
+    dm_failure_t before = t->last_failure;
     if (DM_UNLIKELY(!dm__tally_reserve(cx, est, size, &t->last_failure)))
-        return tally_refused(t, s, r);
+        return tally_refused(t, s, r, size, zero, &before);
     void *p = alloc_counted(t, s, r, size, dt, zero);
     if (DM_UNLIKELY(!p)) {
         dm__tally_unreserve(cx, est);
@@ -483,12 +519,13 @@ static inline uint64_t bcache_usable(const dm__bcache_memo_t *m) {
 /* A refusal: the block goes back to where it came from (the bin, which held
  * n blocks, or jemalloc), and it is reported as alloc_tallied reports it. */
 static __attribute__((noinline)) void *bcache_refused(dm__thread_t *t, const dm__bcache_memo_t *m,
-                                                      void *p, uint32_t n) {
+                                                      void *p, uint32_t n, size_t size,
+                                                      int zero) {
     if (n)
         dm__bcache_set_count(m->bin, n);
     else
         dmje_dallocx(p, MALLOCX_TCACHE_NONE);
-    return tally_refused(t, &t->table->slots[m->rule], m->rule);
+    return tally_refused(t, &t->table->slots[m->rule], m->rule, size, zero, NULL);
 }
 
 /* The counted path with no block in the bin: jemalloc's, as bcache_miss. */
@@ -500,7 +537,7 @@ static __attribute__((noinline)) void *bcache_tallied_miss(dm__thread_t *t, cons
         return alloc_slow(t, c, size, DM_DT_UNKNOWN, zero); /* failure, fallback */
     if (DM_UNLIKELY(!dm__tally_charge(c ? c : &dm__context_root, p, bcache_usable(m), size,
                                       &t->last_failure)))
-        return bcache_refused(t, m, p, 0);
+        return bcache_refused(t, m, p, 0, size, zero);
     bcache_hand_out(m, p, size);
     return p;
 }
@@ -517,7 +554,7 @@ static __attribute__((noinline)) void *bcache_tallied(dm__thread_t *t, const dm_
     dm__bcache_set_count(b, n - 1);
     if (DM_UNLIKELY(!dm__tally_charge(c ? c : &dm__context_root, p, bcache_usable(m), size,
                                       &t->last_failure)))
-        return bcache_refused(t, m, p, n);
+        return bcache_refused(t, m, p, n, size, zero);
     bcache_hand_out(m, p, size);
     return zero ? memset(p, 0, size) : p;
 }

@@ -30,6 +30,7 @@
 
 #include "runtime/internal.h"
 #include "runtime/os.h"
+#include "runtime/spill.h"
 
 _Atomic uint16_t dm__arena_seg_owner[1u << (DM_VA_BITS - DM_SEG_SHIFT)];
 dm__arena_je_t *dm__arena_by_slot[DM_JE_MAX];
@@ -66,7 +67,8 @@ static int je_settings(dm__arena_je_t *ja, const dm_arena_spec_t *spec) {
     return rc == 0 ? 0 : DM_EARENA;
 }
 
-static dm__arena_je_t *je_create(dm__arena_t *owner, int node, const dm_arena_spec_t *spec) {
+static dm__arena_je_t *je_create(dm__arena_t *owner, int node, const dm_arena_spec_t *spec,
+                                 dm__spill_t *spill) {
     if (nje >= DM_JE_MAX)
         return NULL;
     dm__arena_je_t *ja =
@@ -74,6 +76,7 @@ static dm__arena_je_t *je_create(dm__arena_t *owner, int node, const dm_arena_sp
     if (!ja)
         return NULL;
     ja->hooks = dm__extent_hooks;
+    ja->spill = spill;
     ja->node = node;
     ja->owner = owner;
     ja->slot = (uint16_t)nje;
@@ -135,6 +138,14 @@ static void store_settings(dm__arena_t *a, const dm_arena_spec_t *spec) {
     atomic_store_explicit(&a->lock, spec->lock, memory_order_relaxed);
     atomic_store_explicit(&a->pinned, (int)spec->pinned, memory_order_relaxed);
     atomic_store_explicit(&a->in_policy, true, memory_order_relaxed);
+    dm__arena_je_t *ja = atomic_load_explicit(&a->single, memory_order_acquire);
+    if (ja && ja->spill) { /* backing.max and resident_max: reloadable */
+        atomic_store_explicit(&ja->spill->max, spec->backing.max, memory_order_relaxed);
+        atomic_store_explicit(&ja->spill->resident_max, spec->backing.resident_max,
+                              memory_order_relaxed);
+        if (spec->backing.resident_max != SIZE_MAX)
+            dm__spill_pager_ensure();
+    }
 }
 
 static dm__arena_je_t *je_get(dm__arena_je_t *_Atomic *p) {
@@ -161,9 +172,9 @@ static dm__arena_je_t *je_get(dm__arena_je_t *_Atomic *p) {
  * runs out first, so there no big half is made and one jemalloc arena serves
  * every size. */
 static void ensure_big_half(dm__arena_t *a, dm__arena_je_t *ja, const dm_arena_spec_t *spec) {
-    if (je_get(&ja->big) || spec->hugepages != DM_THP_SYSTEM || dm__os_as_limit())
+    if (je_get(&ja->big) || spec->hugepages != DM_THP_SYSTEM || dm__os_as_limit() || ja->spill)
         return;
-    dm__arena_je_t *big = je_create(a, ja->node, spec);
+    dm__arena_je_t *big = je_create(a, ja->node, spec, NULL);
     if (!big)
         return; /* logged; ja serves its big blocks too */
     big->is_big = true;
@@ -175,9 +186,18 @@ static void ensure_big_half(dm__arena_t *a, dm__arena_je_t *ja, const dm_arena_s
 int dm__arena_ensure(dm__arena_t *a, const dm_arena_spec_t *spec) {
     if (!spec->per_node) {
         dm__arena_je_t *ja = je_get(&a->single);
+        if (ja && !ja->spill != !spec->backing.dir[0]) /* install.c checked: said why */
+            return DM_EINVALID;
         if (!ja) {
-            if (!(ja = je_create(a, -1, spec)))
-                return DM_EARENA;
+            dm__spill_t *spill = NULL;
+            char why[320];
+            if (spec->backing.dir[0] &&
+                !(spill = dm__spill_open(spec->backing.dir, spec->backing.max, why, sizeof(why)))) {
+                dm__log("datamem: arena '%s': %s", a->name, why);
+                return DM_EIO;
+            }
+            if (!(ja = je_create(a, -1, spec, spill)))
+                return DM_EARENA; /* a spill file made stays unused: nameless, it goes at exit */
             atomic_store_explicit(&a->single, ja, memory_order_release);
         }
         ensure_big_half(a, ja, spec);
@@ -189,7 +209,7 @@ int dm__arena_ensure(dm__arena_t *a, const dm_arena_spec_t *spec) {
             continue;
         dm__arena_je_t *ja = je_get(&a->by_node[n]);
         if (!ja) {
-            if (!(ja = je_create(a, n, spec)))
+            if (!(ja = je_create(a, n, spec, NULL)))
                 return DM_EARENA;
             atomic_store_explicit(&a->by_node[n], ja, memory_order_release);
         }
@@ -232,11 +252,19 @@ void dm__arena_apply(dm__arena_t *a, const dm_arena_spec_t *spec) {
             dm__log("datamem: arena '%s': cannot apply decay settings", a->name);
 }
 
-/* Called with dm__runtime_mu held: finds the arena by name, creating it if new. */
-dm__arena_t *dm__arena_get(const char *name, const dm_arena_spec_t *spec) {
+/* Called with dm__runtime_mu held: the arena called `name`, or NULL. */
+dm__arena_t *dm__arena_find(const char *name) {
     for (int i = 0; i < narenas; i++)
         if (strcmp(arenas[i]->name, name) == 0)
             return arenas[i];
+    return NULL;
+}
+
+/* Called with dm__runtime_mu held: finds the arena by name, creating it if new. */
+dm__arena_t *dm__arena_get(const char *name, const dm_arena_spec_t *spec) {
+    dm__arena_t *found = dm__arena_find(name);
+    if (found)
+        return found;
     if (narenas >= DM_RT_ARENAS_MAX)
         return NULL;
     dm__arena_t *a =
@@ -471,7 +499,12 @@ static void je_stats_add(dm__arena_je_t *ja, dm_arena_stats_t *o) {
     o->active += stat_zu(i, "pactive") * page;
     o->dirty += stat_zu(i, "pdirty") * page;
     o->muzzy += stat_zu(i, "pmuzzy") * page;
-    o->resident += stat_zu(i, "resident");
+    const dm__spill_t *sp = ja->spill;
+    /* jemalloc's `resident` is the pages it has touched: a bound, and for a file's
+     * pages a wrong one (the pager and the kernel drop them behind its back). A
+     * spill arena's is what mincore finds in memory of its reserved pages. */
+    uint64_t spill_resident = sp ? dm__spill_resident_bytes(ja->spill) : 0;
+    o->resident += sp ? spill_resident : stat_zu(i, "resident");
     o->mapped += stat_zu(i, "mapped");
     o->retained += stat_zu(i, "retained");
     o->reuse_bytes += atomic_load_explicit(&ja->reuse_bytes, memory_order_relaxed);
@@ -481,6 +514,18 @@ static void je_stats_add(dm__arena_je_t *ja, dm_arena_stats_t *o) {
     o->reserved += ja->reserved;
     pthread_mutex_unlock(&ja->mu);
     o->njemalloc++;
+    if (sp) {
+        o->backed = true;
+        o->backing_max = atomic_load_explicit(&sp->max, memory_order_relaxed);
+        o->backing_reserved_bytes += atomic_load_explicit(&sp->committed, memory_order_relaxed);
+        o->backing_disk_bytes += dm__spill_disk_bytes(sp);
+        o->backing_full += atomic_load_explicit(&sp->nfull, memory_order_relaxed);
+        o->backing_resident_max = atomic_load_explicit(&sp->resident_max, memory_order_relaxed);
+        o->backing_resident_bytes += spill_resident;
+        o->backing_paged_out_bytes += atomic_load_explicit(&sp->paged_out, memory_order_relaxed);
+        o->backing_fork_copies += atomic_load_explicit(&sp->fork_copies, memory_order_relaxed);
+        o->backing_fork_failures += atomic_load_explicit(&sp->fork_failures, memory_order_relaxed);
+    }
 }
 
 /* Called with dm__runtime_mu held, after an "epoch" refresh. */

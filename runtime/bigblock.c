@@ -88,6 +88,7 @@
 #include "runtime/datamem.h"
 #include "runtime/internal.h"
 #include "runtime/os.h"
+#include "runtime/spill.h"
 
 #define LG_ALIGN_MASK 0x3f /* MALLOCX_LG_ALIGN's bits of a flags word */
 #define FRAME_SHIFT 21 /* 2 MiB: one PMD-mapped hugepage */
@@ -118,7 +119,7 @@ static bool frames_advised(uintptr_t f0, uintptr_t f1) {
 
 /* Whether ja's big blocks get NumPy's advice (and so the 2 MiB alignment). */
 static bool takes_numpy_advice(const dm__arena_je_t *ja) {
-    return atomic_load_explicit(&numpy_thp, memory_order_relaxed) &&
+    return atomic_load_explicit(&numpy_thp, memory_order_relaxed) && !ja->spill &&
            atomic_load_explicit(&ja->owner->thp, memory_order_relaxed) == DM_THP_SYSTEM;
 }
 
@@ -155,6 +156,10 @@ void *dm__bigblock_zero(void *p, size_t n) {
     /* Memory registered with the CUDA runtime (`pinned: cuda`) must keep its
      * pages: MADV_DONTNEED would swap them under the GPU's mapping. */
     dm__arena_je_t *ja = dm__arena_owner_of(p);
+    if (ja && ja->spill) { /* a file's pages: MADV_DONTNEED would not zero them */
+        dm__spill_zero(ja, p, n);
+        return p;
+    }
     bool keep = ja && atomic_load_explicit(&ja->ever_pinned, memory_order_relaxed);
     /* Every page resident (the last user touched the whole block): clearing
      * in place costs what the kernel's zero-fill would, without the faults or
@@ -180,9 +185,9 @@ void dm__bigblock_trim(void *p, size_t n, size_t touched) {
     if (hi <= lo || hi - lo < DM_BIG_TRIM_MIN)
         return;
     dm__arena_je_t *ja = dm__arena_owner_of(p);
-    if (!ja || atomic_load_explicit(&ja->ever_pinned, memory_order_relaxed) ||
+    if (!ja || ja->spill || atomic_load_explicit(&ja->ever_pinned, memory_order_relaxed) ||
         atomic_load_explicit(&ja->ever_locked, memory_order_relaxed))
-        return; /* registered or locked pages stay as they are */
+        return; /* registered or locked pages stay as they are; a file's are the page cache's */
     dm__os_purge((void *)lo, hi - lo, true);
 }
 

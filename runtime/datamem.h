@@ -198,6 +198,17 @@ typedef struct dm_arena_stats {
     uint64_t locked_bytes;    /* bytes mlock'ed now */
     uint64_t pinned_bytes;    /* bytes registered with the GPU runtime now */
     uint64_t reuse_bytes;     /* freed blocks >= 4 MiB kept for their size's next allocation */
+    /* `backing` (file-backed arenas; all 0 for RAM ones) */
+    bool backed;
+    uint64_t backing_max;            /* backing.max; UINT64_MAX = none */
+    uint64_t backing_reserved_bytes; /* disk blocks reserved for its memory (fallocate) */
+    uint64_t backing_disk_bytes;     /* what its file holds on disk (st_blocks) */
+    uint64_t backing_full;           /* reservations refused: max reached or disk full */
+    uint64_t backing_resident_max;   /* backing.resident_max; UINT64_MAX = none */
+    uint64_t backing_resident_bytes; /* of its reserved pages, those in memory now */
+    uint64_t backing_paged_out_bytes; /* paged out to keep under resident_max */
+    uint64_t backing_fork_copies;    /* fork children given their own copy of the file */
+    uint64_t backing_fork_failures;  /* fork children left a copy-on-write view instead */
 } dm_arena_stats_t;
 
 typedef struct dm_rule_stats {
@@ -279,6 +290,17 @@ DM_API int dm_runtime_observe(dm_install_hook_t on_install, dm_fork_hook_t on_fo
  * DM_STATS_ARENAS_MAX): PAGEMAP_SCAN over the arenas' committed ranges, or
  * /proc/self/smaps. Costs a walk: callers cache. */
 DM_API int dm_runtime_hugepages(uint64_t *out, int cap);
+
+/* The project's one directory rule (docs/security.md): a descriptor
+ * (O_RDONLY|O_DIRECTORY|O_NOFOLLOW, close-on-exec) on directory `path`, made
+ * first with `mode` when `create` and it is absent, only if that descriptor is
+ * a directory owned by this user (the effective uid) and not writable by group
+ * or others, and every directory on the way owned by the user or root and
+ * writable by no one else (docs/security.md). Returns the fd, or DM_EIO (cannot
+ * create or open it) or DM_EUNSAFE (a symbolic link, owned by another user,
+ * writable by others, or a directory on the way that is),
+ * with one line in `why` naming the path and what is wrong with it. */
+DM_API int dm_dir_open_owned(const char *path, bool create, unsigned mode, char *why, size_t cap);
 
 /* datamem's log line (stderr, a newline added). Never on the fast path. */
 DM_API void dm_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

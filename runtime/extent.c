@@ -9,7 +9,9 @@
  * `pinned`), and purge, decommit and count growth (dm__arena_after_growth) as
  * jemalloc asks. Extents are never unmapped (the dalloc hook opts out,
  * jemalloc retains them); dirty pages go back to the kernel through the purge
- * hooks as decay says. Also the tests' fault injection for these events.
+ * hooks as decay says. A file-backed arena's extents are its file's pages
+ * instead (spill.c: mapped, reserved, punched there). Also the tests' fault
+ * injection for these events.
  *
  * Thread safety: hooks run on any thread, inside jemalloc; they take only
  * their arena's bump mutex (a leaf lock) and read settings with relaxed
@@ -21,6 +23,7 @@
 
 #include "runtime/internal.h"
 #include "runtime/os.h"
+#include "runtime/spill.h"
 
 /* Fault injection for tests: the next n events fail (-1: all, 0: none). */
 static _Atomic int64_t fault_extent_allocs, fault_placements;
@@ -72,6 +75,10 @@ static bool region_grow(dm__arena_je_t *ja, size_t need) {
     char *base = dm__os_reserve(len, DM_SEG_SIZE);
     if (!base) {
         log_reserve_failure(ja->owner, len);
+        return false;
+    }
+    if (ja->spill && !dm__spill_region_add(ja->spill, base, len)) { /* its stretch of file */
+        dm__os_release(base, len);
         return false;
     }
     uintptr_t first = (uintptr_t)base >> DM_SEG_SHIFT;
@@ -240,7 +247,7 @@ static void *hook_alloc(extent_hooks_t *h, void *new_addr, size_t size,
         p = at;
     }
     if (p) {
-        if (dm__os_commit(p, size) != 0)
+        if ((ja->spill ? dm__spill_map(ja, p, size, *commit) : dm__os_commit(p, size)) != 0)
             p = NULL;
         else
             ja->cur = p + size;
@@ -248,7 +255,8 @@ static void *hook_alloc(extent_hooks_t *h, void *new_addr, size_t size,
     pthread_mutex_unlock(&ja->mu);
     if (!p)
         return NULL;
-    place(ja, p, size);
+    if (!ja->spill) /* a file's pages take no placement (spill.c) */
+        place(ja, p, size);
     *zero = true; /* never handed out before: fresh anonymous pages */
     dm__arena_t *a = ja->owner;
     if (!*commit && !atomic_load_explicit(&a->lock, memory_order_relaxed) &&
@@ -285,6 +293,8 @@ static void hook_destroy(extent_hooks_t *h, void *addr, size_t size,
 static bool hook_commit(extent_hooks_t *h, void *addr, size_t size,
                         size_t offset, size_t length, unsigned arena_ind) {
     dm__arena_je_t *ja = (dm__arena_je_t *)h;
+    if (ja->spill && dm__spill_commit(ja, (char *)addr + offset, length) != 0)
+        return true; /* no disk blocks: the allocation that needed them fails */
     atomic_fetch_add_explicit(&ja->grown, length, memory_order_relaxed);
     pin_range(ja, (char *)addr + offset, length, false);
     return false;
@@ -293,6 +303,8 @@ static bool hook_commit(extent_hooks_t *h, void *addr, size_t size,
 static bool hook_decommit(extent_hooks_t *h, void *addr, size_t size,
                           size_t offset, size_t length, unsigned arena_ind) {
     dm__arena_je_t *ja = (dm__arena_je_t *)h;
+    if (ja->spill) /* a hole in the file: its blocks go back to the disk */
+        return dm__spill_decommit(ja, (char *)addr + offset, length) != 0;
     if (!unpin_range(ja, (char *)addr + offset, length))
         return true; /* declined: the pages stay committed */
     return dm__os_purge((char *)addr + offset, length, true) != 0;
@@ -301,7 +313,8 @@ static bool hook_decommit(extent_hooks_t *h, void *addr, size_t size,
 static bool hook_purge_lazy(extent_hooks_t *h, void *addr, size_t size,
                             size_t offset, size_t length, unsigned arena_ind) {
     dm__arena_je_t *ja = (dm__arena_je_t *)h;
-    if (!unpin_range(ja, (char *)addr + offset, length))
+    /* A file's pages: madvise keeps their blocks; decommit punches them (spill.c). */
+    if (ja->spill || !unpin_range(ja, (char *)addr + offset, length))
         return true;
     return dm__os_purge((char *)addr + offset, length, false) != 0;
 }
@@ -309,7 +322,7 @@ static bool hook_purge_lazy(extent_hooks_t *h, void *addr, size_t size,
 static bool hook_purge_forced(extent_hooks_t *h, void *addr, size_t size,
                               size_t offset, size_t length, unsigned arena_ind) {
     dm__arena_je_t *ja = (dm__arena_je_t *)h;
-    if (!unpin_range(ja, (char *)addr + offset, length))
+    if (ja->spill || !unpin_range(ja, (char *)addr + offset, length))
         return true;
     return dm__os_purge((char *)addr + offset, length, true) != 0;
 }
@@ -323,8 +336,10 @@ static bool hook_split(extent_hooks_t *h, void *addr, size_t size,
 static bool hook_merge(extent_hooks_t *h, void *addr_a, size_t size_a,
                        void *addr_b, size_t size_b, bool committed,
                        unsigned arena_ind) {
-    /* Only extents of one arena can meet, all inside our reservations. */
-    return false;
+    /* Only extents of one arena can meet, all inside our reservations; a
+     * file-backed arena's two regions are two stretches of its file. */
+    dm__arena_je_t *ja = (dm__arena_je_t *)h;
+    return ja->spill && !dm__spill_same_region(ja->spill, addr_a, addr_b);
 }
 
 const extent_hooks_t dm__extent_hooks = {

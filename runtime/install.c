@@ -9,6 +9,7 @@
  * Thread safety: installs serialise on dm__runtime_mu; the reload counts are
  * guarded by it.
  */
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +18,7 @@
 #include "runtime/bigblock.h"
 #include "runtime/internal.h"
 #include "runtime/os.h"
+#include "runtime/spill.h"
 #include "runtime/tally.h"
 
 static uint64_t reloads, reload_failures; /* under dm__runtime_mu */
@@ -86,6 +88,55 @@ static int load_gpu_runtime(const dm_policy_t *p, dm_diags_t *d) {
     return 0;
 }
 
+static void arena_error(dm_diags_t *d, const dm_arena_spec_t *a, const char *key, const char *fmt,
+                        ...) __attribute__((format(printf, 4, 5)));
+static void arena_error(dm_diags_t *d, const dm_arena_spec_t *a, const char *key, const char *fmt,
+                        ...) {
+    if (!d || d->n >= DM_DIAG_MAX)
+        return;
+    dm_diag_t *e = &d->items[d->n++];
+    memset(e, 0, sizeof(*e));
+    e->severity = DM_SEV_ERROR;
+    e->line = a->line;
+    e->col = a->col;
+    snprintf(e->path, sizeof(e->path), "arenas.%s.%s", a->name, key);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->msg, sizeof(e->msg), fmt, ap);
+    va_end(ap);
+    d->nerrors++;
+}
+
+/* Called with dm__runtime_mu held, before any arena is made: every backing
+ * directory passes the directory rule and takes a file, and an arena that
+ * exists keeps the backing it was made with (its arrays live there). */
+static int check_backing(const dm_policy_t *p, dm_diags_t *d) {
+    int rc = 0;
+    for (int i = 0; i < p->narenas; i++) {
+        const dm_arena_spec_t *a = &p->arenas[i];
+        dm__arena_t *old = dm__arena_find(a->name);
+        dm__arena_je_t *ja = old ? dm__arena_je_for_node(old, -1) : NULL;
+        const char *had = ja && ja->spill ? ja->spill->dir : NULL;
+        char why[320];
+        if (ja && !had != !a->backing.dir[0]) {
+            arena_error(d, a, "backing", "arena '%s' %s since it was made; its arrays live "
+                        "there, so this takes a restart (or use an arena of another name)",
+                        a->name, had ? "is file-backed" : "has been in RAM");
+            rc = DM_EINVALID;
+        } else if (had && strcmp(had, a->backing.dir) != 0) {
+            arena_error(d, a, "backing.dir", "arena '%s' spills to %s since it was made; a new "
+                        "directory takes a restart (or use an arena of another name)", a->name,
+                        had);
+            rc = DM_EINVALID;
+        } else if (!ja && a->backing.dir[0] && dm__spill_check_dir(a->backing.dir, why,
+                                                                   sizeof(why)) != 0) {
+            arena_error(d, a, "backing.dir", "%s", why);
+            rc = DM_EUNSAFE;
+        }
+    }
+    return rc;
+}
+
 /* Called with dm__runtime_mu held. Creates every jemalloc arena the policy needs before
  * anything visible changes, so a failure leaves the running policy untouched
  * (at worst an unused arena exists, as after any reload that drops one). */
@@ -130,6 +181,8 @@ static void fill_slots(dm__dispatch_t *tab, dm__arena_t **byspec, const dm__tall
         int ai = dm_table_rule_arena(tab->table, r);
         dm__dispatch_slot_init(&tab->slots[r], byspec[ai], &p->arenas[ai]);
     }
+    for (int i = 0; i < p->narenas; i++) /* spill targets (spill.c) */
+        dm__dispatch_slot_init(&tab->spill_slots[i], byspec[i], &p->arenas[i]);
     tab->fallback = p->fallback_arena;
     if (p->fallback_arena >= 0)
         dm__dispatch_slot_init(&tab->fallback_slot, byspec[p->fallback_arena],
@@ -179,6 +232,12 @@ static int install(dm_policy_t *p, dm_diags_t *d, const char *only_over) {
         pthread_mutex_unlock(&dm__runtime_mu);
         dm__dispatch_destroy(tab);
         return DM_ESUPERSEDED;
+    }
+    rc = check_backing(p, d);
+    if (rc) {
+        pthread_mutex_unlock(&dm__runtime_mu);
+        dm__dispatch_destroy(tab);
+        return rc;
     }
     rc = ensure_arenas(p, byspec);
     if (rc) {

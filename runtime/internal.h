@@ -91,6 +91,9 @@ typedef struct dm__arena_je {
      * (then this one serves them). Set once, under dm__runtime_mu. */
     struct dm__arena_je *_Atomic big;
     bool is_big;             /* this is some arena's big half */
+    /* A file-backed arena's file and regions (spill.h); NULL for RAM. Set
+     * before the arena is created, never changed. */
+    struct dm__spill *spill;
     pthread_mutex_t mu;      /* guards the bump region below */
     char *cur, *end;         /* committed-on-demand bump region */
     size_t reserved;         /* bytes of address space reserved */
@@ -192,6 +195,9 @@ typedef struct dm__dispatch {
                                     (nfree unused); guarded by dm__runtime_mu */
     bool tally;                  /* bytes are counted per tag (tally.c): the
                                     block cache's counted path or alloc_tallied */
+    /* By policy arena index: the slots that serve what a tag's or the worker's
+     * limit refuses (tag_limits[].spill, worker_spill; spill.c). */
+    dm__dispatch_slot_t spill_slots[DM_ARENAS_MAX];
 } dm__dispatch_t;
 
 #define DM_BCACHE_SLOTS 8                      /* most blocks per class and thread */
@@ -273,6 +279,7 @@ struct dm_ctx {
 
 /* arena.c */
 dm__arena_t *dm__arena_get(const char *name, const dm_arena_spec_t *spec);
+dm__arena_t *dm__arena_find(const char *name);
 int dm__arena_ensure(dm__arena_t *a, const dm_arena_spec_t *spec);
 void dm__arena_apply(dm__arena_t *a, const dm_arena_spec_t *spec);
 void dm__arena_mark_all_unused(void);
@@ -314,6 +321,8 @@ extern pthread_mutex_t dm__runtime_mu;
 /* After a successful install, outside dm__runtime_mu: the observers see it,
  * in install order (an install older than the last one delivered is dropped). */
 void dm__runtime_notify_install(const dm_policy_t *p, uint64_t seq);
+/* At most one line a second per `last_s`: whether this one may go out. */
+bool dm__runtime_log_due(_Atomic int64_t *last_s);
 
 /* context.c: the root context (what NULL means) and one never handed out,
  * which forces the next allocation to bind. */

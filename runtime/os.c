@@ -1,9 +1,11 @@
 /*
- * os.c: mmap/mprotect/madvise/mbind and NUMA topology, nothing else.
+ * os.c: mmap/mprotect/madvise/mbind, NUMA topology, and the files of
+ * file-backed arenas (the directory rule, O_TMPFILE, fallocate), nothing else.
  *
  * NUMA placement uses the raw mbind(2) wrapper from libnuma's numaif.h rather than
  * libnuma's higher-level calls, which allocate and may print to stderr.
  */
+#include "policy/trust.h"
 #include "runtime/os.h"
 
 #include <dlfcn.h>
@@ -21,9 +23,11 @@
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "policy/policy.h"
+#include "runtime/datamem.h"
 
 #ifndef MPOL_LOCAL
 #define MPOL_LOCAL 4
@@ -396,4 +400,132 @@ int dm__os_gpu_register(void *p, size_t n, char *why, size_t cap) {
     snprintf(why, cap, "cudaHostRegister: %s (%d)",
              gpu.error_string ? gpu.error_string(rc) : "error", rc);
     return -EIO;
+}
+
+/* ---- files: the directory rule, spill files ------------------------------ */
+
+int dm__os_dir_open_owned(const char *path, bool create, unsigned mode, char *why, size_t cap) {
+    int fd = dm__trust_open(path, create ? DM__TRUST_DIR_CREATE : DM__TRUST_DIR, (mode_t)mode,
+                            why, cap);
+    return fd == DM_EINVALID ? DM_EIO : fd; /* not a directory: an error, not a refusal */
+}
+
+int dm_dir_open_owned(const char *path, bool create, unsigned mode, char *why, size_t cap) {
+    return dm__os_dir_open_owned(path, create, mode, why, cap);
+}
+
+int dm__os_tmpfile(int dirfd) {
+    /* O_EXCL: the file can never be given a name (linkat) */
+    int fd = openat(dirfd, ".", O_TMPFILE | O_RDWR | O_EXCL | O_CLOEXEC, 0600);
+    return fd >= 0 ? fd : -errno;
+}
+
+int dm__os_file_size(int fd, uint64_t n) { return ftruncate(fd, (off_t)n) == 0 ? 0 : -errno; }
+
+int dm__os_file_reserve(int fd, uint64_t off, size_t n) {
+    int rc;
+    while ((rc = fallocate(fd, 0, (off_t)off, (off_t)n)) != 0 && errno == EINTR)
+        ;
+    return rc == 0 ? 0 : -errno;
+}
+
+int dm__os_file_punch(int fd, uint64_t off, size_t n) {
+    return fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)off, (off_t)n) == 0
+               ? 0
+               : -errno;
+}
+
+int dm__os_file_zero(int fd, uint64_t off, size_t n) {
+    return fallocate(fd, FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE, (off_t)off, (off_t)n) == 0
+               ? 0
+               : -errno;
+}
+
+int dm__os_map_file(void *p, size_t n, int fd, uint64_t off, bool shared) {
+    void *q = mmap(p, n, PROT_READ | PROT_WRITE, (shared ? MAP_SHARED : MAP_PRIVATE) | MAP_FIXED,
+                   fd, (off_t)off);
+    return q == p ? 0 : -errno;
+}
+
+int dm__os_map_anon(void *p, size_t n) {
+    void *q = mmap(p, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+    return q == p ? 0 : -errno;
+}
+
+/* copy_file_range (in the kernel; a reflink where the filesystem shares
+ * blocks), else read and write through a buffer. */
+int dm__os_file_copy(int from, int to, uint64_t off, size_t n) {
+    loff_t in = (loff_t)off, out = (loff_t)off;
+    size_t left = n;
+    while (left) {
+        ssize_t k = copy_file_range(from, &in, to, &out, left, 0);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0)
+            break;
+        left -= (size_t)k;
+    }
+    char buf[1 << 16];
+    while (left) {
+        size_t want = left < sizeof(buf) ? left : sizeof(buf);
+        ssize_t k = pread(from, buf, want, (off_t)in);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0)
+            return k == 0 ? -EIO : -errno;
+        for (ssize_t w = 0; w < k;) {
+            ssize_t m = pwrite(to, buf + w, (size_t)(k - w), (off_t)(in + w));
+            if (m < 0 && errno == EINTR)
+                continue;
+            if (m <= 0)
+                return m == 0 ? -EIO : -errno;
+            w += m;
+        }
+        in += k;
+        left -= (size_t)k;
+    }
+    return 0;
+}
+
+uint64_t dm__os_file_disk_bytes(int fd) {
+    struct stat st;
+    return fstat(fd, &st) == 0 ? (uint64_t)st.st_blocks * 512 : 0;
+}
+
+int64_t dm__os_resident_pages(void *p, size_t n) {
+    size_t page = dm__os_page_size(), pages = n / page;
+    unsigned char vec[512];
+    int64_t in = 0;
+    for (size_t done = 0; done < pages;) {
+        size_t k = pages - done < sizeof(vec) ? pages - done : sizeof(vec);
+        if (mincore((char *)p + done * page, k * page, vec) != 0)
+            return -errno;
+        for (size_t i = 0; i < k; i++)
+            in += vec[i] & 1;
+        done += k;
+    }
+    return in;
+}
+
+int dm__os_pageout_file(void *p, size_t n, int fd, uint64_t off) {
+    /* MADV_PAGEOUT reclaims clean file pages but leaves dirty ones to kswapd:
+     * write them back first. */
+    if (sync_file_range(fd, (off_t)off, (off_t)n,
+                        SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE |
+                            SYNC_FILE_RANGE_WAIT_AFTER) != 0)
+        return -errno;
+    if (madvise(p, n, MADV_PAGEOUT) != 0) {
+        if (errno != EINVAL)
+            return -errno;
+        /* Before Linux 5.4: safe on a shared mapping once written back (its
+         * pages are the file's: the next touch reads them again) */
+        if (madvise(p, n, MADV_DONTNEED) != 0)
+            return -errno;
+    }
+    /* MADV_PAGEOUT reclaims the pages mapped here; a page fault also reads
+     * ahead pages of the file it does not map, which stay in the page cache
+     * (mincore and a cgroup count them; a 64 MiB spilled array kept 9 MiB
+     * resident against a resident_max of 8 MiB). Clean once written back:
+     * dropped too. */
+    return -posix_fadvise(fd, (off_t)off, (off_t)n, POSIX_FADV_DONTNEED);
 }

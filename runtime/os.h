@@ -88,4 +88,45 @@ int dm__os_smaps_huge(void (*fn)(void *arg, uintptr_t start, uintptr_t end, uint
  * 0, or -errno (-ENOTTY / -EINVAL: not supported here). */
 int dm__os_huge_bytes(const uintptr_t (*r)[2], int n, uint64_t *out);
 
+/* ---- files ---------------------------------------------------------------
+ * The directory rule (docs/security.md), one for the whole project: a
+ * descriptor (O_RDONLY|O_DIRECTORY|O_NOFOLLOW, close-on-exec) on `path`,
+ * made first with `mode` when `create` and absent, only if it is a directory
+ * owned by the effective uid and not writable by group or others, its own name
+ * no link, and every directory on the way trusted as the policy's are (the
+ * walk is policy/trust.c's, dm__trust_open). Returns the fd, or DM_EIO /
+ * DM_EUNSAFE with one line in `why`. (dm_dir_open_owned in datamem.h is the
+ * same, for the services.) */
+int dm__os_dir_open_owned(const char *path, bool create, unsigned mode, char *why, size_t cap);
+/* A file with no name in directory `dirfd` (O_TMPFILE|O_EXCL: it can never be
+ * linked in), read-write, mode 0600. The fd or -errno. */
+int dm__os_tmpfile(int dirfd);
+/* ftruncate. 0 or -errno. */
+int dm__os_file_size(int fd, uint64_t n);
+/* Disk blocks for [off, off+n) (fallocate): 0, or -ENOSPC on a full disk. */
+int dm__os_file_reserve(int fd, uint64_t off, size_t n);
+/* Gives the blocks of [off, off+n) back (a hole; reads as zeros). */
+int dm__os_file_punch(int fd, uint64_t off, size_t n);
+/* Zeroes [off, off+n) keeping its blocks (FALLOC_FL_ZERO_RANGE); -EOPNOTSUPP
+ * where the filesystem has no such call (tmpfs). */
+int dm__os_file_zero(int fd, uint64_t off, size_t n);
+/* Maps [off, off+n) of `fd` read-write at exactly p (MAP_FIXED), shared or
+ * private (copy-on-write). 0 or -errno. */
+int dm__os_map_file(void *p, size_t n, int fd, uint64_t off, bool shared);
+/* Fresh zero anonymous memory at exactly p (MAP_FIXED). 0 or -errno. */
+int dm__os_map_anon(void *p, size_t n);
+/* Copies [off, off+n) of `from` to the same offsets of `to`. 0 or -errno. */
+int dm__os_file_copy(int from, int to, uint64_t off, size_t n);
+/* Pages of [p, p+n) (page-aligned) in memory (mincore: for a file mapping,
+ * in the page cache). -errno on failure. */
+int64_t dm__os_resident_pages(void *p, size_t n);
+/* Writes [p, p+n) of a shared file mapping back (its file range [off,
+ * off+n) of fd) and drops its pages: MADV_PAGEOUT (Linux 5.4), else
+ * MADV_DONTNEED (the mapping forgets them); then POSIX_FADV_DONTNEED (the page
+ * cache drops those of the range left, clean after the writeback: read ahead,
+ * never mapped). 0 or -errno. */
+int dm__os_pageout_file(void *p, size_t n, int fd, uint64_t off);
+/* Bytes of disk the file holds (st_blocks * 512). */
+uint64_t dm__os_file_disk_bytes(int fd);
+
 #endif /* DM_RUNTIME_OS_H */

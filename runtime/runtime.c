@@ -14,6 +14,7 @@
  *   arena.c     policy arenas and the jemalloc arenas behind them
  *   extent.c    those arenas' extent hooks (placement, lock, pinned)
  *   bigblock.c  blocks of 4 MiB and more; tally.c bytes per tag; os.c the kernel
+ *   spill.c     file-backed arenas: their file, regions, fork copies
  *
  * Thread safety: dm__runtime_mu guards the engine's shared state (arenas,
  * publication, the thread registry, stats); it is never taken on the fast
@@ -21,11 +22,13 @@
  */
 #include <stdarg.h>
 #include <stdio.h>
+#include <time.h>
 
 #include "runtime/bcache.h"
 #include "runtime/bigblock.h"
 #include "runtime/internal.h"
 #include "runtime/os.h"
+#include "runtime/spill.h"
 
 /* jemalloc options, read once at its initialisation (docs/performance.md).
  * tcache_max: cache sizes up to 1 MiB per thread and arena (the default 32 KiB
@@ -56,6 +59,17 @@ void dm_log(const char *fmt, ...) {
     vfprintf(stderr, fmt, ap);
     va_end(ap);
     fputc('\n', stderr);
+}
+
+/* Whether a rate-limited message (at most one a second, `last_s` its own
+ * clock) may be logged now: failure paths only. */
+bool dm__runtime_log_due(_Atomic int64_t *last_s) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    int64_t prev = atomic_load_explicit(last_s, memory_order_relaxed);
+    return !(prev && ts.tv_sec - prev < 1) &&
+           atomic_compare_exchange_strong_explicit(last_s, &prev, (int64_t)ts.tv_sec,
+                                                   memory_order_relaxed, memory_order_relaxed);
 }
 
 /* ---- observers: the services' seam (datamem.h) -----------------------------
@@ -132,10 +146,20 @@ static void fork_lock_all(int phase) {
     }
 }
 
-static void atfork_prepare(void) { fork_lock_all(0); }
-static void atfork_parent(void) { fork_lock_all(1); }
+/* Spill arenas' files are snapshotted for the child with every lock held
+ * (spill.c, "Fork"), and the child maps its copy before anything else. */
+static void atfork_prepare(void) {
+    fork_lock_all(0);
+    dm__spill_fork(0);
+}
+
+static void atfork_parent(void) {
+    dm__spill_fork(1);
+    fork_lock_all(1);
+}
 
 static void atfork_child(void) {
+    dm__spill_fork(2);
     pthread_mutex_init(&notify_mu, NULL); /* a notifying thread did not survive */
     dm__thread_t *gone = dm__thread_fork_unlink();
     fork_lock_all(1);

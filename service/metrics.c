@@ -110,6 +110,20 @@ static const arena_metric_t arena_metrics[] = {
        "Bytes page-locked (mlock) for the arena's `lock: true`."),
     AM("pinned_bytes", "gauge", "pinned_bytes", pinned_bytes,
        "Bytes registered with the CUDA runtime for the arena's `pinned: cuda`."),
+    AM("backing_reserved_bytes", "gauge", "backing_reserved_bytes", backing_reserved_bytes,
+       "Disk blocks a file-backed arena reserved for its memory (fallocate)."),
+    AM("backing_disk_bytes", "gauge", "backing_disk_bytes", backing_disk_bytes,
+       "Bytes a file-backed arena's file holds on disk (st_blocks): its spilled bytes."),
+    AM("backing_resident_bytes", "gauge", "backing_resident_bytes", backing_resident_bytes,
+       "Bytes of a file-backed arena's reserved pages in memory (page cache)."),
+    AM("backing_paged_out_bytes_total", "counter", "backing_paged_out_bytes",
+       backing_paged_out_bytes, "Bytes paged out to keep a file-backed arena under resident_max."),
+    AM("backing_full_total", "counter", "backing_full", backing_full,
+       "Reservations a file-backed arena refused: backing.max reached or the disk full."),
+    AM("backing_fork_copies_total", "counter", "backing_fork_copies", backing_fork_copies,
+       "Fork children given their own copy of a file-backed arena's file."),
+    AM("backing_fork_failures_total", "counter", "backing_fork_failures", backing_fork_failures,
+       "Fork children left with a copy-on-write view of the parent's file instead."),
 };
 
 #define NARENA_METRICS (sizeof(arena_metrics) / sizeof(arena_metrics[0]))
@@ -530,6 +544,9 @@ static void json_arena(const dm_arena_stats_t *a, dm_buf_t *b) {
     json_limit(b, &k, "limit_bytes", a->limit);
     json_bool(b, &k, "lock", a->lock);
     json_strv(b, &k, "pinned", a->pinned ? "cuda" : "none");
+    json_bool(b, &k, "backed", a->backed);
+    json_limit(b, &k, "backing_max", a->backed ? a->backing_max : UINT64_MAX);
+    json_limit(b, &k, "backing_resident_max", a->backed ? a->backing_resident_max : UINT64_MAX);
     for (size_t m = 0; m < NARENA_METRICS; m++)
         json_u64(b, &k, arena_metrics[m].key, arena_u64(a, &arena_metrics[m]));
     dm__buf_put(b, "}", 1);

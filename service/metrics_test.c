@@ -83,6 +83,7 @@ static dm_stats_t *sample_stats(void) {
     a->counts.nlimit = 4;
     a->lock = true;
     a->locked_bytes = 2 << 20;
+    a->backing_disk_bytes = 5 << 20;
     s.nrules = 2;
     s.rules = rules;
     snprintf(rules[0].name, sizeof(rules[0].name), "huge");
@@ -202,15 +203,16 @@ static void test_text(void) {
             TEST_FAIL_("sample outside its family (%s): %s", last_type, buf);
     }
     /* 10 process families (one sample each), 3 arena families outside the table,
-     * 25 in it (2 arenas each), the limit (a sample only for the arena with
+     * 32 in it (2 arenas each), the limit (a sample only for the arena with
      * one), 7 rule families (2 rules each). */
-    EXPECT_INT_EQ(families, 10 + 3 + 25 + 1 + 7, "families");
-    EXPECT_INT_EQ(samples, 10 + 2 * (3 + 25) + 1 + 2 * 7, "samples");
+    EXPECT_INT_EQ(families, 10 + 3 + 32 + 1 + 7, "families");
+    EXPECT_INT_EQ(samples, 10 + 2 * (3 + 32) + 1 + 2 * 7, "samples");
     EXPECT_LINE(t, "datamem_arena_limit_bytes{arena=\"big\"} 8589934592");
     EXPECT_LINE(t, "datamem_arena_live_bytes{arena=\"big\"} 3145728");
     EXPECT_LINE(t, "datamem_arena_limit_hits_total{arena=\"big\"} 4");
     EXPECT_LINE(t, "datamem_rule_limit_hits_total{rule=\"huge\",arena=\"big\"} 4");
     EXPECT_LINE(t, "datamem_arena_locked_bytes{arena=\"big\"} 2097152");
+    EXPECT_LINE(t, "datamem_arena_backing_disk_bytes{arena=\"big\"} 5242880");
     EXPECT_TRUE(!strstr(t, "datamem_arena_limit_bytes{arena=\"general\"}"),
                 "no limit, no limit sample");
     free(t);

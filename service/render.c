@@ -48,8 +48,10 @@ int dm_stats_hugepages(dm_stats_t *s) {
         /* jemalloc's `resident` is its own page accounting; a transparent
          * hugepage backs all 2 MiB of its range, pages jemalloc never touched
          * included, so the kernel's THP count is a floor for what is resident
-         * (top once showed hugepage 268 MiB above resident 264 MiB). */
-        if (s->arenas[i].resident < hp_cache[i])
+         * (top once showed hugepage 268 MiB above resident 264 MiB). A
+         * file-backed arena's resident bytes are the kernel's own count
+         * (mincore), fresher than this cache. */
+        if (!s->arenas[i].backed && s->arenas[i].resident < hp_cache[i])
             s->arenas[i].resident = hp_cache[i];
     }
     pthread_mutex_unlock(&hp_mu);

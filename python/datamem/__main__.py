@@ -11,13 +11,15 @@
                                       run CMD recording an allocation profile (every
                                       process: DIR/<pid>.dmprof; DATAMEM_PROFILE=DIR)
   report DIR [--html OUT] [--json]    top call sites, sizes, lifetimes, peak, threads, tags
-  suggest DIR                         a policy for the profiled job, with its numbers
+  suggest DIR [--resident] [--memory 16GiB [--spill-dir DIR]]
+                                      a policy for the profiled job, with its numbers; with
+                                      --memory, a spill arena if its peak does not fit
 """
 import argparse
 import os
 import sys
 
-from . import _ext, _stats_cli, _text
+from . import _ext, _stats_cli, _suggest_spill, _text
 
 def parse_size(text):
     """A size argument (_text.parse_size), as argparse reports a bad one."""
@@ -25,6 +27,22 @@ def parse_size(text):
         return _text.parse_size(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def spill_dir(text):
+    """`suggest --spill-dir`: a path the policy can name (_suggest_spill.check_dir)."""
+    try:
+        return _suggest_spill.check_dir(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def memory_size(text):
+    """`suggest --memory`: a size of at least 1 byte."""
+    n = parse_size(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError("%s: the memory must be at least 1 byte" % text)
+    return n
 
 
 def parse_dtype(text):
@@ -106,7 +124,8 @@ def profile_commands(a, pr):
         sys.stderr.write("datamem: warning: %s\n" % w)
     if a.cmd == "suggest":
         from . import _suggest
-        sys.stdout.write(_suggest.suggest(prof, resident_arena=a.resident))
+        sys.stdout.write(_suggest.suggest(prof, resident_arena=a.resident, memory=a.memory,
+                                          spill_dir=a.spill_dir))
         return 0
     from . import _report
     s = _report.summarize(prof, top=a.top)
@@ -122,6 +141,40 @@ def profile_commands(a, pr):
     elif not a.html:
         sys.stdout.write(_report.text(s))
     return 0
+
+
+def add_profile_commands(sub):
+    """profile, report and suggest; returns profile's parser (for its errors)."""
+    pr = sub.add_parser("profile", help="run a command recording an allocation profile")
+    pr.add_argument("--out", metavar="DIR", help="where the profile goes (default: "
+                    "./datamem-profile-PID; must hold no .dmprof files)")
+    pr.add_argument("--sample", type=parse_size, default=None, metavar="BYTES",
+                    help="mean bytes between samples (default 512KiB)")
+    pr.add_argument("--full", action="store_true", help="record every allocation (short jobs)")
+    pr.add_argument("--stacks", action="store_true", default=None,
+                    help="record whole Python stacks (default: with --full)")
+    pr.add_argument("--policy", help="run under this policy (default: one pass-through arena)")
+    pr.add_argument("--max-size", type=parse_size, default=None, metavar="BYTES",
+                    help="each process's profile stops at this size (default 256MiB, "
+                         "DATAMEM_PROFILE_MAX)")
+    pr.add_argument("command", nargs=argparse.REMAINDER, help="-- python job.py ARGS...")
+    rp = sub.add_parser("report", help="summarize an allocation profile")
+    rp.add_argument("dir")
+    rp.add_argument("--html", metavar="OUT", help="write one self-contained HTML page")
+    rp.add_argument("--json", action="store_true", help="print JSON for tools")
+    rp.add_argument("--top", type=int, default=10, help="call sites listed (default 10)")
+    sg = sub.add_parser("suggest", help="propose a policy from an allocation profile")
+    sg.add_argument("dir")
+    sg.add_argument("--resident", action="store_true",
+                    help="give long-lived big arrays an arena of their own (faster random "
+                         "access on hugepages, more peak RSS)")
+    sg.add_argument("--memory", type=memory_size, metavar="SIZE",
+                    help="the memory the job will have (16GiB): if its peak does not fit, "
+                         "spill to disk what does not")
+    sg.add_argument("--spill-dir", type=spill_dir, default=_suggest_spill.DEFAULT_DIR,
+                    metavar="DIR", help="with --memory: where spilled arrays go (default "
+                    "%(default)s; yours, on local disk)")
+    return pr
 
 
 def main(argv=None):
@@ -147,29 +200,7 @@ def main(argv=None):
                    help="every datamem process of this user that handles SIGHUP")
     r.add_argument("--match", metavar="TEXT",
                    help="with --all: only processes whose command line contains TEXT")
-    pr = sub.add_parser("profile", help="run a command recording an allocation profile")
-    pr.add_argument("--out", metavar="DIR", help="where the profile goes (default: "
-                    "./datamem-profile-PID; must hold no .dmprof files)")
-    pr.add_argument("--sample", type=parse_size, default=None, metavar="BYTES",
-                    help="mean bytes between samples (default 512KiB)")
-    pr.add_argument("--full", action="store_true", help="record every allocation (short jobs)")
-    pr.add_argument("--stacks", action="store_true", default=None,
-                    help="record whole Python stacks (default: with --full)")
-    pr.add_argument("--policy", help="run under this policy (default: one pass-through arena)")
-    pr.add_argument("--max-size", type=parse_size, default=None, metavar="BYTES",
-                    help="each process's profile stops at this size (default 256MiB, "
-                         "DATAMEM_PROFILE_MAX)")
-    pr.add_argument("command", nargs=argparse.REMAINDER, help="-- python job.py ARGS...")
-    rp = sub.add_parser("report", help="summarize an allocation profile")
-    rp.add_argument("dir")
-    rp.add_argument("--html", metavar="OUT", help="write one self-contained HTML page")
-    rp.add_argument("--json", action="store_true", help="print JSON for tools")
-    rp.add_argument("--top", type=int, default=10, help="call sites listed (default 10)")
-    sg = sub.add_parser("suggest", help="propose a policy from an allocation profile")
-    sg.add_argument("dir")
-    sg.add_argument("--resident", action="store_true",
-                    help="give long-lived big arrays an arena of their own (faster random "
-                         "access on hugepages, more peak RSS)")
+    pr = add_profile_commands(sub)
     _stats_cli.add_commands(sub)
     a = ap.parse_args(argv)
     if a.cmd in ("profile", "report", "suggest"):

@@ -32,7 +32,7 @@ from ._stats_reload import (  # noqa: F401
 from ._stats_sd import cmd_prometheus_sd, sd_targets, threading_main, write_sd  # noqa: F401
 from ._stats_tables import (  # noqa: F401
     WIDTH, fit, fit_left, header, header_all, human_bytes, human_rate, memory_line,
-    reload_label, render, short_bytes, table, table_all, top_text)
+    reload_label, render, short_bytes, spill_table, table, table_all, top_text)
 from ._text import printable
 
 
@@ -106,10 +106,16 @@ def cmd_top_all(interval=2.0, once=False, out=sys.stdout):
     if once:
         time.sleep(interval)
         cur = scrape_all()
-        out.write(header_all(cur) + "\n" + table_all(cur, prev) + "\n")
+        out.write(top_all_text(cur, prev) + "\n")
         return 0
-    return _loop(scrape_all, lambda cur, prev: header_all(cur) + "\n" + table_all(cur, prev),
-                 prev, interval, out)
+    return _loop(scrape_all, top_all_text, prev, interval, out)
+
+
+def top_all_text(cur, prev):
+    """What `top --all` prints for one round of scrapes."""
+    ok = {pid: s for pid, s in cur.items() if not isinstance(s, Exception)}
+    parts = [header_all(cur), table_all(cur, prev), spill_table(ok)]
+    return "\n".join(p for p in parts if p)
 
 
 # ---- argparse (wired into python -m datamem) ---------------------------------------------

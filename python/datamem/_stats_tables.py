@@ -48,8 +48,19 @@ _RATES = [  # header, counter key, formatter
     ("ALLOC/s", "allocations", human_rate),
     ("FAIL/s", "failures", human_rate),
 ]
+# A file-backed (spill) arena's figures, in a table of their own under the arena
+# table (spill_table): only arenas with `backing` have them.
+_SPILL_COLUMNS = [  # header, key, formatter ("-" for null: no bound)
+    ("ON DISK", "backing_disk_bytes", short_bytes),
+    ("DISK MAX", "backing_max", short_bytes),
+    ("RESIDENT", "backing_resident_bytes", short_bytes),
+    ("RES MAX", "backing_resident_max", short_bytes),
+    ("PAGED OUT", "backing_paged_out_bytes", short_bytes),
+    ("REFUSED", "backing_full", lambda n: "%d" % n),
+]
 # Numbers read from each arena of a snapshot (checked by fetch_json).
-_ARENA_NUMBERS = [c[1] for c in _COLUMNS + _RATES] + ["limit_bytes", "live_bytes"]
+_ARENA_NUMBERS = ([c[1] for c in _COLUMNS + _RATES + _SPILL_COLUMNS]
+                  + ["limit_bytes", "live_bytes"])
 # The process around the arenas, under the table (memory_line).
 _PROCESS_NUMBERS = ("process_resident_bytes", "outside_arenas_resident_bytes",
                     "pyarrow_allocated_bytes")
@@ -135,6 +146,30 @@ def table(cur, prev=None, width=WIDTH):
     return "\n".join(render(head, rows, width=width))
 
 
+def _spill_cells(a):
+    return [("-" if a.get(key) is None else fmt(a[key])) for _, key, fmt in _SPILL_COLUMNS]
+
+
+def spill_table(snaps, width=WIDTH):
+    """The file-backed (spill) arenas of `snaps` ({label: snapshot}; label None
+    for `top TARGET`, a pid for `top --all`): per arena its bytes on disk (the
+    bytes spilled), its pages in memory, their bounds, what the pager dropped and
+    the reservations refused (a full disk or `backing.max`). "" when no arena is
+    file-backed."""
+    rows = []
+    for label, snap in sorted(snaps.items(), key=lambda kv: str(kv[0])):
+        for name, a in sorted(snap.get("arenas", {}).items()):
+            if a.get("backed"):
+                row = [name + ("" if a.get("in_policy", True) else "*")] + _spill_cells(a)
+                rows.append(row if label is None else [str(label)] + row)
+    if not rows:
+        return ""
+    lead = 1 if None in snaps else 2
+    head = (["SPILL ARENA"] if lead == 1 else ["PID", "SPILL ARENA"]) + \
+        [c[0] for c in _SPILL_COLUMNS]
+    return "\n".join(render(head, rows, flex=lead - 1, lead=lead, width=width))
+
+
 def memory_line(cur, width=WIDTH):
     """The process around the arenas: its resident set, what the arenas hold of it
     (their resident bytes and share), the rest, and pyarrow's pool while pyarrow
@@ -154,9 +189,9 @@ def memory_line(cur, width=WIDTH):
 
 def top_text(cur, prev, target, width=WIDTH):
     """What `top TARGET` prints for one snapshot."""
-    text = header(cur, target, width) + "\n" + table(cur, prev, width)
-    mem = memory_line(cur, width)
-    return text + "\n" + mem if mem else text
+    parts = [header(cur, target, width), table(cur, prev, width),
+             spill_table({None: cur}, width), memory_line(cur, width)]
+    return "\n".join(p for p in parts if p)
 
 
 def reload_label(cur):

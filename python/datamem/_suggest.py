@@ -31,9 +31,12 @@ Every rule is preceded by a comment with the numbers behind it. Names from the
 profile (call sites, the directory, policy paths) appear only in comments, with
 their control characters escaped (printable()): a line break in a function's
 name would otherwise end the comment and add YAML of the profiled job's choosing.
+`--memory SIZE` adds a spill arena when the peak does not fit (_suggest_spill.py,
+whose rule names call sites only when their names are plain identifiers).
 """
 import numpy as np
 
+from . import _suggest_spill
 from ._profile_read import BIG, SITE_COLUMNS
 from ._report import LONG, SHORT, fmt_bytes, fmt_count, fmt_time
 from ._text import printable
@@ -223,10 +226,12 @@ def _tiny(p, arenas, rules):
               "    arena: tiny"]
 
 
-def suggest(p, call_site_rules=False, resident_arena=False):
+def suggest(p, call_site_rules=False, resident_arena=False, memory=None,
+            spill_dir=_suggest_spill.DEFAULT_DIR):
     """Returns the policy text (YAML with comments). "Big" arrays start at BIG,
     4 MiB as in throughput.yaml (a 2 MiB bound measured more peak RSS for no
-    speed: module docstring)."""
+    speed: module docstring). With `memory` (bytes), a spill arena in
+    `spill_dir` when the peak does not fit (_suggest_spill.py)."""
     T = p.totals
     total = T["bytes"] or 1.0
     arenas = ["arenas:", "  general: {alignment: 64}"]
@@ -237,6 +242,11 @@ def suggest(p, call_site_rules=False, resident_arena=False):
         _resident(p, call_site_rules, resident_arena, arenas, rules, estimate)
     _temporaries(p, arenas, rules, estimate)
     _tiny(p, arenas, rules)
+    sp = _suggest_spill.spill(p, memory, spill_dir) if memory else None
+    if sp:  # its rule first: the first match wins
+        arenas += sp["arenas"]
+        rules[1:1] = sp["rules"]
+        estimate += sp["estimate"]
     rest = max(0.0, T["bytes"] - T["tiny_bytes"] - T["big_bytes"])
     estimate.append("#   everything else (%s, %s of bytes): the 64-byte-aligned default arena, "
                     "served by datamem's block cache up to 256 KiB"
@@ -246,5 +256,6 @@ def suggest(p, call_site_rules=False, resident_arena=False):
         estimate.append("#   recorded under: %s" % printable(", ".join(policies)))
     if not any(r.startswith("  - name:") for r in rules):
         rules = rules[1:] + ["rules: []"]
+    tail = [""] + sp["tail"] if sp and sp["tail"] else []
     return "\n".join(_head(p) + estimate + ["", "version: 1", "default: general", ""] + arenas +
-                     [""] + rules) + "\n"
+                      [""] + rules + tail) + "\n"

@@ -107,6 +107,99 @@ def run_script(tmp_path, name, text, args, timeout):
                   % ([name] + [str(a) for a in args], str(script)), timeout=timeout)
 
 
+# ---- real memory cgroups (v1 memory.limit_in_bytes, v2 memory.max) ----------------------
+
+def _mounts():
+    """(type, root, mount point, super options) of every cgroup mount."""
+    out = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            pre, _, post = line.partition(" - ")
+            fields, sup = pre.split(), post.split()
+            if sup and sup[0] in ("cgroup", "cgroup2"):
+                out.append((sup[0], fields[3], fields[4], sup[2].split(",")))
+    return out
+
+
+def _memory_base(version):
+    """Where a test can make memory groups in cgroup `version`, or why not:
+    v1: this process's memory group; v2: the root of a cgroup2 mount whose
+    controllers include memory (a v2 group with processes cannot hand
+    controllers to children)."""
+    for typ, root, mount, sup in _mounts():
+        if version == 1 and typ == "cgroup" and "memory" in sup:
+            with open("/proc/self/cgroup") as f:
+                for line in f:
+                    _, ctl, path = line.rstrip("\n").split(":", 2)
+                    r = root.rstrip("/")
+                    if "memory" in ctl.split(",") and (path + "/").startswith(r + "/"):
+                        return mount + path[len(r):], None
+        if version == 2 and typ == "cgroup2":
+            try:
+                ctl = open(os.path.join(mount, "cgroup.controllers")).read().split()
+            except OSError:
+                continue
+            if "memory" in ctl and root == "/":
+                return mount, None
+    return None, ("no cgroup v1 memory controller is mounted here" if version == 1 else
+                  "no cgroup v2 hierarchy here holds the memory controller (this host binds "
+                  "it to v1); runtime/os_test.c covers the v2 reader with fake trees")
+
+
+@pytest.fixture(params=[1, 2], ids=["cgroup-v1", "cgroup-v2"])
+def memory_groups(request):
+    """(version, make): make(limits) creates one nested memory group per limit
+    (outermost first) in cgroup v1 or v2 and returns the innermost; all are
+    removed afterwards, innermost first, even when the test fails."""
+    version = request.param
+    base, why = _memory_base(version)
+    if base is None:
+        pytest.skip("SKIP: " + why)
+    if os.geteuid() != 0 or not os.access(base, os.W_OK):
+        pytest.skip("SKIP: making a cgroup under %s needs root" % base)
+    limit_file = "memory.limit_in_bytes" if version == 1 else "memory.max"
+    made = []
+
+    def write(d, name, text):
+        with open(os.path.join(d, name), "w") as f:
+            f.write(text)
+
+    def make(limits):
+        d = base
+        for limit in limits:
+            if version == 2:  # children of d get the memory controller
+                write(d, "cgroup.subtree_control", "+memory")
+            d = os.path.join(d, "datamem-test-%d-%d" % (os.getpid(), len(made)))
+            os.mkdir(d)
+            made.append(d)
+            write(d, limit_file, str(limit))
+        return d
+    yield version, make
+    for d in reversed(made):
+        for _ in range(100):  # a task that just exited can take a moment to leave
+            try:
+                os.rmdir(d)
+                break
+            except OSError:
+                time.sleep(0.05)
+
+
+def run_in_group(group, code, config, timeout=120):
+    """Runs `code` in a fresh interpreter that joins cgroup `group` before it
+    starts (its pid written to cgroup.procs), so DATAMEM_CONFIG reads the
+    group's limit at install."""
+    procs = os.path.join(group, "cgroup.procs")
+
+    def join():
+        with open(procs, "w") as f:
+            f.write(str(os.getpid()))
+    e = dict(os.environ)
+    e.pop("DATAMEM_MEMORY_LIMIT", None)
+    e["DATAMEM_CONFIG"] = config
+    return subprocess.run([sys.executable, "-c", code], env=e, capture_output=True, text=True,
+                          timeout=timeout, preexec_fn=join)
+
+
 @pytest.fixture
 def demo_policy():
     return os.path.join(CONFIGS, "demo.yaml")

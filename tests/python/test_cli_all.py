@@ -274,3 +274,31 @@ def test_top_shows_limits_in_80_columns():
     assert other[col] == "-", other
     # No limit anywhere: the usual columns.
     assert "LIMIT" not in _stats_cli.table(_worst_snapshot(2.0), _worst_snapshot(1.0))
+
+
+def test_top_shows_spill_arenas_in_80_columns():
+    """A file-backed arena's bytes on disk and in memory, with their bounds, in a
+    table under the arena table; arenas without `backing` have no row there."""
+    prev, cur = _worst_snapshot(1.0), _worst_snapshot(2.0)
+    big = 1023.9 * 2 ** 40
+    for snap in (prev, cur):
+        snap["arenas"]["b"] = dict(snap["arenas"]["b"], backed=True, backing_disk_bytes=big,
+                                   backing_max=big, backing_resident_bytes=big,
+                                   backing_resident_max=None, backing_paged_out_bytes=big,
+                                   backing_full=999_999_999)
+    lines = _stats_cli.top_text(cur, prev, "x").splitlines()
+    assert all(len(l) <= 80 for l in lines), "\n".join(lines)
+    at = next(i for i, l in enumerate(lines) if l.startswith("SPILL ARENA"))
+    assert lines[at].split() == ["SPILL", "ARENA", "ON", "DISK", "DISK", "MAX", "RESIDENT", "RES",
+                                 "MAX", "PAGED", "OUT", "REFUSED"], lines[at]
+    assert lines[at + 1].split() == ["b*", "1023.9TiB", "1023.9TiB", "1023.9TiB", "-",
+                                     "1023.9TiB", "999999999"], lines[at + 1]
+    assert at + 2 == len(lines)  # one spill arena: one row
+    # `top --all`: a row per process and spill arena.
+    text = _stats_cli.top_all_text({41: cur, 42: cur}, {41: prev, 42: prev})
+    lines = text.splitlines()
+    assert all(len(l) <= 80 for l in lines), text
+    at = next(i for i, l in enumerate(lines) if l.startswith("PID") and "SPILL ARENA" in l)
+    assert [l.split()[:2] for l in lines[at + 1:]] == [["41", "b*"], ["42", "b*"]], text
+    # No file-backed arena: no spill table.
+    assert "SPILL" not in _stats_cli.top_text(_worst_snapshot(2.0), _worst_snapshot(1.0), "x")

@@ -30,7 +30,7 @@ from conftest import CONFIGS, ROOT
 PAGE = os.path.join(ROOT, "service", "page", "index.html")
 
 JOB = r"""
-import json, os, sys, threading
+import json, os, sys, threading, time
 import numpy as np
 import datamem
 keep = [np.ones(10), np.ones(10_000), np.ones(1 << 20)]
@@ -39,6 +39,12 @@ def worker():
 t = threading.Thread(target=worker, name="worker-1"); t.start(); t.join()
 with datamem.tag("ingest"):
     keep.append(np.ones(1000))
+with datamem.tag("spilled"):                 # 16 MiB in the file-backed arena
+    keep.append(np.ones(2 << 20))
+deadline = time.monotonic() + 30             # its pager brings it under resident_max
+while (datamem.stats()["arenas"]["spill"]["backing_resident_bytes"] > 4 << 20
+       and time.monotonic() < deadline):
+    time.sleep(0.05)
 datamem._ext.fault_extent_alloc(-1)      # the next big array fails: a failure in "big"
 try:
     np.empty(1 << 28)
@@ -60,6 +66,14 @@ def write_policy(tmp_path, unix_socket=None):
         "  ingest:\n    alignment: 64\n", "  ingest:\n    alignment: 64\n    limit: 1GiB\n")
     assert "limit: 1GiB" in text
     text += "\ntag_limits: [{tag: ingest, limit: 64MiB}]\n"  # the page's bytes-per-tag card
+    # A file-backed arena (the page's spill card), for arrays tagged "spilled".
+    spill = tmp_path / "spill"
+    spill.mkdir(mode=0o700)
+    text = text.replace("arenas:\n", "arenas:\n  spill:\n    backing: {dir: %s, resident_max: 4MiB}\n"
+                        % json.dumps(str(spill)), 1)
+    text = text.replace("rules:\n", "rules:\n  - name: spilled\n    match: {tag: spilled}\n"
+                        "    arena: spill\n", 1)
+    assert "resident_max" in text and "name: spilled" in text
     if unix_socket:
         text += "\nstats: {unix_socket: %s}\n" % json.dumps(unix_socket)
     p = tmp_path / "policy.yaml"
@@ -298,6 +312,18 @@ def test_page_in_headless_chromium(tmp_path):
     ingest = {x["tag"]: x for x in after["tags"]}["ingest"]
     assert ingest["limit"] == 64 << 20 and ingest["live"] >= 8000, ingest
     assert close_bytes(cells["tag:ingest:limit"], [64 << 20]), cells["tag:ingest:limit"]
+    # The spill card: bytes on disk and in memory of the file-backed arena.
+    sp = after["arenas"]["spill"]
+    assert sp["backed"] and sp["backing_disk_bytes"] >= 16 << 20, sp
+    assert not any(a["backed"] for n, a in after["arenas"].items() if n != "spill")
+    assert not any(k.startswith("spill:") and not k.startswith("spill:spill:") for k in cells)
+    for field, key in (("disk", "backing_disk_bytes"), ("resident", "backing_resident_bytes"),
+                       ("paged_out", "backing_paged_out_bytes")):
+        assert close_bytes(cells["spill:spill:" + field], [s["arenas"]["spill"][key] for s in both]), \
+            (field, cells["spill:spill:" + field], [s["arenas"]["spill"][key] for s in both])
+    assert cells["spill:spill:max"] == "-"
+    assert cells["spill:spill:resident_max"] == "4.00 MiB", cells["spill:spill:resident_max"]
+    assert cells["spill:spill:full"] == "0"
     if "threads_not_covered" in after:
         assert ids["threads-not-covered-count"] == str(len(after["threads_not_covered"]))
     else:

@@ -542,3 +542,78 @@ def test_a_refused_second_start_leaves_the_running_profile_alone(tmp_path):
     assert refused == "datamem: already recording a profile", r.stdout
     assert int(samples) < 10, r.stdout  # sampled once a GiB, not every allocation
     assert not (tmp_path / "b").exists()
+
+
+SPILL_JOB = textwrap.dedent('''
+    import json, sys
+    import numpy as np
+    import datamem
+
+    def load_features():                   # long-lived: 4 x 32 MiB to the end
+        return [np.ones(4 << 20) for _ in range(4)]
+
+    def burst():                           # 12 x 8 MiB held together, freed at once
+        parts = [np.ones(1 << 20) for _ in range(12)]
+        return float(sum(p.sum() for p in parts)), [datamem.arena_of(p) for p in parts]
+
+    feats = load_features() if "features" in sys.argv else []
+    total, where = burst()
+    print(json.dumps({"features": [datamem.arena_of(f) for f in feats], "burst": where,
+                      "sum": total + sum(float(f.sum()) for f in feats),
+                      "failure": datamem.last_failure()}))
+''')
+
+
+def test_suggest_memory_spills_what_does_not_fit(tmp_path):
+    """`suggest --memory`: a job whose peak passes the memory gets a spill arena;
+    a rule for the call site that held the peak when one does, else worker_limit
+    with worker_spill; the job then runs under it with those arrays on disk."""
+    job = tmp_path / "spill_job.py"
+    job.write_text(SPILL_JOB)
+    spill = tmp_path / "spill"
+    spill.mkdir(mode=0o700)
+    path = tmp_path / "policy.yaml"
+
+    def suggest(args, memory):
+        out = tmp_path / ("prof-" + "-".join(args + [memory]))
+        _run([sys.executable, str(job)] + args,
+             env={"DATAMEM_PROFILE": str(out), "DATAMEM_PROFILE_SAMPLE": "full"})
+        text = _datamem("suggest", str(out), "--memory", memory, "--spill-dir", str(spill)).stdout
+        path.write_text(text)
+        assert "ok" in _datamem("check", str(path)).stdout
+        return text, text.splitlines()
+
+    # Peak 224 MiB, 128 of it long-lived from load_features; 80% of 160 MiB is 128.
+    text, lines = suggest(["features"], "160MiB")
+    assert "  #      mkdir -m 700 -p %s" % spill in lines, text
+    assert ('  spill: {alignment: 64, decay: {dirty: 1s}, backing: {dir: "%s", max: 256MiB, '
+            'resident_max: 8MiB}}' % spill) in lines, text
+    assert "  - name: spill" in lines and "worker_limit: 80%" not in lines, text
+    out = json.loads(_run([sys.executable, str(job), "features"],
+                          env={"DATAMEM_CONFIG": str(path)}).stdout)
+    assert out["features"] == ["spill"] * 4 and "spill" not in out["burst"], out
+    assert out["sum"] == float(12 << 20) + float(16 << 20) and out["failure"] is None, out
+
+    # Peak 96 MiB of temporaries from one site: no rule for them; whatever passes
+    # 80% of 100 MiB spills (DATAMEM_MEMORY_LIMIT stands in for the cgroup's).
+    text, lines = suggest([], "100MiB")
+    assert lines[-2:] == ["worker_limit: 80%", "worker_spill: spill"], text
+    assert "  - name: spill" not in lines, text
+    out = json.loads(_run([sys.executable, str(job)],
+                          env={"DATAMEM_CONFIG": str(path),
+                               "DATAMEM_MEMORY_LIMIT": "100MiB"}).stdout)
+    assert "spill" in out["burst"] and out["burst"][0] != "spill", out
+    assert out["sum"] == float(12 << 20) and out["failure"] is None, out
+
+    # It fits: no spill arena, and the estimate says so.
+    text, lines = suggest([], "16GiB")
+    assert "spill:" not in text and "worker_limit" not in text, text
+    assert any(l.startswith("#   --memory 16.0 GiB: the peak of live arrays, 96.0 MiB at ")
+               and l.endswith("is within 80% of it: nothing to spill") for l in lines), text
+
+    for bad, says in ((["--memory", "0"], "at least 1 byte"),
+                      (["--memory", "16G"], "bad size"),
+                      (["--memory", "1GiB", "--spill-dir", "rel/dir"], "not an absolute path")):
+        r = subprocess.run([sys.executable, "-m", "datamem", "suggest", str(tmp_path)] + bad,
+                           env=_env(), capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2 and says in r.stderr, (bad, r.stderr)

@@ -429,3 +429,41 @@ def test_reader_fuzz_gives_a_profile_or_one_error(tmp_path, _reader):
         _suggest.suggest(p)
 
     check()
+
+
+@pytest.mark.parametrize("name", ['mod.load*', 'mod.load"]', "mod.l\u00f6ad", "mod." + "x" * 60])
+def test_suggest_memory_names_only_plain_call_sites_in_a_rule(tmp_path, name):
+    # A call-site name goes into a spill rule's `function` glob only when it is a
+    # plain dotted identifier: a glob character would match other functions, a
+    # quote or bracket would end the YAML string, a longer name passes the
+    # schema's 63 bytes. Such a site is never chosen: worker_limit spills instead.
+    p = _Dmprof()
+    sites = {"plain": p.site("mod.features", 3), "odd": p.site(name, 5)}
+    for k, (which, n) in enumerate((("plain", 4), ("odd", 4))):
+        for i in range(n):  # 4 x 64 MiB each, live to the end
+            p.alloc(k * 10 * MS + i * MS, 0x100000 * (k * 10 + i + 1), 64 << 20, sites[which])
+    p.exit(5000 * MS)
+    p.write(tmp_path / "4242.dmprof")
+    spill = tmp_path / "spill"
+    for memory, want in (("400MiB", "plain"), ("200MiB", None)):
+        # 512 MiB at the peak: past 80% of 400 MiB by 192 MiB (the plain site's 256
+        # cover it); past 80% of 200 MiB by 352 MiB (the plain site alone does not)
+        policy = _datamem("suggest", tmp_path, "--memory", memory, "--spill-dir", spill).stdout
+        path = tmp_path / "policy.yaml"
+        path.write_text(policy)
+        assert "ok: " in _datamem("check", path).stdout
+        table = _datamem("explain", path, "--table").stdout
+        rules = [l.split()[1].rstrip(":") for l in
+                 table.split("rules:")[1].split("view")[0].strip().splitlines()]
+        lines = policy.splitlines()
+        assert 'backing: {dir: "%s", max: ' % spill in policy, policy
+        if want:
+            assert rules[0] == "spill", table
+            assert '    match: {function: ["mod.features"], size: {min: 4MiB}}' in lines, policy
+            assert "worker_limit: 80%" not in lines and "# worker_limit: 80%" in lines, policy
+            ex = _datamem("explain", path, "--size", "64MiB", "--function", "mod.features").stdout
+            assert "arena 'spill'" in ex, ex
+        else:
+            assert "spill" not in rules, table
+            assert lines[-2:] == ["worker_limit: 80%", "worker_spill: spill"], policy
+        assert name not in "\n".join(l for l in lines if not l.lstrip().startswith("#"))

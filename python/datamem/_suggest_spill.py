@@ -1,0 +1,154 @@
+"""`suggest --memory SIZE`: a spill rule for a job whose arrays outgrow RAM.
+
+When the profile's peak of live arrays passes SHARE (80%) of the memory the job
+will have (the rest is room for Python objects, pandas' hash tables, Arrow
+buffers: docs/operations.md, `worker_limit`), the policy gets a file-backed
+arena (docs/operations.md, "When arrays outgrow RAM") and one of two ways into it:
+
+- a rule for the call sites that held the peak, when at most three of them,
+  each mostly long-lived arrays of BIG or more, hold the bytes past the limit:
+  those arrays always live on disk and everything else in RAM; a call-site rule
+  adds about 240 instructions to a small create+free (docs/find-your-policy.md),
+  live-byte counting about 550 (it takes every allocation off the fast path:
+  docs/operations.md);
+- else `worker_limit` with `worker_spill`: whatever passes the limit, from any
+  call site, is served from the file instead of raising MemoryError.
+The other one is offered in a comment. `backing.max` is twice the bytes past the
+limit at the peak (so a job that grows still fits, and a runaway cannot fill
+the disk); `resident_max` 128 MiB as configs/spill.yaml, at most 1/16 of the
+memory. The directory is the user's to make (a comment says how).
+
+Call-site names go into the rule's `function` globs only when they are plain
+dotted identifiers (letters, digits, `_`, `.`, `<>` as in `<module>`) of at most
+63 bytes: nothing a glob or YAML would read as anything but the name; a site
+with another name is never chosen (its bytes count as not covered).
+"""
+import json
+import re
+
+from ._profile_read import BIG, SITE_COLUMNS
+from ._report import fmt_bytes, fmt_time
+from ._text import printable
+
+SHARE = 80                       # worker_limit, in percent of the memory limit
+DEFAULT_DIR = "/var/tmp/datamem-spill"
+SITES_MAX = 3                    # call sites in a spill rule
+RESIDENT_MAX = 128 << 20         # configs/spill.yaml's
+_PLAIN_NAME = re.compile(r"[A-Za-z_<][A-Za-z0-9_.<>]{0,62}")
+
+
+def check_dir(path):
+    """The spill directory as the policy will name it; ValueError saying why not."""
+    if not path.startswith("/"):
+        raise ValueError("%s: not an absolute path" % printable(path))
+    if printable(path) != path or len(path.encode()) > 255:
+        raise ValueError("%s: a control character in it, or longer than 255 bytes"
+                         % printable(path))
+    return path
+
+
+def _size_text(n):
+    for unit, k in (("GiB", 1 << 30), ("MiB", 1 << 20)):
+        if n >= k and n % k == 0:
+            return "%d%s" % (n // k, unit)
+    return str(int(n))
+
+
+def _pow2(n, up):
+    p = 1 << 20
+    while p < n if up else p * 2 <= n:
+        p <<= 1
+    return p
+
+
+def _sites(p, excess):
+    """Up to SITES_MAX call sites, most bytes at the peak first, each mostly
+    long-lived big arrays and with a plain name, that held `excess` bytes at the
+    peak together: [(function, bytes at the peak)], or None if no such few do."""
+    held = p.peak["site_bytes"]
+    col = {c: SITE_COLUMNS.index(c) for c in ("bytes", "resident_bytes")}
+    chosen, covered = [], 0.0
+    for r in sorted(range(1, len(held)), key=lambda r: -held[r]):
+        if held[r] <= 0 or len(chosen) == SITES_MAX:
+            break
+        fn = p.sites[r - 1][1]
+        sums = p.site_sums[r]
+        if not _PLAIN_NAME.fullmatch(fn) or sums[col["resident_bytes"]] < 0.5 * sums[col["bytes"]]:
+            continue
+        chosen.append((fn, float(held[r])))
+        covered += held[r]
+        if covered >= excess:
+            return chosen
+    return None
+
+
+def spill(p, memory, spill_dir):
+    """The spill part of a suggested policy for a job with `memory` bytes:
+    {"arenas": lines, "rules": lines, "tail": lines, "estimate": lines} (empty
+    lists but for the estimate when the peak fits)."""
+    peak, at = float(p.peak["bytes"]), float(p.peak["time"])
+    limit = memory * SHARE // 100
+    nproc = len(p.processes)
+    out = {"arenas": [], "rules": [], "tail": [], "estimate": []}
+    procs = "" if nproc == 1 else " (%d processes together)" % nproc
+    if peak <= limit:
+        out["estimate"].append("#   --memory %s: the peak of live arrays%s, %s at %s, is within "
+                               "%d%% of it: nothing to spill" % (fmt_bytes(memory), procs,
+                                                                 fmt_bytes(peak), fmt_time(at),
+                                                                 SHARE))
+        return out
+    excess = peak - limit
+    disk_max = _pow2(2 * excess, up=True)
+    resident_max = min(RESIDENT_MAX, _pow2(memory // 16, up=False))
+    out["arenas"] = [
+        "  # --memory %s: the peak of live arrays%s, %s at %s, passes %d%% of it"
+        % (fmt_bytes(memory), procs, fmt_bytes(peak), fmt_time(at), SHARE),
+        "  # (%s; the rest is room for Python objects, pandas, Arrow...) by %s."
+        % (fmt_bytes(limit), fmt_bytes(excess)),
+        "  # -> a file-backed arena for what does not fit. Make its directory once, on local",
+        "  #    disk (not tmpfs or a network filesystem), yours and not writable by others:",
+        "  #      mkdir -m 700 -p %s" % spill_dir,
+        "  #    max: twice the bytes past the limit at the peak; resident_max: its pages kept in",
+        "  #    memory (a datamem thread pages out the rest; docs/operations.md)",
+        "  spill: {alignment: 64, decay: {dirty: 1s}, backing: {dir: %s, max: %s, resident_max: %s}}"
+        % (json.dumps(spill_dir), _size_text(disk_max), _size_text(resident_max))]
+    if nproc == 1:
+        worker = "%d%%" % SHARE
+        where = ["%d%% of the memory limit (DATAMEM_MEMORY_LIMIT, else the cgroup's," % SHARE,
+                 "else RAM: %s where the job runs)" % fmt_bytes(memory)]
+    else:  # worker_limit counts each process alone; the profile's peak is their sum
+        worker = _size_text(max(1 << 20, (limit // nproc) >> 20 << 20))
+        where = ["%s in each of the %d processes" % (worker, nproc),
+                 "(%d%% of %s shared among them)" % (SHARE, fmt_bytes(memory))]
+    limit_lines = ["worker_limit: %s" % worker, "worker_spill: spill"]
+    sites = _sites(p, excess)
+    if sites:
+        names = ", ".join("%s (%s)" % (fn, fmt_bytes(b)) for fn, b in sites)
+        out["rules"] = [
+            "  # what held the peak: %s;" % names,
+            "  # together at least the %s past the limit" % fmt_bytes(excess),
+            "  # -> their arrays >= %s live on disk, everything else in RAM (a call-site"
+            % fmt_bytes(BIG),
+            "  #    rule costs each allocation less than counting live bytes would)",
+            "  - name: spill",
+            "    match: {function: [%s], size: {min: %s}}"
+            % (", ".join(json.dumps(fn) for fn, _ in sites),
+               _size_text(BIG)),
+            "    arena: spill"]
+        out["tail"] = ["# Or spill, from any call site, whatever passes " + where[0],
+                       "# " + where[1] + " (counting live bytes takes every allocation",
+                       "# off the fast path):"] + ["# " + line for line in limit_lines]
+        out["estimate"].append("#   spill: %s at the peak from %d call site%s in a file in %s "
+                               "(disk speed, not RAM's)" % (fmt_bytes(sum(b for _, b in sites)),
+                                                            len(sites),
+                                                            "" if len(sites) == 1 else "s",
+                                                            spill_dir))
+        return out
+    out["tail"] = ["# Every array past " + where[0],
+                   "# " + where[1] + " is served from the spill arena instead of RAM.",
+                   "# No %d call sites of long-lived big arrays hold the %s past it, for a rule"
+                   % (SITES_MAX, fmt_bytes(excess)),
+                   "# (counting live bytes takes every allocation off the fast path)."] + limit_lines
+    out["estimate"].append("#   spill: about %s at the peak, whichever arrays pass the limit, in "
+                           "a file in %s (disk speed, not RAM's)" % (fmt_bytes(excess), spill_dir))
+    return out

@@ -1,0 +1,576 @@
+/*
+ * spill.c: file-backed (spill) arenas: the file, its regions, the commit and
+ * decommit of pages as disk blocks, zeroing, and fork (spill.h has the layout
+ * and the thread rules).
+ *
+ * Disk blocks are reserved (fallocate) before jemalloc may touch a page, and
+ * `backing.max` bounds what is reserved, so running out of disk or of `max`
+ * fails the allocation that needed the blocks (jemalloc returns NULL, NumPy
+ * raises MemoryError, or `fallback` serves it): a page of a MAP_SHARED file
+ * mapping whose block cannot be allocated at fault time would raise SIGBUS
+ * instead. Decay returns freed pages by decommit (the purge hooks decline:
+ * MADV_FREE / MADV_DONTNEED on a shared file mapping would keep the blocks),
+ * which punches a hole, so disk space comes back as arrays die. The file is
+ * sized to cover every region (sparse: a size costs no blocks), so no mapped
+ * page is ever past its end.
+ *
+ * Fork: MAP_SHARED stays shared across fork(), where users expect a fork's
+ * copy: a write in the child must not show in the parent's arrays, nor the
+ * parent's in the child's. So before fork (pthread_atfork prepare, every bump
+ * mutex held, so no region is added meanwhile) the forking thread copies each
+ * spill arena's reserved pages into a new nameless file (copy_file_range: a
+ * reflink where the filesystem shares blocks, XFS and btrfs; an in-kernel copy
+ * elsewhere), and the child maps that copy over its regions, MAP_FIXED, before
+ * it runs any code of its own: from then on each process writes its own file.
+ * The cost is a copy of the spilled bytes per fork (docs/operations.md).
+ * Writes made by other threads while the copy runs race with the fork itself,
+ * as they would with any memory, but can reach the child page by page rather
+ * than all at once. When the copy cannot be made (no disk space, no
+ * descriptor), the fork still happens and the child maps the parent's file
+ * copy-on-write (MAP_PRIVATE): its own writes stay its own, but a page it has
+ * not written yet shows the parent's later writes; it logs that once, and
+ * `fork_failures` counts it. New memory in the child comes from a file of its
+ * own either way; the parent's file is never written by a child.
+ */
+#include <errno.h>
+#include <fnmatch.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "runtime/os.h"
+#include "runtime/spill.h"
+
+static size_t page_size(void) { return dm__os_page_size(); }
+
+static _Atomic bool pager_on; /* the resident_max pager runs (see below) */
+/* Every spill arena's state, for the pager: appended under dm__runtime_mu,
+ * published by the release-increment of the count. */
+static dm__spill_t *all[DM_JE_MAX];
+static _Atomic int nall;
+
+/* The engine's own objects live in jemalloc's arena 0, as arena.c's do, and
+ * for the process. */
+static void *zalloc(size_t n) {
+    return dmje_mallocx(n, MALLOCX_ZERO | MALLOCX_TCACHE_NONE | MALLOCX_ARENA(0));
+}
+
+/* ---- the file ------------------------------------------------------------- */
+
+int dm__spill_check_dir(const char *dir, char *why, size_t cap) {
+    int dfd = dm__os_dir_open_owned(dir, false, 0700, why, cap);
+    if (dfd < 0)
+        return dfd;
+    int fd = dm__os_tmpfile(dfd);
+    close(dfd);
+    if (fd < 0) {
+        snprintf(why, cap, "%s: cannot make a file with no name there (O_TMPFILE): %s", dir,
+                 strerror(-fd));
+        return DM_EIO;
+    }
+    close(fd);
+    return 0;
+}
+
+dm__spill_t *dm__spill_open(const char *dir, uint64_t max, char *why, size_t cap) {
+    int dfd = dm__os_dir_open_owned(dir, false, 0700, why, cap);
+    if (dfd < 0)
+        return NULL;
+    int fd = dm__os_tmpfile(dfd);
+    dm__spill_t *s = fd >= 0 ? zalloc(sizeof(*s)) : NULL;
+    if (!s) {
+        snprintf(why, cap, "%s: cannot make a file with no name there (O_TMPFILE): %s", dir,
+                 fd < 0 ? strerror(-fd) : "out of memory");
+        if (fd >= 0)
+            close(fd);
+        close(dfd);
+        return NULL;
+    }
+    s->dirfd = dfd;
+    s->fd = fd;
+    s->fork_fd = -1;
+    pthread_mutex_init(&s->pass_mu, NULL);
+    atomic_store_explicit(&s->max, max, memory_order_relaxed);
+    atomic_store_explicit(&s->resident_max, UINT64_MAX, memory_order_relaxed);
+    snprintf(s->dir, sizeof(s->dir), "%s", dir);
+    int n = atomic_load_explicit(&nall, memory_order_relaxed);
+    if (n < DM_JE_MAX) {
+        all[n] = s;
+        atomic_store_explicit(&nall, n + 1, memory_order_release);
+    }
+    return s;
+}
+
+uint64_t dm__spill_disk_bytes(const dm__spill_t *s) {
+    return s->fd >= 0 ? dm__os_file_disk_bytes(s->fd) : 0;
+}
+
+/* ---- regions and page bits ------------------------------------------------ */
+
+bool dm__spill_region_add(dm__spill_t *s, char *base, size_t len) {
+    int n = atomic_load_explicit(&s->nregions, memory_order_relaxed);
+    if (n >= DM_SPILL_REGIONS_MAX || s->fd < 0)
+        return false;
+    size_t pages = len / page_size();
+    _Atomic uint64_t *bits = zalloc((pages + 63) / 64 * sizeof(uint64_t));
+    _Atomic uint32_t *stamps = zalloc((len / DM_SPILL_CHUNK + 1) * sizeof(uint32_t));
+    if (!bits || !stamps || dm__os_file_size(s->fd, s->file_end + len) != 0) {
+        if (bits)
+            dmje_dallocx(bits, MALLOCX_TCACHE_NONE);
+        if (stamps)
+            dmje_dallocx(stamps, MALLOCX_TCACHE_NONE);
+        return false;
+    }
+    dm__spill_region_t *r = &s->regions[n];
+    r->base = base;
+    r->len = len;
+    atomic_store_explicit(&r->mapped, 0, memory_order_relaxed);
+    r->off = s->file_end;
+    r->bits = bits;
+    r->stamps = stamps;
+    r->priv = false;
+    s->file_end += len;
+    atomic_store_explicit(&s->nregions, n + 1, memory_order_release);
+    return true;
+}
+
+/* The region holding [p, p+n), or NULL. Newest first: an older region's
+ * released tail (extent.c, region_grow) may be a newer region now. */
+static dm__spill_region_t *region_of(dm__spill_t *s, const char *p, size_t n) {
+    for (int i = atomic_load_explicit(&s->nregions, memory_order_acquire) - 1; i >= 0; i--) {
+        dm__spill_region_t *r = &s->regions[i];
+        if (p >= r->base && p < r->base + r->len)
+            return (size_t)(r->base + r->len - p) >= n ? r : NULL;
+    }
+    return NULL;
+}
+
+bool dm__spill_same_region(dm__spill_t *s, const void *a, const void *b) {
+    const dm__spill_region_t *r = region_of(s, a, 1);
+    return r && (const char *)b >= r->base && (const char *)b < r->base + r->len;
+}
+
+/* Sets (or clears) the bits of pages [first, first+count); returns how many
+ * changed. */
+static size_t bits_update(_Atomic uint64_t *bits, size_t first, size_t count, bool set) {
+    size_t changed = 0;
+    for (size_t pg = first; pg < first + count;) {
+        size_t w = pg / 64, lo = pg % 64, k = 64 - lo < first + count - pg ? 64 - lo
+                                                                         : first + count - pg;
+        uint64_t m = (k == 64 ? ~UINT64_C(0) : ((UINT64_C(1) << k) - 1)) << lo;
+        uint64_t old = set ? atomic_fetch_or_explicit(&bits[w], m, memory_order_relaxed)
+                           : atomic_fetch_and_explicit(&bits[w], ~m, memory_order_relaxed);
+        changed += (size_t)__builtin_popcountll(set ? (~old & m) : (old & m));
+        pg += k;
+    }
+    return changed;
+}
+
+/* Pages of [first, first+count) whose bit is clear. */
+static size_t bits_clear_in(_Atomic uint64_t *bits, size_t first, size_t count) {
+    size_t n = 0;
+    for (size_t pg = first; pg < first + count; pg++)
+        n += !(atomic_load_explicit(&bits[pg / 64], memory_order_relaxed) >> (pg % 64) & 1);
+    return n;
+}
+
+/* ---- commit and decommit ---------------------------------------------------- */
+
+/* At most one line a second, from the failure path only. */
+static void full_log(const dm__arena_je_t *ja, size_t n, int err) {
+    static _Atomic int64_t last_s;
+    if (!dm__runtime_log_due(&last_s))
+        return;
+    const dm__spill_t *s = ja->spill;
+    if (err == -EDQUOT || err == -ENOSPC) {
+        dm__log("datamem: arena '%s': cannot reserve %zu KiB of disk in %s: %s; the allocation "
+                "fails (MemoryError) unless `fallback` serves it", ja->owner->name, n >> 10,
+                s->dir, strerror(-err));
+    } else if (err == -EFBIG) {
+        dm__log("datamem: arena '%s': its file in %s is at backing.max (%llu MiB): a request "
+                "for %zu KiB more fails (MemoryError) unless `fallback` serves it",
+                ja->owner->name, s->dir,
+                (unsigned long long)(atomic_load_explicit(&s->max, memory_order_relaxed) >> 20),
+                n >> 10);
+    } else {
+        dm__log("datamem: arena '%s': cannot map its file in %s: %s", ja->owner->name, s->dir,
+                strerror(-err));
+    }
+}
+
+/* The pager pages out the least recently allocated chunks first: each
+ * chunk's pages were reserved at the stamp it holds (a commit is where a
+ * spill arena's memory starts to serve; reuse of pages jemalloc kept is not
+ * seen, so a short decay.dirty makes the order closer). */
+static _Atomic uint32_t clock_now;
+
+static void stamp(dm__spill_t *s, dm__spill_region_t *r, const char *p, size_t n) {
+    uint32_t t = atomic_fetch_add_explicit(&clock_now, 1, memory_order_relaxed) + 1;
+    size_t c0 = (size_t)(p - r->base) / DM_SPILL_CHUNK, c1 = (size_t)(p + n - 1 - r->base) /
+                                                             DM_SPILL_CHUNK;
+    for (size_t c = c0; c <= c1; c++)
+        atomic_store_explicit(&r->stamps[c], t, memory_order_relaxed);
+    if (atomic_load_explicit(&s->resident_max, memory_order_relaxed) != UINT64_MAX)
+        dm__spill_pager_ensure(); /* a fork child's first commit starts its own */
+}
+
+static void pager_pass(dm__spill_t *s, uint64_t room);
+
+/* Reserves the blocks of [p, p+n) in region r: `max` first (a
+ * compare-and-swap: never passed, even by racing threads), then the disk. */
+static int reserve(dm__arena_je_t *ja, dm__spill_region_t *r, char *p, size_t n) {
+    dm__spill_t *s = ja->spill;
+    size_t first = (size_t)(p - r->base) / page_size(), count = n / page_size();
+    uint64_t need = (uint64_t)bits_clear_in(r->bits, first, count) * page_size();
+    uint64_t max = atomic_load_explicit(&s->max, memory_order_relaxed);
+    uint64_t before = atomic_load_explicit(&s->committed, memory_order_relaxed);
+    int rc = 0;
+    do {
+        if (before + need > max || before + need < before) {
+            rc = -EFBIG;
+            break;
+        }
+    } while (!atomic_compare_exchange_weak_explicit(&s->committed, &before, before + need,
+                                                    memory_order_relaxed, memory_order_relaxed));
+    if (rc == 0 && r->priv) /* a fork child's copy-on-write region: anonymous pages */
+        rc = dm__os_map_anon(p, n);
+    else if (rc == 0)
+        rc = dm__os_file_reserve(s->fd, r->off + (uint64_t)(p - r->base), n);
+    if (rc == 0) {
+        bits_update(r->bits, first, count, true);
+        stamp(s, r, p, n);
+        dm__spill_catch_up(s, n);
+        return 0;
+    }
+    if (rc != -EFBIG)
+        atomic_fetch_sub_explicit(&s->committed, need, memory_order_relaxed);
+    atomic_fetch_add_explicit(&s->nfull, 1, memory_order_relaxed);
+    full_log(ja, n, rc);
+    return rc;
+}
+
+int dm__spill_map(dm__arena_je_t *ja, char *p, size_t n, bool commit) {
+    dm__spill_t *s = ja->spill;
+    dm__spill_region_t *r = region_of(s, p, n);
+    if (!r)
+        return -EINVAL;
+    int rc = commit ? reserve(ja, r, p, n) : 0;
+    if (rc)
+        return rc;
+    rc = dm__os_map_file(p, n, s->fd, r->off + (uint64_t)(p - r->base), true);
+    if (rc) {
+        full_log(ja, n, rc);
+        if (commit)
+            dm__spill_decommit(ja, p, n);
+        return rc;
+    }
+    if ((size_t)(p + n - r->base) > atomic_load_explicit(&r->mapped, memory_order_relaxed))
+        atomic_store_explicit(&r->mapped, (size_t)(p + n - r->base), memory_order_relaxed);
+    return 0;
+}
+
+int dm__spill_commit(dm__arena_je_t *ja, char *p, size_t n) {
+    dm__spill_region_t *r = region_of(ja->spill, p, n);
+    return r ? reserve(ja, r, p, n) : -EINVAL;
+}
+
+int dm__spill_decommit(dm__arena_je_t *ja, char *p, size_t n) {
+    dm__spill_t *s = ja->spill;
+    dm__spill_region_t *r = region_of(s, p, n);
+    if (!r || r->priv) /* a copy-on-write region keeps its pages (see Fork) */
+        return -EBUSY;
+    int rc = dm__os_file_punch(s->fd, r->off + (uint64_t)(p - r->base), n);
+    if (rc)
+        return rc;
+    size_t gone = bits_update(r->bits, (size_t)(p - r->base) / page_size(), n / page_size(), false);
+    atomic_fetch_sub_explicit(&s->committed, (uint64_t)gone * page_size(), memory_order_relaxed);
+    return 0;
+}
+
+/* calloc of a block jemalloc did not know to be zero: the whole pages of the
+ * file range become zeros that keep their blocks (FALLOC_FL_ZERO_RANGE: no
+ * writes, no page faults), the rest is cleared in place. MADV_DONTNEED, which
+ * zeroes anonymous memory, would only drop the mapping of a file's pages. */
+void dm__spill_zero(dm__arena_je_t *ja, void *p, size_t n) {
+    uintptr_t page = page_size(), b = (uintptr_t)p, e = b + n;
+    uintptr_t lo = (b + page - 1) & ~(page - 1), hi = e & ~(page - 1);
+    dm__spill_region_t *r = hi > lo ? region_of(ja->spill, (char *)lo, hi - lo) : NULL;
+    if (!r || r->priv ||
+        dm__os_file_zero(ja->spill->fd, r->off + (uint64_t)((char *)lo - r->base), hi - lo) != 0) {
+        memset(p, 0, n);
+        return;
+    }
+    memset(p, 0, lo - b);
+    memset((void *)hi, 0, e - hi);
+}
+
+/* ---- fork ------------------------------------------------------------------- */
+
+/* Copies region r's reserved pages to file `to` (blocks reserved first). */
+static int snapshot_region(const dm__spill_t *s, const dm__spill_region_t *r, int to) {
+    size_t pages = atomic_load_explicit(&r->mapped, memory_order_relaxed) / page_size();
+    for (size_t pg = 0; pg < pages;) {
+        if (!(atomic_load_explicit(&r->bits[pg / 64], memory_order_relaxed) >> (pg % 64) & 1)) {
+            pg++;
+            continue;
+        }
+        size_t end = pg;
+        while (end < pages &&
+               (atomic_load_explicit(&r->bits[end / 64], memory_order_relaxed) >> (end % 64) & 1))
+            end++;
+        uint64_t off = r->off + (uint64_t)pg * page_size();
+        size_t len = (end - pg) * page_size();
+        int rc = dm__os_file_reserve(to, off, len);
+        if (rc == 0 && r->priv) { /* its pages are in memory, not in the file */
+            if (pwrite(to, r->base + pg * page_size(), len, (off_t)off) != (ssize_t)len)
+                rc = -EIO;
+        } else if (rc == 0) {
+            rc = dm__os_file_copy(s->fd, to, off, len);
+        }
+        if (rc)
+            return rc;
+        pg = end;
+    }
+    return 0;
+}
+
+static int snapshot(dm__spill_t *s) {
+    int to = dm__os_tmpfile(s->dirfd);
+    if (to < 0)
+        return to;
+    int rc = dm__os_file_size(to, s->file_end);
+    int n = atomic_load_explicit(&s->nregions, memory_order_acquire);
+    for (int i = 0; rc == 0 && i < n; i++)
+        rc = snapshot_region(s, &s->regions[i], to);
+    if (rc) {
+        close(to);
+        return rc;
+    }
+    return to;
+}
+
+/* In the child: the regions are the snapshot's (shared), or, without one,
+ * the parent's file copy-on-write; new regions go to a file of its own. */
+static void child_remap(dm__spill_t *s, const char *name) {
+    int n = atomic_load_explicit(&s->nregions, memory_order_relaxed);
+    bool shared = s->fork_fd >= 0;
+    int own = shared ? s->fork_fd : dm__os_tmpfile(s->dirfd), rc = 0;
+    if (!shared && own >= 0 && dm__os_file_size(own, s->file_end) != 0) {
+        close(own);
+        own = -1;
+    }
+    for (int i = 0; i < n; i++) {
+        dm__spill_region_t *r = &s->regions[i];
+        size_t mapped = atomic_load_explicit(&r->mapped, memory_order_relaxed);
+        if (mapped && !r->priv) {
+            int e = dm__os_map_file(r->base, mapped, shared ? own : s->fd, r->off, shared);
+            rc = rc ? rc : e;
+        }
+        r->priv = r->priv || !shared;
+    }
+    close(s->fd);
+    s->fd = own; /* -1: no new regions (their allocations fail cleanly) */
+    s->fork_fd = -1;
+    if (!shared || rc)
+        dm__log("datamem: arena '%s': this fork child could not get its own copy of the "
+                "spilled arrays (%s): it sees them copy-on-write from the parent's file, where "
+                "pages it has not written show the parent's later writes",
+                name, rc ? strerror(-rc) : "the copy failed before fork");
+}
+
+void dm__spill_fork(int phase) {
+    for (int i = 0; i < DM_JE_MAX && dm__arena_by_slot[i]; i++) {
+        dm__arena_je_t *ja = dm__arena_by_slot[i];
+        dm__spill_t *s = ja->spill;
+        if (!s)
+            continue;
+        if (phase == 0) {
+            int fd = snapshot(s);
+            s->fork_fd = fd >= 0 ? fd : -1;
+            atomic_fetch_add_explicit(fd >= 0 ? &s->fork_copies : &s->fork_failures, 1,
+                                      memory_order_relaxed);
+        } else if (phase == 1) {
+            if (s->fork_fd >= 0)
+                close(s->fork_fd);
+            s->fork_fd = -1;
+        } else {
+            child_remap(s, ja->owner->name);
+            pthread_mutex_init(&s->pass_mu, NULL); /* the pager may have held it */
+        }
+    }
+    if (phase == 2) /* the pager did not survive the fork */
+        atomic_store_explicit(&pager_on, false, memory_order_relaxed);
+}
+
+/* ---- resident_max -----------------------------------------------------------
+ * The kernel writes back and drops a file's pages only under memory pressure,
+ * while a cgroup or a Dask nanny counts resident file pages against the job:
+ * waiting for the kernel is not enough. So a spill arena with resident_max
+ * keeps at most that much of its reserved pages in memory. The pager, one
+ * runtime thread started with the first spill arena that has resident_max
+ * (the allocation that reserves pages stamps their chunks), measures each
+ * such arena five times a second
+ * (mincore over the chunks that hold blocks) and pages out whole 2 MiB chunks,
+ * least recently allocated first, until the arena is under its bound:
+ * writeback (sync_file_range), then MADV_PAGEOUT, which needs Linux 5.4;
+ * before that MADV_DONTNEED, which is as safe on a shared file mapping once it
+ * is written back (its pages are the file's: the next touch reads them again);
+ * then POSIX_FADV_DONTNEED for the pages of the chunk in the page cache but
+ * not mapped (read ahead by a fault). A fork child has no pager until its
+ * first commit starts one.
+ *
+ * A job can write its spilled arrays far faster than the disk takes them (a
+ * Dask task filling 128 MiB arrays: page cache at memory speed, while each
+ * pass waits for writeback), and five passes a second then fall behind: the
+ * nanny saw 1.5 GiB resident and killed the worker. So a commit also keeps
+ * count (`since`), and so does every allocation of DM_BIG_THP_MIN or more
+ * (alloc.c: reused pages, which need no commit, may have been paged out): when
+ * what the last pass left plus what came since would pass resident_max, the
+ * allocating thread (in jemalloc's extent hook, which may hold the arena's
+ * bump mutex, or right after a big allocation: the slow path, never the fast
+ * path) runs a pass itself first, down to resident_max less room for what it
+ * is about to write (at least DM_SPILL_ROOM, so that a run of small commits
+ * does not pass on each one). An allocation that outruns the disk waits for
+ * it, and the arena's resident bytes stay within about resident_max plus the
+ * block being written. */
+
+/* Hysteresis of a commit's own pass: at most one per this many bytes reserved. */
+#define DM_SPILL_ROOM ((uint64_t)8 * DM_SPILL_CHUNK)
+
+typedef struct chunk {
+    uint32_t stamp;
+    uint32_t region;
+    uint32_t index;
+    uint32_t pages; /* resident */
+} chunk_t;
+
+static int by_stamp(const void *a, const void *b) {
+    uint32_t x = ((const chunk_t *)a)->stamp, y = ((const chunk_t *)b)->stamp;
+    return x < y ? -1 : x > y;
+}
+
+/* Whether chunk c of region r holds any reserved page. */
+static bool chunk_held(const dm__spill_region_t *r, size_t c) {
+    size_t per = DM_SPILL_CHUNK / page_size(), w0 = c * per / 64, w1 = (c + 1) * per / 64;
+    for (size_t w = w0; w < w1; w++)
+        if (atomic_load_explicit(&r->bits[w], memory_order_relaxed))
+            return true;
+    return false;
+}
+
+/* The resident chunks that hold blocks (malloc'ed, *n of them), and their
+ * resident bytes in all. NULL with *n 0 when none or out of memory. */
+static chunk_t *resident_chunks(dm__spill_t *s, size_t *n, uint64_t *bytes) {
+    size_t cap = 0;
+    chunk_t *v = NULL;
+    *n = 0;
+    *bytes = 0;
+    int nr = atomic_load_explicit(&s->nregions, memory_order_acquire);
+    for (int i = 0; i < nr; i++) {
+        dm__spill_region_t *r = &s->regions[i];
+        size_t mapped = atomic_load_explicit(&r->mapped, memory_order_relaxed);
+        for (size_t c = 0; !r->priv && c < mapped / DM_SPILL_CHUNK; c++) {
+            if (!chunk_held(r, c))
+                continue;
+            int64_t in = dm__os_resident_pages(r->base + c * DM_SPILL_CHUNK, DM_SPILL_CHUNK);
+            if (in <= 0)
+                continue;
+            if (*n == cap) {
+                chunk_t *w = realloc(v, (cap = cap ? 2 * cap : 256) * sizeof(*v));
+                if (!w)
+                    break;
+                v = w;
+            }
+            v[(*n)++] = (chunk_t){atomic_load_explicit(&r->stamps[c], memory_order_relaxed),
+                                  (uint32_t)i, (uint32_t)c, (uint32_t)in};
+            *bytes += (uint64_t)in * page_size();
+        }
+    }
+    return v;
+}
+
+uint64_t dm__spill_resident_bytes(dm__spill_t *s) {
+    size_t n;
+    uint64_t bytes;
+    free(resident_chunks(s, &n, &bytes));
+    return bytes;
+}
+
+/* Pages out the oldest chunks until at most resident_max - room stays. */
+static void pager_pass(dm__spill_t *s, uint64_t room) {
+    uint64_t max = atomic_load_explicit(&s->resident_max, memory_order_relaxed), bytes;
+    size_t n;
+    if (max == UINT64_MAX)
+        return;
+    max = max > room ? max - room : 0;
+    pthread_mutex_lock(&s->pass_mu);
+    atomic_store_explicit(&s->since, 0, memory_order_relaxed);
+    chunk_t *v = resident_chunks(s, &n, &bytes);
+    if (bytes > max)
+        qsort(v, n, sizeof(*v), by_stamp);
+    for (size_t i = 0; i < n && bytes > max; i++) {
+        dm__spill_region_t *r = &s->regions[v[i].region];
+        size_t at = (size_t)v[i].index * DM_SPILL_CHUNK;
+        if (dm__os_pageout_file(r->base + at, DM_SPILL_CHUNK, s->fd, r->off + at) != 0)
+            break;
+        uint64_t b = (uint64_t)v[i].pages * page_size();
+        bytes -= b;
+        atomic_fetch_add_explicit(&s->paged_out, b, memory_order_relaxed);
+    }
+    free(v);
+    atomic_store_explicit(&s->seen, bytes, memory_order_relaxed);
+    pthread_mutex_unlock(&s->pass_mu);
+}
+
+void dm__spill_catch_up(dm__spill_t *s, size_t n) {
+    uint64_t max = atomic_load_explicit(&s->resident_max, memory_order_relaxed);
+    if (max == UINT64_MAX)
+        return;
+    uint64_t since = atomic_fetch_add_explicit(&s->since, n, memory_order_relaxed) + n;
+    if (atomic_load_explicit(&s->seen, memory_order_relaxed) + since > max)
+        pager_pass(s, n > DM_SPILL_ROOM ? n : DM_SPILL_ROOM);
+}
+
+static void *pager_main(void *arg) {
+    for (;;) {
+        int n = atomic_load_explicit(&nall, memory_order_acquire);
+        for (int i = 0; i < n; i++)
+            pager_pass(all[i], 0);
+        struct timespec ts = {0, 200 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    return arg;
+}
+
+void dm__spill_pager_ensure(void) {
+    if (atomic_load_explicit(&pager_on, memory_order_acquire) ||
+        atomic_exchange_explicit(&pager_on, true, memory_order_acq_rel))
+        return;
+    pthread_t th;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    if (pthread_create(&th, &attr, pager_main, NULL) != 0)
+        atomic_store_explicit(&pager_on, false, memory_order_release); /* the next commit tries again */
+    pthread_attr_destroy(&attr);
+}
+
+/* ---- spill instead of refuse ------------------------------------------------ */
+
+const dm__dispatch_slot_t *dm__spill_target(const dm__dispatch_t *tab, const dm_failure_t *f) {
+    const dm_policy_t *p = tab->policy;
+    int a = -1;
+    if (f->kind == DM_REFUSED_WORKER) {
+        a = p->worker_spill;
+    } else if (f->kind == DM_REFUSED_TAG) {
+        for (int i = 0; i < p->ntag_limits; i++) /* the entry that gave the tag its limit */
+            if (fnmatch(p->tag_limits[i].tag, f->tag, 0) == 0) {
+                a = p->tag_limits[i].spill;
+                break;
+            }
+    }
+    return a >= 0 ? &tab->spill_slots[a] : NULL;
+}

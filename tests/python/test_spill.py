@@ -1,0 +1,268 @@
+"""File-backed (spill) arenas from Python: a rule routes arrays to a file,
+their contents are right, a fork child gets a copy (multiprocessing's fork
+start method), tag and worker limits spill instead of raising MemoryError,
+and stats show the bytes on disk. The C side (hole punching, max, a full
+disk, reload) is //runtime:spill_test."""
+import json
+import os
+import textwrap
+
+import pytest
+
+from conftest import run_in_group, run_py
+
+MiB = 1 << 20
+
+
+@pytest.fixture
+def spill_dir(tmp_path):
+    d = tmp_path / "spill"
+    d.mkdir(mode=0o700)
+    return str(d)
+
+
+def policy(write_policy, spill_dir, tail=""):
+    return write_policy(textwrap.dedent("""\
+        version: 1
+        default: general
+        arenas:
+          general: {{}}
+          disk: {{decay: {{dirty: 0}}, backing: {{dir: '{d}'}}}}
+        """).format(d=spill_dir) + tail)
+
+
+def test_a_rule_routes_an_array_to_the_file(write_policy, spill_dir):
+    pol = policy(write_policy, spill_dir, textwrap.dedent("""\
+        rules:
+          - {name: big, match: {size: {min: 8MiB}}, arena: disk}
+        """))
+    code = r"""
+import json, numpy as np, datamem
+a = np.arange(8 << 20, dtype=np.int64)          # 64 MiB: the rule's
+b = np.arange(1000, dtype=np.int64)
+c = np.zeros(6 << 20)                          # 48 MiB of zeros from the file
+a[::4096] *= 3
+s = datamem.stats()["arenas"]["disk"]
+print(json.dumps({"a": datamem.arena_of(a), "b": datamem.arena_of(b),
+                  "sum": int(a.sum()), "want": int(np.arange(8 << 20, dtype=np.int64).sum()
+                                                   + 2 * np.arange(0, 8 << 20, 4096).sum()),
+                  "zeros": float(c.sum()), "backed": s["backed"],
+                  "disk": s["backing_disk_bytes"], "reserved": s["backing_reserved_bytes"]}))
+"""
+    r = run_py(code, config=pol)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["a"] == "disk" and out["b"] == "general", out
+    assert out["sum"] == out["want"] and out["zeros"] == 0.0, out
+    assert out["backed"] and out["disk"] >= 64 * MiB and out["reserved"] >= 64 * MiB, out
+    assert os.listdir(spill_dir) == []  # the file has no name
+
+
+def test_a_fork_child_gets_a_copy_not_a_shared_mapping(write_policy, spill_dir):
+    pol = policy(write_policy, spill_dir, textwrap.dedent("""\
+        rules:
+          - {name: big, match: {size: {min: 8MiB}}, arena: disk}
+        """))
+    code = r"""
+import json, multiprocessing as mp, numpy as np, datamem
+ctx = mp.get_context("fork")
+a = np.full(4 << 20, 1.0)                      # 32 MiB on disk
+def child(conn, go):
+    seen = float(a[0])
+    a[:] = 2.0                                 # the child's own write
+    conn.send("written")
+    go.wait()                                  # the parent has written 3.0 meanwhile
+    conn.send({"before": seen, "after": float(a.min()), "max": float(a.max()),
+               "arena": datamem.arena_of(a)})
+parent_end, child_end = ctx.Pipe()
+go = ctx.Event()
+p = ctx.Process(target=child, args=(child_end, go))
+p.start()
+assert parent_end.recv() == "written"
+seen_by_parent = float(a.max())
+a[:] = 3.0
+go.set()
+child_saw = parent_end.recv()
+p.join()
+print(json.dumps({"parent_saw": seen_by_parent, "child": child_saw, "parent_now": float(a.min()),
+                  "exit": p.exitcode,
+                  "copies": datamem.stats()["arenas"]["disk"]["backing_fork_copies"]}))
+"""
+    r = run_py(code, config=pol)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["exit"] == 0, out
+    assert out["parent_saw"] == 1.0, out          # the child's write is not the parent's
+    assert out["child"]["before"] == 1.0, out     # the child starts with the parent's data
+    assert out["child"]["after"] == 2.0 and out["child"]["max"] == 2.0, out  # not the parent's 3.0
+    assert out["parent_now"] == 3.0 and out["copies"] >= 1, out
+
+
+def test_limits_spill_instead_of_raising(write_policy, spill_dir):
+    pol = policy(write_policy, spill_dir, textwrap.dedent("""\
+        worker_limit: 96MiB
+        worker_spill: disk
+        tag_limits:
+          - {tag: "task-*", limit: 32MiB, spill: disk}
+        """))
+    code = r"""
+import json, numpy as np, datamem
+out = {}
+with datamem.tag("task-1"):
+    held = [np.ones(4 << 20, np.uint8) for _ in range(16)]     # 64 MiB: 8 past the tag's 32
+    out["task"] = [datamem.arena_of(x) for x in held]
+    out["task_sum"] = int(sum(int(x.sum()) for x in held))
+    out["tag_live"] = datamem.stats()["tags"]["task-1"]["live"]
+big = [np.ones(16 << 20, np.uint8) for _ in range(8)]           # 128 MiB untagged
+out["worker"] = [datamem.arena_of(x) for x in big]
+out["failure"] = datamem.last_failure()
+print(json.dumps(out))
+"""
+    r = run_py(code, config=pol)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["task"][:8] == ["general"] * 8 and out["task"][8:] == ["disk"] * 8, out
+    assert out["task_sum"] == 64 * MiB and out["tag_live"] <= 32 * MiB, out
+    # 32 MiB of the tag's in RAM, then 96 MiB of worker limit: 4 more in RAM
+    assert out["worker"][:4] == ["general"] * 4 and out["worker"][4:] == ["disk"] * 4, out
+    assert out["failure"] is None, out
+    assert "MemoryError" not in r.stderr, r.stderr
+
+
+def test_a_directory_others_can_write_is_refused(write_policy, tmp_path):
+    d = tmp_path / "open"
+    d.mkdir()
+    d.chmod(0o777)
+    pol = policy(write_policy, str(d))
+    r = run_py("import numpy, datamem; print(datamem.current_policy())", config=pol)
+    assert "arenas.disk.backing.dir" in r.stderr, r.stderr
+    assert "directory writable by other users (mode 0777)" in r.stderr, r.stderr
+
+
+def test_explain_says_when_an_allocation_would_spill(write_policy, spill_dir):
+    pol = policy(write_policy, spill_dir, textwrap.dedent("""\
+        worker_limit: 1GiB
+        worker_spill: disk
+        tag_limits:
+          - {tag: "task-*", limit: 32MiB, spill: disk}
+        rules:
+          - {name: big, match: {size: {min: 8MiB}}, arena: disk}
+        """))
+    r = run_py("import datamem\n"
+               "print(datamem.explain(%r, 1 << 30))\n"
+               "print(datamem.explain(%r, 4096, tags=['task-7']))" % (pol, pol))
+    assert r.returncode == 0, r.stderr
+    big, small = r.stdout.split("-> default", 1)
+    assert "-> rule 'big' -> arena 'disk'" in big, r.stdout
+    assert "spills: arena 'disk' is a file in %s" % spill_dir in big, r.stdout
+    assert "past tag 'task-7''s limit of 33554432 bytes: spills to arena 'disk'" in small, r.stdout
+    assert "past worker_limit 1GiB: spills to arena 'disk'" in small, r.stdout
+
+
+def _parse_size(cell):
+    """A `top` size cell ("264.0MiB", "0B") in bytes."""
+    units = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
+    for u in ("KiB", "MiB", "GiB", "TiB", "B"):
+        if cell.endswith(u):
+            return float(cell[:-len(u)]) * units[u]
+    raise AssertionError("not a size: %r" % cell)
+
+
+def test_stats_and_top_show_bytes_on_disk_and_in_memory(write_policy, spill_dir, tmp_path):
+    """A spill arena's resident bytes are its file's pages in memory, not what
+    jemalloc once touched (the pager drops them behind its back), and `top`
+    shows its bytes on disk and in memory under the arena table."""
+    pol = write_policy(textwrap.dedent("""\
+        version: 1
+        default: general
+        arenas:
+          general: {{}}
+          disk: {{backing: {{dir: '{d}', resident_max: 8MiB}}}}
+        rules:
+          - {{name: big, match: {{size: {{min: 8MiB}}}}, arena: disk}}
+        """).format(d=spill_dir))
+    code = r"""
+import json, os, subprocess, sys, time
+import numpy as np, datamem
+held = [np.ones(4 << 20) for _ in range(2)]          # 64 MiB in the file
+deadline = time.monotonic() + 30                      # the pager runs five times a second
+while True:
+    s = datamem.stats()["arenas"]["disk"]
+    if s["backing_resident_bytes"] <= 8 << 20 or time.monotonic() > deadline:
+        break
+    time.sleep(0.1)
+top = subprocess.run([sys.executable, "-m", "datamem", "top", str(os.getpid()), "--once",
+                      "--interval", "0.2"], capture_output=True, text=True, timeout=60)
+after = datamem.stats()["arenas"]["disk"]
+print(json.dumps({"s": s, "after": after, "top": top.stdout, "err": top.stderr,
+                  "sum": float(sum(x.sum() for x in held))}))
+"""
+    r = run_py(code, config=pol, env={"DATAMEM_STATS_HTTP": "127.0.0.1:0",
+                                      "DATAMEM_STATS_DIR": str(tmp_path / "discovery")})
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    s = out["s"]
+    assert s["backing_resident_bytes"] <= 8 * MiB, s
+    assert s["allocated_bytes"] >= 64 * MiB and s["backing_disk_bytes"] >= 64 * MiB, s
+    # The arena's resident bytes are the file's pages in memory (jemalloc's own
+    # count would be every page of the 64 MiB it touched).
+    assert s["resident_bytes"] <= 8 * MiB, s
+    assert out["sum"] == float(8 << 20)
+
+    lines = out["top"].splitlines()
+    assert lines and all(len(l) <= 80 for l in lines), out["top"] + out["err"]
+    head = next(i for i, l in enumerate(lines) if l.startswith("SPILL ARENA"))
+    cols = lines[head].replace("SPILL ARENA", "SPILL_ARENA").replace("ON DISK", "ON_DISK") \
+        .replace("DISK MAX", "DISK_MAX").replace("RES MAX", "RES_MAX") \
+        .replace("PAGED OUT", "PAGED_OUT").split()
+    row = dict(zip(cols, lines[head + 1].split()))
+    assert row["SPILL_ARENA"] == "disk" and row["DISK_MAX"] == "-", row
+    assert row["RES_MAX"] == "8.0MiB" and row["REFUSED"] == "0", row
+    both = (s, out["after"])
+    for col, key in (("ON_DISK", "backing_disk_bytes"), ("RESIDENT", "backing_resident_bytes"),
+                     ("PAGED_OUT", "backing_paged_out_bytes")):
+        shown = _parse_size(row[col])
+        lo, hi = min(x[key] for x in both), max(x[key] for x in both)
+        assert lo * 0.99 - 1 <= shown <= hi * 1.01 + 1, (col, row[col], lo, hi)
+    assert _parse_size(row["ON_DISK"]) >= 64 * MiB and _parse_size(row["PAGED_OUT"]) >= 56 * MiB
+    # Only spill arenas have a row.
+    assert not any(l.split()[:1] == ["general"] for l in lines[head + 1:]), out["top"]
+
+
+CGROUP_SPILL_JOB = r"""
+import json, numpy as np, datamem
+tb = datamem.stats()["tag_bytes"]
+held = [np.full(2 << 20, float(i)) for i in range(40)]   # 40 x 16 MiB = 640 MiB, written
+s = datamem.stats()["arenas"]["spill"]
+print(json.dumps({"limit": tb["worker_limit"], "source": tb["worker_limit_source"],
+                  "where": [datamem.arena_of(a) for a in held],
+                  "sums_ok": all(float(a.sum()) == float(i) * (2 << 20) for i, a in enumerate(held)),
+                  "disk": s["backing_disk_bytes"], "failure": datamem.last_failure()}))
+"""
+
+
+def test_a_worker_limit_share_spills_under_a_real_cgroup_limit(write_policy, spill_dir,
+                                                                memory_groups):
+    """`worker_limit: 50%` of a real memory cgroup's limit (512 MiB), with
+    `worker_spill`: a job holding 640 MiB of written arrays, 1.25x the group's
+    limit, is neither OOM-killed nor refused: the arrays past 256 MiB live in
+    the file, and every sum is right."""
+    version, make = memory_groups
+    pol = write_policy(textwrap.dedent("""\
+        version: 1
+        default: general
+        arenas:
+          general: {{}}
+          spill: {{decay: {{dirty: 1s}}, backing: {{dir: '{d}', resident_max: 32MiB}}}}
+        worker_limit: 50%
+        worker_spill: spill
+        """).format(d=spill_dir))
+    r = run_in_group(make([512 << 20]), CGROUP_SPILL_JOB, pol, timeout=300)
+    assert r.returncode == 0, (r.returncode, r.stderr[-2000:])  # -9: the OOM killer
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["source"] == "cgroup v%d" % version and out["limit"] == 256 * MiB, out
+    where = out["where"]
+    n_ram = where.count("general")
+    assert 12 <= n_ram <= 16 and where == ["general"] * n_ram + ["spill"] * (40 - n_ram), out
+    assert out["sums_ok"] and out["failure"] is None, out
+    assert out["disk"] >= (40 - n_ram) * 16 * MiB, out
