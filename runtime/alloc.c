@@ -235,53 +235,6 @@ static __attribute__((noinline)) void *slot_alloc_tracked(dm__thread_t *t,
     return p;
 }
 
-/* NumPy's MemoryError text is fixed ("Unable to allocate ... for an array with
- * shape ..."), so a refusal by a limit also says, on stderr, which arena, rule,
- * limit and request it was: at most one line a second (a job that catches
- * MemoryError in a loop is not flooded), with the number not shown. Failure
- * path only; datamem.last_failure() gives the same for the calling thread. */
-/* "8 bytes", "1.5 KiB", "64.0 MiB", "2.0 GiB" */
-static void fmt_bytes(char *buf, size_t cap, uint64_t v) {
-    static const char *const units[] = {"KiB", "MiB", "GiB", "TiB"};
-    if (v < 1024) {
-        snprintf(buf, cap, "%llu bytes", (unsigned long long)v);
-        return;
-    }
-    double x = (double)v / 1024.0;
-    int u = 0;
-    while (x >= 1024.0 && u < 3)
-        x /= 1024.0, u++;
-    snprintf(buf, cap, "%.1f %s", x, units[u]);
-}
-
-static void limit_log(const dm_failure_t *f) {
-    static _Atomic int64_t last_s;
-    static _Atomic uint64_t quiet;
-    if (!dm__runtime_log_due(&last_s)) {
-        atomic_fetch_add_explicit(&quiet, 1, memory_order_relaxed);
-        return;
-    }
-    uint64_t more = atomic_exchange_explicit(&quiet, 0, memory_order_relaxed);
-    char more_text[64] = "";
-    if (more)
-        snprintf(more_text, sizeof(more_text), " (%llu more refusals not shown)",
-                 (unsigned long long)more);
-    char lim[32], live[32], req[32];
-    fmt_bytes(lim, sizeof(lim), f->limit);
-    fmt_bytes(live, sizeof(live), f->live);
-    fmt_bytes(req, sizeof(req), f->request);
-    if (f->kind == DM_REFUSED_TAG)
-        dm__log("datamem: MemoryError: tag '%s' is at its limit of %s with %s live: a "
-                "request of %s was refused%s", f->tag, lim, live, req, more_text);
-    else if (f->kind == DM_REFUSED_WORKER)
-        dm__log("datamem: MemoryError: the worker limit of %s is reached with %s live: a "
-                "request of %s was refused%s", lim, live, req, more_text);
-    else
-        dm__log("datamem: MemoryError: arena '%s' (rule '%s') is at its limit of %s with %s "
-                "live: a request of %s was refused%s%s", f->arena, f->rule, lim, live, req,
-                f->fallback_tried ? "; the fallback arena had no room either" : "", more_text);
-}
-
 /* A tracked arena's block goes: its usable size leaves the arena's count. */
 static __attribute__((noinline)) void untrack_slow(dm__arena_je_t *ja, const void *p) {
     atomic_fetch_sub_explicit(&ja->owner->live, dmje_sallocx(p, 0), memory_order_relaxed);
@@ -308,7 +261,7 @@ static __attribute__((noinline)) void *alloc_failed(dm__thread_t *t, dm__dispatc
     }
     if (tab->fallback < 0 || tab->fallback_slot.arena == s->arena) {
         if (limited)
-            limit_log(&t->last_failure);
+            dm__failure_log(&t->last_failure);
         return NULL;
     }
     const dm__dispatch_slot_t *f = &tab->fallback_slot;
@@ -331,7 +284,7 @@ static __attribute__((noinline)) void *alloc_failed(dm__thread_t *t, dm__dispatc
         t->last_failure = first;
     }
     if (limited || t->last_failure.seq != first.seq)
-        limit_log(&t->last_failure);
+        dm__failure_log(&t->last_failure);
     return NULL;
 }
 
@@ -407,7 +360,7 @@ static __attribute__((noinline)) void *tally_refused(dm__thread_t *t, const dm__
     snprintf(t->last_failure.rule, sizeof(t->last_failure.rule), "%s",
              r < pol->nrules ? pol->rules[r].name : "default");
     snprintf(t->last_failure.arena, sizeof(t->last_failure.arena), "%s", s->arena->name);
-    limit_log(&t->last_failure);
+    dm__failure_log(&t->last_failure);
     return NULL;
 }
 
@@ -720,7 +673,7 @@ static void realloc_refused(dm__thread_t *t, const dm__dispatch_slot_t *s, int r
              r < t->table->policy->nrules ? t->table->policy->rules[r].name : "default");
     DM_CTR_ADD(t->ctrs[s->arena_id].nlimit, 1);
     DM_CTR_ADD(t->rule_ctrs[r].nlimit, 1);
-    limit_log(&t->last_failure);
+    dm__failure_log(&t->last_failure);
 }
 
 /* The block stays in its arena `ja`: rallocx, which may resize in place. A
