@@ -315,43 +315,38 @@ alloc_counted(dm__thread_t *t, const dm__dispatch_slot_t *s, int r, size_t size,
     return p;
 }
 
-/* A tag's or the worker's limit refused the allocation and names an arena to
- * spill to (tag_limits[].spill, worker_spill): that arena serves it instead,
- * uncounted (those limits count RAM), and it is no failure. Its own failure
- * (max, a full disk) is the original refusal's; no `fallback` is tried, which
- * could be RAM. Counted as a fallback of the rule and the spill arena. With
- * `before`, the thread's last failure is put back as it was; the block cache's
- * counted path keeps no copy (its hit must stay cheap) and leaves the refusal
- * recorded. */
-static __attribute__((noinline)) void *spill_instead(dm__thread_t *t, int r, size_t size, int zero,
-                                                     const dm_failure_t *before) {
-    const dm__dispatch_slot_t *sp = dm__spill_target(t->table, &t->last_failure);
+/* A tag's or the worker's limit refused the allocation (t->refusal says which)
+ * and names an arena to spill to (tag_limits[].spill, worker_spill): that arena
+ * serves it instead, uncounted (those limits count RAM), and it is no failure:
+ * the thread's last_failure stays as it was. Its own failure (max, a full disk)
+ * is the original refusal's; no `fallback` is tried, which could be RAM.
+ * Counted as a fallback of the rule and the spill arena. */
+static __attribute__((noinline)) void *spill_instead(dm__thread_t *t, int r, size_t size,
+                                                     int zero) {
+    const dm__dispatch_slot_t *sp = dm__spill_target(t->table, &t->refusal);
     if (!sp)
         return NULL;
-    dm_failure_t refusal = t->last_failure;
     void *p = slot_alloc(t, sp, size, zero);
     t->limit_refused = false; /* the spill arena's own limit: the refusal stands */
-    if (!p) {
-        refusal.seq = t->last_failure.seq;
-        t->last_failure = refusal;
+    if (!p)
         return NULL;
-    }
-    if (before) /* no failure happened: the thread's last one stays its last */
-        t->last_failure = *before;
     DM_CTR_ADD(t->ctrs[sp->arena_id].nfallback, 1);
     DM_CTR_ADD(t->rule_ctrs[r].nfallback, 1);
     return p;
 }
 
-/* A reservation against a tag or the worker limit was refused (the thread's
- * last_failure says which): served from the spill arena the limit names, if
- * any (spill_instead), else counted for slot `s` and rule `r`, logged. */
+/* A reservation against a tag or the worker limit was refused (t->refusal):
+ * served from the spill arena the limit names, if any (spill_instead), else
+ * the refusal becomes the thread's last failure, counted for slot `s` and rule
+ * `r`, logged. */
 static __attribute__((noinline)) void *tally_refused(dm__thread_t *t, const dm__dispatch_slot_t *s,
-                                                     int r, size_t size, int zero,
-                                                     const dm_failure_t *before) {
-    void *q = spill_instead(t, r, size, zero, before);
+                                                     int r, size_t size, int zero) {
+    void *q = spill_instead(t, r, size, zero);
     if (q)
         return q;
+    uint64_t seq = t->last_failure.seq;
+    t->last_failure = t->refusal;
+    t->last_failure.seq = seq + 1;
     DM_CTR_ADD(t->ctrs[s->arena_id].nfail, 1);
     DM_CTR_ADD(t->rule_ctrs[r].nfail, 1);
     DM_CTR_ADD(t->ctrs[s->arena_id].nlimit, 1);
@@ -383,9 +378,8 @@ static __attribute__((noinline)) void *alloc_tallied(dm__thread_t *t, const dm_c
     uint64_t est = small ? dm_sc_size(dm_sc_index(n)) : dmje_nallocx(n, s->flags);
     if (DM_UNLIKELY(est == 0))
         return alloc_counted(t, s, r, size, dt, zero);
-    dm_failure_t before = t->last_failure;
-    if (DM_UNLIKELY(!dm__tally_reserve(cx, est, size, &t->last_failure)))
-        return tally_refused(t, s, r, size, zero, &before);
+    if (DM_UNLIKELY(!dm__tally_reserve(cx, est, size, &t->refusal)))
+        return tally_refused(t, s, r, size, zero);
     void *p = alloc_counted(t, s, r, size, dt, zero);
     if (DM_UNLIKELY(!p)) {
         dm__tally_unreserve(cx, est);
@@ -478,7 +472,7 @@ static __attribute__((noinline)) void *bcache_refused(dm__thread_t *t, const dm_
         dm__bcache_set_count(m->bin, n);
     else
         dmje_dallocx(p, MALLOCX_TCACHE_NONE);
-    return tally_refused(t, &t->table->slots[m->rule], m->rule, size, zero, NULL);
+    return tally_refused(t, &t->table->slots[m->rule], m->rule, size, zero);
 }
 
 /* The counted path with no block in the bin: jemalloc's, as bcache_miss. */
@@ -489,7 +483,7 @@ static __attribute__((noinline)) void *bcache_tallied_miss(dm__thread_t *t, cons
     if (DM_UNLIKELY(!p))
         return alloc_slow(t, c, size, DM_DT_UNKNOWN, zero); /* failure, fallback */
     if (DM_UNLIKELY(!dm__tally_charge(c ? c : &dm__context_root, p, bcache_usable(m), size,
-                                      &t->last_failure)))
+                                      &t->refusal)))
         return bcache_refused(t, m, p, 0, size, zero);
     bcache_hand_out(m, p, size);
     return p;
@@ -506,7 +500,7 @@ static __attribute__((noinline)) void *bcache_tallied(dm__thread_t *t, const dm_
     void *p = b->items[n - 1];
     dm__bcache_set_count(b, n - 1);
     if (DM_UNLIKELY(!dm__tally_charge(c ? c : &dm__context_root, p, bcache_usable(m), size,
-                                      &t->last_failure)))
+                                      &t->refusal)))
         return bcache_refused(t, m, p, n, size, zero);
     bcache_hand_out(m, p, size);
     return zero ? memset(p, 0, size) : p;

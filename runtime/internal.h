@@ -251,6 +251,8 @@ typedef struct dm__thread {
     dm__ctrs_t ctrs[DM_RT_ARENAS_MAX];
     char thread_name[DM_NAME_MAX];
     dm_failure_t last_failure;   /* the thread's last allocation refused by a limit */
+    dm_failure_t refusal;        /* a tag's or the worker's refusal, before it becomes
+                                    last_failure (a spill arena may serve it) */
     bool limit_refused;          /* set by the tracked path, read by alloc_failed */
     bool registered, exiting;
     /* The context this thread holds a reference on (context.c): the one it
