@@ -29,16 +29,6 @@ static char *slurp(const char *path) {
     return buf;
 }
 
-static void put(const char *path, const char *text) {
-    FILE *f = fopen(path, "w");
-    if (!f) {
-        TEST_FAIL_("cannot write %s", path);
-        return;
-    }
-    fputs(text, f);
-    fclose(f);
-}
-
 static pid_t dead_pid(void) {
     pid_t pid = fork();
     if (pid == 0)
@@ -73,14 +63,14 @@ static void test_write_prune_remove(const char *base) {
     snprintf(p[4], sizeof(p[4]), "%s/notes.json", dir);
     char text[128];
     snprintf(text, sizeof(text), "{\"datamem\": 1, \"pid\": %d, \"url\": null}\n", (int)dead);
-    put(p[0], text);
-    put(p[1], "{\"pid\": 1}\n");
+    test_put_file(p[0], text);
+    test_put_file(p[1], "{\"pid\": 1}\n");
     snprintf(text, sizeof(text), "{\"datamem\": 1, \"pid\": %d, \"url\": null}\n", (int)dead);
-    put(p[2], text);
+    test_put_file(p[2], text);
     snprintf(text, sizeof(text), "{\"datamem\": 1, \"pid\": %d, \"url\": null}\n",
              (int)getppid());
-    put(p[3], text);
-    put(p[4], "{\"datamem\": 1, \"pid\": 1, \"url\": null}\n");
+    test_put_file(p[3], text);
+    test_put_file(p[4], "{\"datamem\": 1, \"pid\": 1, \"url\": null}\n");
 
     dm__discovery_write("http://127.0.0.1:9/metrics", NULL, 1700000000.5);
     snprintf(mine, sizeof(mine), "%s/%d.json", dir, (int)getpid());

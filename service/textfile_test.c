@@ -40,16 +40,6 @@ static char *slurp(const char *path) {
     return buf;
 }
 
-static void put(const char *path, const char *text) {
-    FILE *f = fopen(path, "w");
-    if (!f) {
-        TEST_FAIL_("cannot write %s", path);
-        return;
-    }
-    fputs(text, f);
-    fclose(f);
-}
-
 /* No "*.tmp.*" left in the test directory. */
 static void expect_no_temporary(void) {
     DIR *d = opendir(dir);
@@ -97,7 +87,7 @@ static void test_write(void) {
 
     /* A symbolic link planted at the path is replaced, not written through. */
     snprintf(victim, sizeof(victim), "%s/victim", dir);
-    put(victim, "precious\n");
+    test_put_file(victim, "precious\n");
     unlink(path);
     EXPECT_INT_EQ(symlink(victim, path), 0, "plant a link");
     EXPECT_INT_EQ(dm_stats_textfile_write(path), 0, "write over the link");
@@ -146,10 +136,10 @@ static void test_sweep(void) {
 #undef FILE_
     const char *old_files[] = {stale, live, own, other, suffix, notnum, target};
     for (size_t i = 0; i < sizeof(old_files) / sizeof(old_files[0]); i++) {
-        put(old_files[i], "x 1\n");
+        test_put_file(old_files[i], "x 1\n");
         set_age(old_files[i], 3600);
     }
-    put(fresh, "x 1\n"); /* a dead pid, but written a moment ago */
+    test_put_file(fresh, "x 1\n"); /* a dead pid, but written a moment ago */
     EXPECT_INT_EQ(symlink(target, link), 0, "a link named like a stale file");
     set_age(link, 3600);
     char subdir[256];
@@ -236,7 +226,7 @@ static void test_untrusted_dir(void) {
     snprintf(guarded, sizeof(guarded), "%s/root-only", dir);
     mkdir(guarded, 0700);
     snprintf(victim, sizeof(victim), "%s/job.prom", guarded);
-    put(victim, "precious\n");
+    test_put_file(victim, "precious\n");
 
     /* the directory's own name is a link (the owner swapped it) */
     snprintf(swapped, sizeof(swapped), "%s/swapped", dir);
