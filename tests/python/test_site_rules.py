@@ -8,7 +8,7 @@ import subprocess
 import sys
 import textwrap
 
-from conftest import ROOT
+from conftest import ROOT, UNDER_ASAN
 
 LOADER = textwrap.dedent("""\
     import numpy as np
@@ -212,8 +212,9 @@ print(json.dumps({"wrong": wrong, "growth": rss() - base, "total": rss() - start
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["wrong"] == 0, out
-    assert out["growth"] < 16 << 20, out
-    assert out["total"] < 32 << 20, out
+    if not UNDER_ASAN:  # ASan's quarantine holds freed memory: RSS says nothing there
+        assert out["growth"] < 16 << 20, out
+        assert out["total"] < 32 << 20, out
 
 
 def test_site_rules_apply_while_a_profile_records(tmp_path):
