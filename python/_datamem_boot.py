@@ -1,5 +1,5 @@
-"""Run by datamem.pth at interpreter start when DATAMEM_CONFIG or
-DATAMEM_PROFILE is set: activates datamem (datamem._activate) before the job's
+"""Run by datamem.pth at interpreter start when DATAMEM_CONFIG,
+DATAMEM_CONFIG_TEXT or DATAMEM_PROFILE is set: activates datamem (datamem._activate) before the job's
 first line.
 
 datamem needs NumPy, and site.py runs each site directory's .pth files as it
@@ -26,7 +26,8 @@ def _activate():
     except Exception as e:
         import os
         what = ", ".join("%s=%s" % (k, os.fsencode(os.environ[k]).decode("utf-8", "backslashreplace"))
-                         for k in ("DATAMEM_CONFIG", "DATAMEM_PROFILE") if os.environ.get(k))
+                         for k in ("DATAMEM_CONFIG", "DATAMEM_PROFILE") if os.environ.get(k)) or \
+            "DATAMEM_CONFIG_TEXT"
         sys.stderr.write("datamem: cannot activate (%s):\n%s: %s\n" % (what, type(e).__name__, e))
         sys.stderr.flush()
         os._exit(2)
@@ -53,7 +54,8 @@ class _WhenNumPyIsThere:
 
 def _asked():
     import os
-    return bool(os.environ.get("DATAMEM_CONFIG") or os.environ.get("DATAMEM_PROFILE"))
+    return bool(os.environ.get("DATAMEM_CONFIG") or os.environ.get("DATAMEM_CONFIG_TEXT") or
+                os.environ.get("DATAMEM_PROFILE"))
 
 
 if not _asked():

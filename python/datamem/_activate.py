@@ -1,5 +1,13 @@
-"""Imported by datamem.pth at interpreter start when DATAMEM_CONFIG or
-DATAMEM_PROFILE (record an allocation profile: _profile.py) is set.
+"""Imported by datamem.pth at interpreter start when DATAMEM_CONFIG,
+DATAMEM_CONFIG_TEXT or DATAMEM_PROFILE (record an allocation profile:
+_profile.py) is set.
+
+DATAMEM_CONFIG_TEXT carries the policy itself, for a process started where no
+file of ours can be (a Ray worker unpacks its job into Ray's own world-writable
+/tmp/ray, which the policy's rule refuses): it is written under the directory
+rule (datamem._files.policy_file) and DATAMEM_CONFIG set to that file, for this
+process and the processes it starts. It wins over a DATAMEM_CONFIG that the
+process inherited (a raylet's own): the policy shipped with the job is the job's.
 
 Installs datamem before the job's first line runs. A bad or missing policy stops
 the process here, with the diagnostics and exit status 2, before any job code
@@ -18,6 +26,10 @@ def _shown(path):
 def _activate():
     path = os.environ.get("DATAMEM_CONFIG", "")
     try:
+        text = os.environ.get("DATAMEM_CONFIG_TEXT")
+        if text:
+            from datamem import _files
+            path = os.environ["DATAMEM_CONFIG"] = _files.policy_file(os.fsencode(text))
         if os.environ.get("DATAMEM_PROFILE"):  # record an allocation profile
             from datamem import _profile
             path = _profile.activate_from_env()

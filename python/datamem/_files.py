@@ -21,12 +21,15 @@ Errors are UnsafeError (an OSError), whose text is one line naming the path and
 what is wrong with it.
 """
 import errno
+import hashlib
 import os
 import secrets
 import stat
+import tempfile
 
 __all__ = ["UnsafeError", "TooLargeError", "check_owned", "owned_dir", "read_policy",
-           "write_atomic", "open_append", "read_bounded", "read_owned", "write_if_changed"]
+           "write_atomic", "open_append", "read_bounded", "read_owned", "write_if_changed",
+           "policy_file"]
 
 _CHUNK = 1 << 16
 
@@ -223,3 +226,30 @@ def write_if_changed(dir_fd, name, data, mode=0o600):
     except OSError:  # absent, too big, a link, not ours: replaced below
         pass
     write_atomic(name, data, dir_fd=dir_fd, mode=mode)
+
+
+def policy_file(text):
+    """Writes policy `text` (bytes) to a file named after its SHA-256 in this
+    user's directory under the temp dir (`datamem-dask-<euid>`) and returns the
+    path. A file with the same name that this user wrote and that holds the same
+    bytes is left alone (never rewritten under a running process); anything
+    else there is replaced.
+
+    The directory is checked the way the C side checks its own: a real
+    directory, not a symbolic link, owned by this user and writable by no one
+    else, checked on the descriptor that the file is then written through
+    (owned_dir). Its name is predictable, so another user may have made it
+    first, or a symbolic link there: both are refused (PermissionError), since
+    whoever can change the directory or swap the link chooses the policy a
+    worker loads."""
+    d = os.path.join(tempfile.gettempdir(), "datamem-dask-%d" % os.geteuid())
+    try:
+        fd = owned_dir(d, create=True)
+    except UnsafeError as e:
+        raise PermissionError("datamem: %s; remove it or set TMPDIR" % e) from None
+    try:
+        name = "policy-%s.yaml" % hashlib.sha256(text).hexdigest()[:20]
+        write_if_changed(fd, name, text)
+    finally:
+        os.close(fd)
+    return os.path.join(d, name)

@@ -58,10 +58,8 @@ unless the task copies it: contextvars.copy_context().run), and tasks run by a
 process-pool executor (annotate executor=...), whose processes get no context.
 """
 import functools
-import hashlib
 import logging
 import os
-import tempfile
 import threading
 import warnings
 
@@ -81,27 +79,10 @@ logger = logging.getLogger(__name__)
 
 def policy_file(text):
     """Writes policy `text` (bytes) to a file named after its SHA-256 in this
-    user's directory under the temp dir and returns the path. A file with the
-    same name that this user wrote and that holds the same bytes is left alone
-    (never rewritten under a running process); anything else there is replaced.
-
-    The directory is checked the way the C side checks its own: a
-    real directory, not a symbolic link, owned by this user and writable by no
-    one else, checked on the descriptor that the file is then written through
-    (_files.owned_dir). Its name is predictable, so another user may have made
-    it first, or a symbolic link there: both are refused, since whoever can
-    change the directory or swap the link chooses the policy a worker loads."""
-    d = os.path.join(tempfile.gettempdir(), "datamem-dask-%d" % os.geteuid())
-    try:
-        fd = _files.owned_dir(d, create=True)
-    except _files.UnsafeError as e:
-        raise PermissionError("datamem: %s; remove it or set TMPDIR" % e) from None
-    try:
-        name = "policy-%s.yaml" % hashlib.sha256(text).hexdigest()[:20]
-        _files.write_if_changed(fd, name, text)
-    finally:
-        os.close(fd)
-    return os.path.join(d, name)
+    user's own directory under the temp dir and returns the path
+    (datamem._files.policy_file: the directory rule, the file left alone when
+    it already holds these bytes)."""
+    return _files.policy_file(text)
 
 
 def _read_checked(policy):

@@ -4,17 +4,19 @@
     ray.init(runtime_env=datamem.ray.runtime_env("policy.yaml"))
 
 A Ray worker is a fresh interpreter started by the raylet with the job's
-runtime_env: its `env_vars` are in the process's environment from the start and
-its `working_dir` is the process's current directory before Python runs, so
+runtime_env: its `env_vars` are in the process's environment from the start, so
 datamem's start-up hook (datamem.pth) installs the policy before NumPy loads,
 exactly as for `DATAMEM_CONFIG=policy.yaml python job.py`.
 
-runtime_env() ships the policy with the job (no shared file system needed):
-it becomes the job's `working_dir` (a directory holding only the policy, or one
-you name that contains it) and DATAMEM_CONFIG names it relative to that
-directory, which Ray unpacks on every node. `stats_http` ("127.0.0.1:0") makes
-each worker serve /metrics and announce itself, so `python -m datamem ls
---prometheus-sd FILE` on each node keeps Prometheus' targets current.
+runtime_env() ships the policy with the job (no shared file system needed): its
+bytes, read here under the policy's rule, travel in the job's env_vars as
+DATAMEM_CONFIG_TEXT (through Ray's control plane, not its files: Ray unpacks a
+job's working_dir into its world-writable /tmp/ray, where the rule refuses a
+policy, since any local user could swap it there). Each worker writes them to a
+file in its own user's directory (datamem._files.policy_file) and installs it.
+`stats_http` ("127.0.0.1:0") makes each worker serve /metrics and announce
+itself, so `python -m datamem ls --prometheus-sd FILE` on each node keeps
+Prometheus' targets current.
 
 Tasks: runtime_env() also turns per-tag byte counting on
 (DATAMEM_TAG_BYTES=1) and names worker_setup() as the job's
@@ -35,51 +37,48 @@ import contextlib
 import functools
 import inspect
 import os
-import tempfile
 
 import datamem
 from datamem import _files
 from datamem._tasks import task_tag, tag_rows, format_table, untagged
 
 __all__ = ["runtime_env", "worker_setup", "tag", "stats", "tag_table", "format_table",
-           "POLICY_NAME", "SETUP_HOOK"]
+           "ENV_TEXT_MAX", "SETUP_HOOK"]
 
-POLICY_NAME = "datamem-policy.yaml"
+ENV_TEXT_MAX = 120 * 1024  # under the kernel's 128 KiB for one environment string
 SETUP_HOOK = __name__ + ".worker_setup"  # imported by name in each worker
 
 
 def runtime_env(policy, working_dir=None, stats_http=None, base=None, tag_tasks=True):
     """A Ray runtime_env that puts every task and actor of a job under `policy`.
 
-    working_dir: None to ship a directory holding only the policy (a copy, made
-    here); or the job's own working_dir, which must contain `policy`. base: a
-    runtime_env to extend (its env_vars are kept; a working_dir in it is an
-    error unless it is the one given here). The policy is checked here first: a
-    bad one raises PolicyError with its diagnostics. tag_tasks: run each task
-    and actor method under a tag named after it (worker_setup() as the job's
-    worker_process_setup_hook; a base with a hook of its own is an error: call
-    datamem.ray.worker_setup() from that hook and pass tag_tasks=False)."""
+    The policy is checked here first (a bad one raises PolicyError with its
+    diagnostics) and read under the policy's rule; its bytes go in env_vars as
+    DATAMEM_CONFIG_TEXT (at most ENV_TEXT_MAX bytes: the kernel's limit on one
+    environment string is 128 KiB). working_dir: the job's own working_dir, if
+    any (the policy need not be in it). base: a runtime_env to extend (its
+    env_vars are kept; a working_dir in it is an error unless it is the one
+    given here). tag_tasks: run each task and actor method under a tag named
+    after it (worker_setup() as the job's worker_process_setup_hook; a base
+    with a hook of its own is an error: call datamem.ray.worker_setup() from
+    that hook and pass tag_tasks=False)."""
     path = os.path.abspath(os.fspath(policy))
     ok, diag, _ = datamem.check(path)
     if not ok:
         raise datamem.PolicyError(diag)
+    text = _files.read_policy(path, _files.POLICY_MAX)  # checked above, read under the same rule
+    if len(text) > ENV_TEXT_MAX:
+        raise ValueError("datamem: %s is %d bytes: a policy shipped to Ray workers in their "
+                         "environment may have at most %d" % (path, len(text), ENV_TEXT_MAX))
     env = dict(base or {})
-    if working_dir is None:
-        if env.get("working_dir"):
-            raise ValueError("base already has a working_dir: pass it as working_dir= "
-                             "and keep the policy inside it")
-        text = _files.read_policy(path, _files.POLICY_MAX)  # checked above, read under the same rule
-        working_dir = tempfile.mkdtemp(prefix="datamem-ray-")  # 0700, ours
-        _files.write_atomic(os.path.join(working_dir, POLICY_NAME), text, mode=0o644)
-        rel = POLICY_NAME
-    else:
+    if working_dir is not None:
         working_dir = os.path.abspath(os.fspath(working_dir))
-        rel = os.path.relpath(path, working_dir)
-        if rel.startswith(os.pardir):
-            raise ValueError("%s is not inside working_dir %s" % (path, working_dir))
-    env["working_dir"] = working_dir
+        if env.get("working_dir") and env["working_dir"] != working_dir:
+            raise ValueError("base already has another working_dir (%r)" % (env["working_dir"],))
+        env["working_dir"] = working_dir
     env_vars = dict(env.get("env_vars") or {})
-    env_vars["DATAMEM_CONFIG"] = rel  # resolved in the worker's working_dir at start
+    env_vars.pop("DATAMEM_CONFIG", None)
+    env_vars["DATAMEM_CONFIG_TEXT"] = text.decode("utf-8")  # a policy is UTF-8 (checked)
     env_vars["DATAMEM_TAG_BYTES"] = "1"
     if stats_http:
         env_vars["DATAMEM_STATS_HTTP"] = str(stats_http)

@@ -393,3 +393,29 @@ def test_a_bad_policy_quotes_at_most_one_source_line(tmp_path):
     r = run_py("print('job ran')", config=str(shadow_like(tmp_path)), timeout=60)
     assert r.returncode == 2
     assert sum(line in r.stderr for line in SHADOW.splitlines()) <= 1, r.stderr
+
+
+# ---- the policy's text in the environment (how Ray workers get it) ----------------------
+
+def test_config_text_activates_from_a_file_of_the_users_own(tmp_path):
+    """DATAMEM_CONFIG_TEXT: the policy itself, written under the directory rule into
+    this user's directory and installed as DATAMEM_CONFIG would be; it wins over an
+    inherited DATAMEM_CONFIG (a Ray worker's raylet may carry one)."""
+    text = "version: 1\ndefault: shipped\narenas: {shipped: {}}\n"
+    code = ("import json, os, numpy as np, datamem\n"
+            "p = datamem.current_policy()\n"
+            "print(json.dumps({'arena': datamem.arena_of(np.ones(1000)), 'policy': p,\n"
+            "                  'config': os.environ.get('DATAMEM_CONFIG'),\n"
+            "                  'text': open(p).read(), 'mode': os.stat(os.path.dirname(p)).st_mode}))")
+    env = {"DATAMEM_CONFIG_TEXT": text, "TMPDIR": str(tmp_path)}
+    r = run_py(code, config=os.path.join(ROOT, "configs", "minimal.yaml"), env=env)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["arena"] == "shipped" and out["text"] == text, out
+    assert out["policy"] == out["config"], out  # what the job's own children inherit
+    assert os.path.dirname(out["policy"]) == str(tmp_path / ("datamem-dask-%d" % os.geteuid()))
+    assert out["mode"] & 0o077 == 0, oct(out["mode"])
+    r = run_py("print('job ran')", env={"DATAMEM_CONFIG_TEXT": "version: 1\nnot a policy\n",
+                                        "TMPDIR": str(tmp_path)})
+    assert r.returncode == 2 and "job ran" not in r.stdout, r.stdout + r.stderr
+    assert "datamem: cannot activate" in r.stderr, r.stderr

@@ -328,7 +328,8 @@ class Holder:
         from datamem import _ext
         self.a = [np.full(125000, 1.0) for _ in range(8)]   # 8 x 1,000,000 bytes
         return {"host": socket.gethostname(), "tmp": os.stat("/tmp").st_dev,
-                "policy": datamem.current_policy(), "arena": datamem.arena_of(self.a[0]),
+                "policy": datamem.current_policy(), "config": os.environ.get("DATAMEM_CONFIG"),
+                "arena": datamem.arena_of(self.a[0]),
                 "tags": list(_ext.handler_tags(_ext.get_handler()) or []),
                 "driver_file_seen": os.path.exists(pol)}
 
@@ -367,11 +368,12 @@ def test_ray_nodes_on_separate_hosts(hosts):
     # Two hosts, two /tmp (the driver runs on the head's host).
     assert by_host["head"]["tmp"] == out["driver_tmp"] != by_host["node"]["tmp"]
     assert os.stat("/tmp").st_dev not in (by_host["head"]["tmp"], by_host["node"]["tmp"])
-    # The policy reached the worker node with the job (runtime_env's working_dir), not
-    # through a file the driver wrote.
+    # The policy reached the worker node with the job (runtime_env's env_vars, written
+    # there into the worker's own directory), not through a file the driver wrote.
     for v in by_host.values():
         assert v["arena"] == "tasks" and v["tags"] == ["Holder"], v
-        assert os.path.basename(v["policy"]) == "datamem-policy.yaml", v
+        assert os.path.basename(v["policy"]).startswith("policy-") and \
+            v["policy"] == v["config"], v
     assert by_host["head"]["driver_file_seen"] and not by_host["node"]["driver_file_seen"]
     # stats() and tag_table() read the workers of both nodes, each on its own host.
     assert {k.split(":")[0] for k in out["stats"]} == {"head", "node"}, out["stats"]
