@@ -1,7 +1,7 @@
 /*
  * alloc.c: the allocation paths: the fast path, the block cache's pops and
  * pushes, the general (routed) path, limits and per-tag tallies, big blocks,
- * call-site rules, realloc and free. Everything the fast path (dm_alloc,
+ * call-site rules and free (realloc: realloc.c). Everything the fast path (dm_alloc,
  * dm_free_hint: alloc_impl, free_impl) inlines lives in this one file, so the
  * compiler sees it whole; the block cache's state and slow operations are in
  * bcache.c (bcache.h), binding in thread.c.
@@ -435,22 +435,25 @@ static inline __attribute__((always_inline)) void
 bcache_hand_out(const dm__bcache_memo_t *m, void *p, size_t size) {
     atomic_store_explicit(dm__bcache_tag_word((uintptr_t)p), (uintptr_t)p | m->tag_bits,
                           memory_order_relaxed);
-    DM_CTR_ADD(m->arena_ctrs->nalloc, 1);
-    DM_CTR_ADD(m->arena_ctrs->bytes, size);
-    DM_CTR_ADD(m->rule_ctrs->nalloc, 1);
-    DM_CTR_ADD(m->rule_ctrs->bytes, size);
+    dm__ctrs_t *a = m->arena_ctrs, *r = m->rule_ctrs; /* read once: the adds may alias m */
+    DM_CTR_ADD(a->nalloc, 1);
+    DM_CTR_ADD(a->bytes, size);
+    DM_CTR_ADD(r->nalloc, 1);
+    DM_CTR_ADD(r->bytes, size);
 }
 
-/* The cached path with no block in the bin: the rule's arena through jemalloc
- * (its malloc fast path for the thread's bound arena). Out of line, so that a
- * cache hit makes no call and needs no stack frame. */
-static __attribute__((noinline)) void *bcache_miss(dm__thread_t *t, const dm_ctx_t *c, size_t size,
-                                               const dm__bcache_memo_t *m, int zero) {
-    void *p = slot_alloc(t, &t->table->slots[m->rule], size, zero);
-    if (DM_UNLIKELY(!p))
-        return alloc_slow(t, c, size, DM_DT_UNKNOWN, zero); /* failure, fallback */
-    bcache_hand_out(m, p, size);
-    return p;
+/* What bcache_hand_out did, undone (a refused block). Another thread may
+ * have taken the tag's slot meanwhile: then it is left to that block. */
+static void bcache_hand_back(const dm__bcache_memo_t *m, void *p, size_t size) {
+    _Atomic uint64_t *w = dm__bcache_tag_word((uintptr_t)p);
+    uint64_t mine = (uintptr_t)p | m->tag_bits;
+    atomic_compare_exchange_strong_explicit(w, &mine, 0, memory_order_relaxed,
+                                            memory_order_relaxed);
+    dm__ctrs_t *a = m->arena_ctrs, *r = m->rule_ctrs;
+    DM_CTR_ADD(a->nalloc, -1);
+    DM_CTR_ADD(a->bytes, -size);
+    DM_CTR_ADD(r->nalloc, -1);
+    DM_CTR_ADD(r->bytes, -size);
 }
 
 /* The cached path while bytes are counted per tag (DM_MEMO_CACHED_TALLY,
@@ -460,7 +463,7 @@ static __attribute__((noinline)) void *bcache_miss(dm__thread_t *t, const dm_ctx
  * (tally.c, dm__tally_charge), before it is handed out. Neither this nor the
  * free (free_impl: the class from the block's tag) asks jemalloc. */
 static inline uint64_t bcache_usable(const dm__bcache_memo_t *m) {
-    return dm_sc_size((unsigned)(m->tag_bits >> DM_BCACHE_TAG_CLASS_SHIFT) & 63u);
+    return dm_sc_size(m->cls);
 }
 
 /* A refusal: the block goes back to where it came from (the bin, which held
@@ -475,35 +478,70 @@ static __attribute__((noinline)) void *bcache_refused(dm__thread_t *t, const dm_
     return tally_refused(t, &t->table->slots[m->rule], m->rule, size, zero);
 }
 
-/* The counted path with no block in the bin: jemalloc's, as bcache_miss. */
-static __attribute__((noinline)) void *bcache_tallied_miss(dm__thread_t *t, const dm_ctx_t *c,
-                                                           size_t size,
-                                                           const dm__bcache_memo_t *m, int zero) {
-    void *p = slot_alloc(t, &t->table->slots[m->rule], size, zero);
-    if (DM_UNLIKELY(!p))
-        return alloc_slow(t, c, size, DM_DT_UNKNOWN, zero); /* failure, fallback */
-    if (DM_UNLIKELY(!dm__tally_charge(c ? c : &dm__context_root, p, bcache_usable(m), size,
+/* The cached path's general case, out of line so that a cache hit makes no
+ * call and needs no stack frame: a block from the bin if it has one (zeroed
+ * here when asked), else from the rule's arena through jemalloc (its malloc
+ * fast path for the thread's bound arena); counted, while bytes are, with the
+ * whole dm__tally_charge. Takes the counted path's misses and its zeroed
+ * allocations, and the uncounted path's misses. */
+static __attribute__((noinline)) void *bcache_miss(dm__thread_t *t, const dm_ctx_t *c, size_t size,
+                                               const dm__bcache_memo_t *m, int zero) {
+    dm__bcache_bin_t *b = m->bin;
+    uint32_t n = dm__bcache_count(b);
+    void *p;
+    if (n && b->tag == m->tag) {
+        p = b->items[n - 1];
+        dm__bcache_set_count(b, n - 1);
+    } else {
+        n = 0;
+        p = slot_alloc(t, &t->table->slots[m->rule], size, zero);
+        if (DM_UNLIKELY(!p))
+            return alloc_slow(t, c, size, DM_DT_UNKNOWN, zero); /* failure, fallback */
+    }
+    if (m->state == DM_MEMO_CACHED_TALLY &&
+        DM_UNLIKELY(!dm__tally_charge(c ? c : &dm__context_root, p, bcache_usable(m), size,
                                       &t->refusal)))
-        return bcache_refused(t, m, p, 0, size, zero);
+        return bcache_refused(t, m, p, n, size, zero);
     bcache_hand_out(m, p, size);
+    return n && zero ? memset(p, 0, size) : p;
+}
+
+/* The counted hit path once dm__tally_charge_fast stopped at count k (a
+ * limit, a rising peak, a new shadow segment) of context c (never NULL): the
+ * rest of the counts; refused, the block's hand-out is undone and it goes
+ * back on top of its bin. */
+static __attribute__((noinline)) void *bcache_tallied_rest(const dm_ctx_t *c, size_t size,
+                                                           void *p, int k, uint64_t now) {
+    dm__thread_t *t = tls_fast();
+    const dm__bcache_memo_t *m = &t->memo[dm_sc_index(size)];
+    if (DM_UNLIKELY(!dm__tally_charge_from(c, p, bcache_usable(m), size, &t->refusal, k, now))) {
+        bcache_hand_back(m, p, size);
+        return bcache_refused(t, m, p, dm__bcache_count(m->bin) + 1, size, 0);
+    }
     return p;
 }
 
-/* Out of line, so that the uncounted fast path above keeps no stack frame. */
+/* The cached path while bytes are counted. Out of line, so that the
+ * uncounted fast path keeps no stack frame. Its own hit path (no zeroing:
+ * that takes bcache_miss) makes tail calls only and hands the block out
+ * before counting it (undone on a refusal), so that little is live across
+ * the count: it keeps no frame either. */
 static __attribute__((noinline)) void *bcache_tallied(dm__thread_t *t, const dm_ctx_t *c,
                                                       size_t size, const dm__bcache_memo_t *m,
                                                       int zero) {
     dm__bcache_bin_t *b = m->bin;
     uint32_t n = dm__bcache_count(b);
-    if (DM_UNLIKELY(n == 0 || b->tag != m->tag))
-        return bcache_tallied_miss(t, c, size, m, zero);
+    if (DM_UNLIKELY(zero || n == 0 || b->tag != m->tag))
+        return bcache_miss(t, c, size, m, zero);
     void *p = b->items[n - 1];
     dm__bcache_set_count(b, n - 1);
-    if (DM_UNLIKELY(!dm__tally_charge(c ? c : &dm__context_root, p, bcache_usable(m), size,
-                                      &t->refusal)))
-        return bcache_refused(t, m, p, n, size, zero);
     bcache_hand_out(m, p, size);
-    return zero ? memset(p, 0, size) : p;
+    const dm_ctx_t *cc = c ? c : &dm__context_root;
+    uint64_t now;
+    int k = dm__tally_charge_fast(cc, p, bcache_usable(m), &now);
+    if (DM_UNLIKELY(k != DM_TALLY_CHARGED))
+        return bcache_tallied_rest(cc, size, p, k, now);
+    return p;
 }
 
 /* The fast path: a size class the bound view sends wholly to one arena. Pops a
@@ -603,24 +641,37 @@ static __attribute__((noinline)) void free_slow(dm__thread_t *t, void *p, _Atomi
         dmje_dallocx(p, (int)tcache_flags(t, ja));
 }
 
+/* A counted block of class k whose bin is full: its class's bytes leave its
+ * tags (the slow path then finds nothing left to release), then the slow
+ * path frees it. Out of line, so that free_impl makes tail calls only. */
+static __attribute__((noinline)) void free_counted_slow(dm__thread_t *t, void *p,
+                                                        _Atomic uint64_t *w, size_t hint,
+                                                        unsigned k) {
+    dm__tally_release_sized(p, dm_sc_size(k));
+    free_slow(t, p, w, 0, hint);
+}
+
 /* The fast path: a tagged block goes into its class's bin, if the bin is
  * empty or holds the same arena's blocks and has room; otherwise down the
  * slow path, untagged. While bytes are counted, its class's bytes leave its
  * tags first. The tag says the class; NumPy's size (hint) is only a
  * filter for the slow path: a block it calls big may be kept for reuse after
  * jemalloc tells its real size. */
+static void free_first(void *p, size_t hint);
+
 static inline __attribute__((always_inline)) void free_impl(void *p, size_t hint) {
-    dm__thread_t *t = tls_fast();
+    dm__thread_t *t = datamem_tls_anchor;
+    if (DM_UNLIKELY(!t)) /* a tail call: this path keeps no stack frame */
+        return free_first(p, hint);
     _Atomic uint64_t *w = dm__bcache_tag_word((uintptr_t)p);
     uint64_t v = atomic_load_explicit(w, memory_order_relaxed);
     if (DM_LIKELY(t->fast) && DM_LIKELY(p != NULL) && (v & DM_BCACHE_TAG_PMASK) == (uintptr_t)p) {
         atomic_store_explicit(w, 0, memory_order_relaxed);
         unsigned k = (unsigned)(v >> DM_BCACHE_TAG_CLASS_SHIFT) & 63u;
         uint32_t tag = (uint32_t)(v >> DM_BCACHE_TAG_ARENA_SHIFT);
-        /* counted (bcache_tallied): its class is its usable size; the slow
-         * path below then finds nothing left to release */
-        if (DM_UNLIKELY(atomic_load_explicit(&dm__tally_counting, memory_order_relaxed)))
-            dm__tally_release_sized(p, dm_sc_size(k));
+        /* Counted (bcache_tallied): its class is its usable size, released
+         * last, in tail position, so that this path keeps no stack frame (the
+         * bin is this thread's: nothing reuses the block before that). */
         dm__bcache_bin_t *b = &t->bins[k];
         uint32_t n = dm__bcache_count(b);
         if (DM_LIKELY(n < dm__bcache_cap[k]) && (DM_LIKELY(b->tag == tag) || n == 0)) {
@@ -631,135 +682,50 @@ static inline __attribute__((always_inline)) void free_impl(void *p, size_t hint
             DM_CTR_ADD(*b->nfree, 1);
             b->items[n] = p;
             dm__bcache_set_count(b, n + 1);
+            if (DM_UNLIKELY(atomic_load_explicit(&dm__tally_counting, memory_order_relaxed)))
+                dm__tally_release_sized(p, dm_sc_size(k));
             return;
         }
+        if (DM_UNLIKELY(atomic_load_explicit(&dm__tally_counting, memory_order_relaxed)))
+            return free_counted_slow(t, p, w, hint, k);
         v = 0; /* the tag is gone */
     }
     free_slow(t, p, w, v, hint);
+}
+
+/* The thread's first free (its anchor not set yet). */
+static __attribute__((noinline)) void free_first(void *p, size_t hint) {
+    tls_anchor_set();
+    free_impl(p, hint);
 }
 
 void dm_free(void *p) { free_impl(p, 0); }
 
 void dm_free_hint(void *p, size_t size_hint) { free_impl(p, size_hint); }
 
-/* realloc: the block follows the rules for its new size (a growing array can
- * move to the arena its new size selects). Same arena: rallocx, which may
- * resize in place. Another arena: allocate there, copy, free here; never
- * rallocx across arenas, which would free the old block into the new arena's
- * thread cache. NumPy calls this with or without the GIL. */
-/* realloc while bytes are counted per tag: a new block in the caller's
- * context, the bytes copied, the old block freed (its tags give its bytes
- * back). Never in place: the block may change tags. */
-static __attribute__((noinline)) void *realloc_tallied(const dm_ctx_t *c, void *p, size_t size) {
-    void *q = dm_alloc(c, size, DM_DT_UNKNOWN);
-    if (!q)
-        return NULL; /* the old block stays valid */
-    size_t have = dmje_sallocx(p, 0);
-    memcpy(q, p, have < size ? have : size);
-    dm_free(p);
-    return q;
+/* ---- for realloc.c: the slot paths it shares -------------------------------- */
+
+dm__thread_t *dm__alloc_thread(void) { return tls_self(); }
+
+const dm__dispatch_slot_t *dm__alloc_route(dm__thread_t *t, const dm_ctx_t *c, size_t size,
+                                           int dt, int *rule) {
+    return route(t, c, size, dt, rule);
 }
 
-/* A refusal by a limit during realloc: the rule is named, counted, logged. */
-static void realloc_refused(dm__thread_t *t, const dm__dispatch_slot_t *s, int r) {
-    t->limit_refused = false;
-    snprintf(t->last_failure.rule, sizeof(t->last_failure.rule), "%s",
-             r < t->table->policy->nrules ? t->table->policy->rules[r].name : "default");
-    DM_CTR_ADD(t->ctrs[s->arena_id].nlimit, 1);
-    DM_CTR_ADD(t->rule_ctrs[r].nlimit, 1);
-    dm__failure_log(&t->last_failure);
+void *dm__alloc_slot(dm__thread_t *t, const dm__dispatch_slot_t *s, size_t size) {
+    return slot_alloc(t, s, size, 0);
 }
 
-/* The block stays in its arena `ja`: rallocx, which may resize in place. A
- * tracked arena reserves what the block grows by first, and settles after. */
-static void *realloc_same(dm__thread_t *t, const dm__dispatch_slot_t *s, int r,
-                          dm__arena_je_t *ja, void *p, size_t size) {
-    size_t n = size ? size : 1;
-    n = (n + s->round) & ~s->round;
-    int flags = (int)((unsigned)s->flags | (unsigned)MALLOCX_ARENA(ja->index));
-    dm__arena_t *a = ja->owner;
-    bool tracked = atomic_load_explicit(&a->tracked, memory_order_relaxed);
-    size_t had = 0, grow = 0;
-    void *q = NULL;
-    if (DM_UNLIKELY(tracked) && n >= size) {
-        had = dmje_sallocx(p, 0);
-        size_t want = dmje_nallocx(n, flags);
-        grow = want > had ? want - had : 0;
-        if (grow && !live_reserve(t, a, grow, size)) {
-            n = 0; /* refused: fails below, the old block stays */
-            realloc_refused(t, s, r);
-        }
-    }
-    if (n >= size && n != 0)
-        q = dmje_rallocx(p, n, (int)((unsigned)flags | tcache_flags(t, ja)));
-    if (DM_UNLIKELY(tracked) && n != 0) {
-        if (!q) /* the old block stays as it was */
-            atomic_fetch_sub_explicit(&a->live, grow, memory_order_relaxed);
-        else /* settle: the count now holds had + grow; make it the new size */
-            atomic_fetch_add_explicit(&a->live, (uint64_t)dmje_sallocx(q, 0) - had - grow,
-                                      memory_order_relaxed);
-    }
-    return q;
+dm__arena_je_t *dm__alloc_slot_je(const dm__dispatch_slot_t *s) { return slot_je(s); }
+
+bool dm__alloc_live_reserve(dm__thread_t *t, dm__arena_t *a, size_t usable, size_t request) {
+    return live_reserve(t, a, usable, request);
 }
 
-/* The block moves from `old` to the slot's arena: allocate there, copy, free
- * here. */
-static void *realloc_move(dm__thread_t *t, const dm__dispatch_slot_t *s, int r,
-                          dm__arena_je_t *old, void *p, size_t size) {
-    void *q = slot_alloc(t, s, size, 0);
-    if (q) {
-        size_t have = dmje_sallocx(p, 0);
-        memcpy(q, p, have < size ? have : size);
-        DM_CTR_ADD(t->ctrs[old->owner->id].nfree, 1);
-        DM_CTR_ADD(t->ctrs[s->arena_id].nalloc, 1);
-        untrack(old, p);
-        dmje_dallocx(p, (int)tcache_flags(t, old));
-    } else if (t->limit_refused) {
-        realloc_refused(t, s, r);
-    }
-    return q;
-}
+void dm__alloc_untrack(dm__arena_je_t *ja, const void *p) { untrack(ja, p); }
 
-void *dm_realloc(const dm_ctx_t *c, void *p, size_t size) {
-    if (!p)
-        return dm_alloc(c, size, DM_DT_UNKNOWN);
-    dm__arena_je_t *old = dm__arena_owner_of(p);
-    if (DM_UNLIKELY(!old))
-        return NULL;
-    dm__bcache_tag_drop(p); /* the block leaves the cached path: resized, moved or freed */
-    dm__thread_t *t = tls_self();
-    int r;
-    const dm__dispatch_slot_t *s = route(t, c, size, DM_DT_UNKNOWN, &r);
-    if (DM_UNLIKELY(!s))
-        return NULL;
-    if (DM_UNLIKELY(t->table->tally)) /* the bound table: route() holds a reference */
-        return realloc_tallied(c, p, size);
-    dm__arena_je_t *ja = slot_je(s);
-    dm__arena_je_t *big = ja ? atomic_load_explicit(&ja->big, memory_order_acquire) : NULL;
-    if (big && old == big)
-        ja = old; /* a big block stays in the big half, resized in place if it can */
-    /* A block growing to 4 MiB or more moves from the small half to the big
-     * one, where the arena's other big blocks are and where its free can be
-     * reused. pandas' hash tables grow their vectors by realloc (1 -> 4 -> 16
-     * -> 64 MiB); left in the small half, such blocks are served by nothing
-     * once freed, while the big half grows for the next big arrays (1.10x
-     * NumPy's default peak RSS on pandas3_etl, bench/results/issue28.md). */
-    size_t rounded = ((size ? size : 1) + s->round) & ~s->round;
-    bool up = big && ja == old && rounded >= DM_BIG_THP_MIN;
-    DM_TSAN_RELEASE();
-    DM_TSAN_ACQUIRE();
-    void *q = ja == old && !up ? realloc_same(t, s, r, ja, p, size)
-                               : realloc_move(t, s, r, old, p, size);
-    if (DM_UNLIKELY(!q)) {
-        DM_CTR_ADD(t->ctrs[s->arena_id].nfail, 1);
-        DM_CTR_ADD(t->rule_ctrs[r].nfail, 1);
-        return NULL; /* the old block stays valid, as realloc promises */
-    }
-    DM_CTR_ADD(t->ctrs[s->arena_id].nrealloc, 1);
-    DM_CTR_ADD(t->ctrs[s->arena_id].bytes, size);
-    DM_CTR_ADD(t->rule_ctrs[r].nrealloc, 1);
-    DM_CTR_ADD(t->rule_ctrs[r].bytes, size);
-    return q;
+unsigned dm__alloc_tcache_flags(dm__thread_t *t, dm__arena_je_t *ja) {
+    return tcache_flags(t, ja);
 }
 
 void dm_runtime_last_failure(dm_failure_t *out) { *out = tls_self()->last_failure; }

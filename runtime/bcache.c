@@ -75,5 +75,6 @@ void dm__bcache_learn(dm__thread_t *t, unsigned k) {
     m->arena_ctrs = &t->ctrs[s->arena_id];
     m->rule_ctrs = &t->rule_ctrs[r];
     m->rule = (uint16_t)r;
+    m->cls = (uint8_t)bin;
     m->state = t->table->tally ? DM_MEMO_CACHED_TALLY : DM_MEMO_CACHED;
 }

@@ -227,6 +227,7 @@ typedef struct dm__bcache_memo {
     uint32_t tag;                /* its je arena (slot + 1) */
     uint16_t rule;               /* its slot in the table */
     uint8_t state;               /* dm__bcache_memo_state_t */
+    uint8_t cls;                 /* its blocks' class: dm_sc_size(cls) is their usable size */
 } dm__bcache_memo_t;
 
 typedef struct dm__thread {
@@ -347,6 +348,14 @@ static inline void dm__context_drop(const struct dm_ctx *c) {
     if (c && c->interned)
         atomic_fetch_sub_explicit(&((struct dm_ctx *)c)->refs, 1, memory_order_release);
 }
+/* The same for a context known to be made (interned: tally.c's ids from
+ * DM_TALLY_ID_FIRST on), without the checks: a counted block's reference. */
+static inline void dm__context_hold_made(const struct dm_ctx *c) {
+    atomic_fetch_add_explicit(&((struct dm_ctx *)c)->refs, 1, memory_order_relaxed);
+}
+static inline void dm__context_drop_made(const struct dm_ctx *c) {
+    atomic_fetch_sub_explicit(&((struct dm_ctx *)c)->refs, 1, memory_order_release);
+}
 
 /* dispatch.c: the table in force (release-store, acquire-load). */
 extern _Atomic(dm__dispatch_t *) dm__dispatch_current;
@@ -379,6 +388,19 @@ void dm__thread_fork_release(dm__thread_t *gone);
 
 /* alloc.c: frees of blocks that were not ours (stats). */
 uint64_t dm__alloc_foreign_frees(void);
+/* alloc.c, for realloc.c: the calling thread; the slot for (size, dt) in
+ * context c, binding if needed (NULL: no table); a block from slot s, counted
+ * against a tracked arena's limit; the slot's jemalloc arena for this thread's
+ * node; a tracked arena's reservation (false: refused, noted for the thread);
+ * a block leaving a tracked arena; the cache flags for arena ja. */
+dm__thread_t *dm__alloc_thread(void);
+const dm__dispatch_slot_t *dm__alloc_route(dm__thread_t *t, const dm_ctx_t *c, size_t size,
+                                           int dt, int *rule);
+void *dm__alloc_slot(dm__thread_t *t, const dm__dispatch_slot_t *s, size_t size);
+dm__arena_je_t *dm__alloc_slot_je(const dm__dispatch_slot_t *s);
+bool dm__alloc_live_reserve(dm__thread_t *t, dm__arena_t *a, size_t usable, size_t request);
+void dm__alloc_untrack(dm__arena_je_t *ja, const void *p);
+unsigned dm__alloc_tcache_flags(dm__thread_t *t, dm__arena_je_t *ja);
 
 /* install.c (under dm__runtime_mu): the reload counts, into a snapshot. */
 void dm__install_stats(dm_stats_t *out);

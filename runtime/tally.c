@@ -60,37 +60,26 @@
 uint16_t *_Atomic dm__tally_shadow[NSEGS];
 _Atomic bool dm__tally_counting;
 
-typedef struct tally_tag {
-    char name[DM_NAME_MAX];
-    _Atomic uint64_t live, peak, refused;
-    _Atomic uint64_t limit;    /* UINT64_MAX = none */
-    /* the last refusal (dm_runtime_refusals): written after `refused` grows */
-    _Atomic uint64_t last_request, last_limit, last_live;
-    /* under dm__runtime_mu */
-    uint64_t hash;
-    int refs;                  /* contexts counting under it */
-    uint16_t hnext;            /* hash chain: next row + 1, 0 = end */
-    int8_t idle;               /* the idle list it is on, or -1 */
-    int16_t prev, next;        /* on that list; -1 = end */
-} tally_tag_t;
+typedef dm__tally_row_t tally_tag_t;
 
 #define ROW_UNTAGGED 0
 #define ROW_OTHER 1
 #define ID_OTHER 1
-#define ID_FIRST 2             /* the first id a made context gets */
+#define ID_FIRST DM_TALLY_ID_FIRST
 #define TAG_BUCKETS 8192
 enum { IDLE_PLAIN, IDLE_LIMITED, NIDLE };
 
-static tally_tag_t tags[DM_TALLY_TAGS_MAX];
+tally_tag_t dm__tally_rows[DM_TALLY_TAGS_MAX];
 static int ntags;                         /* rows ever used; under dm__runtime_mu */
 static uint16_t tag_heads[TAG_BUCKETS];   /* row + 1, 0 = empty (dm__runtime_mu) */
 typedef struct { int16_t head, tail; } idle_list_t; /* rows, oldest first */
 static idle_list_t idle[NIDLE] = {{-1, -1}, {-1, -1}};
-static struct dm_ctx *_Atomic by_id[DM_CTX_MAX];
+/* by shadow entry: [id + 1] the context with that id, [0] NULL (not counted) */
+static struct dm_ctx *_Atomic by_entry[DM_CTX_MAX + 1];
 static uint16_t free_ids[DM_CTX_MAX];     /* ids given back (dm__runtime_mu) */
 static int nfree_ids, next_id = ID_FIRST;
 static uint64_t overflowed;               /* names counted under "(other)" */
-static tally_tag_t total = {.limit = UINT64_MAX}; /* every counted block */
+tally_tag_t dm__tally_total = {.limit = UINT64_MAX}; /* every counted block */
 static bool on;                           /* under dm__runtime_mu */
 static const dm_policy_t *limits_from;    /* the policy in force (dm__runtime_mu) */
 static char worker_source[16];
@@ -109,48 +98,48 @@ static uint64_t limit_for(const char *name) {
 /* ---- idle rows: two FIFO lists threaded through the rows ---------------------- */
 
 static void idle_push(int i) {
-    int l = atomic_load_explicit(&tags[i].limit, memory_order_relaxed) == UINT64_MAX
+    int l = atomic_load_explicit(&dm__tally_rows[i].limit, memory_order_relaxed) == UINT64_MAX
                 ? IDLE_PLAIN : IDLE_LIMITED;
-    tags[i].idle = (int8_t)l;
-    tags[i].next = -1;
-    tags[i].prev = idle[l].tail;
+    dm__tally_rows[i].idle = (int8_t)l;
+    dm__tally_rows[i].next = -1;
+    dm__tally_rows[i].prev = idle[l].tail;
     if (idle[l].tail >= 0)
-        tags[idle[l].tail].next = (int16_t)i;
+        dm__tally_rows[idle[l].tail].next = (int16_t)i;
     else
         idle[l].head = (int16_t)i;
     idle[l].tail = (int16_t)i;
 }
 
 static void idle_remove(int i) {
-    int l = tags[i].idle;
+    int l = dm__tally_rows[i].idle;
     if (l < 0)
         return;
-    if (tags[i].prev >= 0)
-        tags[tags[i].prev].next = tags[i].next;
+    if (dm__tally_rows[i].prev >= 0)
+        dm__tally_rows[dm__tally_rows[i].prev].next = dm__tally_rows[i].next;
     else
-        idle[l].head = tags[i].next;
-    if (tags[i].next >= 0)
-        tags[tags[i].next].prev = tags[i].prev;
+        idle[l].head = dm__tally_rows[i].next;
+    if (dm__tally_rows[i].next >= 0)
+        dm__tally_rows[dm__tally_rows[i].next].prev = dm__tally_rows[i].prev;
     else
-        idle[l].tail = tags[i].prev;
-    tags[i].idle = -1;
+        idle[l].tail = dm__tally_rows[i].prev;
+    dm__tally_rows[i].idle = -1;
 }
 
 /* ---- rows by name --------------------------------------------------------------- */
 
 static int row_find(uint64_t h, const char *name) {
-    for (int i = tag_heads[h & (TAG_BUCKETS - 1)] - 1; i >= 0; i = tags[i].hnext - 1)
-        if (tags[i].hash == h && strcmp(tags[i].name, name) == 0)
+    for (int i = tag_heads[h & (TAG_BUCKETS - 1)] - 1; i >= 0; i = dm__tally_rows[i].hnext - 1)
+        if (dm__tally_rows[i].hash == h && strcmp(dm__tally_rows[i].name, name) == 0)
             return i;
     return -1;
 }
 
 static void row_unlink(int i) {
-    uint16_t *pp = &tag_heads[tags[i].hash & (TAG_BUCKETS - 1)];
+    uint16_t *pp = &tag_heads[dm__tally_rows[i].hash & (TAG_BUCKETS - 1)];
     while (*pp && *pp != i + 1)
-        pp = &tags[*pp - 1].hnext;
+        pp = &dm__tally_rows[*pp - 1].hnext;
     if (*pp)
-        *pp = tags[i].hnext;
+        *pp = dm__tally_rows[i].hnext;
 }
 
 /* A row for a new name: a fresh one, else the oldest idle (plain first); -1
@@ -167,7 +156,7 @@ static int row_new(uint64_t h, const char *name) {
         idle_remove(i);
         row_unlink(i);
     }
-    tally_tag_t *t = &tags[i];
+    tally_tag_t *t = &dm__tally_rows[i];
     snprintf(t->name, sizeof(t->name), "%s", name);
     t->hash = h;
     t->refs = 0;
@@ -204,31 +193,31 @@ static int row_ref(const char *name) {
         overflow_note(name);
         return ROW_OTHER;
     }
-    if (tags[i].refs++ == 0)
+    if (dm__tally_rows[i].refs++ == 0)
         idle_remove(i);
     return i;
 }
 
 static void row_unref(int i) {
-    if (i > ROW_OTHER && --tags[i].refs == 0)
+    if (i > ROW_OTHER && --dm__tally_rows[i].refs == 0)
         idle_push(i);
 }
 
 /* ---- contexts ------------------------------------------------------------------- */
 
 void dm__tally_root_init(struct dm_ctx *root) {
-    snprintf(tags[ROW_UNTAGGED].name, DM_NAME_MAX, "(untagged)");
-    snprintf(tags[ROW_OTHER].name, DM_NAME_MAX, "(other)");
+    snprintf(dm__tally_rows[ROW_UNTAGGED].name, DM_NAME_MAX, "(untagged)");
+    snprintf(dm__tally_rows[ROW_OTHER].name, DM_NAME_MAX, "(other)");
     for (int i = ROW_UNTAGGED; i <= ROW_OTHER; i++) {
-        atomic_store_explicit(&tags[i].limit, UINT64_MAX, memory_order_relaxed);
-        tags[i].idle = -1;
+        atomic_store_explicit(&dm__tally_rows[i].limit, UINT64_MAX, memory_order_relaxed);
+        dm__tally_rows[i].idle = -1;
     }
     ntags = ROW_OTHER + 1;
     root->tally = root_rows;
     root->ntally = 1;
     root->id = 0;
-    atomic_store_explicit(&by_id[0], root, memory_order_release);
-    atomic_store_explicit(&by_id[ID_OTHER], &other_ctx, memory_order_release);
+    atomic_store_explicit(&by_entry[1], root, memory_order_release);
+    atomic_store_explicit(&by_entry[ID_OTHER + 1], &other_ctx, memory_order_release);
 }
 
 bool dm__tally_crowded(void) {
@@ -261,7 +250,7 @@ bool dm__tally_ctx_init(struct dm_ctx *c) {
     }
     c->ntally = n;
     c->id = (uint16_t)id;
-    atomic_store_explicit(&by_id[id], c, memory_order_release);
+    atomic_store_explicit(&by_entry[id + 1], c, memory_order_release);
     return true;
 }
 
@@ -299,7 +288,7 @@ void dm__tally_ctx_fini(struct dm_ctx *c) {
     if (c->id >= ID_FIRST) {
         for (int i = 0; i < c->ntally; i++)
             row_unref(c->tally[i]);
-        atomic_store_explicit(&by_id[c->id], NULL, memory_order_relaxed);
+        atomic_store_explicit(&by_entry[c->id + 1], NULL, memory_order_relaxed);
         free_ids[nfree_ids++] = c->id;
     }
     free(c->tally);
@@ -314,53 +303,52 @@ bool dm__tally_configure(const dm_policy_t *p, const dm__tally_worker_t *w) {
     if (on)
         atomic_store_explicit(&dm__tally_counting, true, memory_order_relaxed);
     for (int i = ROW_OTHER + 1; i < ntags; i++) {
-        atomic_store_explicit(&tags[i].limit, limit_for(tags[i].name), memory_order_relaxed);
-        if (tags[i].idle >= 0) { /* idle: onto the list its limit now says */
+        atomic_store_explicit(&dm__tally_rows[i].limit, limit_for(dm__tally_rows[i].name), memory_order_relaxed);
+        if (dm__tally_rows[i].idle >= 0) { /* idle: onto the list its limit now says */
             idle_remove(i);
             idle_push(i);
         }
     }
     snprintf(worker_source, sizeof(worker_source), "%s", w->source);
-    atomic_store_explicit(&total.limit, w->limit, memory_order_relaxed);
+    atomic_store_explicit(&dm__tally_total.limit, w->limit, memory_order_relaxed);
     return on;
 }
 
-#define REFUSED UINT64_MAX /* add_limited: the count would pass its limit */
-
-/* Adds n to a limited count unless that passes its limit (a compare-and-swap:
- * the count never passes it, not even for an instant); returns the count
- * before, or REFUSED. */
-static __attribute__((noinline)) uint64_t add_limited(tally_tag_t *t, uint64_t n, uint64_t limit) {
-    uint64_t b = atomic_load_explicit(&t->live, memory_order_relaxed);
-    for (;;) {
-        if (b + n > limit || b + n < b)
-            return REFUSED;
-        if (atomic_compare_exchange_weak_explicit(&t->live, &b, b + n, memory_order_relaxed,
-                                                  memory_order_relaxed))
-            return b;
-    }
+/* Context c's count k: -1 the worker total, i >= 0 its i-th tag's row. */
+static inline tally_tag_t *count_of(const struct dm_ctx *c, int k) {
+    return k < 0 ? &dm__tally_total : &dm__tally_rows[c->tally[k]];
 }
 
-static __attribute__((noinline)) void raise_peak(tally_tag_t *t, uint64_t now, uint64_t pk) {
+static __attribute__((noinline)) void raise_peak(tally_tag_t *t, uint64_t now) {
+    uint64_t pk = atomic_load_explicit(&t->peak, memory_order_relaxed);
     while (now > pk && !atomic_compare_exchange_weak_explicit(&t->peak, &pk, now,
                                                              memory_order_relaxed,
                                                              memory_order_relaxed))
         ;
 }
 
-/* Adds n unless that passes the limit; the peak follows. Inlined into every
- * reservation: a count without a limit costs one atomic add and a compare
- * with its peak. */
-static inline __attribute__((always_inline)) bool add_capped(tally_tag_t *t, uint64_t n) {
+/* A limited count: adds n unless that passes the limit (a compare-and-swap:
+ * the count never passes it, not even for an instant); the peak follows. */
+static __attribute__((noinline)) bool add_limited(tally_tag_t *t, uint64_t n) {
     uint64_t limit = atomic_load_explicit(&t->limit, memory_order_relaxed);
-    uint64_t before;
-    if (DM_LIKELY(limit == UINT64_MAX))
-        before = atomic_fetch_add_explicit(&t->live, n, memory_order_relaxed);
-    else if ((before = add_limited(t, n, limit)) == REFUSED)
-        return false;
-    uint64_t now = before + n, pk = atomic_load_explicit(&t->peak, memory_order_relaxed);
-    if (DM_UNLIKELY(now > pk))
-        raise_peak(t, now, pk);
+    uint64_t b = atomic_load_explicit(&t->live, memory_order_relaxed);
+    do {
+        if (b + n > limit || b + n < b)
+            return false;
+    } while (!atomic_compare_exchange_weak_explicit(&t->live, &b, b + n, memory_order_relaxed,
+                                                    memory_order_relaxed));
+    raise_peak(t, b + n);
+    return true;
+}
+
+/* Adds n to a count unless that passes its limit; the peak follows. A count
+ * without a limit costs one atomic add and a compare with its peak. */
+static inline __attribute__((always_inline)) bool add_capped(tally_tag_t *t, uint64_t n) {
+    if (DM_UNLIKELY(atomic_load_explicit(&t->limit, memory_order_relaxed) != UINT64_MAX))
+        return add_limited(t, n);
+    uint64_t now = atomic_fetch_add_explicit(&t->live, n, memory_order_relaxed) + n;
+    if (DM_UNLIKELY(now > atomic_load_explicit(&t->peak, memory_order_relaxed)))
+        raise_peak(t, now);
     return true;
 }
 
@@ -380,7 +368,7 @@ static inline void sub(tally_tag_t *t, uint64_t n) {
  * count and in f (with the count's limit and live bytes as read now). */
 static __attribute__((noinline)) bool refuse(const struct dm_ctx *c, int failed, uint64_t n,
                                              uint64_t request, dm_failure_t *f) {
-    tally_tag_t *t = failed < 0 ? &total : &tags[c->tally[failed]];
+    tally_tag_t *t = count_of(c, failed);
     uint64_t limit = atomic_load_explicit(&t->limit, memory_order_relaxed);
     uint64_t live = atomic_load_explicit(&t->live, memory_order_relaxed);
     note_refusal(t, request, limit, live);
@@ -389,8 +377,8 @@ static __attribute__((noinline)) bool refuse(const struct dm_ctx *c, int failed,
         f->tag[0] = 0;
     } else {
         for (int i = 0; i < failed; i++)
-            sub(&tags[c->tally[i]], n);
-        sub(&total, n);
+            sub(&dm__tally_rows[c->tally[i]], n);
+        sub(&dm__tally_total, n);
         f->kind = DM_REFUSED_TAG;
         snprintf(f->tag, sizeof(f->tag), "%s", t->name);
     }
@@ -404,31 +392,26 @@ static __attribute__((noinline)) bool refuse(const struct dm_ctx *c, int failed,
     return false;
 }
 
-static inline __attribute__((always_inline)) bool reserve(const struct dm_ctx *c, uint64_t n,
-                                                          uint64_t request, dm_failure_t *f) {
-    if (!add_capped(&total, n))
-        return refuse(c, -1, n, request, f);
-    for (int i = 0; i < c->ntally; i++)
-        if (!add_capped(&tags[c->tally[i]], n))
-            return refuse(c, i, n, request, f);
+/* Reserves n in c's counts from k on (refusal: false, nothing reserved). */
+static bool reserve_from(const struct dm_ctx *c, int k, uint64_t n, uint64_t request,
+                         dm_failure_t *f) {
+    for (; k < c->ntally; k++)
+        if (!add_capped(count_of(c, k), n))
+            return refuse(c, k, n, request, f);
     return true;
 }
 
 bool dm__tally_reserve(const struct dm_ctx *c, uint64_t n, uint64_t request, dm_failure_t *f) {
-    return reserve(c, n, request, f);
+    return reserve_from(c, -1, n, request, f);
 }
 
 static inline void unreserve(const struct dm_ctx *c, uint64_t n) {
-    sub(&total, n);
+    sub(&dm__tally_total, n);
     for (int i = 0; i < c->ntally; i++)
-        sub(&tags[c->tally[i]], n);
+        sub(&dm__tally_rows[c->tally[i]], n);
 }
 
 void dm__tally_unreserve(const struct dm_ctx *c, uint64_t n) { unreserve(c, n); }
-
-static inline _Atomic uint16_t *entry(uint16_t *sh, const void *p) {
-    return (_Atomic uint16_t *)&sh[((uintptr_t)p & (DM_SEG_SIZE - 1)) >> DM_TALLY_GRAIN_SHIFT];
-}
 
 /* The segment's shadow, made on first use (a lost race unmaps its copy). */
 static __attribute__((noinline)) uint16_t *shadow_make(uintptr_t seg) {
@@ -450,16 +433,20 @@ static inline uint16_t *shadow_of(const void *p) {
     return DM_LIKELY(sh != NULL) ? sh : shadow_make(seg);
 }
 
-bool dm__tally_charge(const struct dm_ctx *c, void *p, uint64_t n, uint64_t request,
-                      dm_failure_t *f) {
+bool dm__tally_charge_from(const struct dm_ctx *c, void *p, uint64_t n, uint64_t request,
+                           dm_failure_t *f, int k, uint64_t now) {
     uint16_t *sh = shadow_of(p);
     if (DM_UNLIKELY(!sh)) /* no memory for the shadow: the block goes uncounted */
         return true;
-    if (!reserve(c, n, request, f))
+    if (k == -2)
+        k = -1;
+    if (now) /* count k is added: its peak rises */
+        raise_peak(count_of(c, k++), now);
+    if (!reserve_from(c, k, n, request, f))
         return false;
-    if (c->id >= ID_FIRST) /* the block holds its context (the caller holds it too); */
-        dm__context_hold(c); /* one counted under (other) is found by no id: not held */
-    atomic_store_explicit(entry(sh, p), (uint16_t)(c->id + 1), memory_order_relaxed);
+    if (c->id >= ID_FIRST)
+        dm__context_hold_made(c);
+    atomic_store_explicit(dm__tally_entry(sh, p), (uint16_t)(c->id + 1), memory_order_relaxed);
     return true;
 }
 
@@ -473,16 +460,16 @@ void dm__tally_record(const struct dm_ctx *c, void *p, uint64_t n, bool exact) {
     if (usable != n) { /* the block is not the size reserved (another arena's rounding) */
         if (usable > n) { /* counted as it is, past a limit by this padding at most */
             uint64_t d = usable - n;
-            atomic_fetch_add_explicit(&total.live, d, memory_order_relaxed);
+            atomic_fetch_add_explicit(&dm__tally_total.live, d, memory_order_relaxed);
             for (int i = 0; i < c->ntally; i++)
-                atomic_fetch_add_explicit(&tags[c->tally[i]].live, d, memory_order_relaxed);
+                atomic_fetch_add_explicit(&dm__tally_rows[c->tally[i]].live, d, memory_order_relaxed);
         } else {
             dm__tally_unreserve(c, n - usable);
         }
     }
     if (c->id >= ID_FIRST) /* the block holds its context (the caller holds it too); */
-        dm__context_hold(c); /* one counted under (other) is found by no id: not held */
-    atomic_store_explicit(entry(sh, p), (uint16_t)(c->id + 1), memory_order_relaxed);
+        dm__context_hold_made(c); /* one counted under (other) is found by no id: not held */
+    atomic_store_explicit(dm__tally_entry(sh, p), (uint16_t)(c->id + 1), memory_order_relaxed);
 }
 
 /* The block's context, its shadow entry cleared (NULL: not counted). */
@@ -490,8 +477,8 @@ static inline __attribute__((always_inline)) const struct dm_ctx *release_entry(
     uintptr_t seg = (uintptr_t)p >> DM_SEG_SHIFT;
     uint16_t *sh = seg < NSEGS ? atomic_load_explicit(&dm__tally_shadow[seg], memory_order_acquire)
                                : NULL;
-    uint16_t v = sh ? atomic_exchange_explicit(entry(sh, p), 0, memory_order_relaxed) : 0;
-    return v ? atomic_load_explicit(&by_id[v - 1], memory_order_acquire) : NULL;
+    uint16_t v = sh ? atomic_exchange_explicit(dm__tally_entry(sh, p), 0, memory_order_relaxed) : 0;
+    return atomic_load_explicit(&by_entry[v], memory_order_acquire);
 }
 
 void dm__tally_release_sized(const void *p, uint64_t usable) {
@@ -499,7 +486,7 @@ void dm__tally_release_sized(const void *p, uint64_t usable) {
     if (c) {
         unreserve(c, usable);
         if (c->id >= ID_FIRST)
-            dm__context_drop(c); /* last: c may be freed from here on */
+            dm__context_drop_made(c); /* last: c may be freed from here on */
     }
 }
 
@@ -508,17 +495,17 @@ void dm__tally_release_slow(const void *p) {
     if (c) {
         unreserve(c, dmje_sallocx((void *)p, 0));
         if (c->id >= ID_FIRST)
-            dm__context_drop(c); /* last: c may be freed from here on */
+            dm__context_drop_made(c); /* last: c may be freed from here on */
     }
 }
 
 int dm_runtime_refusals(const char *name, dm_refusals_t *out) {
     memset(out, 0, sizeof(*out));
-    const tally_tag_t *t = name ? NULL : &total;
+    const tally_tag_t *t = name ? NULL : &dm__tally_total;
     pthread_mutex_lock(&dm__runtime_mu); /* the row is not reused meanwhile */
     if (name && ntags) {
         int i = row_find(dm__context_hash(&name, 1), name);
-        t = i >= 0 ? &tags[i] : NULL;
+        t = i >= 0 ? &dm__tally_rows[i] : NULL;
     }
     if (t) {
         out->count = atomic_load_explicit(&t->refused, memory_order_acquire);
@@ -541,10 +528,10 @@ static int by_live(const void *a, const void *b) {
 
 int dm__tally_snapshot(dm_stats_t *out) {
     out->tally_on = on;
-    out->tally_live = atomic_load_explicit(&total.live, memory_order_relaxed);
-    out->tally_peak = atomic_load_explicit(&total.peak, memory_order_relaxed);
-    out->worker_limit = atomic_load_explicit(&total.limit, memory_order_relaxed);
-    out->worker_refused = atomic_load_explicit(&total.refused, memory_order_relaxed);
+    out->tally_live = atomic_load_explicit(&dm__tally_total.live, memory_order_relaxed);
+    out->tally_peak = atomic_load_explicit(&dm__tally_total.peak, memory_order_relaxed);
+    out->worker_limit = atomic_load_explicit(&dm__tally_total.limit, memory_order_relaxed);
+    out->worker_refused = atomic_load_explicit(&dm__tally_total.refused, memory_order_relaxed);
     snprintf(out->worker_limit_source, sizeof(out->worker_limit_source), "%s", worker_source);
     out->tags_overflowed = overflowed;
     out->ntags = 0;
@@ -559,11 +546,11 @@ int dm__tally_snapshot(dm_stats_t *out) {
         if (i == ROW_OTHER && !overflowed) /* "(other)": once a name went there */
             continue;
         dm_tag_stats_t *o = &out->tags[n++];
-        memcpy(o->name, tags[i].name, sizeof(o->name)); /* both DM_NAME_MAX, NUL-ended */
-        o->live = atomic_load_explicit(&tags[i].live, memory_order_relaxed);
-        o->peak = atomic_load_explicit(&tags[i].peak, memory_order_relaxed);
-        o->limit = atomic_load_explicit(&tags[i].limit, memory_order_relaxed);
-        o->refused = atomic_load_explicit(&tags[i].refused, memory_order_relaxed);
+        memcpy(o->name, dm__tally_rows[i].name, sizeof(o->name)); /* both DM_NAME_MAX, NUL-ended */
+        o->live = atomic_load_explicit(&dm__tally_rows[i].live, memory_order_relaxed);
+        o->peak = atomic_load_explicit(&dm__tally_rows[i].peak, memory_order_relaxed);
+        o->limit = atomic_load_explicit(&dm__tally_rows[i].limit, memory_order_relaxed);
+        o->refused = atomic_load_explicit(&dm__tally_rows[i].refused, memory_order_relaxed);
     }
     out->ntags = n;
     qsort(out->tags, (size_t)n, sizeof(dm_tag_stats_t), by_live);

@@ -10,10 +10,36 @@
 
 #include "runtime/internal.h"
 
+/* Hidden, as internal.h's: the fast path reaches these without a GOT load. */
+#pragma GCC visibility push(hidden)
+
 #define DM_TALLY_TAGS_MAX 4096 /* tag rows; rows no context refers to are reused, and
                                   past that names count under "(other)" */
 #define DM_TALLY_GRAIN_SHIFT 4 /* shadow entry per 16 bytes: counted blocks are >= 16
                                   bytes and 16-aligned */
+
+/* A count: a tag row's, or the worker total's. The allocation paths touch
+ * live, peak and limit, first in the row; the rest changes on refusals and,
+ * under dm__runtime_mu, when rows are made and reused (tally.c). */
+typedef struct dm__tally_row {
+    _Atomic uint64_t live, peak;
+    _Atomic uint64_t limit;    /* UINT64_MAX = none */
+    _Atomic uint64_t refused;
+    /* the last refusal (dm_runtime_refusals): written after `refused` grows */
+    _Atomic uint64_t last_request, last_limit, last_live;
+    /* under dm__runtime_mu */
+    uint64_t hash;
+    int refs;                  /* contexts counting under it */
+    uint16_t hnext;            /* hash chain: next row + 1, 0 = end */
+    int8_t idle;               /* the idle list it is on, or -1 */
+    int16_t prev, next;        /* on that list; -1 = end */
+    char name[DM_NAME_MAX];
+} dm__tally_row_t;
+
+extern dm__tally_row_t dm__tally_rows[DM_TALLY_TAGS_MAX];
+extern dm__tally_row_t dm__tally_total; /* every counted block: the worker limit's count */
+
+#define DM_TALLY_ID_FIRST 2 /* the first id a made context gets (0: root, 1: "(other)") */
 
 /* The shadow of each 1 GiB segment that ever held a counted block: a 16-bit
  * entry per 16 bytes, the block's context id + 1 (0: not counted). */
@@ -54,11 +80,6 @@ bool dm__tally_configure(const dm_policy_t *p, const dm__tally_worker_t *w);
  * a count never passes its limit). False on refusal, with `f` filled (kind,
  * tag, limit, live, request) and nothing reserved. */
 bool dm__tally_reserve(const struct dm_ctx *c, uint64_t n, uint64_t request, dm_failure_t *f);
-/* The block cache's counted path: reserves `n` bytes (the block's usable
- * size) for block `p` in context `c` as dm__tally_reserve does and records its
- * context, in one call. False on refusal (f filled, nothing reserved). */
-bool dm__tally_charge(const struct dm_ctx *c, void *p, uint64_t n, uint64_t request,
-                      dm_failure_t *f);
 /* Takes back a reservation whose allocation failed. */
 void dm__tally_unreserve(const struct dm_ctx *c, uint64_t n);
 /* The block `p` was allocated for reservation `n`: settles the counts to its
@@ -84,7 +105,77 @@ static inline void dm__tally_release(const void *p) {
         dm__tally_release_slow(p);
 }
 
+/* ---- inlined into the block cache's counted path (alloc.c) ---------------- */
+
+static inline _Atomic uint16_t *dm__tally_entry(uint16_t *sh, const void *p) {
+    return (_Atomic uint16_t *)&sh[((uintptr_t)p & (DM_SEG_SIZE - 1)) >> DM_TALLY_GRAIN_SHIFT];
+}
+
+/* The rest of dm__tally_charge, out of line: from count k (-1: the worker
+ * total, i >= 0: the context's i-th tag; -2: the block's shadow segment is
+ * not made yet), `now` the value count k reached if it was just added and its
+ * peak must rise (0: count k is not added yet). */
+bool dm__tally_charge_from(const struct dm_ctx *c, void *p, uint64_t n, uint64_t request,
+                           dm_failure_t *f, int k, uint64_t now);
+
+#define DM_TALLY_CHARGED (-3) /* dm__tally_charge_fast: counted */
+
+/* Adds n to a count without a limit whose peak it does not raise; false when
+ * it has a limit (nothing added, *now 0) or the peak must rise (added, *now
+ * the count now). */
+static inline __attribute__((always_inline)) bool dm__tally_add_fast(dm__tally_row_t *t,
+                                                                     uint64_t n,
+                                                                     uint64_t *now) {
+    if (DM_UNLIKELY(atomic_load_explicit(&t->limit, memory_order_relaxed) != UINT64_MAX))
+        return false;
+    uint64_t v = atomic_fetch_add_explicit(&t->live, n, memory_order_relaxed) + n;
+    if (DM_UNLIKELY(v > atomic_load_explicit(&t->peak, memory_order_relaxed))) {
+        *now = v;
+        return false;
+    }
+    return true;
+}
+
+/* The block cache's counted path, its common case inlined: reserves `n` bytes
+ * (the block's usable size) for block `p` in context `c` and records its
+ * context, returning DM_TALLY_CHARGED. A limit, a rising peak or a new shadow
+ * segment stops it where it is: it returns the k (and *now) to hand to
+ * dm__tally_charge_from, which finishes or refuses. It makes no call, so a
+ * caller's hit path needs no stack frame. */
+static inline __attribute__((always_inline)) int
+dm__tally_charge_fast(const struct dm_ctx *c, void *p, uint64_t n, uint64_t *now) {
+    uintptr_t seg = (uintptr_t)p >> DM_SEG_SHIFT;
+    uint16_t *sh = DM_LIKELY(seg < (1u << (DM_VA_BITS - DM_SEG_SHIFT)))
+                       ? atomic_load_explicit(&dm__tally_shadow[seg], memory_order_acquire)
+                       : NULL;
+    *now = 0;
+    if (DM_UNLIKELY(!sh))
+        return -2;
+    if (!dm__tally_add_fast(&dm__tally_total, n, now))
+        return -1;
+    for (int k = 0; k < c->ntally; k++) {
+        dm__tally_row_t *t = &dm__tally_rows[c->tally[k]];
+        __asm__("" : "+r"(t)); /* one register for the row: GCC would keep a base per field */
+        if (!dm__tally_add_fast(t, n, now))
+            return k;
+    }
+    if (c->id >= DM_TALLY_ID_FIRST) /* the block holds its context (the caller holds it too); */
+        dm__context_hold_made(c); /* one counted under (other) is found by no id: not held */
+    atomic_store_explicit(dm__tally_entry(sh, p), (uint16_t)(c->id + 1), memory_order_relaxed);
+    return DM_TALLY_CHARGED;
+}
+
+/* The same in one call: false on refusal (f filled, nothing reserved). */
+static inline __attribute__((always_inline)) bool
+dm__tally_charge(const struct dm_ctx *c, void *p, uint64_t n, uint64_t request, dm_failure_t *f) {
+    uint64_t now;
+    int k = dm__tally_charge_fast(c, p, n, &now);
+    return k == DM_TALLY_CHARGED || dm__tally_charge_from(c, p, n, request, f, k, now);
+}
+
 /* Stats: fills out's tag fields (caller holds dm__runtime_mu). */
 int dm__tally_snapshot(dm_stats_t *out);
+
+#pragma GCC visibility pop
 
 #endif /* DM_RUNTIME_TALLY_H */

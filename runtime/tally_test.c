@@ -46,6 +46,19 @@ static uint64_t total_live(void) {
     return v;
 }
 
+/* Blocks handed out by the arena "general" (datamem's counts). */
+static uint64_t general_nalloc(void) {
+    dm_stats_t s;
+    uint64_t n = 0;
+    if (dm_stats_snapshot(&s) != 0)
+        return 0;
+    for (int i = 0; i < s.narenas; i++)
+        if (strcmp(s.arenas[i].name, "general") == 0)
+            n = s.arenas[i].counts.nalloc;
+    dm_stats_release(&s);
+    return n;
+}
+
 static const char *POLICY =
     "version: 1\n"
     "default: general\n"
@@ -160,9 +173,44 @@ static void test_small_blocks_cached_and_exact(void) {
     EXPECT_INT_EQ(f.kind, DM_REFUSED_TAG, "a tag refusal");
     EXPECT_STR_EQ(f.tag, "tiny-1", "names the tag");
     EXPECT_UINT_EQ(f.live, 1024, "names the live bytes");
+    /* refused as it is popped: another context's block of the class waits in
+     * the bin; the refusal undoes its hand-out and puts it back on top. (A
+     * context's first allocation after another's binds the thread: the slow
+     * path, which never pops; the cached path from the second on.) */
+    const dm_ctx_t *other = dm_ctx_with_tag(NULL, "tiny-2");
+    dm_free(dm_alloc(other, 64, DM_DT_UNKNOWN));
+    void *q = dm_alloc(other, 64, DM_DT_UNKNOWN);
+    dm_free(q); /* into the bin */
+    EXPECT_TRUE(dm_alloc(tiny, 64, DM_DT_UNKNOWN) == NULL, "refused on the slow path");
+    uint64_t before = general_nalloc();
+    EXPECT_TRUE(dm_alloc(tiny, 64, DM_DT_UNKNOWN) == NULL, "refused from the bin");
+    EXPECT_UINT_EQ(general_nalloc(), before, "a refused block is not counted as handed out");
+    EXPECT_INT_EQ(dm__bcache_tag_class(q), -1, "its tag is gone");
+    EXPECT_UINT_EQ(tag_stats("tiny-1").live, 1024, "still at the limit");
+    EXPECT_UINT_EQ(tag_stats("tiny-1").refused, 3, "each refusal counted");
+    EXPECT_UINT_EQ(tag_stats("tiny-2").live, 0, "the other tag holds nothing");
+    void *r1 = dm_alloc(other, 64, DM_DT_UNKNOWN), *r2 = dm_alloc(other, 64, DM_DT_UNKNOWN);
+    EXPECT_TRUE(r2 == q, "back on top of the bin");
+    EXPECT_UINT_EQ(tag_stats("tiny-2").live, 128, "counted for the other tag");
+    dm_free(r1);
+    dm_free(r2);
     while (n-- > 0)
         dm_free(ps[n]);
     EXPECT_UINT_EQ(tag_stats("tiny-1").live, 0, "freed: back to zero");
+    /* zeroed and counted: a block from the bin is cleared */
+    dm_free(dm_alloc(c, 100, DM_DT_UNKNOWN)); /* binds the thread to c: the cached path */
+    unsigned char *z = dm_alloc(c, 100, DM_DT_UNKNOWN);
+    memset(z, 0xa5, 100);
+    dm_free(z);
+    unsigned char *z2 = dm_calloc(c, 100, DM_DT_UNKNOWN);
+    EXPECT_TRUE(z2 == z, "the same block, from the bin");
+    int dirty = 0;
+    for (int i = 0; i < 100; i++)
+        dirty += z2[i] != 0;
+    EXPECT_INT_EQ(dirty, 0, "zeroed");
+    EXPECT_UINT_EQ(tag_stats("cached").live, cls, "counted");
+    dm_free(z2);
+    EXPECT_UINT_EQ(tag_stats("cached").live, 0, "freed: back to zero");
     /* fork: the child frees its copies of the parent's blocks */
 #if defined(__SANITIZE_THREAD__)
     /* TSan's deadlock detector tracks at most 64 locks held at once, fewer
