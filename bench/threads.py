@@ -30,6 +30,7 @@ import json
 import os
 import platform
 import random
+import resource
 import statistics
 import subprocess
 import sys
@@ -56,6 +57,12 @@ BIG_EVERY = 32                                 # iterations per 64 MiB array
 SMALL_OPS = 8                                  # d = a*b + c on the small arrays
 ARRAYS_PER_ITER = 2 * SMALL_OPS + 4 * len(MEDIUM_BYTES)
 PAGE = os.sysconf("SC_PAGESIZE")
+
+
+def minflt():
+    """Minor page faults of the whole process so far (they repeat to the page, where
+    times do not)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
 def gil_enabled():
@@ -128,10 +135,10 @@ def child(nthreads, iters, rounds):
     try:
         for _ in range(rounds + 1):
             start.wait()
-            t0, c0 = time.perf_counter(), time.process_time()
+            t0, c0, f0 = time.perf_counter(), time.process_time(), minflt()
             end.wait()
-            samples.append({"wall_s": time.perf_counter() - t0,
-                            "cpu_s": time.process_time() - c0, "arrays": sum(made)})
+            samples.append({"wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0,
+                            "minflt": minflt() - f0, "arrays": sum(made)})
     except threading.BrokenBarrierError:
         pass
     for t in ts:
@@ -144,7 +151,7 @@ def child(nthreads, iters, rounds):
         "gil": gil_enabled(), "arenas": arenas, "rounds": measured,
         "arrays_per_s": statistics.median(s["arrays"] / s["wall_s"] for s in measured),
         "arrays_per_cpu_s": statistics.median(s["arrays"] / s["cpu_s"] for s in measured),
-        "maxrss_kb": __import__("resource").getrusage(0).ru_maxrss,
+        "maxrss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
     }
 
 
@@ -173,8 +180,9 @@ def run_child(config, nthreads, quick, timeout):
 
 
 def summarize(raw, configs, threads):
-    """raw[config][T] = [arrays/s per repetition] -> per (config, T): the median
-    throughput, scaling to T=1, ratio to the default and to the best peer."""
+    """raw[config][T] = [one measure per repetition] -> per (config, T): the
+    median, scaling (over the same configuration's at T=1), ratio to the
+    default and to the best peer (the peer with the highest median at T)."""
     med = {c: {t: statistics.median(raw[c][t]) for t in threads if raw[c].get(t)}
            for c in configs}
     best = {}
@@ -187,12 +195,39 @@ def summarize(raw, configs, threads):
         table[c] = {}
         for t, v in med[c].items():
             base1 = med[c].get(1)
-            row = {"arrays_per_s": v,
-                   "scaling": v / base1 if base1 else None,
-                   "vs_default": v / med["default"][t] if t in med.get("default", {}) else None,
-                   "vs_best_peer": v / med[best[t]][t] if t in best else None}
-            table[c][t] = row
+            table[c][t] = {
+                "median": v, "scaling": v / base1 if base1 else None,
+                "vs_default": v / med["default"][t] if t in med.get("default", {}) else None,
+                "vs_best_peer": v / med[best[t]][t] if t in best else None}
     return table, best
+
+
+def cpu_share(sample):
+    """Process CPU time over wall time in the child's median round: under 1.0 per
+    thread, the machine did not give the threads a core each."""
+    return statistics.median(r["cpu_s"] / r["wall_s"] for r in sample["rounds"])
+
+
+def summaries(samples, configs, threads):
+    """Everything the tables show, from the children's reports: by wall clock (the
+    targets' measure) and per CPU-second (what the allocator costs, whatever CPU
+    the machine gave the child), each child's CPU share, the verdict."""
+    def raw(key):
+        r = {c: {t: [] for t in threads} for c in configs}
+        for s in samples:
+            if s["threads"] in r.get(s["config"], {}):
+                r[s["config"]][s["threads"]].append(key(s))
+        return r
+    wall, best = summarize(raw(lambda s: s["arrays_per_s"]), configs, threads)
+    cpu, best_cpu = summarize(raw(lambda s: s["arrays_per_cpu_s"]), configs, threads)
+    def medians(key):
+        return {c: {t: statistics.median(v) for t, v in per.items() if v}
+                for c, per in raw(key).items()}
+    return {"table": wall, "best_peer": best, "verdict": verdict(wall, best, threads),
+            "table_cpu": cpu, "best_peer_cpu": best_cpu, "cpu_share": medians(cpu_share),
+            "faults_per_array": medians(lambda s: statistics.median(
+                r["minflt"] / r["arrays"] for r in s["rounds"])),
+            "maxrss_mb": medians(lambda s: s["maxrss_kb"] / 1024)}
 
 
 def verdict(table, best, threads, dm="dm-threads"):
@@ -213,26 +248,38 @@ def verdict(table, best, threads, dm="dm-threads"):
     return out
 
 
-def markdown(table, best, configs, threads):
+def markdown(res, configs, threads):
+    """The two tables (wall clock, per CPU-second) and the verdict, as markdown."""
     def f(x, fmt):
         return "-" if x is None else fmt % x
-    head = "| configuration | " + " | ".join(
-        "T=%d: k arrays/s, scaling, vs default, vs best peer" % t for t in threads) + " |"
-    lines = [head, "|---|" + "---|" * len(threads)]
-    for c in configs:
-        cells = []
-        for t in threads:
-            r = table[c].get(t)
-            if r is None:
-                cells.append("n/a")
-                continue
-            cells.append("%s, %s, %s, %s" % (
-                f(r["arrays_per_s"] / 1e3, "%.1f"), f(r["scaling"], "%.2f"),
-                f(r["vs_default"], "%.2fx"), f(r["vs_best_peer"], "%.2fx")))
-        lines.append("| %s | %s |" % (c, " | ".join(cells)))
-    lines.append("")
-    lines.append("best peer: " + ", ".join("T=%d %s" % (t, best[t]) for t in threads if t in best))
-    return "\n".join(lines)
+
+    def one(table, best, head, cell):
+        lines = ["| configuration | " + " | ".join("T=%d: %s" % (t, head) for t in threads) + " |",
+                 "|---|" + "---|" * len(threads)]
+        for c in configs:
+            cells = [cell(c, t, table[c][t]) if t in table.get(c, {}) else "n/a"
+                     for t in threads]
+            lines.append("| %s | %s |" % (c, " | ".join(cells)))
+        lines.append("\nbest peer: " + ", ".join(
+            "T=%d %s" % (t, best[t]) for t in threads if t in best))
+        return lines
+    out = one(res["table"], res["best_peer"], "k arrays/s, scaling, vs default, vs best peer",
+              lambda c, t, r: "%s, %s, %s, %s" % (
+                  f(r["median"] / 1e3, "%.1f"), f(r["scaling"], "%.2f"),
+                  f(r["vs_default"], "%.2fx"), f(r["vs_best_peer"], "%.2fx")))
+    out += ["", "Per CPU-second (process CPU time), the CPU the child got (CPU/wall), minor "
+            "faults per array and peak RSS:", ""]
+    out += one(res["table_cpu"], res["best_peer_cpu"],
+               "k arrays/CPU-s, vs best peer, CPU/wall, faults/array, MB",
+               lambda c, t, r: "%s, %s, %s, %s, %s" % (
+                   f(r["median"] / 1e3, "%.1f"), f(r["vs_best_peer"], "%.2fx"),
+                   f(res["cpu_share"][c].get(t), "%.2f"),
+                   f(res["faults_per_array"][c].get(t), "%.2f"),
+                   f(res["maxrss_mb"][c].get(t), "%.0f")))
+    out.append("")
+    for t, v in res["verdict"].items():
+        out.append("T=%d: %s" % (t, json.dumps(v, sort_keys=True)))
+    return "\n".join(out)
 
 
 def parse_args(argv):
@@ -244,7 +291,8 @@ def parse_args(argv):
                     % (",".join(DEFAULT_CONFIGS), ",".join(CONFIGS)))
     ap.add_argument("--quick", action="store_true", help="short rounds (a smoke test)")
     ap.add_argument("--seed", type=int, default=None)
-    ap.add_argument("--out", help="write samples, medians, the table and the verdict as JSON")
+    ap.add_argument("--out", help="write samples, medians, the tables and the verdict as JSON")
+    ap.add_argument("--report", metavar="JSON", help="only print the tables of a result file")
     args = ap.parse_args(argv)
     try:
         args.threads = [int(x) for x in args.threads.split(",")]
@@ -277,9 +325,14 @@ def main(argv=None):
         print(json.dumps(out))
         return
     args = parse_args(argv)
+    if args.report:
+        d = json.load(open(args.report))
+        m = d["meta"]
+        order = m.get("config_order") or [c for c in CONFIGS if c in m["configs"]]
+        print(markdown(summaries(d["samples"], order, m["threads"]), order, m["threads"]))
+        return
     skipped = usable_configs(args.configs, CONFIGS)
     rng = random.Random(args.seed)
-    raw = {c: {t: [] for t in args.threads} for c in args.configs}
     samples = []
     meta = {"loadavg_start": loadavg()}
     t_start = time.time()
@@ -287,30 +340,24 @@ def main(argv=None):
         pairs = [(c, t) for c in args.configs for t in args.threads]
         rng.shuffle(pairs)
         for c, t in pairs:
-            out = run_child(c, t, args.quick, 600)
-            raw[c][t].append(out["arrays_per_s"])
-            samples.append({"rep": rep, "config": c, **out})
+            samples.append({"rep": rep, "config": c, **run_child(c, t, args.quick, 600)})
         print("repetition %d/%d done, %.0f s" % (rep + 1, args.reps, time.time() - t_start),
               file=sys.stderr)
-    table, best = summarize(raw, args.configs, args.threads)
-    result = verdict(table, best, args.threads)
-    print(markdown(table, best, args.configs, args.threads))
-    for t, v in result.items():
-        print("T=%d: %s" % (t, json.dumps(v, sort_keys=True)))
+    res = summaries(samples, args.configs, args.threads)
+    print(markdown(res, args.configs, args.threads))
     meta.update({
         "quick": args.quick, "reps": args.reps, "threads": args.threads,
         "seconds": round(time.time() - t_start), "loadavg_end": loadavg(),
         "python": platform.python_version(), "gil": gil_enabled(),
         "executable": sys.executable, "cpus": os.cpu_count(), "kernel": platform.release(),
-        "configs": {c: CONFIGS[c][0] for c in args.configs}, "skipped": skipped,
-        "loop": {"small_elements": SMALL_N, "medium_bytes": MEDIUM_BYTES,
+        "configs": {c: CONFIGS[c][0] for c in args.configs}, "config_order": args.configs,
+        "skipped": skipped, "loop": {"small_elements": SMALL_N, "medium_bytes": MEDIUM_BYTES,
                  "big_bytes": BIG_BYTES, "big_every": BIG_EVERY,
                  "arrays_per_iteration": ARRAYS_PER_ITER},
     })
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"meta": meta, "table": table, "best_peer": best, "verdict": result,
-                       "samples": samples}, f, indent=1, sort_keys=True)
+            json.dump({"meta": meta, "samples": samples, **res}, f, indent=1, sort_keys=True)
         print("wrote " + args.out, file=sys.stderr)
 
 

@@ -34,21 +34,32 @@ def test_quick_run_reports_every_pair_and_datamem_ran_per_worker_arenas(tmp_path
     assert sorted(d["table"]) == ["default", "dm-threads"]
     for c in ("default", "dm-threads"):
         assert sorted(d["table"][c]) == ["1", "2"]
-        for row in d["table"][c].values():
-            assert row["arrays_per_s"] > 0
-        assert d["table"][c]["1"]["scaling"] == 1.0
+        for table in ("table", "table_cpu"):
+            assert sorted(d[table][c]) == ["1", "2"]
+            assert all(row["median"] > 0 for row in d[table][c].values())
+            assert d[table][c]["1"]["scaling"] == 1.0
+        assert all(0 < v for v in d["cpu_share"][c].values())
+        assert sorted(d["faults_per_array"][c]) == ["1", "2"]
+        assert all(v > 50 for v in d["maxrss_mb"][c].values())  # NumPy and its arrays
     assert d["table"]["default"]["2"]["vs_default"] == 1.0
     assert d["best_peer"] == {} and d["verdict"] == {}  # no peer was run
+    assert d["meta"]["config_order"] == ["default", "dm-threads"]
     seen = sorted((s["config"], s["threads"]) for s in d["samples"])
     assert seen == [("default", 1), ("default", 2), ("dm-threads", 1), ("dm-threads", 2)]
     for s in d["samples"]:
         assert s["gil"] == bench.gil_enabled()
         assert len(s["rounds"]) == 1 and s["rounds"][0]["arrays"] > 0
+        assert s["rounds"][0]["minflt"] >= 0
         if s["config"] == "dm-threads":
             assert s["handler"] == "datamem", s
             assert s["arenas"] == {"worker-%d" % k: "w%d" % k for k in range(s["threads"])}
         else:
             assert s["handler"] != "datamem" and s["arenas"] == {}, s
+    # --report prints the same tables again from the file, running nothing
+    rep = subprocess.run([sys.executable, SCRIPT, "--report", str(out)],
+                         capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert rep.returncode == 0, rep.stderr
+    assert rep.stdout.strip() == r.stdout.strip()
 
 
 def test_a_datamem_child_without_per_worker_arenas_is_refused(monkeypatch):
@@ -67,7 +78,7 @@ def test_summary_ratios_best_peer_and_verdict():
     configs = list(raw)
     table, best = bench.summarize(raw, configs, [1, 2])
     assert best == {1: "tcmalloc", 2: "tcmalloc"}
-    assert table["default"][1]["arrays_per_s"] == 100.0  # the median
+    assert table["default"][1]["median"] == 100.0
     assert table["jemalloc"][2]["scaling"] == pytest.approx(1.9)
     assert table["dm-threads"][2]["vs_default"] == pytest.approx(2.6)
     assert table["dm-threads"][2]["vs_best_peer"] == pytest.approx(0.975)
