@@ -321,7 +321,7 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "--child":
         quick = "--quick" in argv
-        out = child(int(argv[1]), 2 * BIG_EVERY if quick else 8 * BIG_EVERY, 1 if quick else 3)
+        out = child(int(argv[1]), BIG_EVERY if quick else 8 * BIG_EVERY, 1 if quick else 3)
         print(json.dumps(out))
         return
     args = parse_args(argv)
