@@ -25,7 +25,10 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-LIBDIR = "/usr/lib/x86_64-linux-gnu"
+# The peers' libraries (bench/setup.sh installs them here); DATAMEM_BENCH_LIBDIR
+# names another directory holding the same files, e.g. the Debian packages
+# unpacked with `dpkg-deb -x` where installing them is not an option.
+LIBDIR = os.environ.get("DATAMEM_BENCH_LIBDIR") or "/usr/lib/x86_64-linux-gnu"
 JEMALLOC = os.path.join(LIBDIR, "libjemalloc.so.2")
 TCMALLOC = os.path.join(LIBDIR, "libtcmalloc_minimal.so.4")
 MIMALLOC = os.path.join(LIBDIR, "libmimalloc.so.2")
@@ -96,14 +99,21 @@ def run_one(workload, config, quick, timeout):
                                                       p.stderr.strip()[-2000:]))
     out = json.loads(p.stdout.strip().splitlines()[-1])
     out["wall_s"] = round(wall, 2)
+    check_ran_as(config, out, "%s/%s" % (workload, config))
+    return out
+
+
+def check_ran_as(config, out, what):
+    """Raises unless a child's report `out` (its "handler" and "preloaded", as
+    bench/workloads.py gives them) shows the configuration really took: datamem's
+    handler exactly for the dm-* configurations, the LD_PRELOAD library mapped."""
     want_dm = config.startswith("dm-")
     if (out["handler"] == "datamem") != want_dm:
-        raise RuntimeError("%s/%s ran with handler %r" % (workload, config, out["handler"]))
+        raise RuntimeError("%s ran with handler %r" % (what, out["handler"]))
     lib = {"jemalloc": "jemalloc", "jemalloc-tuned": "jemalloc", "tcmalloc": "tcmalloc",
            "mimalloc": "mimalloc"}.get(config)
     if lib and lib not in out["preloaded"]:
-        raise RuntimeError("%s/%s: LD_PRELOAD did not take" % (workload, config))
-    return out
+        raise RuntimeError("%s: LD_PRELOAD did not take" % what)
 
 
 def flatten(out):
