@@ -20,7 +20,8 @@ py=$(bash scripts/ft-python.sh make-tsan)
 # whose cache then stays as it is.
 cache=${DATAMEM_TSAN_CACHE:-$HOME/.cache/datamem-tsan-ft}/$(pwd -P | md5sum | cut -c1-12)
 bz=(bazel --output_base="$cache/bazel" --max_idle_secs=300)
-opts=(--config=tsan --symlink_prefix=/)
+# --strip=never: symbols in the reports.
+opts=(--config=tsan --strip=never --symlink_prefix=/)
 # python_configure.bzl runs the interpreter: CPython's own reports are off there.
 DATAMEM_PYTHON=$py TSAN_OPTIONS=report_bugs=0:exitcode=0 \
   "${bz[@]}" build "${opts[@]}" //pyext:_ext.so //pyext:libdatamem_tls.so
@@ -43,8 +44,8 @@ PYTHONPATH="$tmp/pkg" OPENBLAS_NUM_THREADS=1 \
 
 n=$(cat "$tmp/logs"/tsan.* 2>/dev/null | grep -c '^WARNING: ThreadSanitizer' || true)
 if [ "$n" -gt 0 ]; then
-  cat "$tmp/logs"/tsan.* >&2
-  echo "tsan-ft.sh: $n ThreadSanitizer report(s) not suppressed (above)" >&2
+  cat "$tmp/logs"/tsan.* | tee "$cache/reports.txt" >&2
+  echo "tsan-ft.sh: $n ThreadSanitizer report(s) not suppressed (above; kept in $cache/reports.txt)" >&2
   exit 1
 fi
 [ "$rc" -eq 0 ] || { echo "tsan-ft.sh: the tests failed (rc $rc)" >&2; exit "$rc"; }
