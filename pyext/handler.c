@@ -45,15 +45,20 @@
 
 static __thread PyObject *building; /* array whose data is about to be allocated */
 /* NumPy's own slots, saved once under hooks_mu before the wrappers that call
- * them are installed (release stores of the slots) and never changed again. */
-static allocfunc orig_tp_alloc;
-static destructor orig_tp_dealloc;
+ * them are installed (release stores of the slots) and never changed again.
+ * Atomics, loaded relaxed (a plain load): a wrapper is reached through
+ * NumPy's and CPython's plain loads of the slots, which give no acquire, so a
+ * plain static here would be a data race in C11 terms (ThreadSanitizer
+ * reported it, scripts/tsan-ft.sh); its value is the one stored before the
+ * wrapper was. */
+static _Atomic(allocfunc) orig_tp_alloc;
+static _Atomic(destructor) orig_tp_dealloc;
 static _Atomic int dtype_hooks_on; /* 0 -> 1 once, under hooks_mu; read relaxed */
 static dm_pymu_t hooks_mu = DM_PYMU_INIT;
 static dm_pymu_t handlers_mu = DM_PYMU_INIT; /* the live handlers (below) */
 
 static PyObject *alloc_wrapper(PyTypeObject *type, Py_ssize_t nitems) {
-    PyObject *obj = orig_tp_alloc(type, nitems);
+    PyObject *obj = atomic_load_explicit(&orig_tp_alloc, memory_order_relaxed)(type, nitems);
     building = obj;
     return obj;
 }
@@ -61,7 +66,7 @@ static PyObject *alloc_wrapper(PyTypeObject *type, Py_ssize_t nitems) {
 static void dealloc_wrapper(PyObject *self) {
     if (building == self)
         building = NULL;
-    orig_tp_dealloc(self);
+    atomic_load_explicit(&orig_tp_dealloc, memory_order_relaxed)(self);
 }
 
 static int dtype_of_descr(PyArray_Descr *d) {
@@ -123,8 +128,8 @@ void dm__handler_dtype_hooks_enable(void) {
         return;
     dm_pymu_lock(&hooks_mu);
     if (!atomic_load_explicit(&dtype_hooks_on, memory_order_relaxed)) {
-        orig_tp_alloc = PyArray_Type.tp_alloc;
-        orig_tp_dealloc = PyArray_Type.tp_dealloc;
+        atomic_store_explicit(&orig_tp_alloc, PyArray_Type.tp_alloc, memory_order_relaxed);
+        atomic_store_explicit(&orig_tp_dealloc, PyArray_Type.tp_dealloc, memory_order_relaxed);
         /* tp_dealloc first: never leave a dangling `building` */
         __atomic_store_n(&PyArray_Type.tp_dealloc, dealloc_wrapper, __ATOMIC_RELEASE);
         __atomic_store_n(&PyArray_Type.tp_alloc, alloc_wrapper, __ATOMIC_RELEASE);

@@ -294,11 +294,17 @@ static code_entry_t *code_lookup(PyObject *co, PyFrameObject *f) {
 /* The site mask of `e` for install `want`: its cached pair when that is
  * current, else computed (and cached unless another thread is caching). */
 static uint64_t code_site_mask(code_entry_t *e, uint64_t want, uint64_t *gen) {
+    /* The seqlock without fences: the pair is stored with release after the
+     * compare-and-swap that makes site_seq odd, and loaded with acquire, so a
+     * reader that sees a new value sees the odd count too, and its second
+     * site_seq load cannot move above the pair's. The same cost as the fences
+     * (a plain load or store on x86-64), and ThreadSanitizer, which does not
+     * model fences (gcc refuses them under -fsanitize=thread), checks it
+     * (scripts/tsan-ft.sh). */
     uint64_t s = atomic_load_explicit(&e->site_seq, memory_order_acquire);
     if (!(s & 1)) {
-        uint64_t m = atomic_load_explicit(&e->site_mask, memory_order_relaxed);
-        uint64_t g = atomic_load_explicit(&e->site_gen, memory_order_relaxed);
-        atomic_thread_fence(memory_order_acquire);
+        uint64_t m = atomic_load_explicit(&e->site_mask, memory_order_acquire);
+        uint64_t g = atomic_load_explicit(&e->site_gen, memory_order_acquire);
         if (atomic_load_explicit(&e->site_seq, memory_order_relaxed) == s && g == want && g) {
             *gen = g;
             return m;
@@ -309,9 +315,8 @@ static uint64_t code_site_mask(code_entry_t *e, uint64_t want, uint64_t *gen) {
     if (!(s & 1) && atomic_compare_exchange_strong_explicit(&e->site_seq, &s, s + 1,
                                                             memory_order_acquire,
                                                             memory_order_relaxed)) {
-        atomic_thread_fence(memory_order_release);
-        atomic_store_explicit(&e->site_mask, m, memory_order_relaxed);
-        atomic_store_explicit(&e->site_gen, *gen, memory_order_relaxed);
+        atomic_store_explicit(&e->site_mask, m, memory_order_release);
+        atomic_store_explicit(&e->site_gen, *gen, memory_order_release);
         atomic_store_explicit(&e->site_seq, s + 2, memory_order_release);
     }
     return m;

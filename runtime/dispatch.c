@@ -154,6 +154,11 @@ const dm_view_t *dm__dispatch_view(dm__dispatch_t *tab, const dm_ctx_t *c, const
 
 _Atomic int dm_runtime_site_rules;
 static _Atomic uint64_t site_gen; /* install number of the table in force */
+/* Whether the table in force has a dtype rule. A flag of its own, not read
+ * through dm__dispatch_current: a caller holds no reference to the table, which
+ * an install and the last bound thread's move may free between the pointer's
+ * load and the read (ThreadSanitizer found it, scripts/tsan-ft.sh). */
+static _Atomic bool wants_dtype;
 
 dm__dispatch_t *dm__dispatch_publish(dm__dispatch_t *tab) {
     dm__dispatch_t *old = atomic_load_explicit(&dm__dispatch_current, memory_order_relaxed);
@@ -161,6 +166,7 @@ dm__dispatch_t *dm__dispatch_publish(dm__dispatch_t *tab) {
     atomic_store_explicit(&site_gen, tab->seq, memory_order_release);
     atomic_store_explicit(&dm_runtime_site_rules, dm_table_uses_site(tab->table),
                           memory_order_release);
+    atomic_store_explicit(&wants_dtype, tab->uses_dtype, memory_order_release);
     return old;
 }
 
@@ -181,10 +187,7 @@ bool dm_runtime_active(void) {
     return atomic_load_explicit(&dm__dispatch_current, memory_order_acquire) != NULL;
 }
 
-bool dm_runtime_wants_dtype(void) {
-    dm__dispatch_t *tab = atomic_load_explicit(&dm__dispatch_current, memory_order_acquire);
-    return tab && tab->uses_dtype;
-}
+bool dm_runtime_wants_dtype(void) { return atomic_load_explicit(&wants_dtype, memory_order_acquire); }
 
 dm_policy_t *dm_runtime_policy_copy(void) {
     dm_policy_t *copy = NULL;

@@ -25,6 +25,7 @@
 #define LIVE 64
 
 static atomic_bool stop;
+static _Atomic long saw_dtype; /* worker iterations with a dtype rule in force */
 static char path[64];
 
 static const char *const GOOD[2] = {
@@ -36,6 +37,7 @@ static const char *const GOOD[2] = {
     "version: 1\ndefault: b\narenas:\n  b: {alignment: 16}\n  d: {alignment: 128}\n"
     "rules:\n  - {name: big, match: {size: {min: 64KiB}}, arena: d}\n"
     "  - {name: threads, match: {thread: 'w1'}, arena: d}\n"
+    "  - {name: f32, match: {dtype: float32}, arena: d}\n"
     "reload: {watch: true, debounce: 0ms}\n",
 };
 static const char *const BAD =
@@ -69,6 +71,10 @@ static void *worker(void *arg) {
     uint64_t s = 0x9E3779B97F4A7C15ull * (uint64_t)(id + 1);
     long bad = 0;
     while (!atomic_load(&stop)) {
+        /* as the NumPy handler asks before each allocation, while tables are
+         * retired and freed (under TSan: the flag is not read through a table) */
+        if (dm_runtime_wants_dtype())
+            atomic_fetch_add_explicit(&saw_dtype, 1, memory_order_relaxed);
         int i = (int)(rng(&s) % LIVE);
         if (live[i]) {
             unsigned char *p = live[i];
@@ -138,6 +144,12 @@ int main(void) {
         usleep(200);
     }
     size_t heap_end = mallinfo2().uordblks;
+    write_file(GOOD[1]); /* the one with a dtype rule */
+    dm_diags_init(&d, path);
+    if (dm_runtime_load(path, &d) != 0 || !dm_runtime_wants_dtype()) {
+        fprintf(stderr, "FAIL: the last policy has a dtype rule; dm_runtime_wants_dtype() says no\n");
+        return 1;
+    }
     atomic_store(&stop, true);
     long bad = 0;
     for (int i = 0; i < NTHREADS; i++) {
@@ -164,6 +176,10 @@ int main(void) {
     }
     uint64_t watched, unchanged;
     dm_watch_counts(&watched, &unchanged);
+    if (atomic_load(&saw_dtype) == 0) {
+        fprintf(stderr, "FAIL: no worker saw the policy with a dtype rule in force\n");
+        rc = 1;
+    }
     if (st->reload_failures < (uint64_t)failed_loads || watched == 0) {
         fprintf(stderr, "FAIL: %llu reload failures counted (>= %d expected), %llu by the watcher\n",
                 (unsigned long long)st->reload_failures, failed_loads,
