@@ -26,7 +26,7 @@
 
 static atomic_bool stop;
 static _Atomic long saw_dtype; /* worker iterations with a dtype rule in force */
-static char path[64];
+static char dir[256], path[300];
 
 static const char *const GOOD[2] = {
     "version: 1\ndefault: a\narenas:\n  a: {alignment: 64}\n  b: {alignment: 16}\n"
@@ -44,7 +44,7 @@ static const char *const BAD =
     "version: 1\ndefault: a\narenas:\n  a: {alignment: 48}\n";
 
 static void write_file(const char *text) {
-    char tmp[80];
+    char tmp[320];
     snprintf(tmp, sizeof(tmp), "%s.tmp", path);
     FILE *f = fopen(tmp, "w");
     fputs(text, f);
@@ -113,7 +113,16 @@ static void *worker(void *arg) {
 }
 
 int main(void) {
-    snprintf(path, sizeof(path), "/tmp/dm_stress_%d.yaml", (int)getpid());
+    /* A directory of its own: two runs of this test at once (two checkouts'
+     * CI on one machine) must not rewrite each other's policy, and in Bazel's
+     * sandbox each run's pid is the same. */
+    const char *tmp = getenv("TEST_TMPDIR");
+    snprintf(dir, sizeof(dir), "%s/dm_stress_XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    if (!mkdtemp(dir)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    snprintf(path, sizeof(path), "%s/policy.yaml", dir);
     write_file(GOOD[0]);
     static dm_diags_t d;
     dm_diags_init(&d, path);
@@ -203,5 +212,6 @@ int main(void) {
     dm_stats_release(st);
     free(st);
     unlink(path);
+    rmdir(dir);
     return rc;
 }
