@@ -456,12 +456,10 @@ static void bcache_hand_back(const dm__bcache_memo_t *m, void *p, size_t size) {
     DM_CTR_ADD(r->bytes, -size);
 }
 
-/* The cached path while bytes are counted per tag (DM_MEMO_CACHED_TALLY,
- * bcache_tallied): a block is popped as the fast path pops it, then its usable
- * size, its class (the memo's tag bits say which), is reserved against its
- * context's tags and the worker limit and its context recorded for its free
- * (tally.c, dm__tally_charge), before it is handed out. Neither this nor the
- * free (free_impl: the class from the block's tag) asks jemalloc. */
+/* The usable size of the memo's blocks: their class. While bytes are counted
+ * per tag (DM_MEMO_CACHED_TALLY, bcache_tallied) it is what a block reserves
+ * against its context's tags and the worker limit, and the free gives back
+ * the same from the block's tag word (free_impl): neither asks jemalloc. */
 static inline uint64_t bcache_usable(const dm__bcache_memo_t *m) {
     return dm_sc_size(m->cls);
 }

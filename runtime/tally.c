@@ -54,10 +54,9 @@
 #include "runtime/os.h"
 #include "runtime/tally.h"
 
-#define NSEGS (1u << (DM_VA_BITS - DM_SEG_SHIFT))
 #define SHADOW_BYTES ((DM_SEG_SIZE >> DM_TALLY_GRAIN_SHIFT) * sizeof(uint16_t))
 
-uint16_t *_Atomic dm__tally_shadow[NSEGS];
+uint16_t *_Atomic dm__tally_shadow[DM_TALLY_NSEGS];
 _Atomic bool dm__tally_counting;
 
 typedef dm__tally_row_t tally_tag_t;
@@ -303,7 +302,8 @@ bool dm__tally_configure(const dm_policy_t *p, const dm__tally_worker_t *w) {
     if (on)
         atomic_store_explicit(&dm__tally_counting, true, memory_order_relaxed);
     for (int i = ROW_OTHER + 1; i < ntags; i++) {
-        atomic_store_explicit(&dm__tally_rows[i].limit, limit_for(dm__tally_rows[i].name), memory_order_relaxed);
+        tally_tag_t *t = &dm__tally_rows[i];
+        atomic_store_explicit(&t->limit, limit_for(t->name), memory_order_relaxed);
         if (dm__tally_rows[i].idle >= 0) { /* idle: onto the list its limit now says */
             idle_remove(i);
             idle_push(i);
@@ -425,12 +425,12 @@ static __attribute__((noinline)) uint16_t *shadow_make(uintptr_t seg) {
     return sh;
 }
 
+/* The shadow of p's segment, made if it has none (NULL: no memory, or p is
+ * past the address space the shadows cover). */
 static inline uint16_t *shadow_of(const void *p) {
+    uint16_t *sh = dm__tally_shadow_peek(p);
     uintptr_t seg = (uintptr_t)p >> DM_SEG_SHIFT;
-    if (DM_UNLIKELY(seg >= NSEGS))
-        return NULL;
-    uint16_t *sh = atomic_load_explicit(&dm__tally_shadow[seg], memory_order_acquire);
-    return DM_LIKELY(sh != NULL) ? sh : shadow_make(seg);
+    return DM_LIKELY(sh != NULL) || seg >= DM_TALLY_NSEGS ? sh : shadow_make(seg);
 }
 
 bool dm__tally_charge_from(const struct dm_ctx *c, void *p, uint64_t n, uint64_t request,
@@ -438,15 +438,11 @@ bool dm__tally_charge_from(const struct dm_ctx *c, void *p, uint64_t n, uint64_t
     uint16_t *sh = shadow_of(p);
     if (DM_UNLIKELY(!sh)) /* no memory for the shadow: the block goes uncounted */
         return true;
-    if (k == -2)
-        k = -1;
     if (now) /* count k is added: its peak rises */
         raise_peak(count_of(c, k++), now);
     if (!reserve_from(c, k, n, request, f))
         return false;
-    if (c->id >= ID_FIRST)
-        dm__context_hold_made(c);
-    atomic_store_explicit(dm__tally_entry(sh, p), (uint16_t)(c->id + 1), memory_order_relaxed);
+    dm__tally_mark(c, sh, p);
     return true;
 }
 
@@ -462,21 +458,18 @@ void dm__tally_record(const struct dm_ctx *c, void *p, uint64_t n, bool exact) {
             uint64_t d = usable - n;
             atomic_fetch_add_explicit(&dm__tally_total.live, d, memory_order_relaxed);
             for (int i = 0; i < c->ntally; i++)
-                atomic_fetch_add_explicit(&dm__tally_rows[c->tally[i]].live, d, memory_order_relaxed);
+                atomic_fetch_add_explicit(&dm__tally_rows[c->tally[i]].live, d,
+                                          memory_order_relaxed);
         } else {
             dm__tally_unreserve(c, n - usable);
         }
     }
-    if (c->id >= ID_FIRST) /* the block holds its context (the caller holds it too); */
-        dm__context_hold_made(c); /* one counted under (other) is found by no id: not held */
-    atomic_store_explicit(dm__tally_entry(sh, p), (uint16_t)(c->id + 1), memory_order_relaxed);
+    dm__tally_mark(c, sh, p);
 }
 
 /* The block's context, its shadow entry cleared (NULL: not counted). */
 static inline __attribute__((always_inline)) const struct dm_ctx *release_entry(const void *p) {
-    uintptr_t seg = (uintptr_t)p >> DM_SEG_SHIFT;
-    uint16_t *sh = seg < NSEGS ? atomic_load_explicit(&dm__tally_shadow[seg], memory_order_acquire)
-                               : NULL;
+    uint16_t *sh = dm__tally_shadow_peek(p);
     uint16_t v = sh ? atomic_exchange_explicit(dm__tally_entry(sh, p), 0, memory_order_relaxed) : 0;
     return atomic_load_explicit(&by_entry[v], memory_order_acquire);
 }

@@ -43,7 +43,17 @@ extern dm__tally_row_t dm__tally_total; /* every counted block: the worker limit
 
 /* The shadow of each 1 GiB segment that ever held a counted block: a 16-bit
  * entry per 16 bytes, the block's context id + 1 (0: not counted). */
-extern uint16_t *_Atomic dm__tally_shadow[1u << (DM_VA_BITS - DM_SEG_SHIFT)];
+#define DM_TALLY_NSEGS (1u << (DM_VA_BITS - DM_SEG_SHIFT))
+extern uint16_t *_Atomic dm__tally_shadow[DM_TALLY_NSEGS];
+
+/* The shadow of p's segment, NULL if it has none yet (or p is past the
+ * address space the shadows cover). */
+static inline uint16_t *dm__tally_shadow_peek(const void *p) {
+    uintptr_t seg = (uintptr_t)p >> DM_SEG_SHIFT;
+    return DM_LIKELY(seg < DM_TALLY_NSEGS)
+               ? atomic_load_explicit(&dm__tally_shadow[seg], memory_order_acquire)
+               : NULL;
+}
 
 /* Under dm__runtime_mu, once: the root context's id and row ("(untagged)"). */
 void dm__tally_root_init(struct dm_ctx *root);
@@ -99,9 +109,7 @@ extern _Atomic bool dm__tally_counting;
 void dm__tally_release_sized(const void *p, uint64_t usable);
 void dm__tally_release_slow(const void *p);
 static inline void dm__tally_release(const void *p) {
-    uintptr_t seg = (uintptr_t)p >> DM_SEG_SHIFT;
-    if (DM_UNLIKELY(seg < (1u << (DM_VA_BITS - DM_SEG_SHIFT)) &&
-                    atomic_load_explicit(&dm__tally_shadow[seg], memory_order_acquire)))
+    if (DM_UNLIKELY(dm__tally_shadow_peek(p) != NULL))
         dm__tally_release_slow(p);
 }
 
@@ -111,10 +119,19 @@ static inline _Atomic uint16_t *dm__tally_entry(uint16_t *sh, const void *p) {
     return (_Atomic uint16_t *)&sh[((uintptr_t)p & (DM_SEG_SIZE - 1)) >> DM_TALLY_GRAIN_SHIFT];
 }
 
+/* Block p (shadow sh) is counted for context c: the block holds its context
+ * (the caller holds it too; one counted under "(other)" is found by no id, so
+ * not held), and its shadow entry names it. */
+static inline void dm__tally_mark(const struct dm_ctx *c, uint16_t *sh, const void *p) {
+    if (c->id >= DM_TALLY_ID_FIRST)
+        dm__context_hold_made(c);
+    atomic_store_explicit(dm__tally_entry(sh, p), (uint16_t)(c->id + 1), memory_order_relaxed);
+}
+
 /* The rest of dm__tally_charge, out of line: from count k (-1: the worker
- * total, i >= 0: the context's i-th tag; -2: the block's shadow segment is
- * not made yet), `now` the value count k reached if it was just added and its
- * peak must rise (0: count k is not added yet). */
+ * total, i >= 0: the context's i-th tag), `now` the value count k reached if
+ * it was just added and its peak must rise (0: count k is not added yet). The
+ * block's shadow segment is made here if it has none. */
 bool dm__tally_charge_from(const struct dm_ctx *c, void *p, uint64_t n, uint64_t request,
                            dm_failure_t *f, int k, uint64_t now);
 
@@ -144,14 +161,9 @@ static inline __attribute__((always_inline)) bool dm__tally_add_fast(dm__tally_r
  * caller's hit path needs no stack frame. */
 static inline __attribute__((always_inline)) int
 dm__tally_charge_fast(const struct dm_ctx *c, void *p, uint64_t n, uint64_t *now) {
-    uintptr_t seg = (uintptr_t)p >> DM_SEG_SHIFT;
-    uint16_t *sh = DM_LIKELY(seg < (1u << (DM_VA_BITS - DM_SEG_SHIFT)))
-                       ? atomic_load_explicit(&dm__tally_shadow[seg], memory_order_acquire)
-                       : NULL;
+    uint16_t *sh = dm__tally_shadow_peek(p);
     *now = 0;
-    if (DM_UNLIKELY(!sh))
-        return -2;
-    if (!dm__tally_add_fast(&dm__tally_total, n, now))
+    if (DM_UNLIKELY(!sh) || !dm__tally_add_fast(&dm__tally_total, n, now))
         return -1;
     for (int k = 0; k < c->ntally; k++) {
         dm__tally_row_t *t = &dm__tally_rows[c->tally[k]];
@@ -159,9 +171,7 @@ dm__tally_charge_fast(const struct dm_ctx *c, void *p, uint64_t n, uint64_t *now
         if (!dm__tally_add_fast(t, n, now))
             return k;
     }
-    if (c->id >= DM_TALLY_ID_FIRST) /* the block holds its context (the caller holds it too); */
-        dm__context_hold_made(c); /* one counted under (other) is found by no id: not held */
-    atomic_store_explicit(dm__tally_entry(sh, p), (uint16_t)(c->id + 1), memory_order_relaxed);
+    dm__tally_mark(c, sh, p);
     return DM_TALLY_CHARGED;
 }
 
