@@ -127,55 +127,71 @@ void dm_runtime_after_fork_child(void) {
 }
 
 /* ---- init, fork ------------------------------------------------------------
- * fork() copies only the calling thread. Before it, the forking thread takes
- * every lock of the engine another thread could hold (dm__runtime_mu, then each
- * jemalloc arena's bump and reuse locks: the order the other paths take them;
- * jemalloc's own handler, registered before ours, runs after ours and takes
- * jemalloc's). In the child the threads that did not survive are retired
- * (thread.c, dm__thread_fork_unlink). */
+ * fork() copies only the calling thread, so before it the forking thread takes
+ * every lock another thread could hold, in the order the other paths take
+ * them:
+ *   1. dm__runtime_mu: its holders call into jemalloc (stats, arenas, caches);
+ *   2. jemalloc's own locks, by its prefork handler;
+ *   3. each arena's bump lock and reuse lock: jemalloc calls the extent hook,
+ *      which takes the bump lock, while it holds the arena's grow lock.
+ * Taking 3 before 2 deadlocks: a thread in the hook, holding the grow lock,
+ * waits for the bump lock the forking thread holds, which waits for the grow
+ * lock (runtime_test: test_fork_while_arenas_grow).
+ *
+ * pthread_atfork runs prepare handlers in the reverse order of registration and
+ * the parent and child handlers in order, so ours are registered on either
+ * side of jemalloc's: the inner pair (3) by a constructor that runs before
+ * jemalloc's constructor registers its handlers (a constructor with a priority
+ * is placed ahead of those without), the outer pair (1) at init, after
+ * jemalloc's. In the child, the inner handler unlocks 3 and maps the spill
+ * arenas' copies before anything else; jemalloc's makes it usable; the outer
+ * retires the threads that did not survive (thread.c, dm__thread_fork_unlink)
+ * and frees what they held. */
 
-static void fork_lock_all(int phase) {
-    if (phase == 0) {
-        pthread_mutex_lock(&dm__runtime_mu);
-        dm__arena_fork(0);
-        dm__bigblock_fork(0);
-    } else {
-        dm__bigblock_fork(1);
-        dm__arena_fork(1);
-        pthread_mutex_unlock(&dm__runtime_mu);
-    }
-}
-
-/* Spill arenas' files are snapshotted for the child with every lock held
- * (spill.c, "Fork"), and the child maps its copy before anything else. */
-static void atfork_prepare(void) {
-    fork_lock_all(0);
+/* Spill arenas' files are snapshotted for the child with every bump lock
+ * held (spill.c, "Fork"), and the child maps its copy before anything else. */
+static void inner_prepare(void) {
+    dm__arena_fork(0);
+    dm__bigblock_fork(0);
     dm__spill_fork(0);
 }
 
-static void atfork_parent(void) {
+static void inner_parent(void) {
     dm__spill_fork(1);
-    fork_lock_all(1);
+    dm__bigblock_fork(1);
+    dm__arena_fork(1);
 }
 
-static void atfork_child(void) {
+static void inner_child(void) {
     dm__spill_fork(2);
+    dm__bigblock_fork(1);
+    dm__arena_fork(1);
+}
+
+__attribute__((constructor(101))) static void register_inner_fork_handlers(void) {
+    pthread_atfork(inner_prepare, inner_parent, inner_child);
+}
+
+static void outer_prepare(void) { pthread_mutex_lock(&dm__runtime_mu); }
+
+static void outer_parent(void) { pthread_mutex_unlock(&dm__runtime_mu); }
+
+static void outer_child(void) {
     pthread_mutex_init(&notify_mu, NULL); /* a notifying thread did not survive */
     dm__thread_t *gone = dm__thread_fork_unlink();
-    fork_lock_all(1);
+    pthread_mutex_unlock(&dm__runtime_mu);
     dm__thread_fork_release(gone);
 }
 
 static void init_once_fn(void) {
     dm__bcache_init();
     dm__thread_init();
-    /* jemalloc registers its fork handlers when it initialises: make that
-     * happen first, so that in the child its handler has made it usable
-     * before ours frees the gone threads' blocks. */
+    /* jemalloc registers its fork handlers as it initialises (its constructor
+     * has done so already): make sure, so the outer pair comes after them. */
     unsigned narenas;
     size_t sz = sizeof(narenas);
     dmje_mallctl("arenas.narenas", &narenas, &sz, NULL, 0);
-    pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
+    pthread_atfork(outer_prepare, outer_parent, outer_child);
     pthread_mutex_lock(&dm__runtime_mu);
     dm__context_root_tally_init();
     pthread_mutex_unlock(&dm__runtime_mu);

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -1014,6 +1015,7 @@ static void test_fork_child_retires_threads(void) {
     int hung = 0, bad = 0;
     for (int i = 0; i < rounds; i++) {
         dm_free(dm_alloc(dm_ctx_root(), 100, DM_DT_UNKNOWN));
+        fflush(NULL); /* a child must not write the parent's buffered output again */
         if (FORK_PARK) {
             atomic_store(&fork_park, 1);
             while (atomic_load(&fork_parked) < FORK_BUSY)
@@ -1035,6 +1037,80 @@ static void test_fork_child_retires_threads(void) {
         pthread_join(th[i], NULL);
     CHECK(hung == 0 && bad == 0, "of %d fork children, %d were killed by a signal (SIGALRM: "
           "hung for 20 s) and %d saw the parent's threads", rounds, hung, bad);
+}
+
+/* fork() while other threads grow arenas: jemalloc calls an arena's extent
+ * hook holding its grow lock, and the hook takes the arena's bump lock. The
+ * forking thread must take them in that order too (jemalloc's prefork before
+ * the bump locks), or a thread inside jemalloc waiting for the bump lock and
+ * the forking thread waiting for jemalloc's lock deadlock in fork(). Each round
+ * runs in a process of its own, waited for with a bound: a deadlock is a
+ * failure, not a hung test. */
+#define GROW_BUSY 2
+#define GROW_FORKS 100
+
+static void *grow_busy(void *arg) {
+    _Atomic int *stop = arg;
+    for (size_t i = 0; !atomic_load(stop); i++) {
+        /* ever-new sizes past what jemalloc retains: most take a fresh extent */
+        size_t n = ((size_t)64 << 20) + (i % 97) * ((size_t)3 << 20);
+        dm_free(dm_alloc(dm_ctx_root(), n, DM_DT_UNKNOWN));
+    }
+    return NULL;
+}
+
+static int fork_while_growing(void) {
+    _Atomic int stop = 0;
+    pthread_t th[GROW_BUSY];
+    for (int i = 0; i < GROW_BUSY; i++)
+        pthread_create(&th[i], NULL, grow_busy, &stop);
+    int bad = 0;
+    for (int i = 0; i < GROW_FORKS; i++) {
+        pid_t pid = fork();
+        if (pid == 0) {
+            void *p = dm_alloc(dm_ctx_root(), (size_t)80 << 20, DM_DT_UNKNOWN);
+            dm_free(p);
+            _exit(p ? 0 : 1);
+        }
+        int status = 0;
+        waitpid(pid, &status, 0);
+        bad += !WIFEXITED(status) || WEXITSTATUS(status) != 0;
+    }
+    atomic_store(&stop, 1);
+    for (int i = 0; i < GROW_BUSY; i++)
+        pthread_join(th[i], NULL);
+    return bad ? 2 : 0;
+}
+
+static void test_fork_while_arenas_grow(void) {
+#if defined(__SANITIZE_THREAD__)
+    printf("SKIP test_fork_while_arenas_grow under TSan: fork holds more locks than its "
+           "deadlock detector tracks\n");
+    return;
+#endif
+    if (RUNNING_ON_VALGRIND) { /* each child's exit is a leak check: seconds */
+        printf("SKIP test_fork_while_arenas_grow under valgrind: too slow to fork often\n");
+        return;
+    }
+    int rounds = 3;
+    for (int r = 0; r < rounds; r++) {
+        fflush(NULL);
+        pid_t pid = fork();
+        if (pid == 0)
+            _exit(fork_while_growing());
+        int status = 0, waited = 0;
+        while (waitpid(pid, &status, WNOHANG) == 0 && waited < 60000) {
+            usleep(10000);
+            waited += 10;
+        }
+        if (waited >= 60000) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &status, 0);
+        }
+        CHECK(waited < 60000, "round %d: fork deadlocked with threads growing arenas", r);
+        CHECK(waited >= 60000 || (WIFEXITED(status) && WEXITSTATUS(status) == 0),
+              "round %d: status %d", r, status);
+    }
 }
 
 /* Views are kept per context key (which context rules a context matches): a
@@ -1156,6 +1232,7 @@ int main(void) {
     test_big_tail_trimmed();
     test_exit_hands_caches_back_before_count();
     test_fork_child_retires_threads();
+    test_fork_while_arenas_grow();
     test_views_and_contexts_bounded();
     test_arena_names_fill();
     unlink(write_policy(""));
