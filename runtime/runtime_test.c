@@ -1045,7 +1045,13 @@ static void test_fork_child_retires_threads(void) {
  * the bump locks), or a thread inside jemalloc waiting for the bump lock and
  * the forking thread waiting for jemalloc's lock deadlock in fork(). Each round
  * runs in a process of its own, waited for with a bound: a deadlock is a
- * failure, not a hung test. */
+ * failure, not a hung test.
+ * The busy threads also use explicit jemalloc caches (64 KiB blocks of
+ * "general"), and each child rebinds its thread to another arena ("threads",
+ * by its name), which unlinks its automatic cache from the old arena's list
+ * (thread.c, dm__thread_fork_unlink, says why the child leaves the explicit
+ * caches made before the fork alone; test_processes.py's
+ * test_fork_while_threads_grow_arenas is the case that crashed). */
 #define GROW_BUSY 2
 #define GROW_FORKS 100
 
@@ -1055,6 +1061,7 @@ static void *grow_busy(void *arg) {
         /* ever-new sizes past what jemalloc retains: most take a fresh extent */
         size_t n = ((size_t)64 << 20) + (i % 97) * ((size_t)3 << 20);
         dm_free(dm_alloc(dm_ctx_root(), n, DM_DT_UNKNOWN));
+        dm_free(dm_alloc(dm_ctx_root(), 64 << 10, DM_DT_UNKNOWN));
     }
     return NULL;
 }
@@ -1068,9 +1075,14 @@ static int fork_while_growing(void) {
     for (int i = 0; i < GROW_FORKS; i++) {
         pid_t pid = fork();
         if (pid == 0) {
-            void *p = dm_alloc(dm_ctx_root(), (size_t)80 << 20, DM_DT_UNKNOWN);
-            dm_free(p);
-            _exit(p ? 0 : 1);
+            dm_thread_set_name("worker-1");
+            void *p = dm_alloc(dm_ctx_root(), 100, DM_DT_UNKNOWN);
+            void *q = dm_alloc(dm_ctx_root(), 64 << 10, DM_DT_UNKNOWN);
+            void *r = dm_alloc(dm_ctx_root(), (size_t)80 << 20, DM_DT_UNKNOWN);
+            bool ok = p && q && r && strcmp(dm_owner_arena(p), "threads") == 0 &&
+                      strcmp(dm_owner_arena(r), "big") == 0;
+            dm_free(p), dm_free(q), dm_free(r);
+            _exit(ok ? 0 : 1);
         }
         int status = 0;
         waitpid(pid, &status, 0);
@@ -1079,6 +1091,8 @@ static int fork_while_growing(void) {
     atomic_store(&stop, 1);
     for (int i = 0; i < GROW_BUSY; i++)
         pthread_join(th[i], NULL);
+    if (bad)
+        fprintf(stderr, "%d of %d children failed\n", bad, GROW_FORKS);
     return bad ? 2 : 0;
 }
 

@@ -209,10 +209,23 @@ out:
  * made the list a cycle, and every stats snapshot then spun under
  * dm__runtime_mu).
  *
+ * jemalloc's fork handler leaves the child's arenas listing only the surviving
+ * thread's automatic cache: every explicit cache made before the fork (the
+ * caller's included) is unlisted but still points at its old neighbours, and
+ * destroying one (tcache.destroy, which unlinks it) rewrites them: the
+ * surviving cache's links became stale pointers and its next rebind crashed
+ * (tests/python/test_processes.py, test_fork_while_threads_grow_arenas: every
+ * child, SIGSEGV in tcache_arena_dissociate). So the child never
+ * destroys them: the gone threads' stay as they were, with what they cached,
+ * as jemalloc leaves the gone threads' automatic caches; the caller forgets its
+ * own and makes new ones as it needs them. Their slots stay taken (4096 per
+ * process, docs/operations.md).
+ *
  * In the child, dm__runtime_mu held: unlinks every registered thread but the
  * caller and returns them as a list (through `next`), their counts folded. */
 dm__thread_t *dm__thread_fork_unlink(void) {
     dm__thread_t *self = pthread_getspecific(exit_key), *gone = NULL;
+    memset(dm__thread_self.tcache, 0, sizeof(dm__thread_self.tcache));
     for (dm__thread_t *t = dm__thread_registry, *next; t; t = next) {
         next = t->next;
         if (t == self)
@@ -232,20 +245,15 @@ dm__thread_t *dm__thread_fork_unlink(void) {
 }
 
 /* In the child, no lock held (the frees may reach the arenas' extent hooks):
- * what the gone threads held goes back. Their cached blocks are freed (a
+ * what the gone threads held goes back. Their block caches are freed (a
  * thread caught mid-pop leaves one counted block that its caller never got,
- * which is then freed here: nobody in the child holds it), their explicit
- * jemalloc caches destroyed, their table references dropped. */
+ * which is then freed here: nobody in the child holds it), their table
+ * references dropped; their explicit jemalloc caches are left alone (above). */
 void dm__thread_fork_release(dm__thread_t *gone) {
     for (dm__thread_t *t = gone, *next; t; t = next) {
         next = t->next;
         dm__bcache_flush(t);
-        for (int i = 0; i < DM_JE_MAX; i++) {
-            unsigned f = t->tcache[i];
-            if (f && f != (unsigned)MALLOCX_TCACHE_NONE)
-                dm__arena_tcache_destroy((f >> 8) - 1);
-            t->tcache[i] = 0;
-        }
+        memset(t->tcache, 0, sizeof(t->tcache));
         if (t->table)
             dm__dispatch_release(t->table);
         t->table = NULL;

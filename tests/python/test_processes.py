@@ -119,6 +119,39 @@ def test_fork_while_threads_allocate():
     assert r.stdout.strip().splitlines()[-1] == "children failed: 0"
 
 
+# fork() while other threads take fresh memory for big arrays: jemalloc calls
+# the arena's extent hook holding its grow lock, and the forking thread must
+# take the hook's lock after jemalloc's, not before (taken before, parent and
+# busy thread deadlocked in fork() within a few dozen forks). faulthandler
+# bounds a deadlock: it prints every thread's stack and exits 1.
+FORK_GROW = r"""
+import faulthandler, os, sys, threading, numpy as np, datamem
+faulthandler.dump_traceback_later(90, exit=True)
+stop = threading.Event()
+def grow():
+    i = 0
+    while not stop.is_set():   # ever-new big sizes, never touched: fresh extents
+        np.empty((64 << 17) + (i % 97) * (3 << 17)); i += 1
+threads = [threading.Thread(target=grow) for _ in range(2)]
+[t.start() for t in threads]
+bad = 0
+for i in range(150):
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0 if np.ones(1 << 20).sum() == 1 << 20 else 7)
+    bad += os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) != 0
+stop.set()
+[t.join() for t in threads]
+print("children failed:", bad)
+"""
+
+
+def test_fork_while_threads_grow_arenas():
+    r = run_py(FORK_GROW, config=os.path.join(CONFIGS, "demo.yaml"), timeout=300)
+    assert r.returncode == 0, (r.stdout, r.stderr[-3000:])
+    assert r.stdout.strip().splitlines()[-1] == "children failed: 0"
+
+
 # A fork storm with every service on: threads allocating, a full-mode profile,
 # the HTTP endpoint and the policy watcher. Each child starts a thread, joins
 # it, reads stats (which walk the thread registry), and does it again. Pins
