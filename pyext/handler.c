@@ -116,23 +116,36 @@ static int probe_dtype(size_t size) {
     return dtype_of_descr(fa->descr);
 }
 
+/* The wrappers go into NumPy's slots once for the process, under hooks_mu:
+ * two threads enabling the hooks at once must not both save the other's
+ * wrapper as NumPy's slot. Each slot is one aligned pointer, stored
+ * atomically, and a wrapper only ever calls the slot saved before it was
+ * stored. CPython and NumPy read the slots with plain loads, so a store while
+ * other threads make and free arrays is still a data race in C11 terms: on a
+ * free-threaded build, where threads really run at once, the wrappers go in at
+ * import (dm__handler_init; start-up activation imports datamem before the job
+ * starts a thread) and only the probing waits for a dtype rule. With the GIL
+ * they go in with the first dtype rule, so that jobs without one never pay
+ * for them. */
+static void install_slot_wrappers(void) {
+    if (atomic_load_explicit(&orig_tp_dealloc, memory_order_relaxed))
+        return; /* only hooks_mu's holder stores it */
+    atomic_store_explicit(&orig_tp_alloc, PyArray_Type.tp_alloc, memory_order_relaxed);
+    atomic_store_explicit(&orig_tp_dealloc, PyArray_Type.tp_dealloc, memory_order_relaxed);
+    /* tp_dealloc first: never leave a dangling `building` */
+    __atomic_store_n(&PyArray_Type.tp_dealloc, dealloc_wrapper, __ATOMIC_RELEASE);
+    __atomic_store_n(&PyArray_Type.tp_alloc, alloc_wrapper, __ATOMIC_RELEASE);
+}
+
 /* Called when a policy with dtype rules is installed (from any thread, the
- * file watcher's too, which has no Python thread state) or a profile starts.
- * The slots are swapped once for the process: two threads installing dtype
- * policies at once must not both save the other's wrapper as NumPy's slot.
- * CPython and NumPy read the slots with plain loads: each slot is one aligned
- * pointer, stored atomically, and a wrapper only ever calls the slot saved
- * before it was stored. */
+ * file watcher's too, which has no Python thread state) or a profile starts:
+ * from then on the handler asks which array it is allocating for. */
 void dm__handler_dtype_hooks_enable(void) {
     if (atomic_load_explicit(&dtype_hooks_on, memory_order_acquire))
         return;
     dm_pymu_lock(&hooks_mu);
     if (!atomic_load_explicit(&dtype_hooks_on, memory_order_relaxed)) {
-        atomic_store_explicit(&orig_tp_alloc, PyArray_Type.tp_alloc, memory_order_relaxed);
-        atomic_store_explicit(&orig_tp_dealloc, PyArray_Type.tp_dealloc, memory_order_relaxed);
-        /* tp_dealloc first: never leave a dangling `building` */
-        __atomic_store_n(&PyArray_Type.tp_dealloc, dealloc_wrapper, __ATOMIC_RELEASE);
-        __atomic_store_n(&PyArray_Type.tp_alloc, alloc_wrapper, __ATOMIC_RELEASE);
+        install_slot_wrappers();
         atomic_store_explicit(&dtype_hooks_on, 1, memory_order_release);
     }
     dm_pymu_unlock(&hooks_mu);
@@ -142,7 +155,6 @@ void dm__handler_after_fork_child(void) {
     dm_pymu_reset(&hooks_mu);
     dm_pymu_reset(&handlers_mu);
 }
-
 
 int dm__handler_probe_dtype(size_t size) { return probe_dtype(size); }
 
@@ -243,6 +255,11 @@ void dm__handler_init(void) {
     PyErr_Clear();
     static pthread_once_t observed = PTHREAD_ONCE_INIT;
     pthread_once(&observed, observe_installs);
+#ifdef Py_GIL_DISABLED
+    dm_pymu_lock(&hooks_mu);
+    install_slot_wrappers();
+    dm_pymu_unlock(&hooks_mu);
+#endif
 }
 
 /* One handler per live capsule: the capsule's destructor unlinks and frees it.

@@ -27,20 +27,28 @@ DATAMEM_PYTHON=$py TSAN_OPTIONS=report_bugs=0:exitcode=0 \
   "${bz[@]}" build "${opts[@]}" //pyext:_ext.so //pyext:libdatamem_tls.so
 bin=$(DATAMEM_PYTHON=$py "${bz[@]}" info "${opts[@]}" bazel-bin 2>/dev/null)
 
+# The package goes into a venv's site-packages with datamem.pth, as pip puts
+# it, so that tests which start datamem from DATAMEM_CONFIG in a fresh
+# interpreter run as they do anywhere else (.pth files are read only there).
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-mkdir "$tmp/pkg" "$tmp/pkg/datamem" "$tmp/logs"
-cp python/datamem/*.py "$tmp/pkg/datamem/"
-suffix=$(TSAN_OPTIONS=report_bugs=0 "$py" -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
-cp "$bin/pyext/_ext.so" "$tmp/pkg/datamem/_ext$suffix"
-cp "$bin/pyext/libdatamem_tls.so" "$tmp/pkg/datamem/"
+mkdir "$tmp/logs"
+TSAN_OPTIONS=report_bugs=0 "$py" -m venv --system-site-packages --without-pip "$tmp/venv"
+vpy=$tmp/venv/bin/python
+site=$(TSAN_OPTIONS=report_bugs=0 "$vpy" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
+mkdir "$site/datamem"
+cp python/datamem/*.py "$site/datamem/"
+cp python/_datamem_boot.py python/datamem.pth "$site/"
+suffix=$(TSAN_OPTIONS=report_bugs=0 "$vpy" -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
+cp "$bin/pyext/_ext.so" "$site/datamem/_ext$suffix"
+cp "$bin/pyext/libdatamem_tls.so" "$site/datamem/"
 
 # exitcode=0: a report does not fail the process that has it (the tests' own
 # subprocesses would fail for it); the reports are counted here instead.
 rc=0
-PYTHONPATH="$tmp/pkg" OPENBLAS_NUM_THREADS=1 \
+OPENBLAS_NUM_THREADS=1 \
   TSAN_OPTIONS="suppressions=$PWD/tools/tsan-ft.supp:log_path=$tmp/logs/tsan:exitcode=0:second_deadlock_stack=1" \
-  "$py" -m pytest -q -p no:cacheprovider "${@:-${TESTS[@]}}" || rc=$?
+  "$vpy" -m pytest -q -p no:cacheprovider "${@:-${TESTS[@]}}" || rc=$?
 
 n=$(cat "$tmp/logs"/tsan.* 2>/dev/null | grep -c '^WARNING: ThreadSanitizer' || true)
 if [ "$n" -gt 0 ]; then

@@ -12,6 +12,7 @@ mounts); run by scripts/test.sh's "Dask, Ray and joblib workers" stage."""
 import json
 import os
 import select
+import shlex
 import shutil
 import signal
 import subprocess
@@ -80,7 +81,18 @@ class Hosts:
     def run(self, name, argv, env, stdout=None):
         """Starts argv on host `name`; its output goes to logdir/<name>.log
         unless stdout is given."""
-        wrap = ("mount -t tmpfs -o size=512m,mode=1777 tmpfs /tmp && "
+        # A checkout under /tmp (a CI clone in mktemp -d) would vanish under the
+        # host's fresh /tmp with its interpreter and code: it is held open
+        # (fd 3) before the mount and bound back at its path, and nothing else.
+        keep = ""
+        if os.path.realpath(ROOT).startswith("/tmp/"):
+            q = shlex.quote(os.path.realpath(ROOT))
+            keep = ("exec 3<%s && " % q,
+                    "mkdir -p %s && mount --no-canonicalize --bind /proc/self/fd/3 %s && "
+                    "exec 3<&- && " % (q, q))
+        wrap = ((keep[0] if keep else "") +
+                "mount -t tmpfs -o size=512m,mode=1777 tmpfs /tmp && " +
+                (keep[1] if keep else "") +
                 "mount -t tmpfs -o size=512m,mode=1777 tmpfs /dev/shm && "
                 'hostname "$0" && exec "$@"')
         log = open(os.path.join(self.logdir, name + ".log"), "ab")
