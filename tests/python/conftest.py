@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 import time
 import urllib.parse
 
@@ -18,6 +19,10 @@ CONFIGS = os.path.join(ROOT, "configs")
 # the tests start. ASan turns mlock into a no-op and reserves terabytes of shadow
 # memory (no address-space limit can hold it), and its quarantine changes RSS.
 UNDER_ASAN = "libasan" in os.environ.get("LD_PRELOAD", "")
+# scripts/tsan-ft.sh runs the tests on a CPython built --with-thread-sanitizer:
+# TSan keeps shadow memory and a record per synchronised address, so RSS there
+# grows with what was touched, freed or not.
+UNDER_TSAN = "--with-thread-sanitizer" in (sysconfig.get_config_var("CONFIG_ARGS") or "")
 skip_under_asan = pytest.mark.skipif(
     UNDER_ASAN, reason="SKIP under ASan: mlock is a no-op, RLIMIT_AS cannot hold its "
                        "shadow memory, RSS includes its quarantine")

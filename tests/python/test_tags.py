@@ -11,7 +11,7 @@ import os
 import pytest
 
 import datamem
-from conftest import UNDER_ASAN, last_json, run_in_group, run_py
+from conftest import UNDER_ASAN, UNDER_TSAN, last_json, run_in_group, run_py
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -333,7 +333,7 @@ print(json.dumps({"errors": errors, "mismatches": mismatches, "growth": rss() - 
                            timeout=300))
     assert out["errors"] == [], out
     assert out["mismatches"] == {}, out
-    if not UNDER_ASAN:  # ASan's quarantine holds freed memory: RSS says nothing there
+    if not (UNDER_ASAN or UNDER_TSAN):  # a sanitizer's shadow and quarantine: RSS says nothing
         assert out["growth"] < 16 * MiB, out        # after the first 100,000 names
         assert out["total"] < 64 * MiB, out
     assert out["contexts"] <= 4097 and out["rows"] <= 4096, out
