@@ -84,15 +84,13 @@ class Hosts:
         # A checkout under /tmp (a CI clone in mktemp -d) would vanish under the
         # host's fresh /tmp with its interpreter and code: it is held open
         # (fd 3) before the mount and bound back at its path, and nothing else.
-        keep = ""
+        before = after = ""
         if os.path.realpath(ROOT).startswith("/tmp/"):
             q = shlex.quote(os.path.realpath(ROOT))
-            keep = ("exec 3<%s && " % q,
-                    "mkdir -p %s && mount --no-canonicalize --bind /proc/self/fd/3 %s && "
-                    "exec 3<&- && " % (q, q))
-        wrap = ((keep[0] if keep else "") +
-                "mount -t tmpfs -o size=512m,mode=1777 tmpfs /tmp && " +
-                (keep[1] if keep else "") +
+            before = "exec 3<%s && " % q
+            after = ("mkdir -p %s && mount --no-canonicalize --bind /proc/self/fd/3 %s && "
+                     "exec 3<&- && " % (q, q))
+        wrap = (before + "mount -t tmpfs -o size=512m,mode=1777 tmpfs /tmp && " + after +
                 "mount -t tmpfs -o size=512m,mode=1777 tmpfs /dev/shm && "
                 'hostname "$0" && exec "$@"')
         log = open(os.path.join(self.logdir, name + ".log"), "ab")
