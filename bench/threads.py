@@ -8,8 +8,9 @@ T threads, named worker-0 .. worker-(T-1), each run the same allocation-heavy
 loop on arrays of their own: small temporaries (64 float64), temporaries of
 16 KiB, 64 KiB, 256 KiB and 1 MiB (d = a*b + c; e = sqrt(d) - a), and every
 BIG_EVERY iterations a 64 MiB np.empty with one byte written per page. Every
-thread does the same work whatever T is (weak scaling); the child times rounds
-of it by the wall clock, between two barriers that all threads pass, after one
+thread does the same work whatever T is (weak scaling); the child runs rounds
+of it that all threads start together at a barrier, times each by the wall
+clock from the first worker's start to the last worker's end, after one
 warm-up round, and reports the median round's arrays per second (all threads).
 
 As bench/run.py does: every (configuration, T) runs in a fresh process, the
