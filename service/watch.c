@@ -135,6 +135,7 @@ static void reload_now(const char *path) {
         static const char plain[] = "cannot read the policy: "; /* said already */
         const char *w = strncmp(why, plain, sizeof plain - 1) == 0 ? why + sizeof plain - 1 : why;
         dm_log("datamem: policy %s cannot be read (%s); keeping the last good policy", path, w);
+        dm_runtime_note_reload_failure(); /* after the log: a reader of the count sees both */
         return;
     }
     dm_policy_t *cur = dm_runtime_policy_copy();

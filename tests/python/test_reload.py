@@ -127,12 +127,27 @@ def test_broken_file_keeps_last_good(watched, capfd):
     assert wait_for_arena("b")
 
 
+def watcher_failure_logged(before, text, capfd, timeout=30):
+    """Waits until the watcher has logged a failed look at the file containing
+    `text` and returns what it logged. The watcher logs first and counts after
+    (reload_failures), so stderr is read only once the count has moved: capfd's
+    read truncates the capture, and a line written between the read and the
+    truncation was lost (the unreadable-file test once failed in CI so)."""
+    err, end = "", time.monotonic() + timeout
+    while text not in err:
+        before = wait_for(lambda: datamem.stats()["reload_failures"], end - time.monotonic(),
+                          "the watcher logging %r (logged: %r)" % (text, err),
+                          until=lambda n: n > before)
+        err += capfd.readouterr().err
+    return err
+
+
 def test_deleted_then_recreated(watched, capfd):
     live = np.ones(1000)
+    before = datamem.stats()["reload_failures"]
     watched.unlink()
-    seen = []  # wait until the watcher has looked at the missing file
-    wait_for(lambda: seen.append(capfd.readouterr().err) or "".join(seen), 10,
-             "the watcher reporting the missing policy", until=lambda e: "cannot be read" in e)
+    err = watcher_failure_logged(before, "cannot be read (No such file or directory)", capfd)
+    assert "keeping the last good policy" in err, err
     assert datamem.arena_of(np.ones(1000)) == "a"  # nothing to load: keep going
     watched.write_text(policy_text("c"))
     assert wait_for_arena("c")
@@ -292,12 +307,11 @@ def test_stress_reload_while_allocating(watched):
 def test_unreadable_policy_keeps_last_good(watched, capfd):
     # Root ignores file modes, so make the path unreadable by replacing the file
     # with a directory: open() then fails for every user.
+    before = datamem.stats()["reload_failures"]
     watched.unlink()
     watched.mkdir()
-    deadline = time.monotonic() + 5
-    while "cannot be read" not in capfd.readouterr().err:
-        assert time.monotonic() < deadline, "the watcher did not report the unreadable file"
-        time.sleep(0.02)
+    err = watcher_failure_logged(before, "cannot be read (not a regular file (a directory)", capfd)
+    assert "keeping the last good policy" in err, err
     assert datamem.arena_of(np.ones(1000)) == "a"
     watched.rmdir()
     watched.write_text(policy_text("b"))
