@@ -1,7 +1,9 @@
 /*
  * trust_test.c: the rule for the policy's path and the services' directories
  * (trust.c). Run as root (as the tests here are), other users are made with
- * chown to uid 65534 ("nobody"); a test that cannot chown prints SKIP.
+ * chown to uid 65534 ("nobody"); the target runs outside Bazel's sandbox,
+ * which maps no other uid. A run as root that cannot chown fails; another
+ * user's run prints SKIP.
  *
  * Attacks pinned: a policy file of another user, or one in (or reached
  * through) a directory another user owns or can write, let that user choose
@@ -104,7 +106,7 @@ static void test_owned_and_modes(void) {
     can_chown = chown(at("safe/theirs.yaml"), NOBODY, NOBODY) == 0 &&
                 chown(at("theirs"), NOBODY, NOBODY) == 0;
     if (!can_chown) {
-        printf("SKIP other users: chown to uid %d: %s\n", NOBODY, strerror(errno));
+        TEST_SKIP_UNLESS_ROOT("other users: chown to uid %d: %s", NOBODY, strerror(errno));
         return;
     }
     snprintf(want, sizeof want, "%s: owned by uid 65534, not by this user (uid %u) or root",

@@ -68,7 +68,8 @@ static void test_dirs(void) {
         EXPECT_INT_EQ(try_dir("theirs", true, why, sizeof(why)), DM_EUNSAFE, "uid 65534");
         EXPECT_CONTAINS(why, want, why);
     } else {
-        printf("SKIP another user's directory: chown to uid 65534: %s\n", strerror(errno));
+        TEST_SKIP_UNLESS_ROOT("another user's directory: chown to uid 65534: %s",
+                              strerror(errno));
     }
 
     /* Not a directory, or cannot be made: an error, not a refusal. */

@@ -420,7 +420,8 @@ while True:
 
 
 def python_for(uid):
-    """An interpreter that user `uid` can run (root's home is often closed)."""
+    """An interpreter that user `uid` can run (root's home is often closed); none is a
+    failure."""
     for exe in (sys.executable, shutil.which("python3"), "/usr/bin/python3"):
         if not exe:
             continue
@@ -430,7 +431,11 @@ def python_for(uid):
                 return exe
         except OSError:  # cannot even be started by that user
             continue
-    pytest.skip("SKIP: no Python that uid %d can run" % uid)
+    # Only root tests call this, and root can always give that user an
+    # interpreter it can run: a skip here would hide the very case (another
+    # user's process) the test exists for.
+    pytest.fail("no Python that uid %d can run (tried %s, %s, /usr/bin/python3): install "
+                "a python3 outside root's home" % (uid, sys.executable, shutil.which("python3")))
 
 
 @contextlib.contextmanager
