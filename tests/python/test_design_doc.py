@@ -134,3 +134,76 @@ def test_a_row_for_a_variable_that_is_gone_fails_the_concurrency_check(tmp_path)
     assert r.returncode == 1, r.stdout
     assert "`name_key` is not a variable of pyext/site.c" in r.stdout, r.stdout
     assert "`key_name` is shared mutable state" in r.stdout, r.stdout
+
+
+# The fields of shared structs: a struct that a variable reaches (here `all`, the
+# spill arenas, in runtime/spill.c) has a row for each field, so a field added to
+# one (the pager's `since` and `seen`, a fork's `fork_fd` went unchecked before)
+# fails until its row says what guards it.
+def test_a_new_field_of_a_shared_struct_fails_the_concurrency_check(tmp_path):
+    root = copy_sources(tmp_path)
+    spill = root / "runtime" / "spill.h"
+    text = spill.read_text()
+    assert "    int fork_fd; " in text
+    spill.write_text(text.replace("    int fork_fd; ", "    _Atomic uint64_t pass_at;\n"
+                                  "    struct dm__spill_log *log;\n    int fork_fd; ")
+                         .replace("typedef struct dm__spill {",
+                                  "struct dm__spill_log {\n    int fd, nlines;\n};\n\n"
+                                  "typedef struct dm__spill {"))
+    r = check_concurrency(root)
+    assert r.returncode == 1, r.stdout
+    lines = r.stdout.splitlines()
+    want = ("field `pass_at` of `dm__spill_t` is shared (the type of `all` in runtime/spill.c) "
+            "and has no row in docs/design.md's concurrency table: add `pass_at` to a row "
+            "whose first cell reads \"`dm__spill_t` (runtime/spill.h) fields: `pass_at`, ...\" "
+            "and say what guards it")
+    assert any(ln.startswith("runtime/spill.h:") and ln.endswith(want) for ln in lines), r.stdout
+    # a struct reached through a pointer field is shared too, field by field
+    for field in ("fd", "nlines"):
+        assert ("field `%s` of `struct dm__spill_log` is shared (reached through "
+                "`dm__spill_t.log`)" % field) in r.stdout, r.stdout
+    assert "`fork_fd`" not in r.stdout  # its row is there
+    assert len(lines) == 4, r.stdout  # pass_at, log, fd, nlines
+
+    # the rows the messages ask for make it pass
+    doc = root / "docs" / "design.md"
+    doc.write_text(doc.read_text().replace(
+        "| `dm__spill_t` (runtime/spill.h) fields: `dirfd`, `dir` |",
+        "| `dm__spill_t` (runtime/spill.h) fields: `pass_at`, `log`; `struct dm__spill_log` "
+        "(runtime/spill.h) fields: `fd`, `nlines` | under `pass_mu` | |\n"
+        "| `dm__spill_t` (runtime/spill.h) fields: `dirfd`, `dir` |"))
+    r = check_concurrency(root)
+    assert r.returncode == 0, r.stdout
+
+
+def test_a_row_for_a_field_or_struct_that_is_gone_fails_the_concurrency_check(tmp_path):
+    root = copy_sources(tmp_path)
+    tally = root / "runtime" / "tally.h"
+    text = tally.read_text()
+    assert "    int8_t idle; " in text
+    tally.write_text(text.replace("    int8_t idle; ", "    int8_t idle_list; "))
+    doc = root / "docs" / "design.md"
+    doc.write_text(doc.read_text().replace(
+        "| `cfg_t` (service/export.c) fields:",
+        "| `cfg_t` (service/http.c) fields:"))
+    r = check_concurrency(root)
+    assert r.returncode == 1, r.stdout
+    assert "`idle` is not a field of `dm__tally_row_t` (runtime/tally.h)" in r.stdout, r.stdout
+    assert "field `idle_list` of `dm__tally_row_t` is shared" in r.stdout, r.stdout
+    assert "`cfg_t` (service/http.c) is not a struct there that a variable reaches" in r.stdout
+    assert "field `http` of `cfg_t` is shared (the type of `policy_cfg` in service/export.c)" \
+        in r.stdout, r.stdout
+
+
+def test_a_thread_local_struct_needs_no_field_rows(tmp_path):
+    # a struct only a thread-local variable has is that thread's alone
+    root = copy_sources(tmp_path)
+    with open(root / "runtime" / "alloc.c", "a") as f:
+        f.write("typedef struct scratch { int n; } scratch_t;\n"
+                "static _Thread_local scratch_t scratch;\n")
+    doc = root / "docs" / "design.md"
+    doc.write_text(doc.read_text().replace(
+        "| `runtime/alloc.c`: `foreign_frees`;",
+        "| `runtime/alloc.c`: `scratch` | thread-local | |\n| `runtime/alloc.c`: `foreign_frees`;"))
+    r = check_concurrency(root)
+    assert r.returncode == 0, r.stdout
