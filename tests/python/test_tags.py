@@ -424,7 +424,7 @@ try:
     out["served"] = True
 except MemoryError as e:
     out["error"] = str(e)
-out["refused"] = datamem.stats()["tags"]["victim"]["refused"]
+out["refused"] = datamem.stats()["tags"].get("victim", {}).get("refused")  # no row: None
 del v
 s = datamem.stats()["tag_bytes"]
 out["after"] = [s["unenforced"], s["unenforced_tags"]]
