@@ -60,6 +60,7 @@ static int ninterned;                   /* contexts in buckets */
 static int sweep_at = DM_CTX_MAX;
 static int made_since_sweep;
 static int uncounted_since_sweep; /* lookups that found a context counted under "(other)" */
+static _Atomic uint64_t retirements; /* contexts retired so far (dm_ctx_retirements) */
 
 const dm_ctx_t *dm_ctx_root(void) { return &dm__context_root; }
 
@@ -87,7 +88,8 @@ static int cmp_str(const void *a, const void *b) {
 
 static struct dm_ctx *find(uint64_t h, const char *const *want, int n) {
     for (struct dm_ctx *c = buckets[h & (BUCKETS - 1)]; c; c = c->next) {
-        if (c->hash != h || c->ntags != n || c->retired)
+        if (c->hash != h || c->ntags != n ||
+            atomic_load_explicit(&c->retired, memory_order_relaxed))
             continue;
         int i = 0;
         while (i < n && strcmp(c->tags[i], want[i]) == 0)
@@ -139,7 +141,8 @@ static bool retire_uncounted(struct dm_ctx *c) {
         if (!dm__tally_could_count(c))
             return false;
     }
-    c->retired = true;
+    atomic_store_explicit(&c->retired, true, memory_order_relaxed);
+    atomic_fetch_add_explicit(&retirements, 1, memory_order_release); /* after the flag */
     return true;
 }
 
@@ -203,6 +206,14 @@ const dm_ctx_t *dm_ctx_with_tag(const dm_ctx_t *base, const char *tag) {
 }
 
 void dm_ctx_release(const dm_ctx_t *c) { dm__context_drop(c); }
+
+bool dm_ctx_retired(const dm_ctx_t *c) {
+    return c && c->interned && atomic_load_explicit(&c->retired, memory_order_relaxed);
+}
+
+uint64_t dm_ctx_retirements(void) {
+    return atomic_load_explicit(&retirements, memory_order_acquire);
+}
 
 int dm_ctx_tags(const dm_ctx_t *c, const char **tags, int cap) {
     for (int i = 0; i < c->ntags && i < cap; i++)

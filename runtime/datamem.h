@@ -90,6 +90,13 @@ DM_API const dm_ctx_t *dm_ctx_root(void);
 DM_API const dm_ctx_t *dm_ctx_with_tag(const dm_ctx_t *base, const char *tag);
 /* Gives back a reference dm_ctx_with_tag returned (NULL and the root: nothing). */
 DM_API void dm_ctx_release(const dm_ctx_t *c);
+/* Whether `c` was retired: a lookup of its tags returns a counted context in
+ * its place (see dm_ctx_with_tag). A cache of contexts drops it. */
+DM_API bool dm_ctx_retired(const dm_ctx_t *c);
+/* How many contexts were retired so far (grows; acquire: the flags of those
+ * counted are seen by dm_ctx_retired): a cache scans for retired ones only
+ * when it moved. */
+DM_API uint64_t dm_ctx_retirements(void);
 DM_API int dm_ctx_tags(const dm_ctx_t *c, const char **tags, int cap);
 
 /* The calling thread's name for thread rules (set when a thread starts). */

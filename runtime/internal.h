@@ -270,9 +270,10 @@ struct dm_ctx {
     bool interned;               /* false: root, stale and tally's "(other)": static */
     int ntags;
     char **tags;                 /* sorted, unique */
-    bool retired;                /* lookups no longer find it: a counted one replaces it
-                                    (context.c, dm__runtime_mu); it lives until its last
-                                    holder lets go */
+    _Atomic bool retired;        /* lookups no longer find it: a counted one replaces it
+                                    (context.c: set under dm__runtime_mu, read by
+                                    dm_ctx_retired); it lives until its last holder
+                                    lets go */
     uint16_t id;                 /* tally.c: its id, in the shadow as id + 1 */
     int ntally;
     uint16_t *tally;             /* tally rows its blocks count under */

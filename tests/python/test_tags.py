@@ -443,6 +443,44 @@ print(json.dumps(out))
     assert len(said) == 1 and "tag 'victim' counts under '(other)'" in said[0], r.stderr
 
 
+# Issue 40, the handler cache: pyext/handler.c keeps the capsules of the last
+# 128 tag sets (`recent`), and a capsule holds its set. It kept the set made
+# while the tables were full after a counted one replaced it, listed as a limit
+# not applied for as long as no other set took its slot. Making the counted
+# set's capsule drops retired sets' capsules from the cache.
+def test_the_handler_cache_lets_go_of_a_tag_set_made_while_the_table_was_full(write_policy):
+    code = r"""
+import json, numpy as np, datamem
+held = []
+for i in range(4200):
+    with datamem.tag("h%d" % i):
+        held.append(np.empty(512))
+with datamem.tag("victim"):
+    np.ones(16)                                 # nothing but the cache holds the set after
+before = datamem.stats()["tag_bytes"]["unenforced"]
+del held
+np.ones(16)                                     # this thread binds to the root again
+tries = 0
+while datamem.stats()["tag_bytes"]["unenforced"] and tries < 200:
+    tries += 1
+    with datamem.tag("victim"):
+        pass
+try:
+    with datamem.tag("victim"):
+        big = np.ones(4 * 2**20 // 8)
+    refused = False
+except MemoryError:
+    refused = True
+print(json.dumps({"before": before, "tries": tries, "refused": refused,
+                  "after": datamem.stats()["tag_bytes"]["unenforced"]}))
+"""
+    policy = POLICY + "  - {tag: victim, limit: 1MiB}\n"
+    out = last_json(run_py(code, config=write_policy(policy), env={"DATAMEM_TAG_BYTES": "1"}))
+    assert out["before"] == 1, out
+    assert out["tries"] <= 65, out      # one sweep forced per 64 lookups (context.c)
+    assert out["refused"] and out["after"] == 0, out
+
+
 def test_bad_tag_limits_and_worker_limit_are_reported_at_their_line(write_policy):
     import datamem
     bad = write_policy("version: 1\ndefault: general\narenas:\n  general: {}\n"
