@@ -11,7 +11,9 @@
  *     `recent` holds the last HANDLER_RECENT made, so a tag entered again
  *     finds its capsule. The capsule holds a reference on its context, given
  *     back when it dies (runtime/context.c then recycles the context): a
- *     process may make any number of tag sets. While a profile is recorded
+ *     process may make any number of tag sets. A context the runtime retired
+ *     (made while its tally tables were full, replaced by a counted one)
+ *     leaves `recent` when the next capsule is made. While a profile is recorded
  *     every handler calls record.c's functions instead
  *     (dm__handler_record_all).
  *   - dtype discovery, only while the policy in force has a dtype rule (or a
