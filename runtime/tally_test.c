@@ -507,10 +507,11 @@ static const dm_ctx_t *lookup_until_counted(const char *name, int tries, int *to
  * once an id and a row are free, the next lookup of the set gives a new,
  * counted context (the old one lives on for its holders); the same when a
  * tag's row, not the id, was missing. Once per name on stderr, up to 64
- * names, then one line. */
+ * names, then one line, driven 100x past that (6,400 limited names held). */
 static void test_uncounted_tag_sets_counted_again(void) {
-    enum { N = DM_CTX_MAX + 100, SETS = 70, PER = DM_CTX_TAGS_MAX };
+    enum { N = DM_CTX_MAX + 100, SAID = 100 * 64, SETS = 70, PER = DM_CTX_TAGS_MAX };
     static void *held[N];
+    static const dm_ctx_t *said[SAID];
     FILE *log_file = tmpfile(); /* stderr while the tables are full, read back */
     int saved = dup(2);
     fflush(stderr);
@@ -527,11 +528,12 @@ static void test_uncounted_tag_sets_counted_again(void) {
     const dm_ctx_t *victim = dm_ctx_with_tag(NULL, "runaway-victim");
     const dm_ctx_t *same = dm_ctx_with_tag(NULL, "runaway-victim");
     dm_ctx_release(same);
-    /* 70 limited names while full: the first 64 named on stderr, then one line */
-    for (int i = 0; i < SETS; i++) {
+    /* 6,400 limited names while full (100x the names stderr holds), held: the
+     * first 64 named on stderr, then one line; the stats count all, name 16 */
+    for (int i = 0; i < SAID; i++) {
         char name[32];
         snprintf(name, sizeof(name), "runaway-said-%d", i);
-        dm_ctx_release(dm_ctx_with_tag(NULL, name));
+        said[i] = dm_ctx_with_tag(NULL, name);
     }
     fflush(stderr);
     dup2(saved, 2);
@@ -550,7 +552,16 @@ static void test_uncounted_tag_sets_counted_again(void) {
     EXPECT_UINT_EQ(named, 1, "the victim named once, by its own name");
     EXPECT_UINT_EQ(lines, 64, "one line per limited name, for the first 64 names");
     EXPECT_CONTAINS(log, "64 tags with a tag_limits limit were named here", "then one line");
-    EXPECT_TRUE(strstr(log, "tag 'runaway-said-69'") == NULL, "past 64: not named");
+    EXPECT_TRUE(strstr(log, "tag 'runaway-said-63'") == NULL, "past 64: not named");
+    dm_stats_t st;
+    dm_stats_snapshot(&st);
+    EXPECT_UINT_EQ(st.tags_unenforced, SAID + 1, "every limited name held is counted");
+    EXPECT_INT_EQ(st.nunenforced, DM_STATS_UNENFORCED_MAX, "the first 16 named");
+    EXPECT_STR_EQ(st.unenforced[0], "runaway-said-0", "in name order");
+    EXPECT_STR_EQ(st.unenforced[2], "runaway-said-10", "in name order");
+    dm_stats_release(&st);
+    for (int i = 0; i < SAID; i++)
+        dm_ctx_release(said[i]);
     EXPECT_TRUE(plain <= 1, "unlimited names: one line for the process");
     EXPECT_UINT_EQ(victim->id, 1, "made while every id is held: counted under (other)");
     EXPECT_TRUE(unenforced("runaway-victim", NULL), "the stats name the limited tag left off");
