@@ -197,7 +197,7 @@ static void say_unenforced(const char *name, uint64_t limit) {
     if (nsaid == SAID_MAX) {
         if (!said_full)
             dm__log("datamem: %d tags with a tag_limits limit were named here as counted under "
-                    "'(other)'; further ones are not named on stderr (tag_bytes.unenforced "
+                    "'(other)'; further ones are not named on stderr (tag_bytes.unenforced_tags "
                     "lists those held now)", SAID_MAX);
         said_full = true;
         return;
@@ -206,7 +206,7 @@ static void say_unenforced(const char *name, uint64_t limit) {
     dm__log("datamem: tag '%s' counts under '(other)' (every one of the %d tag rows or %d tag "
             "set ids is held): its tag_limits limit of %" PRIu64 " bytes is not applied to "
             "arrays of that tag set until one is free and the tag is entered again "
-            "(tag_bytes.unenforced lists it meanwhile)",
+            "(tag_bytes.unenforced_tags lists it meanwhile)",
             name, DM_TALLY_TAGS_MAX, DM_CTX_MAX, limit);
 }
 
