@@ -11,7 +11,9 @@
  *     `recent` holds the last HANDLER_RECENT made, so a tag entered again
  *     finds its capsule. The capsule holds a reference on its context, given
  *     back when it dies (runtime/context.c then recycles the context): a
- *     process may make any number of tag sets. While a profile is recorded
+ *     process may make any number of tag sets. A context the runtime retired
+ *     (made while its tally tables were full, replaced by a counted one)
+ *     leaves `recent` when the next capsule is made. While a profile is recorded
  *     every handler calls record.c's functions instead
  *     (dm__handler_record_all).
  *   - dtype discovery, only while the policy in force has a dtype rule (or a
@@ -282,6 +284,7 @@ typedef struct handler_entry {
 static handler_entry_t *handlers;   /* under handlers_mu */
 static PyObject *recent[HANDLER_RECENT]; /* under handlers_mu */
 static PyObject *root_capsule;      /* the root context's, for the process (handlers_mu) */
+static uint64_t retirements_seen;   /* dm_ctx_retirements() at the last scan (handlers_mu) */
 static _Atomic bool recording;      /* new handlers record (set under handlers_mu) */
 
 /* NumPy reads each pointer with one plain load when it allocates: each is
@@ -330,10 +333,30 @@ static PyObject *capsule_known(const dm_ctx_t *ctx) {
     return NULL;
 }
 
+/* Under handlers_mu, when contexts were retired since the last scan (made
+ * while the runtime's tally tables were full, then replaced by counted ones:
+ * dm_ctx_with_tag): their capsules leave `recent` into `stale` (at most
+ * HANDLER_RECENT, released by the caller unlocked), so the cache does not keep
+ * a retired context, still listed in tag_bytes.unenforced, alive. */
+static int recent_drop_retired(PyObject **stale) {
+    uint64_t r = dm_ctx_retirements();
+    int n = 0;
+    if (r == retirements_seen)
+        return 0;
+    retirements_seen = r;
+    for (int i = 0; i < HANDLER_RECENT; i++)
+        if (recent[i] && dm_ctx_retired(((handler_entry_t *)PyCapsule_GetContext(recent[i]))->ctx)) {
+            stale[n++] = recent[i];
+            recent[i] = NULL;
+        }
+    return n;
+}
+
 /* The capsule for `ctx`, whose reference the caller passes on (to the
  * capsule, or given back when a capsule for it exists). Another thread may
  * make one for the same context meanwhile: the second look, under the mutex,
- * keeps the first and drops this one. */
+ * keeps the first and drops this one. Making one also drops retired contexts'
+ * capsules from `recent` (recent_drop_retired). */
 static PyObject *capsule_for(const dm_ctx_t *ctx) {
     dm_pymu_lock(&handlers_mu);
     PyObject *known = capsule_known(ctx);
@@ -359,7 +382,7 @@ static PyObject *capsule_for(const dm_ctx_t *ctx) {
         PyMem_RawFree(e);
         return NULL;
     }
-    PyObject *old = NULL;
+    PyObject *old = NULL, *stale[HANDLER_RECENT];
     dm_pymu_lock(&handlers_mu);
     if ((known = capsule_known(ctx))) {
         dm_pymu_unlock(&handlers_mu);
@@ -381,8 +404,11 @@ static PyObject *capsule_for(const dm_ctx_t *ctx) {
         old = *slot;
         *slot = Py_NewRef(cap);
     }
+    int nstale = recent_drop_retired(stale);
     dm_pymu_unlock(&handlers_mu);
     Py_XDECREF(old); /* unlocked: its destructor may run here */
+    for (int i = 0; i < nstale; i++)
+        Py_DECREF(stale[i]);
     return cap;
 }
 

@@ -151,6 +151,19 @@ static int set_tags(PyObject *d, const dm_stats_t *s) {
     SET_OBJ(tb, "worker_limit_source", PyUnicode_FromString(s->worker_limit_source));
     SET_U64(tb, "worker_refused", s->worker_refused);
     SET_U64(tb, "overflowed", s->tags_overflowed);
+    SET_U64(tb, "unenforced", s->tags_unenforced);
+    PyObject *names = PyList_New(s->nunenforced);
+    if (!names)
+        goto fail;
+    for (int i = 0; i < s->nunenforced; i++) {
+        PyObject *u = PyUnicode_FromString(s->unenforced[i]);
+        if (!u) {
+            Py_DECREF(names);
+            goto fail;
+        }
+        PyList_SET_ITEM(names, i, u);
+    }
+    SET_OBJ(tb, "unenforced_tags", names);
     SET_OBJ(d, "tags", Py_NewRef(tags));
     SET_OBJ(d, "tag_bytes", Py_NewRef(tb));
     Py_DECREF(tags);

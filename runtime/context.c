@@ -31,6 +31,16 @@
  * out. Memory is bounded by what is held (capsules of live arrays, threads,
  * counted blocks) plus DM_CTX_MAX idle contexts.
  *
+ * A context made while tally ids or tag rows were all held counts some tags
+ * under "(other)" (tally.c: `uncounted`), for its life. A lookup that finds
+ * such a context retires it once the tally could count it now
+ * (dm__tally_could_count; a sweep first, at most once per SWEEP_GAP such
+ * lookups, when the tables are full of idle contexts): the lookup and every
+ * later one make or find a new, counted context, while the retired one stays
+ * valid for the threads, capsules and blocks that hold it, and is freed by a
+ * sweep once they let go. Its tags' counts move over with no race: blocks
+ * counted under "(other)" are uncounted from "(other)" at their free.
+ *
  * Thread safety: interning and sweeping under dm__runtime_mu; `refs` atomic; a
  * context's tags never change.
  */
@@ -49,6 +59,8 @@ static struct dm_ctx *buckets[BUCKETS]; /* under dm__runtime_mu, as below */
 static int ninterned;                   /* contexts in buckets */
 static int sweep_at = DM_CTX_MAX;
 static int made_since_sweep;
+static int uncounted_since_sweep; /* lookups that found a context counted under "(other)" */
+static _Atomic uint64_t retirements; /* contexts retired so far (dm_ctx_retirements) */
 
 const dm_ctx_t *dm_ctx_root(void) { return &dm__context_root; }
 
@@ -76,7 +88,8 @@ static int cmp_str(const void *a, const void *b) {
 
 static struct dm_ctx *find(uint64_t h, const char *const *want, int n) {
     for (struct dm_ctx *c = buckets[h & (BUCKETS - 1)]; c; c = c->next) {
-        if (c->hash != h || c->ntags != n)
+        if (c->hash != h || c->ntags != n ||
+            atomic_load_explicit(&c->retired, memory_order_relaxed))
             continue;
         int i = 0;
         while (i < n && strcmp(c->tags[i], want[i]) == 0)
@@ -111,6 +124,26 @@ static void sweep(void) {
         }
     sweep_at = ninterned * 2 > DM_CTX_MAX ? ninterned * 2 : DM_CTX_MAX;
     made_since_sweep = 0;
+    uncounted_since_sweep = 0;
+}
+
+/* Whether interned context `c`, which counts some tags under "(other)", is
+ * retired (no longer found) because a context made now would count more of
+ * them. When the tables are full, a sweep may free ids and rows held by idle
+ * contexts: at most once per SWEEP_GAP such lookups, c held meanwhile. */
+static bool retire_uncounted(struct dm_ctx *c) {
+    if (!dm__tally_could_count(c)) {
+        if (++uncounted_since_sweep < SWEEP_GAP || !dm__tally_crowded())
+            return false;
+        atomic_fetch_add_explicit(&c->refs, 1, memory_order_relaxed);
+        sweep();
+        atomic_fetch_sub_explicit(&c->refs, 1, memory_order_relaxed);
+        if (!dm__tally_could_count(c))
+            return false;
+    }
+    atomic_store_explicit(&c->retired, true, memory_order_relaxed);
+    atomic_fetch_add_explicit(&retirements, 1, memory_order_release); /* after the flag */
+    return true;
 }
 
 /* A new context for the sorted tags `want`, one reference held. */
@@ -162,6 +195,8 @@ const dm_ctx_t *dm_ctx_with_tag(const dm_ctx_t *base, const char *tag) {
     pthread_mutex_lock(&dm__runtime_mu);
     dm__context_root_tally_init();
     struct dm_ctx *c = find(h, want, n);
+    if (c && c->uncounted && retire_uncounted(c))
+        c = NULL; /* a counted one is made in its place */
     if (c)
         atomic_fetch_add_explicit(&c->refs, 1, memory_order_relaxed);
     else
@@ -171,6 +206,14 @@ const dm_ctx_t *dm_ctx_with_tag(const dm_ctx_t *base, const char *tag) {
 }
 
 void dm_ctx_release(const dm_ctx_t *c) { dm__context_drop(c); }
+
+bool dm_ctx_retired(const dm_ctx_t *c) {
+    return c && c->interned && atomic_load_explicit(&c->retired, memory_order_relaxed);
+}
+
+uint64_t dm_ctx_retirements(void) {
+    return atomic_load_explicit(&retirements, memory_order_acquire);
+}
 
 int dm_ctx_tags(const dm_ctx_t *c, const char **tags, int cap) {
     for (int i = 0; i < c->ntags && i < cap; i++)

@@ -80,10 +80,23 @@ DM_API const dm_ctx_t *dm_ctx_root(void);
  * context nothing holds (no reference, no bound thread, no live counted
  * block) is freed and its id reused. NULL only for a bad request (`tag` NULL
  * or DM_NAME_MAX bytes or longer, `base` already holding DM_CTX_TAGS_MAX tags)
- * or out of memory; never because a table is full. */
+ * or out of memory; never because a table is full. A context made while
+ * every tally id or tag row was held counts its blocks (or some tags') under
+ * "(other)", with those tags' limits not applied (stats: tags_unenforced),
+ * for as long as it is held; the first lookup of the same set once an id and
+ * a row are free returns a new context counted under its own tags (the old one
+ * is no longer found and lives until its holders let go), so a holder gets
+ * counted again by looking its tags up again. */
 DM_API const dm_ctx_t *dm_ctx_with_tag(const dm_ctx_t *base, const char *tag);
 /* Gives back a reference dm_ctx_with_tag returned (NULL and the root: nothing). */
 DM_API void dm_ctx_release(const dm_ctx_t *c);
+/* Whether `c` was retired: a lookup of its tags returns a counted context in
+ * its place (see dm_ctx_with_tag). A cache of contexts drops it. */
+DM_API bool dm_ctx_retired(const dm_ctx_t *c);
+/* How many contexts were retired so far (grows; acquire: the flags of those
+ * counted are seen by dm_ctx_retired): a cache scans for retired ones only
+ * when it moved. */
+DM_API uint64_t dm_ctx_retirements(void);
 DM_API int dm_ctx_tags(const dm_ctx_t *c, const char **tags, int cap);
 
 /* The calling thread's name for thread rules (set when a thread starts). */
@@ -164,6 +177,7 @@ DM_API const char *dm_runtime_rule_of(const dm_ctx_t *c, size_t size, int dt);
 /* ---- stats -------------------------------------------------------------- */
 
 #define DM_STATS_ARENAS_MAX 256
+#define DM_STATS_UNENFORCED_MAX 16 /* limited tags named in dm_stats_t.unenforced */
 
 /* datamem's own counters, summed over threads; per arena and per rule (a
  * rule's nfree is always 0: frees know the arena, not the rule). */
@@ -255,6 +269,13 @@ typedef struct dm_stats {
      * (DM_TALLY_TAGS_MAX rows, tally.c) or of context ids was full of ones
      * holding bytes: each time a context was made so. */
     uint64_t tags_overflowed;
+    /* Tags with a tag_limits limit that count under "(other)" right now, in a
+     * held context made while the tables were full: their limit is not
+     * applied. How many distinct names, and the first DM_STATS_UNENFORCED_MAX
+     * of them in name order. */
+    uint64_t tags_unenforced;
+    int nunenforced;
+    char unenforced[DM_STATS_UNENFORCED_MAX][DM_NAME_MAX];
 } dm_stats_t;
 
 /* Fills `out` (caller frees out->rules with dm_stats_release). */

@@ -270,9 +270,17 @@ struct dm_ctx {
     bool interned;               /* false: root, stale and tally's "(other)": static */
     int ntags;
     char **tags;                 /* sorted, unique */
+    _Atomic bool retired;        /* lookups no longer find it: a counted one replaces it
+                                    (context.c: set under dm__runtime_mu, read by
+                                    dm_ctx_retired); it lives until its last holder
+                                    lets go */
     uint16_t id;                 /* tally.c: its id, in the shadow as id + 1 */
     int ntally;
     uint16_t *tally;             /* tally rows its blocks count under */
+    uint64_t uncounted;          /* tally.c: bit i, tags[i] counts under "(other)" (its
+                                    own row or an id was not free when it was made) */
+    struct dm_ctx *onext, *oprev; /* tally.c: the contexts with `uncounted` bits
+                                    (dm__runtime_mu) */
 };
 
 /* Cross-file internals are hidden (as -fvisibility=hidden makes their

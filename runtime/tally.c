@@ -27,11 +27,11 @@
  * a reference on its tags' rows when it is made (context.c) and gives them
  * back when it is freed; a row nobody refers to holds no bytes and stays in
  * the stats (live 0, its peak) until its slot is needed: rows without a limit
- * are reused first, oldest idle first, then limited ones. When every row is
- * referenced, a new name counts under "(other)" (counted in
- * `tags_overflowed`, and said once on stderr, since a limit of such a name is
- * not applied). Limits are set from the policy's tag_limits (the first glob
- * that matches) when a row is made and at install.
+ * are reused first, oldest idle first, and once none is idle, idle limited
+ * ones (oldest first: their refusals leave the stats). When every row is
+ * referenced, a new name counts under "(other)".
+ * Limits are set from the policy's tag_limits (the first glob that matches)
+ * when a row is made and at install.
  *
  * Context ids: DM_CTX_MAX, in the shadow as id + 1. Id 0 is the root, id 1
  * the static context "(other)" stands for; the others go to contexts as they
@@ -40,6 +40,16 @@
  * it, dm__tally_release_slow gives it back last). A context made while every
  * id is held counts its blocks under id 1 and row "(other)".
  *
+ * Tags counted under "(other)" (a context's `uncounted` bits): each counts in
+ * `tags_overflowed`. Such a context is on the list `uncounted_ctxs` while it
+ * lives; as soon as an id and a row are free (dm__tally_could_count) the next
+ * lookup of its tag set retires it and makes a counted one (context.c). A tag
+ * with a limit is never off silently: the snapshot lists the limited tags of
+ * held contexts on that list (`tags_unenforced`), and stderr names each such
+ * tag once, for the first SAID_MAX names; past that one line says further
+ * ones go unnamed there (the stats still list them). Unlimited names meeting
+ * full tables get one line for the process.
+ *
  * Thread safety: rows, ids and configuration change under dm__runtime_mu;
  * counts are atomics; shadow entries are atomics written by the allocating
  * thread and cleared (exchange) by the freeing one. A block's allocation
@@ -47,6 +57,7 @@
  * behind it (held by the block) are the ones it was counted under.
  */
 #include <fnmatch.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -66,6 +77,7 @@ typedef dm__tally_row_t tally_tag_t;
 #define ID_OTHER 1
 #define ID_FIRST DM_TALLY_ID_FIRST
 #define TAG_BUCKETS 8192
+#define SAID_MAX 64 /* limited tags named on stderr as counted under "(other)" */
 enum { IDLE_PLAIN, IDLE_LIMITED, NIDLE };
 
 tally_tag_t dm__tally_rows[DM_TALLY_TAGS_MAX];
@@ -78,6 +90,10 @@ static struct dm_ctx *_Atomic by_entry[DM_CTX_MAX + 1];
 static uint16_t free_ids[DM_CTX_MAX];     /* ids given back (dm__runtime_mu) */
 static int nfree_ids, next_id = ID_FIRST;
 static uint64_t overflowed;               /* names counted under "(other)" */
+static struct dm_ctx *uncounted_ctxs;     /* live contexts with uncounted tags (mu) */
+static char said[SAID_MAX][DM_NAME_MAX];  /* limited tags named on stderr (mu) */
+static int nsaid;                         /* under dm__runtime_mu, as below */
+static bool said_full, said_other;        /* the lines past `said`, for unlimited names */
 tally_tag_t dm__tally_total = {.limit = UINT64_MAX}; /* every counted block */
 static bool on;                           /* under dm__runtime_mu */
 static const dm_policy_t *limits_from;    /* the policy in force (dm__runtime_mu) */
@@ -172,15 +188,43 @@ static int row_new(uint64_t h, const char *name) {
     return i;
 }
 
-/* Says once that names count under "(other)": their limits are not applied. */
-static void overflow_note(const char *name) {
-    static bool said;
-    overflowed++;
-    if (said)
+/* Limited tag `name` counts under "(other)": said on stderr once per name for
+ * the first SAID_MAX names, then one line that further ones go unnamed. */
+static void say_unenforced(const char *name, uint64_t limit) {
+    for (int i = 0; i < nsaid; i++)
+        if (strcmp(said[i], name) == 0)
+            return;
+    if (nsaid == SAID_MAX) {
+        if (!said_full)
+            dm__log("datamem: %d tags with a tag_limits limit were named here as counted under "
+                    "'(other)'; further ones are not named on stderr (tag_bytes.unenforced_tags "
+                    "lists those held now)", SAID_MAX);
+        said_full = true;
         return;
-    said = true;
-    dm__log("datamem: tag '%s' and further ones are counted under '(other)' while %d tag rows "
-            "and %d tag sets hold bytes or are held; their tag_limits do not apply",
+    }
+    snprintf(said[nsaid++], DM_NAME_MAX, "%s", name);
+    dm__log("datamem: tag '%s' counts under '(other)' (every one of the %d tag rows or %d tag "
+            "set ids is held): its tag_limits limit of %" PRIu64 " bytes is not applied to "
+            "arrays of that tag set until one is free and the tag is entered again "
+            "(tag_bytes.unenforced_tags lists it meanwhile)",
+            name, DM_TALLY_TAGS_MAX, DM_CTX_MAX, limit);
+}
+
+/* Tag `name` of a context being made counts under "(other)". An unlimited
+ * name is said once for the process; a limited one by say_unenforced. */
+static void note_other(const char *name) {
+    overflowed++;
+    uint64_t limit = limit_for(name);
+    if (limit != UINT64_MAX) {
+        say_unenforced(name, limit);
+        return;
+    }
+    if (said_other)
+        return;
+    said_other = true;
+    dm__log("datamem: tag '%s' counts under '(other)': every one of the %d tag rows or %d tag "
+            "set ids is held; names that meet full tables from now on count there too, "
+            "without a line each (tag_bytes.overflowed counts them)",
             name, DM_TALLY_TAGS_MAX, DM_CTX_MAX);
 }
 
@@ -188,10 +232,8 @@ static void overflow_note(const char *name) {
 static int row_ref(const char *name) {
     uint64_t h = dm__context_hash(&name, 1);
     int i = row_find(h, name);
-    if (i < 0 && (i = row_new(h, name)) < 0) {
-        overflow_note(name);
+    if (i < 0 && (i = row_new(h, name)) < 0)
         return ROW_OTHER;
-    }
     if (dm__tally_rows[i].refs++ == 0)
         idle_remove(i);
     return i;
@@ -219,35 +261,59 @@ void dm__tally_root_init(struct dm_ctx *root) {
     atomic_store_explicit(&by_entry[ID_OTHER + 1], &other_ctx, memory_order_release);
 }
 
-bool dm__tally_crowded(void) {
-    return (nfree_ids == 0 && next_id >= DM_CTX_MAX) ||
-           (ntags >= DM_TALLY_TAGS_MAX && idle[IDLE_PLAIN].head < 0 &&
-            idle[IDLE_LIMITED].head < 0);
+static bool id_free(void) { return nfree_ids > 0 || next_id < DM_CTX_MAX; }
+
+static bool row_free(void) {
+    return ntags < DM_TALLY_TAGS_MAX || idle[IDLE_PLAIN].head >= 0 ||
+           idle[IDLE_LIMITED].head >= 0;
+}
+
+bool dm__tally_crowded(void) { return !id_free() || !row_free(); }
+
+bool dm__tally_could_count(const struct dm_ctx *c) {
+    if (!c->uncounted || !id_free())
+        return false;
+    if (c->id == ID_OTHER || row_free())
+        return true; /* a new context gets an id (and rows as far as they go) */
+    for (int i = 0; i < c->ntags; i++) /* a row another set made meanwhile */
+        if ((c->uncounted >> i & 1) && row_find(dm__context_hash((const char *const *)&c->tags[i], 1),
+                                                c->tags[i]) >= 0)
+            return true;
+    return false;
 }
 
 bool dm__tally_ctx_init(struct dm_ctx *c) {
     c->tally = calloc((size_t)c->ntags, sizeof(uint16_t));
     if (!c->tally)
         return false;
+    /* every id held: all its tags count under "(other)" (id 1) */
     int id = nfree_ids ? free_ids[--nfree_ids] : next_id < DM_CTX_MAX ? next_id++ : -1;
-    if (id < 0) { /* every id is held: its blocks count under "(other)" */
-        overflow_note(c->tags[0]);
-        overflowed += (uint64_t)c->ntags - 1;
-        c->id = ID_OTHER;
-        c->tally[0] = ROW_OTHER;
-        c->ntally = 1;
-        return true;
-    }
     int n = 0;
     bool other = false;
+    c->uncounted = 0;
     for (int i = 0; i < c->ntags; i++) {
-        int r = row_ref(c->tags[i]);
-        if (r == ROW_OTHER && other)
-            continue; /* "(other)" once: a block counts there once */
-        other = other || r == ROW_OTHER;
+        int r = id < 0 ? ROW_OTHER : row_ref(c->tags[i]);
+        if (r == ROW_OTHER) {
+            c->uncounted |= 1ull << i;
+            note_other(c->tags[i]);
+            if (other)
+                continue; /* "(other)" once: a block counts there once */
+            other = true;
+        }
         c->tally[n++] = (uint16_t)r;
     }
     c->ntally = n;
+    if (c->uncounted) { /* on the list, for the stats and a later upgrade */
+        c->oprev = NULL;
+        c->onext = uncounted_ctxs;
+        if (uncounted_ctxs)
+            uncounted_ctxs->oprev = c;
+        uncounted_ctxs = c;
+    }
+    if (id < 0) {
+        c->id = ID_OTHER;
+        return true;
+    }
     c->id = (uint16_t)id;
     atomic_store_explicit(&by_entry[id + 1], c, memory_order_release);
     return true;
@@ -284,6 +350,14 @@ int dm__tally_worker_limit(const dm_policy_t *p, dm__tally_worker_t *w, char *wh
 }
 
 void dm__tally_ctx_fini(struct dm_ctx *c) {
+    if (c->uncounted) {
+        if (c->oprev)
+            c->oprev->onext = c->onext;
+        else
+            uncounted_ctxs = c->onext;
+        if (c->onext)
+            c->onext->oprev = c->oprev;
+    }
     if (c->id >= ID_FIRST) {
         for (int i = 0; i < c->ntally; i++)
             row_unref(c->tally[i]);
@@ -309,6 +383,12 @@ bool dm__tally_configure(const dm_policy_t *p, const dm__tally_worker_t *w) {
             idle_push(i);
         }
     }
+    for (const struct dm_ctx *c = uncounted_ctxs; c; c = c->onext) /* limits new to them */
+        for (int i = 0; i < c->ntags; i++) {
+            uint64_t limit = (c->uncounted >> i & 1) ? limit_for(c->tags[i]) : UINT64_MAX;
+            if (limit != UINT64_MAX && atomic_load_explicit(&c->refs, memory_order_relaxed))
+                say_unenforced(c->tags[i], limit);
+        }
     snprintf(worker_source, sizeof(worker_source), "%s", w->source);
     atomic_store_explicit(&dm__tally_total.limit, w->limit, memory_order_relaxed);
     return on;
@@ -519,6 +599,42 @@ static int by_live(const void *a, const void *b) {
     return strcmp(x->name, y->name);
 }
 
+static int by_name(const void *a, const void *b) {
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* The limited tags that held contexts count under "(other)": how many distinct
+ * names, and the first DM_STATS_UNENFORCED_MAX by name. */
+static int unenforced_snapshot(dm_stats_t *out) {
+    out->tags_unenforced = 0;
+    out->nunenforced = 0;
+    size_t n = 0, cap = 0;
+    for (const struct dm_ctx *c = uncounted_ctxs; c; c = c->onext)
+        cap += (size_t)__builtin_popcountll(c->uncounted);
+    if (!cap || !limits_from || !limits_from->ntag_limits)
+        return 0;
+    char **names = malloc(cap * sizeof(char *));
+    if (!names)
+        return DM_ENOMEM;
+    for (const struct dm_ctx *c = uncounted_ctxs; c; c = c->onext) {
+        if (!atomic_load_explicit(&c->refs, memory_order_acquire))
+            continue; /* idle: nobody allocates in it (a lookup would retire or hold it) */
+        for (int i = 0; i < c->ntags; i++)
+            if ((c->uncounted >> i & 1) && limit_for(c->tags[i]) != UINT64_MAX)
+                names[n++] = c->tags[i];
+    }
+    qsort(names, n, sizeof(char *), by_name);
+    for (size_t i = 0; i < n; i++) {
+        if (i > 0 && strcmp(names[i], names[i - 1]) == 0)
+            continue;
+        if (out->nunenforced < DM_STATS_UNENFORCED_MAX)
+            snprintf(out->unenforced[out->nunenforced++], DM_NAME_MAX, "%s", names[i]);
+        out->tags_unenforced++;
+    }
+    free(names);
+    return 0;
+}
+
 int dm__tally_snapshot(dm_stats_t *out) {
     out->tally_on = on;
     out->tally_live = atomic_load_explicit(&dm__tally_total.live, memory_order_relaxed);
@@ -529,6 +645,8 @@ int dm__tally_snapshot(dm_stats_t *out) {
     out->tags_overflowed = overflowed;
     out->ntags = 0;
     out->tags = NULL;
+    if (unenforced_snapshot(out) != 0)
+        return DM_ENOMEM;
     if (!on || ntags == 0)
         return 0;
     out->tags = calloc((size_t)ntags, sizeof(dm_tag_stats_t));

@@ -13,8 +13,9 @@
 /* Hidden, as internal.h's: the fast path reaches these without a GOT load. */
 #pragma GCC visibility push(hidden)
 
-#define DM_TALLY_TAGS_MAX 4096 /* tag rows; rows no context refers to are reused, and
-                                  past that names count under "(other)" */
+#define DM_TALLY_TAGS_MAX 4096 /* tag rows; rows no context refers to are reused
+                                  (unlimited first), and past that names count under
+                                  "(other)" until one is free (tally.c) */
 #define DM_TALLY_GRAIN_SHIFT 4 /* shadow entry per 16 bytes: counted blocks are >= 16
                                   bytes and 16-aligned */
 
@@ -66,6 +67,10 @@ bool dm__tally_ctx_init(struct dm_ctx *c);
 void dm__tally_ctx_fini(struct dm_ctx *c);
 /* Under dm__runtime_mu: no id or no tag row is free (a sweep may free some). */
 bool dm__tally_crowded(void);
+/* Under dm__runtime_mu: `c` counts some of its tags under "(other)" and a
+ * context made now for its tags would count more of them under their own
+ * rows (an id is free, and a row for one of them: free, idle or made since). */
+bool dm__tally_could_count(const struct dm_ctx *c);
 
 /* The worker limit `p` sets, resolved: a size as given; a share of the
  * process's memory limit (os.h, dm__os_memory_limit) read now. */

@@ -474,6 +474,152 @@ static void test_overflow_counts_under_other(void) {
     dm_ctx_release(c);
 }
 
+/* Whether the snapshot lists `name` among the limited tags not applied now. */
+static bool unenforced(const char *name, uint64_t *count) {
+    dm_stats_t s;
+    bool found = false;
+    dm_stats_snapshot(&s);
+    for (int i = 0; i < s.nunenforced; i++)
+        found = found || strcmp(s.unenforced[i], name) == 0;
+    if (count)
+        *count = s.tags_unenforced;
+    dm_stats_release(&s);
+    return found;
+}
+
+/* Looks `name` up until it comes back counted under its own row (at most
+ * `tries` lookups; each a reference given back); that context, one reference
+ * held, or NULL, with the lookups it took in *took. */
+static const dm_ctx_t *lookup_until_counted(const char *name, int tries, int *took) {
+    for (*took = 1; *took <= tries; (*took)++) {
+        const dm_ctx_t *c = dm_ctx_with_tag(NULL, name);
+        if (!c->uncounted)
+            return c;
+        dm_ctx_release(c);
+    }
+    return NULL;
+}
+
+/* Issue 40: a tag set made while the tables were full kept the "(other)" id
+ * for as long as anything held it (a Python capsule, an array), so a limited
+ * tag stayed unlimited for good, and the one stderr line named another tag.
+ * Now: while it cannot be counted, the stats list it and stderr names it once;
+ * once an id and a row are free, the next lookup of the set gives a new,
+ * counted context (the old one lives on for its holders); the same when a
+ * tag's row, not the id, was missing. Once per name on stderr, up to 64
+ * names, then one line, driven 100x past that (6,400 limited names held). */
+static void test_uncounted_tag_sets_counted_again(void) {
+    enum { N = DM_CTX_MAX + 100, SAID = 100 * 64, SETS = 70, PER = DM_CTX_TAGS_MAX };
+    static void *held[N];
+    static const dm_ctx_t *said[SAID];
+    FILE *log_file = tmpfile(); /* stderr while the tables are full, read back */
+    int saved = dup(2);
+    fflush(stderr);
+    dup2(fileno(log_file), 2);
+
+    /* every id held by a tag set with a live block */
+    for (int i = 0; i < N; i++) {
+        char name[32];
+        snprintf(name, sizeof(name), "full-%d", i);
+        const dm_ctx_t *c = dm_ctx_with_tag(NULL, name);
+        held[i] = dm_alloc(c, 4096, DM_DT_UNKNOWN);
+        dm_ctx_release(c);
+    }
+    const dm_ctx_t *victim = dm_ctx_with_tag(NULL, "runaway-victim");
+    const dm_ctx_t *same = dm_ctx_with_tag(NULL, "runaway-victim");
+    dm_ctx_release(same);
+    /* 6,400 limited names while full (100x the names stderr holds), held: the
+     * first 64 named on stderr, then one line; the stats count all, name 16 */
+    for (int i = 0; i < SAID; i++) {
+        char name[32];
+        snprintf(name, sizeof(name), "runaway-said-%d", i);
+        said[i] = dm_ctx_with_tag(NULL, name);
+    }
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    char log[1 << 16];
+    ssize_t len = pread(fileno(log_file), log, sizeof(log) - 1, 0);
+    fclose(log_file);
+    log[len > 0 ? len : 0] = 0;
+    int lines = 0, named = 0, plain = 0;
+    for (const char *q = log; (q = strstr(q, "counts under '(other)' (every one")); q++)
+        lines++;
+    for (const char *q = log; (q = strstr(q, "tag 'runaway-victim' counts under")); q++)
+        named++;
+    for (const char *q = log; (q = strstr(q, "from now on count there too")); q++)
+        plain++;
+    EXPECT_UINT_EQ(named, 1, "the victim named once, by its own name");
+    EXPECT_UINT_EQ(lines, 64, "one line per limited name, for the first 64 names");
+    EXPECT_CONTAINS(log, "64 tags with a tag_limits limit were named here", "then one line");
+    EXPECT_TRUE(strstr(log, "tag 'runaway-said-63'") == NULL, "past 64: not named");
+    dm_stats_t st;
+    dm_stats_snapshot(&st);
+    EXPECT_UINT_EQ(st.tags_unenforced, SAID + 1, "every limited name held is counted");
+    EXPECT_INT_EQ(st.nunenforced, DM_STATS_UNENFORCED_MAX, "the first 16 named");
+    EXPECT_STR_EQ(st.unenforced[0], "runaway-said-0", "in name order");
+    EXPECT_STR_EQ(st.unenforced[2], "runaway-said-10", "in name order");
+    dm_stats_release(&st);
+    for (int i = 0; i < SAID; i++)
+        dm_ctx_release(said[i]);
+    EXPECT_TRUE(plain <= 1, "unlimited names: one line for the process");
+    EXPECT_UINT_EQ(victim->id, 1, "made while every id is held: counted under (other)");
+    EXPECT_TRUE(unenforced("runaway-victim", NULL), "the stats name the limited tag left off");
+    EXPECT_TRUE(same == victim, "no room yet: the same context");
+
+    for (int i = 0; i < N; i++)
+        dm_free(held[i]);
+    dm_free(dm_alloc(NULL, 64, DM_DT_UNKNOWN)); /* this thread lets the last set go */
+
+    /* the ids are free, held by idle sets until a sweep: the lookups find room */
+    int took;
+    const dm_ctx_t *counted = lookup_until_counted("runaway-victim", 2 * 64, &took);
+    EXPECT_TRUE(counted != NULL && counted != victim, "a counted context in its place");
+    if (!counted)
+        return; /* the rest needs it */
+    EXPECT_TRUE(took <= 64, "within one gap between sweeps (context.c)");
+    EXPECT_TRUE(counted->id >= DM_TALLY_ID_FIRST, "with an id of its own");
+    EXPECT_TRUE(dm_alloc(counted, 4u << 20, DM_DT_UNKNOWN) == NULL, "its 1 MiB limit applies");
+    EXPECT_UINT_EQ(tag_stats("runaway-victim").refused, 1, "refused under its own row");
+    void *p = dm_alloc(victim, 4096, DM_DT_UNKNOWN); /* the old one still serves its holder */
+    EXPECT_TRUE(p != NULL, "the old context stays valid while held");
+    EXPECT_TRUE(unenforced("runaway-victim", NULL), "and is listed while held");
+    dm_free(p);
+    dm_ctx_release(victim);
+    dm_free(dm_alloc(NULL, 64, DM_DT_UNKNOWN));
+    uint64_t n = 1;
+    EXPECT_TRUE(!unenforced("runaway-victim", &n) && n == 0, "let go: none listed");
+    EXPECT_TRUE(dm_ctx_with_tag(NULL, "runaway-victim") == counted, "later lookups find it");
+    dm_ctx_release(counted);
+    dm_ctx_release(counted);
+
+    /* every row referenced (70 sets of 64 tags, few ids): a tag without a row */
+    static const dm_ctx_t *sets[SETS];
+    for (int i = 0; i < SETS; i++) {
+        const dm_ctx_t *c = NULL;
+        for (int k = 0; k < PER; k++) {
+            char name[32];
+            snprintf(name, sizeof(name), "row-%d-%d", i, k);
+            const dm_ctx_t *next = dm_ctx_with_tag(c, name);
+            dm_ctx_release(c);
+            c = next;
+        }
+        sets[i] = c;
+    }
+    const dm_ctx_t *rowless = dm_ctx_with_tag(NULL, "runaway-rowless");
+    EXPECT_TRUE(rowless->id >= DM_TALLY_ID_FIRST && rowless->uncounted == 1,
+                "an id, but its tag counts under (other)");
+    EXPECT_TRUE(unenforced("runaway-rowless", NULL), "listed");
+    for (int i = 0; i < SETS; i++)
+        dm_ctx_release(sets[i]);
+    counted = lookup_until_counted("runaway-rowless", 2 * 64, &took);
+    EXPECT_TRUE(counted != NULL && counted != rowless, "rows back: a counted context");
+    EXPECT_TRUE(counted && dm_alloc(counted, 4u << 20, DM_DT_UNKNOWN) == NULL, "limit applies");
+    dm_ctx_release(counted);
+    dm_ctx_release(rowless);
+    dm_free(dm_alloc(NULL, 64, DM_DT_UNKNOWN));
+}
+
 int main(void) {
     dm_runtime_init();
     dm_stats_t s;
@@ -488,6 +634,7 @@ int main(void) {
     test_racing_threads();
     test_context_ids_recycled();
     test_overflow_counts_under_other();
+    test_uncounted_tag_sets_counted_again();
     test_worker_limit();
     test_worker_limit_env();
     return TEST_EXIT();

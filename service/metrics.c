@@ -283,6 +283,10 @@ static void tags_text(const dm_stats_t *st, const char *cl, dm_buf_t *b) {
     process_u64(b, cl, "tag_names_overflowed_total", "counter",
                 "Tag names counted under tag=\"(other)\" because every row of the "
                 "process's tag table held bytes or a tag set.", st->tags_overflowed);
+    process_u64(b, cl, "tag_limits_unenforced", "gauge",
+                "Tags with a tag_limits limit counted under tag=\"(other)\" in a held tag "
+                "set now: their limit is not applied (stats.json tag_bytes.unenforced_tags "
+                "names them).", st->tags_unenforced);
     int idx[TAGS_TEXT_MAX];
     dm_tag_stats_t other;
     bool folded;
@@ -480,6 +484,15 @@ static void tags_json(const dm_stats_t *st, int *n, dm_buf_t *b) {
     json_u64(b, &k, "worker_refused", st->worker_refused);
     json_u64(b, &k, "ntags", (uint64_t)st->ntags);
     json_u64(b, &k, "overflowed", st->tags_overflowed);
+    json_u64(b, &k, "unenforced", st->tags_unenforced);
+    json_key(b, &k, "unenforced_tags");
+    dm__buf_put(b, "[", 1);
+    for (int i = 0; i < st->nunenforced; i++) {
+        if (i)
+            dm__buf_put(b, ",", 1);
+        dm__buf_json_str(b, st->unenforced[i]);
+    }
+    dm__buf_put(b, "]", 1);
     dm__buf_put(b, "}", 1);
     json_key(b, n, "tags");
     dm__buf_put(b, "[", 1);
