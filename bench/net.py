@@ -181,7 +181,13 @@ def callgrind_totals(policy, count, own=False, n=PHASE_N):
                 totals.append(next(int(line.split()[1]) for line in fh
                                    if line.startswith("totals:")))
     # dumps 2, 4, 6 hold the measured loops (1, 3, 5: warm-ups and start-up)
-    return {name: totals[2 * i + 1] / n for i, name in enumerate(LOOPS)}
+    figs = {name: totals[2 * i + 1] / n for i, name in enumerate(LOOPS)}
+    if own and not all(figs.values()):
+        # callgrind found no handler function (a stripped .so, a renamed one):
+        # a share of 0 would read as room, and the net would watch nothing
+        raise RuntimeError("callgrind saw no instructions in %s (%s): are their symbols "
+                           "in the .so (`nm`)?" % (", ".join(HANDLER_FUNCTIONS[expect]), figs))
+    return figs
 
 
 def figures_callgrind(policy):

@@ -131,3 +131,12 @@ def test_datamems_own_share_of_an_op_is_measured():
     for loop, v in own.items():
         whole = budgets["minimal/%s/instr_per_op" % loop]["value"]
         assert 20 < v < whole / 4, (loop, v, whole)
+
+
+@pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind is not installed")
+def test_a_share_callgrind_cannot_see_is_an_error(monkeypatch):
+    # A stripped _ext.so (no h_malloc in its symbol table) reads a share of 0,
+    # which would pass every budget as room: the net refuses to measure it.
+    monkeypatch.setitem(net.HANDLER_FUNCTIONS, "datamem", ["dm_no_such_function"])
+    with pytest.raises(RuntimeError, match="saw no instructions in dm_no_such_function"):
+        net.callgrind_totals("minimal", False, own=True, n=200)
