@@ -1,11 +1,17 @@
 """bench/net.py, the performance net: its verdicts against bench/budgets.json
 (a figure past its tolerance fails, one inside passes, one better is room to
-tighten, one without a budget fails), and a budget for every figure it
-measures. The measuring itself runs as its own stage of scripts/test.sh."""
+tighten, one without a budget fails), a budget for every figure it
+measures, --write's rule (a budget only ever moves down), and, where valgrind
+is, that datamem's own share of an op is measured. The full measuring runs as
+its own stage of scripts/test.sh."""
 import json
 import os
+import shutil
+import stat
 import subprocess
 import sys
+
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
@@ -54,3 +60,83 @@ def test_the_command_exits_1_on_a_regression(tmp_path):
     p = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "net.py"), "--figures",
                         str(figs)], capture_output=True, text=True)
     assert p.returncode == 0, p.stdout + p.stderr
+
+
+def test_write_keeps_the_better_of_the_budget_and_the_figure():
+    # A worse figure never becomes the budget (the net's own regression would be
+    # written in as the next build's allowance); a better one tightens it.
+    budgets = {"p/empty64/own_instr_per_op": {"value": 134.0, "tol": 0.05, "abs": 2.0},
+               "p/empty64/instr_per_op": {"value": 2194.0, "tol": 0.02}}
+    figs = {"p/empty64/own_instr_per_op": 144.0, "p/empty64/instr_per_op": 2190.5,
+            "p/smallops/own_instr_per_op": 538.0}
+    lines = net.write_budgets(figs, budgets)
+    assert budgets["p/empty64/own_instr_per_op"] == {"value": 134.0, "tol": 0.05, "abs": 2.0}
+    assert budgets["p/empty64/instr_per_op"] == {"value": 2190.5, "tol": 0.02}
+    # a figure new to the file gets its metric's tolerance
+    assert budgets["p/smallops/own_instr_per_op"] == dict(net.TOLERANCES["own_instr_per_op"],
+                                                          value=538.0)
+    assert any(line.startswith("kept p/empty64/own_instr_per_op") for line in lines), lines
+    assert any(line.startswith("down p/empty64/instr_per_op") for line in lines), lines
+
+
+def test_write_flags_a_budget_above_numpys_default():
+    budgets = {"p/empty64+count/own_instr_per_op": {"value": 140.0, "tol": 0.05, "abs": 2.0},
+               "p/empty16k/own_instr_per_op": {"value": 138.0, "tol": 0.05, "abs": 2.0},
+               "p/pandas/rss_ratio": {"value": 1.04, "abs": 0.01}}
+    figs = {"p/empty64+count/own_instr_per_op": 141.0, "p/empty16k/own_instr_per_op": 138.0,
+            "p/pandas/rss_ratio": 0.99, "default/empty64/own_instr_per_op": 36.0,
+            "default/empty16k/own_instr_per_op": 310.0}
+    lines = net.write_budgets(figs, budgets)
+    above = [line for line in lines if line.startswith("ABOVE")]
+    assert len(above) == 1 and "p/empty64+count/own_instr_per_op" in above[0], lines
+    assert not any(k.startswith("default/") for k in budgets)  # yardsticks only
+    # the default's figures are no budgets: check() neither fails nor lists them
+    fails, lines = net.check(figs, budgets)
+    assert fails == [] and not any("default/" in line for line in lines), lines
+
+
+def test_the_command_writes_no_regression_into_the_budgets(tmp_path):
+    with open(os.path.join(ROOT, "bench", "budgets.json")) as f:
+        doc = json.load(f)
+    path = tmp_path / "budgets.json"
+    path.write_text(json.dumps(doc))
+    os.chmod(path, 0o644)
+    budgets = doc["budgets"]
+    worse, better = "minimal/empty64/instr_per_op", "minimal/mixed/faults_per_op"
+    figs = tmp_path / "figs.json"
+    figs.write_text(json.dumps({worse: budgets[worse]["value"] * 2 + 10,
+                                better: budgets[better]["value"] / 2}))
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "net.py"), "--figures",
+                        str(figs), "--budgets", str(path), "--write"],
+                       capture_output=True, text=True)
+    assert p.returncode == 0, p.stdout + p.stderr
+    after = json.loads(path.read_text())["budgets"]
+    assert after[worse] == budgets[worse], (after[worse], budgets[worse])
+    assert after[better]["value"] == round(budgets[better]["value"] / 2, 4)
+    assert {k: v for k, v in after.items() if k != better} == \
+        {k: v for k, v in budgets.items() if k != better}
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o644
+    assert sorted(os.listdir(tmp_path)) == ["budgets.json", "figs.json"]  # no temp left
+
+
+@pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind is not installed")
+def test_datamems_own_share_of_an_op_is_measured():
+    # callgrind collects only inside the handler's functions: if it cannot see
+    # them (a stripped .so, a renamed function), the share reads 0 and a
+    # regression in datamem's own path would pass the net unseen.
+    with open(os.path.join(ROOT, "bench", "budgets.json")) as f:
+        budgets = json.load(f)["budgets"]
+    own = net.callgrind_totals("minimal", False, own=True, n=2000)
+    assert sorted(own) == sorted(net.LOOPS)
+    for loop, v in own.items():
+        whole = budgets["minimal/%s/instr_per_op" % loop]["value"]
+        assert 20 < v < whole / 4, (loop, v, whole)
+
+
+@pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind is not installed")
+def test_a_share_callgrind_cannot_see_is_an_error(monkeypatch):
+    # A stripped _ext.so (no h_malloc in its symbol table) reads a share of 0,
+    # which would pass every budget as room: the net refuses to measure it.
+    monkeypatch.setitem(net.HANDLER_FUNCTIONS, "datamem", ["dm_no_such_function"])
+    with pytest.raises(RuntimeError, match="saw no instructions in dm_no_such_function"):
+        net.callgrind_totals("minimal", False, own=True, n=200)
