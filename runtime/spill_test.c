@@ -198,6 +198,42 @@ static void test_idle_decay_punches_holes(void) {
     if (seen >= MiB)
         fprintf(stderr, "  file blocks %llu -> %llu bytes\n", (unsigned long long)held,
                 (unsigned long long)seen);
+
+    /* A fork child that only frees: the spill thread did not survive the fork,
+     * and its first free of a spill block starts its own, which decays the
+     * child's copy of the file. Every spill file the child has is read (each
+     * arena's copy); the other arenas hold nothing by now. */
+    for (int i = 0; i < N / 2; i++) {
+        p[i] = dm_alloc(NULL, 8 * MiB, DM_DT_UNKNOWN);
+        if (p[i])
+            memset(p[i], i + 1, 8 * MiB);
+    }
+    pid_t pid = fork();
+    if (pid == 0) {
+        alarm(60);
+        uint64_t fds[16], in_child = 0;
+        spill_fds(fds);
+        for (int i = 0; i < N / 2; i++)
+            dm_free(p[i]);
+        for (int tries = 0; tries < 250; tries++) { /* 5 s: 10x decay.dirty */
+            in_child = 0;
+            for (int f = 0; f < 1024; f++)
+                if (fds[f / 64] >> (f % 64) & 1)
+                    in_child += st_blocks_bytes(f);
+            if (in_child < MiB)
+                _exit(0);
+            usleep(20 * 1000);
+        }
+        fprintf(stderr, "  fork child: its spill files hold %llu bytes\n",
+                (unsigned long long)in_child);
+        _exit(1);
+    }
+    int st = 0;
+    EXPECT_TRUE(pid > 0 && waitpid(pid, &st, 0) == pid, "forked and waited");
+    EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0,
+                "a fork child that only frees gets its disk blocks back too");
+    for (int i = 0; i < N / 2; i++)
+        dm_free(p[i]);
 }
 
 /* calloc of reused file pages: zeros, whether jemalloc memsets (small) or
