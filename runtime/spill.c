@@ -582,19 +582,21 @@ void dm__spill_catch_up(dm__spill_t *s, size_t n) {
 #define DM_SPILL_SWEEP_SLACK ((uint64_t)1 << 20)
 
 /* Punches pages [first, first+count) of region r, if their bits are still
- * clear. */
-static void sweep_run(dm__spill_t *s, dm__spill_region_t *r, size_t first, size_t count) {
+ * clear: the pages punched. */
+static size_t sweep_run(dm__spill_t *s, dm__spill_region_t *r, size_t first, size_t count) {
     pthread_mutex_lock(&s->reserve_mu);
-    if (bits_clear_in(r->bits, first, count) == count)
-        dm__os_file_punch(s->fd, r->off + (uint64_t)first * page_size(), count * page_size());
+    bool clear = bits_clear_in(r->bits, first, count) == count &&
+                 dm__os_file_punch(s->fd, r->off + (uint64_t)first * page_size(),
+                                   count * page_size()) == 0;
     pthread_mutex_unlock(&s->reserve_mu);
+    return clear ? count : 0;
 }
 
-/* The clear pages of file range [a, b) in region r. */
-static void sweep_range(dm__spill_t *s, dm__spill_region_t *r, uint64_t a, uint64_t b) {
+/* The clear pages of file range [a, b) in region r: the pages punched. */
+static size_t sweep_range(dm__spill_t *s, dm__spill_region_t *r, uint64_t a, uint64_t b) {
     uint64_t lo = a > r->off ? a : r->off, hi = b < r->off + r->len ? b : r->off + r->len;
     size_t pg = (size_t)((lo - r->off) / page_size()),
-           end = (size_t)((hi - r->off + page_size() - 1) / page_size());
+           end = (size_t)((hi - r->off + page_size() - 1) / page_size()), punched = 0;
     while (pg < end) {
         if (atomic_load_explicit(&r->bits[pg / 64], memory_order_relaxed) >> (pg % 64) & 1) {
             pg++;
@@ -604,25 +606,35 @@ static void sweep_range(dm__spill_t *s, dm__spill_region_t *r, uint64_t a, uint6
         while (run < end &&
                !(atomic_load_explicit(&r->bits[run / 64], memory_order_relaxed) >> (run % 64) & 1))
             run++;
-        sweep_run(s, r, pg, run - pg);
+        punched += sweep_run(s, r, pg, run - pg);
         pg = run;
     }
+    return punched;
 }
 
+/* Sweeps when the file holds more than its reserved pages plus the slack. A
+ * sweep that found nothing to punch (the rest is the filesystem's own, or
+ * cannot be punched) waits DM_SPILL_SWEEP_BACKOFF passes before the next, so
+ * that such a file is not walked five times a second. */
+#define DM_SPILL_SWEEP_BACKOFF 25
+
 static void sweep(dm__spill_t *s) {
+    if (s->fd < 0 || (s->sweep_wait > 0 && s->sweep_wait--))
+        return;
     uint64_t committed = atomic_load_explicit(&s->committed, memory_order_relaxed);
-    if (s->fd < 0 ||
-        dm__os_file_disk_bytes(s->fd) <= committed + committed / 256 + DM_SPILL_SWEEP_SLACK)
+    if (dm__os_file_disk_bytes(s->fd) <= committed + committed / 256 + DM_SPILL_SWEEP_SLACK)
         return;
     int n = atomic_load_explicit(&s->nregions, memory_order_acquire);
+    size_t punched = 0;
     uint64_t b;
     for (int64_t a = dm__os_file_next_data(s->fd, 0, &b); a >= 0;
          a = dm__os_file_next_data(s->fd, b, &b))
         for (int i = 0; i < n; i++) {
             dm__spill_region_t *r = &s->regions[i];
             if (!r->priv && (uint64_t)a < r->off + r->len && b > r->off)
-                sweep_range(s, r, (uint64_t)a, b);
+                punched += sweep_range(s, r, (uint64_t)a, b);
         }
+    s->sweep_wait = punched ? 0 : DM_SPILL_SWEEP_BACKOFF;
 }
 
 static void decay_pass(dm__spill_t *s) {

@@ -48,6 +48,7 @@ typedef struct dm__spill {
     dm__spill_region_t regions[DM_SPILL_REGIONS_MAX];
     _Atomic uint64_t committed; /* bytes with blocks reserved */
     pthread_mutex_t reserve_mu; /* a reservation vs the sweep (spill.c, "The spill thread") */
+    int sweep_wait;             /* passes before the next sweep (spill thread only) */
     _Atomic uint64_t max;       /* backing.max; UINT64_MAX = none */
     _Atomic uint64_t resident_max; /* backing.resident_max; UINT64_MAX = none */
     _Atomic uint64_t paged_out;    /* bytes the pager dropped from memory */
