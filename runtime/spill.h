@@ -14,7 +14,11 @@
  * published with a release-store of their count; a region never changes after
  * that but for `mapped` (under ja->mu). The page bits are atomics (jemalloc
  * never commits or decommits one page from two threads at once; neighbouring
- * extents share words). The counters are atomics.
+ * extents share words). The counters are atomics. A reservation allocates
+ * its blocks and sets their bits under reserve_mu, which the spill thread's
+ * sweep holds while it checks a run's bits and punches it; `ja` is written
+ * before the arena is published to the spill thread (dm__spill_attach), and
+ * `sweep_wait` is the spill thread's own.
  */
 #ifndef DM_RUNTIME_SPILL_H
 #define DM_RUNTIME_SPILL_H
