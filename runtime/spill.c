@@ -619,7 +619,11 @@ static size_t sweep_range(dm__spill_t *s, dm__spill_region_t *r, uint64_t a, uin
 #define DM_SPILL_SWEEP_BACKOFF 25
 
 static void sweep(dm__spill_t *s) {
-    if (s->fd < 0 || (s->sweep_wait > 0 && s->sweep_wait--))
+    if (s->sweep_wait > 0) {
+        s->sweep_wait--;
+        return;
+    }
+    if (s->fd < 0)
         return;
     uint64_t committed = atomic_load_explicit(&s->committed, memory_order_relaxed);
     if (dm__os_file_disk_bytes(s->fd) <= committed + committed / 256 + DM_SPILL_SWEEP_SLACK)
