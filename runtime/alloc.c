@@ -630,6 +630,8 @@ static __attribute__((noinline)) void free_slow(dm__thread_t *t, void *p, _Atomi
     DM_CTR_ADD(t->ctrs[ja->owner->id].nfree, 1);
     untrack(ja, p);
     dm__tally_release(p);
+    if (DM_UNLIKELY(ja->spill != NULL)) /* a fork child's decay needs the spill thread too */
+        dm__spill_pager_ensure();
     if (hint >= DM_BIG_THP_MIN && dm__bigblock_keep(ja, p, hint)) /* NumPy's size says big: maybe */
         return;
     DM_TSAN_RELEASE();

@@ -293,7 +293,7 @@ bool dm__bigblock_keep(dm__arena_je_t *ja, void *p, size_t hint) {
     return true;
 }
 
-static void expire(dm__arena_je_t *ja) {
+void dm__bigblock_expire(dm__arena_je_t *ja) {
     if (atomic_load_explicit(&ja->reuse_bytes, memory_order_relaxed) == 0)
         return;
     void *out[DM_REUSE_MAX];
@@ -309,7 +309,7 @@ static void expire(dm__arena_je_t *ja) {
 
 void dm__bigblock_expire_all(void) {
     for (int i = 0; i < DM_JE_MAX && dm__arena_by_slot[i]; i++)
-        expire(dm__arena_by_slot[i]);
+        dm__bigblock_expire(dm__arena_by_slot[i]);
 }
 
 void dm__bigblock_fork(int phase) {

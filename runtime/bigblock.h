@@ -63,6 +63,9 @@ int dm__bigblock_flags(const struct dm__arena_je *ja, int flags);
 void *dm__bigblock_take(struct dm__arena_je *ja, size_t n, int flags);
 bool dm__bigblock_keep(struct dm__arena_je *ja, void *p, size_t hint);
 void dm__bigblock_expire_all(void);
+/* Any thread: ja hands back what waited longer than its decay.dirty (all it
+ * keeps once it counts live bytes), as dm__bigblock_expire_all does for each. */
+void dm__bigblock_expire(struct dm__arena_je *ja);
 void dm__bigblock_fork(int phase);
 
 /* What NumPy's default handler does (np._core.multiarray._get_madvise_hugepage();

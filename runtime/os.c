@@ -492,6 +492,17 @@ uint64_t dm__os_file_disk_bytes(int fd) {
     return fstat(fd, &st) == 0 ? (uint64_t)st.st_blocks * 512 : 0;
 }
 
+int64_t dm__os_file_next_data(int fd, uint64_t off, uint64_t *end) {
+    off_t a = lseek(fd, (off_t)off, SEEK_DATA);
+    if (a < 0)
+        return -1; /* ENXIO: no data past off */
+    off_t b = lseek(fd, a, SEEK_HOLE);
+    if (b <= a)
+        return -1;
+    *end = (uint64_t)b;
+    return (int64_t)a;
+}
+
 int64_t dm__os_resident_pages(void *p, size_t n) {
     size_t page = dm__os_page_size(), pages = n / page;
     unsigned char vec[512];

@@ -128,5 +128,9 @@ int64_t dm__os_resident_pages(void *p, size_t n);
 int dm__os_pageout_file(void *p, size_t n, int fd, uint64_t off);
 /* Bytes of disk the file holds (st_blocks * 512). */
 uint64_t dm__os_file_disk_bytes(int fd);
+/* The first range of the file at or past `off` that holds data (SEEK_DATA,
+ * SEEK_HOLE): its start, its end in *end; -1 when there is none (or on
+ * failure: nothing to do). */
+int64_t dm__os_file_next_data(int fd, uint64_t off, uint64_t *end);
 
 #endif /* DM_RUNTIME_OS_H */

@@ -10,7 +10,11 @@
  * mapping whose block cannot be allocated at fault time would raise SIGBUS
  * instead. Decay returns freed pages by decommit (the purge hooks decline:
  * MADV_FREE / MADV_DONTNEED on a shared file mapping would keep the blocks),
- * which punches a hole, so disk space comes back as arrays die. The file is
+ * which punches a hole, so disk space comes back as arrays die. jemalloc
+ * decays an arena only from that arena's own allocations and frees, so an
+ * idle spill arena (its arrays freed, the job busy elsewhere or asleep) would
+ * keep its freed blocks on disk for good: the spill thread drives its decay
+ * (below, "The spill thread"). The file is
  * sized to cover every region (sparse: a size costs no blocks), so no mapped
  * page is ever past its end.
  *
@@ -41,12 +45,13 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "runtime/bigblock.h"
 #include "runtime/os.h"
 #include "runtime/spill.h"
 
 static size_t page_size(void) { return dm__os_page_size(); }
 
-static _Atomic bool pager_on; /* the resident_max pager runs (see below) */
+static _Atomic bool pager_on; /* the spill thread runs (see "The spill thread") */
 /* Every spill arena's state, for the pager: appended under dm__runtime_mu,
  * published by the release-increment of the count. */
 static dm__spill_t *all[DM_JE_MAX];
@@ -93,15 +98,21 @@ dm__spill_t *dm__spill_open(const char *dir, uint64_t max, char *why, size_t cap
     s->fd = fd;
     s->fork_fd = -1;
     pthread_mutex_init(&s->pass_mu, NULL);
+    pthread_mutex_init(&s->reserve_mu, NULL);
     atomic_store_explicit(&s->max, max, memory_order_relaxed);
     atomic_store_explicit(&s->resident_max, UINT64_MAX, memory_order_relaxed);
     snprintf(s->dir, sizeof(s->dir), "%s", dir);
+    return s;
+}
+
+void dm__spill_attach(dm__spill_t *s, dm__arena_je_t *ja) {
+    s->ja = ja;
     int n = atomic_load_explicit(&nall, memory_order_relaxed);
     if (n < DM_JE_MAX) {
         all[n] = s;
         atomic_store_explicit(&nall, n + 1, memory_order_release);
     }
-    return s;
+    dm__spill_pager_ensure();
 }
 
 uint64_t dm__spill_disk_bytes(const dm__spill_t *s) {
@@ -207,14 +218,13 @@ static void full_log(const dm__arena_je_t *ja, size_t n, int err) {
  * seen, so a short decay.dirty makes the order closer). */
 static _Atomic uint32_t clock_now;
 
-static void stamp(dm__spill_t *s, dm__spill_region_t *r, const char *p, size_t n) {
+static void stamp(dm__spill_region_t *r, const char *p, size_t n) {
     uint32_t t = atomic_fetch_add_explicit(&clock_now, 1, memory_order_relaxed) + 1;
     size_t c0 = (size_t)(p - r->base) / DM_SPILL_CHUNK, c1 = (size_t)(p + n - 1 - r->base) /
                                                              DM_SPILL_CHUNK;
     for (size_t c = c0; c <= c1; c++)
         atomic_store_explicit(&r->stamps[c], t, memory_order_relaxed);
-    if (atomic_load_explicit(&s->resident_max, memory_order_relaxed) != UINT64_MAX)
-        dm__spill_pager_ensure(); /* a fork child's first commit starts its own */
+    dm__spill_pager_ensure(); /* a fork child's first commit starts its own */
 }
 
 static void pager_pass(dm__spill_t *s, uint64_t room);
@@ -235,13 +245,19 @@ static int reserve(dm__arena_je_t *ja, dm__spill_region_t *r, char *p, size_t n)
         }
     } while (!atomic_compare_exchange_weak_explicit(&s->committed, &before, before + need,
                                                     memory_order_relaxed, memory_order_relaxed));
-    if (rc == 0 && r->priv) /* a fork child's copy-on-write region: anonymous pages */
+    if (rc == 0 && r->priv) { /* a fork child's copy-on-write region: anonymous pages */
         rc = dm__os_map_anon(p, n);
-    else if (rc == 0)
+        if (rc == 0)
+            bits_update(r->bits, first, count, true);
+    } else if (rc == 0) { /* the blocks and their bits at once, for the sweep */
+        pthread_mutex_lock(&s->reserve_mu);
         rc = dm__os_file_reserve(s->fd, r->off + (uint64_t)(p - r->base), n);
+        if (rc == 0)
+            bits_update(r->bits, first, count, true);
+        pthread_mutex_unlock(&s->reserve_mu);
+    }
     if (rc == 0) {
-        bits_update(r->bits, first, count, true);
-        stamp(s, r, p, n);
+        stamp(r, p, n);
         dm__spill_catch_up(s, n);
         return 0;
     }
@@ -398,10 +414,11 @@ void dm__spill_fork(int phase) {
             s->fork_fd = -1;
         } else {
             child_remap(s, ja->owner->name);
-            pthread_mutex_init(&s->pass_mu, NULL); /* the pager may have held it */
+            pthread_mutex_init(&s->pass_mu, NULL); /* the spill thread may have held them */
+            pthread_mutex_init(&s->reserve_mu, NULL);
         }
     }
-    if (phase == 2) /* the pager did not survive the fork */
+    if (phase == 2) /* the spill thread did not survive the fork */
         atomic_store_explicit(&pager_on, false, memory_order_relaxed);
 }
 
@@ -409,18 +426,18 @@ void dm__spill_fork(int phase) {
  * The kernel writes back and drops a file's pages only under memory pressure,
  * while a cgroup or a Dask nanny counts resident file pages against the job:
  * waiting for the kernel is not enough. So a spill arena with resident_max
- * keeps at most that much of its reserved pages in memory. The pager, one
- * runtime thread started with the first spill arena that has resident_max
- * (the allocation that reserves pages stamps their chunks), measures each
- * such arena five times a second
+ * keeps at most that much of its reserved pages in memory. The pager (the
+ * spill thread, started with the first spill arena; the allocation that
+ * reserves pages stamps their chunks) measures each such arena five times a
+ * second
  * (mincore over the chunks that hold blocks) and pages out whole 2 MiB chunks,
  * least recently allocated first, until the arena is under its bound:
  * writeback (sync_file_range), then MADV_PAGEOUT, which needs Linux 5.4;
  * before that MADV_DONTNEED, which is as safe on a shared file mapping once it
  * is written back (its pages are the file's: the next touch reads them again);
  * then POSIX_FADV_DONTNEED for the pages of the chunk in the page cache but
- * not mapped (read ahead by a fault). A fork child has no pager until its
- * first commit starts one.
+ * not mapped (read ahead by a fault). A fork child has no spill thread until
+ * its first commit, or its first free of a spill arena's block, starts one.
  *
  * A job can write its spilled arrays far faster than the disk takes them (a
  * Dask task filling 128 MiB arrays: page cache at memory speed, while each
@@ -534,11 +551,112 @@ void dm__spill_catch_up(dm__spill_t *s, size_t n) {
         pager_pass(s, n > DM_SPILL_ROOM ? n : DM_SPILL_ROOM);
 }
 
+/* ---- The spill thread ---------------------------------------------------------
+ * jemalloc decays an arena's dirty pages only when that arena is used: every
+ * allocation and free ticks a counter, and each 1000th tick purges what
+ * decay.dirty says is due. Once a job has freed its spilled arrays, the spill
+ * arena sees no more ticks (its small arrays live in RAM arenas; it may sleep),
+ * and every freed block kept its disk blocks: 20 arrays of 8 MiB freed left
+ * 170 MiB in the file 10 s later with `decay.dirty: 1s`, and through 13 M
+ * small create/free cycles in another arena. So the pager's thread, which runs
+ * for every process with a spill arena (resident_max or not), also decays each
+ * spill arena on every pass, five times a second: the kept big blocks that
+ * waited their decay.dirty go back to jemalloc (bigblock.c, "Reuse"), then
+ * `arena.<i>.decay` purges, as a tick would, the dirty pages decay says are
+ * due, which decommits (punches) them. A freed block's disk blocks come back
+ * within decay.dirty plus one pass, or twice decay.dirty plus two passes for
+ * a kept big block (the last few freed blocks of 4 MiB or more), whatever the
+ * job does meanwhile. A pass is a few mallctl calls per arena.
+ *
+ * Punching every page decommitted is not enough on ext4: a shared mapping's
+ * writes up to the end of a reserved range leave blocks past it, in pages no
+ * bit covers, which no decommit ever punches (a plain mmap of a fallocated
+ * file does the same: 8 MiB + 256 B written into 8 MiB + 4 KiB reserved left
+ * 12 KiB past it). 20 freed arrays of 8 MiB left 10 MiB of them. So when the
+ * file holds more than its reserved pages (fstat; slack for the filesystem's
+ * own blocks), the pass sweeps: it walks the file's data ranges (SEEK_DATA,
+ * SEEK_HOLE) and punches the pages in them whose bit is clear. A reservation
+ * sets its bits with its blocks under reserve_mu, and the sweep checks a run's
+ * bits and punches it under the same lock, so it never punches a page that
+ * was just reserved for an allocation. */
+#define DM_SPILL_SWEEP_SLACK ((uint64_t)1 << 20)
+
+/* Punches pages [first, first+count) of region r, if their bits are still
+ * clear: the pages punched. */
+static size_t sweep_run(dm__spill_t *s, dm__spill_region_t *r, size_t first, size_t count) {
+    pthread_mutex_lock(&s->reserve_mu);
+    bool clear = bits_clear_in(r->bits, first, count) == count &&
+                 dm__os_file_punch(s->fd, r->off + (uint64_t)first * page_size(),
+                                   count * page_size()) == 0;
+    pthread_mutex_unlock(&s->reserve_mu);
+    return clear ? count : 0;
+}
+
+/* The clear pages of file range [a, b) in region r: the pages punched. */
+static size_t sweep_range(dm__spill_t *s, dm__spill_region_t *r, uint64_t a, uint64_t b) {
+    uint64_t lo = a > r->off ? a : r->off, hi = b < r->off + r->len ? b : r->off + r->len;
+    size_t pg = (size_t)((lo - r->off) / page_size()),
+           end = (size_t)((hi - r->off + page_size() - 1) / page_size()), punched = 0;
+    while (pg < end) {
+        if (atomic_load_explicit(&r->bits[pg / 64], memory_order_relaxed) >> (pg % 64) & 1) {
+            pg++;
+            continue;
+        }
+        size_t run = pg;
+        while (run < end &&
+               !(atomic_load_explicit(&r->bits[run / 64], memory_order_relaxed) >> (run % 64) & 1))
+            run++;
+        punched += sweep_run(s, r, pg, run - pg);
+        pg = run;
+    }
+    return punched;
+}
+
+/* Sweeps when the file holds more than its reserved pages plus the slack. A
+ * sweep that found nothing to punch (the rest is the filesystem's own, or
+ * cannot be punched) waits DM_SPILL_SWEEP_BACKOFF passes before the next, so
+ * that such a file is not walked five times a second. */
+#define DM_SPILL_SWEEP_BACKOFF 25
+
+static void sweep(dm__spill_t *s) {
+    if (s->sweep_wait > 0) {
+        s->sweep_wait--;
+        return;
+    }
+    if (s->fd < 0)
+        return;
+    uint64_t committed = atomic_load_explicit(&s->committed, memory_order_relaxed);
+    if (dm__os_file_disk_bytes(s->fd) <= committed + committed / 256 + DM_SPILL_SWEEP_SLACK)
+        return;
+    int n = atomic_load_explicit(&s->nregions, memory_order_acquire);
+    size_t punched = 0;
+    uint64_t b;
+    for (int64_t a = dm__os_file_next_data(s->fd, 0, &b); a >= 0;
+         a = dm__os_file_next_data(s->fd, b, &b))
+        for (int i = 0; i < n; i++) {
+            dm__spill_region_t *r = &s->regions[i];
+            if (!r->priv && (uint64_t)a < r->off + r->len && b > r->off)
+                punched += sweep_range(s, r, (uint64_t)a, b);
+        }
+    s->sweep_wait = punched ? 0 : DM_SPILL_SWEEP_BACKOFF;
+}
+
+static void decay_pass(dm__spill_t *s) {
+    dm__arena_je_t *ja = s->ja;
+    dm__bigblock_expire(ja);
+    char name[48];
+    snprintf(name, sizeof(name), "arena.%u.decay", ja->index);
+    dmje_mallctl(name, NULL, NULL, NULL, 0);
+    sweep(s);
+}
+
 static void *pager_main(void *arg) {
     for (;;) {
         int n = atomic_load_explicit(&nall, memory_order_acquire);
-        for (int i = 0; i < n; i++)
+        for (int i = 0; i < n; i++) {
+            decay_pass(all[i]);
             pager_pass(all[i], 0);
+        }
         struct timespec ts = {0, 200 * 1000 * 1000};
         nanosleep(&ts, NULL);
     }

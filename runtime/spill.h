@@ -14,7 +14,11 @@
  * published with a release-store of their count; a region never changes after
  * that but for `mapped` (under ja->mu). The page bits are atomics (jemalloc
  * never commits or decommits one page from two threads at once; neighbouring
- * extents share words). The counters are atomics.
+ * extents share words). The counters are atomics. A reservation allocates
+ * its blocks and sets their bits under reserve_mu, which the spill thread's
+ * sweep holds while it checks a run's bits and punches it; `ja` is written
+ * before the arena is published to the spill thread (dm__spill_attach), and
+ * `sweep_wait` is the spill thread's own.
  */
 #ifndef DM_RUNTIME_SPILL_H
 #define DM_RUNTIME_SPILL_H
@@ -42,10 +46,13 @@ typedef struct dm__spill_region {
 
 typedef struct dm__spill {
     int dirfd, fd;
+    dm__arena_je_t *ja;         /* the jemalloc arena it backs (dm__spill_attach) */
     uint64_t file_end;          /* where the next region's stretch starts (ja->mu) */
     _Atomic int nregions;
     dm__spill_region_t regions[DM_SPILL_REGIONS_MAX];
     _Atomic uint64_t committed; /* bytes with blocks reserved */
+    pthread_mutex_t reserve_mu; /* a reservation vs the sweep (spill.c, "The spill thread") */
+    int sweep_wait;             /* passes before the next sweep (spill thread only) */
     _Atomic uint64_t max;       /* backing.max; UINT64_MAX = none */
     _Atomic uint64_t resident_max; /* backing.resident_max; UINT64_MAX = none */
     _Atomic uint64_t paged_out;    /* bytes the pager dropped from memory */
@@ -63,6 +70,9 @@ typedef struct dm__spill {
 /* Under dm__runtime_mu: checks `dir` with the directory rule and makes the
  * arena's file. NULL with the reason in `why`. */
 dm__spill_t *dm__spill_open(const char *dir, uint64_t max, char *why, size_t cap);
+/* Under dm__runtime_mu, once jemalloc made the arena `ja` that s backs: the
+ * spill thread (spill.c, "The spill thread") starts driving its decay. */
+void dm__spill_attach(dm__spill_t *s, dm__arena_je_t *ja);
 /* Under dm__runtime_mu: whether `dir` passes the rule and takes an O_TMPFILE
  * (install checks every backed arena before anything changes). 0 or an error
  * code with the reason in `why`. */
@@ -87,7 +97,8 @@ uint64_t dm__spill_resident_bytes(dm__spill_t *s);
 /* An allocation (or commit) of n bytes in a spill arena: when its resident
  * bytes may pass resident_max, pages out first (spill.c, "resident_max"). */
 void dm__spill_catch_up(dm__spill_t *s, size_t n);
-/* Starts the pager thread (spill.c, "resident_max") if it is not running. */
+/* Starts the spill thread (spill.c, "The spill thread") if it is not running:
+ * one relaxed-cheap load when it is (slow paths only). */
 void dm__spill_pager_ensure(void);
 
 /* fork (runtime.c), with every ja->mu held: 0 before fork snapshots each

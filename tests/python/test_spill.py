@@ -98,6 +98,66 @@ print(json.dumps({"parent_saw": seen_by_parent, "child": child_saw, "parent_now"
     assert out["parent_now"] == 3.0 and out["copies"] >= 1, out
 
 
+# Issue 40: freed spilled arrays kept their disk blocks. jemalloc decays an
+# arena only from its own allocations and frees, so once the spill arena's
+# arrays were freed nothing purged them: 20 arrays of 8 MiB left 170 MiB in the
+# file 10 s later with `decay.dirty: 1s`, and through 13 M create/free cycles of
+# small arrays (which live in another arena). The spill thread drives decay.
+# The file's blocks are read with fstat (st_blocks), not from datamem's stats.
+DECAY_JOB = r"""
+import json, os, time
+import numpy as np, datamem
+def target(f):
+    try:
+        return os.readlink("/proc/self/fd/" + f)
+    except OSError:                                        # listdir's own descriptor
+        return ""
+fd = next(int(f) for f in os.listdir("/proc/self/fd")      # the O_TMPFILE: "dir/#ino (deleted)"
+          if target(f).startswith(spill_dir + "/"))
+disk = lambda: os.fstat(fd).st_blocks * 512
+held = [np.full(1 << 20, float(i)) for i in range(20)]      # 20 x 8 MiB, written
+where = sorted({datamem.arena_of(a) for a in held})
+before = disk()
+del held
+t0 = time.monotonic()
+seen, cycles = disk(), 0
+while seen >= 8 << 20 and time.monotonic() - t0 < 5.0:     # 5x decay.dirty
+    if churn:
+        for _ in range(2000):                              # small arrays: the RAM arena
+            a = np.empty(16)
+            del a
+        cycles += 2000
+    else:
+        time.sleep(0.05)                                   # idle: no allocation at all
+    seen = disk()
+print(json.dumps({"where": where, "before": before, "after": seen,
+                  "seconds": time.monotonic() - t0, "cycles": cycles}))
+"""
+
+
+@pytest.mark.parametrize("job", ["idle", "churn"])
+def test_freed_spilled_arrays_give_their_disk_blocks_back_within_decay(write_policy,
+                                                                        spill_dir, job):
+    """After 160 MiB of spilled arrays are freed, the file's allocated blocks
+    (st_blocks) drop under 8 MiB within 5x `decay.dirty: 1s`, while the job
+    sleeps (idle) or makes and frees small arrays in its RAM arena (churn)."""
+    pol = write_policy(textwrap.dedent("""\
+        version: 1
+        default: general
+        arenas:
+          general: {{}}
+          disk: {{decay: {{dirty: 1s}}, backing: {{dir: '{d}'}}}}
+        rules:
+          - {{name: big, match: {{size: {{min: 4MiB}}}}, arena: disk}}
+        """).format(d=spill_dir))
+    r = run_py("spill_dir, churn = %r, %r\n" % (spill_dir, job == "churn") + DECAY_JOB,
+               config=pol)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["where"] == ["disk"] and out["before"] >= 160 * MiB, out
+    assert out["after"] < 8 * MiB, out          # old code: 170 MiB, idle or churning
+    assert job == "idle" or out["cycles"] > 0, out
+
 def test_limits_spill_instead_of_raising(write_policy, spill_dir):
     pol = policy(write_policy, spill_dir, textwrap.dedent("""\
         worker_limit: 96MiB
