@@ -57,7 +57,7 @@ static void put_accepted(FILE *f, const dm__schema_row_t *r) {
         fprintf(f, "at most %llu entries", (unsigned long long)r->max);
         return;
     case DM_ST_GLOBS: case DM_ST_TAGS:
-        fprintf(f, "up to %d, each %llu .. %llu bytes", DM_GLOBS_MAX,
+        fprintf(f, "up to %d, each %llu .. %llu bytes", dm__schema_list_cap((int)(r - ROW(0))),
                 (unsigned long long)r->min, (unsigned long long)r->max);
         return;
     case DM_ST_SHARE:
