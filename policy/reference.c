@@ -76,8 +76,9 @@ static void put_keys(FILE *f) {
     char path[128];
     fprintf(f, "## Keys\n\n"
                "`<name>` stands for an arena name, `[]` for any rule of the list. "
-               "\"Reload: yes\" means a reload applies a change; \"no\" means it "
-               "takes a restart.\n\n"
+               "\"Reload: yes\" means a reload applies a change; \"no\" means a "
+               "reload that changes it fails, saying why, and the policy in force "
+               "stays: the change takes a restart.\n\n"
                "| Key | Type | Default | Accepted | Reload | Description |\n"
                "|---|---|---|---|---|---|\n");
     for (int i = 1; i < DM_SK_COUNT; i++) {

@@ -140,6 +140,7 @@ extern PyMethodDef dm__record_methods[];
 
 /* ---- load.c ---- */
 int dm__load_init(PyObject *module);         /* adds PolicyError; 0 or -1 */
+void dm__load_on_install(void);              /* any thread: main-thread settings follow */
 extern PyMethodDef dm__load_methods[];
 
 /* ---- stats.c ---- */
