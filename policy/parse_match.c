@@ -87,12 +87,11 @@ static void parse_list_item(dm__pctx_t *c, int row, int node, void *sect) {
     bool glob = r->type == DM_ST_GLOBS;
     int *count = glob ? &rule->nthreads : &rule->ntags;
     char(*dst)[DM_NAME_MAX] = glob ? rule->threads : rule->tags;
-    int cap = DM_GLOBS_MAX;
+    int cap = dm__schema_list_cap(row);
     if (row == DM_SK_MATCH_MODULE || row == DM_SK_MATCH_FUNCTION) {
         bool mod = row == DM_SK_MATCH_MODULE;
         count = mod ? &rule->nmodules : &rule->nfunctions;
         dst = mod ? rule->modules : rule->functions;
-        cap = DM_SITE_GLOBS_MAX;
     }
     if (strlen(s) > r->max)
         ERR(c, node, "%s is %zu bytes long; at most %llu allowed", q, strlen(s),

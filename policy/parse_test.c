@@ -68,7 +68,7 @@ static void test_example(void) {
     EXPECT_UINT_EQ(p->rules[0].dtypes, dm__units_dtype_mask("number"), "scalar dtype");
     EXPECT_INT_EQ(p->rules[0].arena, 1, "rule arena");
     EXPECT_INT_EQ(p->rules[1].nthreads, 1, "globs");
-    EXPECT_STR_EQ(p->rules[1].threads[0], "loader-*", "glob");
+    EXPECT_STR_EQ(p->rules[1].threads[0], "loader_*", "glob");
     EXPECT_INT_EQ(p->rules[1].ntags, 1, "scalar tag");
     EXPECT_STR_EQ(p->rules[1].tags[0], "ingest", "tag");
     EXPECT_INT_EQ(p->rules[1].line, 21, "rule position");

@@ -57,7 +57,7 @@ static void put_accepted(FILE *f, const dm__schema_row_t *r) {
         fprintf(f, "at most %llu entries", (unsigned long long)r->max);
         return;
     case DM_ST_GLOBS: case DM_ST_TAGS:
-        fprintf(f, "up to %d, each %llu .. %llu bytes", DM_GLOBS_MAX,
+        fprintf(f, "up to %d, each %llu .. %llu bytes", dm__schema_list_cap((int)(r - ROW(0))),
                 (unsigned long long)r->min, (unsigned long long)r->max);
         return;
     case DM_ST_SHARE:
@@ -76,8 +76,9 @@ static void put_keys(FILE *f) {
     char path[128];
     fprintf(f, "## Keys\n\n"
                "`<name>` stands for an arena name, `[]` for any rule of the list. "
-               "\"Reload: yes\" means a reload applies a change; \"no\" means it "
-               "takes a restart.\n\n"
+               "\"Reload: yes\" means a reload applies a change; \"no\" means a "
+               "reload that changes it fails, saying why, and the policy in force "
+               "stays: the change takes a restart.\n\n"
                "| Key | Type | Default | Accepted | Reload | Description |\n"
                "|---|---|---|---|---|---|\n");
     for (int i = 1; i < DM_SK_COUNT; i++) {

@@ -50,7 +50,7 @@ const char dm__schema_example[] =
     "    arena: big\n"
     "  - name: loading\n"
     "    match:\n"
-    "      thread: [\"loader-*\"]\n"
+    "      thread: [\"loader_*\"]\n"
     "      tag: ingest\n"
     "    arena: loaders\n"
     "stats:\n"
@@ -59,6 +59,13 @@ const char dm__schema_example[] =
     "reload:\n"
     "  watch: true\n"
     "  debounce: 50ms\n";
+
+int dm__schema_list_cap(int row) {
+    if (row == DM_SK_MATCH_MODULE || row == DM_SK_MATCH_FUNCTION)
+        return DM_SITE_GLOBS_MAX;
+    dm__stype_t t = dm__schema_rows[row].type;
+    return t == DM_ST_GLOBS || t == DM_ST_TAGS ? DM_GLOBS_MAX : 0;
+}
 
 dm__sect_t dm__schema_sect(int row) {
     for (int r = row; r != DM_SK_ROOT; r = dm__schema_rows[r].parent) {

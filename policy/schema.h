@@ -100,6 +100,13 @@ int dm__schema_child(int parent, const char *key, size_t len);
 /* "arenas.<name>.decay.dirty", "rules[].match.size.min"; returns the length. */
 int dm__schema_path(int row, char *buf, size_t cap);
 
+/* How many entries a list row (globs, tags) may hold: DM_SITE_GLOBS_MAX for
+ * match.module and match.function (each is tried against the call site's
+ * name on every allocation the rule sees), DM_GLOBS_MAX for the others; 0 for
+ * a row that is no such list. The parser's cap and the reference's "up to N"
+ * both come from here. */
+int dm__schema_list_cap(int row);
+
 /* Position of `word` in a "a|b|c" list, or -1. */
 int dm__schema_enum_index(const char *enums, const char *word);
 /* Writes "a, b, c" (or "a, b or c" style is not used: plain commas). */

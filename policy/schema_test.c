@@ -122,14 +122,69 @@ static int parse(const char *yaml, dm_policy_t **p) {
     return rc;
 }
 
+/* As `check` parses: with the advice for a policy's author (DM_PARSE_LINT). */
+static int parse_lint(const char *yaml, dm_policy_t **p) {
+    int rc = dm_policy_parse_ex(yaml, strlen(yaml), "s.yaml", NULL, DM_PARSE_LINT, p, &d);
+    dm_diags_format_all(&d, text, sizeof text);
+    return rc;
+}
+
+/* The row's example is valid and draws no warning from `check` either: the
+ * reference shows it as the way to write the key (`thread: ["loader-*"]` drew
+ * "matches no thread of ThreadPoolExecutor(thread_name_prefix='loader')"). */
 static void check_example(int row, const char *id) {
-    char y[2048];
+    char y[2048], path[128];
     dm_policy_t *p;
     policy_with(row, ROW(row)->example, y, sizeof y);
-    EXPECT_INT_EQ(parse(y, &p), 0, id);
-    if (d.nerrors)
+    EXPECT_INT_EQ(parse_lint(y, &p), 0, id);
+    diag_path(row, path, sizeof path);
+    /* Warnings about the minimal policy around the row are not the example's:
+     * its `spare` arena is plain (no user, no backing) and it has no
+     * worker_limit. */
+    int own = 0;
+    for (int i = 0; i < d.n; i++)
+        own += d.items[i].severity == DM_SEV_WARNING &&
+               strncmp(d.items[i].path, path, strlen(path)) == 0 &&
+               !strstr(d.items[i].msg, "'spare'") &&
+               !strstr(d.items[i].msg, "without worker_limit");
+    EXPECT_INT_EQ(own, 0, id);
+    if (d.nerrors || own)
         fprintf(stderr, "  policy: %s\n%s", y, text);
     dm_policy_free(p);
+}
+
+/* A list row holds dm__schema_list_cap entries and refuses one more, saying
+ * how many; the reference's Accepted cell gives the same number (it said "up
+ * to 16" of module and function globs, where the parser took at most 4). */
+static void check_list_cap(int row, const char *id, const char *doc) {
+    int cap = dm__schema_list_cap(row);
+    if (!cap)
+        return;
+    char y[4096], list[2048], path[128], want[256];
+    for (int n = cap; n <= cap + 1; n++) {
+        dm__sbuf_t b;
+        dm__text_sb_init(&b, list, sizeof list);
+        dm__text_sb_printf(&b, "[");
+        for (int i = 0; i < n; i++)
+            dm__text_sb_printf(&b, "%sx%d", i ? ", " : "", i);
+        dm__text_sb_printf(&b, "]");
+        dm__text_sb_done(&b);
+        policy_with(row, list, y, sizeof y);
+        dm_policy_t *p = NULL;
+        int rc = parse(y, &p);
+        snprintf(want, sizeof want, "too many entries: at most %d", cap);
+        if (n == cap) {
+            EXPECT_INT_EQ(rc, 0, id);
+        } else {
+            EXPECT_INT_EQ(rc, DM_EINVALID, id);
+            EXPECT_CONTAINS(text, want, id);
+        }
+        dm_policy_free(p);
+    }
+    dm__schema_path(row, path, sizeof path);
+    snprintf(want, sizeof want, "| `%s` | %s | `[]` | up to %d, each ", path,
+             dm__schema_stype_info[ROW(row)->type].name, cap);
+    EXPECT_CONTAINS(doc, want, id);
 }
 
 static void check_wrong_type(int row, const char *id) {
@@ -212,6 +267,7 @@ int main(void) {
         check_wrong_type(row, id);
         check_default(row, id);
         check_required(row, id);
+        check_list_cap(row, id, doc);
         dm__schema_path(row, path, sizeof path);
         snprintf(want, sizeof want, "| `%s` | %s |", path,
                  dm__schema_stype_info[ROW(row)->type].name);
@@ -222,6 +278,11 @@ int main(void) {
     EXPECT_INT_EQ(parse("[1]", &p), DM_EINVALID, "root list");
     EXPECT_CONTAINS(text, "s.yaml:1:1: error: expected a mapping, got a list", "root");
     EXPECT_CONTAINS(doc, dm__schema_example, "the example is in the reference");
+    EXPECT_INT_EQ(parse_lint(dm__schema_example, &p), 0, "the example");
+    EXPECT_INT_EQ(d.nwarnings, 0, "the example draws no warning from check");
+    if (d.n)
+        fprintf(stderr, "%s", text);
+    dm_policy_free(p);
     free(doc);
     return TEST_EXIT();
 }

@@ -7,7 +7,8 @@
  *   handler.c  the NEP 49 handlers, dtype discovery, the capsule per tag set
  *   site.c     the call-site cache: call-site rule masks and profile frames
  *   record.c   the recording handlers and the allocation profile's sampler
- *   load.c     load, check, explain: policy files from Python; PolicyError
+ *   load.c     load, check, explain: policy files from Python; PolicyError; after
+ *              every install, the main thread's settings (reload.signal)
  *   stats.c    stats() and the stats export wrappers
  *   module.c   the module: its init, constants and small runtime wrappers
  *
@@ -140,6 +141,7 @@ extern PyMethodDef dm__record_methods[];
 
 /* ---- load.c ---- */
 int dm__load_init(PyObject *module);         /* adds PolicyError; 0 or -1 */
+void dm__load_on_install(void);              /* any thread: main-thread settings follow */
 extern PyMethodDef dm__load_methods[];
 
 /* ---- stats.c ---- */

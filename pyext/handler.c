@@ -244,10 +244,12 @@ static void observe_installs(void) { dm_runtime_observe(on_install, NULL, NULL);
 
 /* Every install, from Python or the file watcher's thread (no Python thread
  * state there), turns the dtype hooks on once a policy wants them: a watcher
- * reload that brings the first dtype rule is routed by dtype too. */
+ * reload that brings the first dtype rule is routed by dtype too. And it asks
+ * the main thread to apply reload.signal (load.c). */
 static void on_install(const dm_policy_t *p, uint64_t seq, void *arg) {
     if (dm_runtime_wants_dtype())
         dm__handler_dtype_hooks_enable();
+    dm__load_on_install(); /* reload.signal, applied by the main thread */
 }
 
 void dm__handler_init(void) {

@@ -259,6 +259,37 @@ static PyObject *py_policy_settings(PyObject *self, PyObject *unused) {
     return d;
 }
 
+/* In the main thread, attached, between bytecodes (Py_AddPendingCall): the
+ * Python layer brings what only the main thread may change (the SIGHUP
+ * handler, reload.signal) in line with the policy in force. Never raises: an
+ * error there is reported as unraisable, not thrown into the job's code. */
+static int sync_main_thread_settings(void *unused) {
+    (void)unused;
+    PyObject *mod = PyImport_ImportModule("datamem"), *fn = NULL, *r = NULL;
+    if (mod && !(fn = PyObject_GetAttrString(mod, "_sync_main_thread"))) {
+        PyErr_Clear(); /* datamem is still being imported: its install() applies them */
+        Py_DECREF(mod);
+        return 0;
+    }
+    if (fn && !(r = PyObject_CallNoArgs(fn)))
+        PyErr_WriteUnraisable(fn);
+    if (!mod)
+        PyErr_WriteUnraisable(NULL);
+    Py_XDECREF(r);
+    Py_XDECREF(fn);
+    Py_XDECREF(mod);
+    return 0;
+}
+
+/* From every install, on whichever thread made it: the file watcher's C thread
+ * included, where no Python code can run. An install from datamem.install()
+ * or reload() in the main thread applies the settings itself; this covers the
+ * others. Py_AddPendingCall needs neither the GIL nor a thread state; with its
+ * queue full the call is dropped, and the next install schedules another. */
+void dm__load_on_install(void) {
+    if (Py_IsInitialized())
+        (void)Py_AddPendingCall(sync_main_thread_settings, NULL);
+}
 
 int dm__load_init(PyObject *m) {
     PolicyError = PyErr_NewExceptionWithDoc(

@@ -106,6 +106,8 @@ static PyObject *arena_dict(const dm_arena_stats_t *a) {
         SET_U64(d, "limit_bytes", a->limit);
     }
     SET_U64(d, "live_bytes", a->live);
+    SET_OBJ(d, "decay_dirty_ms", PyLong_FromLongLong(a->dirty_decay_ms));
+    SET_OBJ(d, "decay_muzzy_ms", PyLong_FromLongLong(a->muzzy_decay_ms));
     SET_OBJ(d, "lock", PyBool_FromLong(a->lock));
     SET_OBJ(d, "pinned", PyUnicode_FromString(a->pinned == DM_PIN_CUDA ? "cuda" : "none"));
     SET_U64(d, "locked_bytes", a->locked_bytes);

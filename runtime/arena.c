@@ -532,9 +532,26 @@ static void je_stats_add(dm__arena_je_t *ja, dm_arena_stats_t *o) {
 
 /* Called with dm__runtime_mu held, after an "epoch" refresh. */
 void dm__arena_je_stats(dm__arena_t *a, dm_arena_stats_t *out) {
-    for (int j = 0; j < nje; j++)
-        if (dm__arena_by_slot[j]->owner == a)
-            je_stats_add(dm__arena_by_slot[j], out);
+    bool first = true;
+    for (int j = 0; j < nje; j++) {
+        if (dm__arena_by_slot[j]->owner != a)
+            continue;
+        je_stats_add(dm__arena_by_slot[j], out);
+        if (first) { /* the decay times jemalloc holds (all of an arena's are set alike) */
+            ssize_t v[2] = {0, 0};
+            const char *leaf[2] = {"dirty_decay_ms", "muzzy_decay_ms"};
+            for (int k = 0; k < 2; k++) {
+                char name[96];
+                size_t sz = sizeof(v[k]);
+                snprintf(name, sizeof(name), "arena.%u.%s", dm__arena_by_slot[j]->index, leaf[k]);
+                if (dmje_mallctl(name, &v[k], &sz, NULL, 0) != 0)
+                    v[k] = 0;
+            }
+            out->dirty_decay_ms = v[0];
+            out->muzzy_decay_ms = v[1];
+            first = false;
+        }
+    }
 }
 
 /* ---- hugepage-backed bytes ------------------------------------------------- */

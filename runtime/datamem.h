@@ -202,6 +202,7 @@ typedef struct dm_arena_stats {
     /* from jemalloc (refreshed through "epoch") */
     uint64_t allocated, active, resident, mapped, retained, dirty, muzzy;
     uint64_t je_nmalloc, je_ndalloc;
+    int64_t dirty_decay_ms, muzzy_decay_ms; /* what its jemalloc arenas run with; -1 never */
     uint64_t reserved;        /* address space reserved for the arena */
     uint64_t hugepage_bytes;  /* THP-backed bytes in its ranges (dm_stats_hugepages) */
     uint64_t limit;           /* `limit`; UINT64_MAX = none */

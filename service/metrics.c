@@ -555,6 +555,10 @@ static void json_arena(const dm_arena_stats_t *a, dm_buf_t *b) {
     json_bool(b, &k, "per_node", a->per_node);
     json_u64(b, &k, "jemalloc_arenas", (uint64_t)a->njemalloc);
     json_limit(b, &k, "limit_bytes", a->limit);
+    json_key(b, &k, "decay_dirty_ms"); /* -1: never */
+    dm__buf_printf(b, "%lld", (long long)a->dirty_decay_ms);
+    json_key(b, &k, "decay_muzzy_ms");
+    dm__buf_printf(b, "%lld", (long long)a->muzzy_decay_ms);
     json_bool(b, &k, "lock", a->lock);
     json_strv(b, &k, "pinned", a->pinned ? "cuda" : "none");
     json_bool(b, &k, "backed", a->backed);

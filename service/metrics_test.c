@@ -82,6 +82,8 @@ static dm_stats_t *sample_stats(void) {
     a->live = 3 << 20;
     a->counts.nlimit = 4;
     a->lock = true;
+    a->dirty_decay_ms = -1; /* never */
+    a->muzzy_decay_ms = 250;
     a->locked_bytes = 2 << 20;
     a->backing_disk_bytes = 5 << 20;
     s.nrules = 2;
@@ -247,8 +249,9 @@ static void test_json(void) {
     EXPECT_CONTAINS(j, "\"rules\":{\"huge\":{\"arena\":\"big\",\"allocations\":7,"
                        "\"bytes_requested\":7340032,\"reallocs\":2,\"failures\":1,"
                        "\"fallbacks\":1,\"dtype_known\":5,\"limit_hits\":4},\"default\":", "rules");
-    EXPECT_CONTAINS(j, "\"jemalloc_arenas\":2,\"limit_bytes\":8589934592,\"lock\":true,"
-                       "\"pinned\":\"none\",", "limit and lock");
+    EXPECT_CONTAINS(j, "\"jemalloc_arenas\":2,\"limit_bytes\":8589934592,"
+                       "\"decay_dirty_ms\":-1,\"decay_muzzy_ms\":250,\"lock\":true,"
+                       "\"pinned\":\"none\",", "limit, decay and lock");
     EXPECT_CONTAINS(j, "\"jemalloc_arenas\":1,\"limit_bytes\":null,", "no limit: null");
     EXPECT_TRUE(j[0] == '{' && strcmp(j + len - 2, "}\n") == 0, "one object");
     free(j);

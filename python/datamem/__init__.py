@@ -393,12 +393,24 @@ def _numpy_hugepages():
 
 def _apply_settings():
     """Called with _lock held after every successful load."""
-    import signal
     _ext.set_numpy_hugepages(_numpy_hugepages())
+    if threading.current_thread() is threading.main_thread():
+        _sync_main_thread()
+    # else: every install also schedules _sync_main_thread in the main thread
+
+
+def _sync_main_thread():
+    """The SIGHUP handler as the policy in force asks (reload.signal). Signal
+    handlers can only be changed from the main thread: called there after a
+    load from it, and, for any install (the file watcher's C thread, another
+    thread's reload()), by the extension through Py_AddPendingCall, between two
+    bytecodes of the main thread. Only the main thread touches the handler and
+    _state["prev_sighup"], so it takes no lock."""
+    import signal
+    if threading.current_thread() is not threading.main_thread():
+        return
     settings = _ext.policy_settings() or {}
     want = bool(settings.get("reload_signal"))
-    if threading.current_thread() is not threading.main_thread():
-        return  # signal handlers can only be changed from the main thread
     current = signal.getsignal(signal.SIGHUP)
     if want and current is not _on_sighup:
         _state["prev_sighup"] = current

@@ -111,9 +111,10 @@ def profile_commands(a, pr):
         rc = _profile.run(cmd, out, sample, a.stacks, a.policy, a.max_size)
         files = [n for n in os.listdir(out) if n.endswith(".dmprof")] if os.path.isdir(out) else []
         size = sum(os.path.getsize(os.path.join(out, n)) for n in files)
-        sys.stderr.write("datamem: profile of %d process%s in %s (%.1f MB); "
-                         "python -m datamem report %s\n"
-                         % (len(files), "" if len(files) == 1 else "es", out, size / 1e6, out))
+        sys.stderr.write("datamem: profile of %d process%s in %s (%.1f MB); %s\n"
+                         % (len(files), "" if len(files) == 1 else "es", _text.printable(out),
+                            size / 1e6, _text.shell_command("python", "-m", "datamem", "report",
+                                                            out)))
         return rc
     try:
         prof = _profile.load(a.dir)

@@ -14,6 +14,7 @@ import numpy as np
 from ._profile_file import (  # noqa: F401
     BIG, FLAG_NOGIL, FLAG_REALLOC, LIFE_EDGES, LONG, SAMPLE_MAX, SHORT, SIZE_EDGES,
     TEMP_EVENTS_MAX, TINY, ProfileError, _File)
+from ._text import printable, shell_command
 
 
 # ---- reading -------------------------------------------------------------------
@@ -448,7 +449,8 @@ def load(directory):
     directory = os.fspath(directory)
     paths = sorted(glob.glob(os.path.join(glob.escape(directory), "*.dmprof")))
     if not paths:
-        raise ProfileError("%s: no profile files (*.dmprof); record one with "
-                           "`python -m datamem profile --out %s -- python job.py`"
-                           % (directory, directory))
+        raise ProfileError("%s: no profile files (*.dmprof); record one with: %s"
+                           % (printable(directory),
+                              shell_command("python", "-m", "datamem", "profile", "--out",
+                                            directory, "--", "python", "job.py")))
     return Profile(directory, paths)

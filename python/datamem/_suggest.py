@@ -31,6 +31,7 @@ Every rule is preceded by a comment with the numbers behind it. Names from the
 profile (call sites, the directory, policy paths) appear only in comments, with
 their control characters escaped (printable()): a line break in a function's
 name would otherwise end the comment and add YAML of the profiled job's choosing.
+The commands in those comments quote what they name (_text.shell_command).
 `--memory SIZE` adds a spill arena when the peak does not fit (_suggest_spill.py,
 whose rule names call sites only when their names are plain identifiers).
 """
@@ -39,7 +40,7 @@ import numpy as np
 from . import _suggest_spill
 from ._profile_read import BIG, SITE_COLUMNS
 from ._report import LONG, SHORT, fmt_bytes, fmt_count, fmt_time
-from ._text import printable
+from ._text import printable, shell_command
 
 def _pow2_ceil(n):
     p = 1
@@ -83,7 +84,7 @@ def _head(p):
     """The comment lines that open the policy: what was recorded."""
     T = p.totals
     est = "" if p.full else " (estimated from samples)"
-    return ["# Suggested by `python -m datamem suggest %s`" % printable(p.directory),
+    return ["# Suggested by: " + shell_command("python", "-m", "datamem", "suggest", p.directory),
             "# from %s%s: %s allocated in %s arrays over %.2f s, %d process%s."
             % ("every allocation" if p.full else
                "%s samples (one per %s allocated)" % (fmt_count(len(p)), fmt_bytes(p.sample_bytes)),

@@ -16,7 +16,10 @@ arena (docs/operations.md, "When arrays outgrow RAM") and one of two ways into i
 The other one is offered in a comment. `backing.max` is twice the bytes past the
 limit at the peak (so a job that grows still fits, and a runaway cannot fill
 the disk); `resident_max` 128 MiB as configs/spill.yaml, at most 1/16 of the
-memory. The directory is the user's to make (a comment says how).
+memory. The directory is the user's to make (a comment says how: the command
+quotes it, _text.shell_arg, so a space, `;` or `$(...)` in DIR stays part of the
+name; and the policy names it as a YAML double-quoted string, yaml_str, so a
+`"`, `}` or `#` in it cannot end the value and add keys).
 
 Call-site names go into the rule's `function` globs only when they are plain
 dotted identifiers (letters, digits, `_`, `.`, `<>` as in `<module>`) of at most
@@ -28,7 +31,7 @@ import re
 
 from ._profile_read import BIG, SITE_COLUMNS
 from ._report import fmt_bytes, fmt_time
-from ._text import printable
+from ._text import printable, shell_command
 
 SHARE = 80                       # worker_limit, in percent of the memory limit
 DEFAULT_DIR = "/var/tmp/datamem-spill"
@@ -45,6 +48,13 @@ def check_dir(path):
         raise ValueError("%s: a control character in it, or longer than 255 bytes"
                          % printable(path))
     return path
+
+
+def yaml_str(text):
+    """`text` as a YAML double-quoted scalar: JSON's escapes (`\\"`, `\\\\`) are
+    YAML's; non-ASCII left as it is (a \\u escape of a surrogate pair, as
+    JSON writes a character past U+FFFF, is an error to libyaml)."""
+    return json.dumps(text, ensure_ascii=False)
 
 
 def _size_text(n):
@@ -107,11 +117,11 @@ def spill(p, memory, spill_dir):
         % (fmt_bytes(limit), fmt_bytes(excess)),
         "  # -> a file-backed arena for what does not fit. Make its directory once, on local",
         "  #    disk (not tmpfs or a network filesystem), yours and not writable by others:",
-        "  #      mkdir -m 700 -p %s" % spill_dir,
+        "  #      " + shell_command("mkdir", "-m", "700", "-p", spill_dir),
         "  #    max: twice the bytes past the limit at the peak; resident_max: its pages kept in",
         "  #    memory (a datamem thread pages out the rest; docs/operations.md)",
         "  spill: {alignment: 64, decay: {dirty: 1s}, backing: {dir: %s, max: %s, resident_max: %s}}"
-        % (json.dumps(spill_dir), _size_text(disk_max), _size_text(resident_max))]
+        % (yaml_str(spill_dir), _size_text(disk_max), _size_text(resident_max))]
     if nproc == 1:
         worker = "%d%%" % SHARE
         where = ["%d%% of the memory limit (DATAMEM_MEMORY_LIMIT, else the cgroup's," % SHARE,

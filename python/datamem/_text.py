@@ -1,7 +1,10 @@
 """Text rules every command shares. Text from outside (a target's names and
 paths, a profile's call sites, argv) made safe to print: the one rule every
 command uses before writing to a terminal, a YAML comment or a log line. And
-sizes as commands and environment variables take them (parse_size).
+sizes as commands and environment variables take them (parse_size). And the
+one rule for a path or name inside a command printed for a shell to run
+(shell_arg): quoted, so a space, `;`, `$(...)` or a quote in it is part of the
+name, never more words or another command.
 
 Escaped: C0 and C1 controls and DEL (terminal escape sequences, line breaks,
 including NEL that YAML reads as one), the Unicode line and paragraph separators,
@@ -9,6 +12,7 @@ the bidirectional marks and overrides (text that displays in another order than
 it reads), and lone surrogates (bytes that were not UTF-8).
 """
 import re
+import shlex
 
 _UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u2028-\u202e\u2066-\u2069"
                           "\ud800-\udfff]")
@@ -27,6 +31,20 @@ def printable(text, keep=""):
     if keep:
         return _UNPRINTABLE.sub(lambda m: m.group() if m.group() in keep else _escape(m), text)
     return _UNPRINTABLE.sub(_escape, text)
+
+
+def shell_arg(text):
+    """`text` as one word of a POSIX shell command line (shlex.quote), its
+    unprintable characters escaped first (printable()): a command we print is
+    pasted into a terminal or a script, so a name with a line break would end it
+    early. Such a name is then not the same name, but the command stays one
+    harmless command."""
+    return shlex.quote(printable(text))
+
+
+def shell_command(*words):
+    """Words joined into one shell command line, each one quoted (shell_arg)."""
+    return " ".join(shell_arg(w) for w in words)
 
 
 _UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,

@@ -183,3 +183,17 @@ def test_too_many_rules_or_arenas_are_refused_at_their_line(write_policy):
     rules = "".join("  - {name: r%d, arena: a}\n" % i for i in range(102400))
     r = cli("check", write_policy(OK + "rules:\n" + rules))
     assert r.returncode == 1 and "larger than 1048576 bytes" in r.stderr, r.stderr
+
+
+def test_the_references_example_passes_check_without_a_warning(tmp_path):
+    """docs/policy-reference.md's Example, as a user copies it, is a policy
+    `check` accepts with nothing to say: its `thread: ["loader-*"]` drew the
+    pool-glob warning (ThreadPoolExecutor names threads loader_0, ...)."""
+    with open(os.path.join(ROOT, "docs", "policy-reference.md"), encoding="utf-8") as f:
+        doc = f.read()
+    example = re.search(r"## Example\n\n```yaml\n(.*?)```", doc, re.S).group(1)
+    pol = tmp_path / "example.yaml"
+    pol.write_text(example)
+    r = cli("check", str(pol))
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert r.stdout.startswith("%s: ok: " % pol), r.stdout

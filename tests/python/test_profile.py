@@ -617,3 +617,119 @@ def test_suggest_memory_spills_what_does_not_fit(tmp_path):
         r = subprocess.run([sys.executable, "-m", "datamem", "suggest", str(tmp_path)] + bad,
                            env=_env(), capture_output=True, text=True, timeout=60)
         assert r.returncode == 2 and says in r.stderr, (bad, r.stderr)
+
+
+# ---- commands printed for a shell -------------------------------------------------
+#
+# Attack pinned: `suggest --spill-dir DIR` printed `mkdir -m 700 -p DIR` unquoted in
+# the policy's comment, for the user to paste: `W/my spill` made `W/my` and
+# `W/spill`, `W/s;touch W/PWNED` and `W/$(touch W/PWNED2)` ran `touch`. Every
+# command the CLI prints for a shell quotes what it names (_text.shell_command).
+
+SHELL_NAMES = ("my spill", "s;touch {W}/PWNED", "$(touch {W}/PWNED2)")
+# a DIR that would end a YAML value and add keys, were it not a quoted string
+YAML_NAMES = ('a", max: 1MiB}, x: {dir: "b', "c #d", "e}, evil: {f", "g\\h", "i'j",
+              "k: l", "\u00fc\U0001f600")
+PROFILE_DIR = "prof 'a';b $(c) `d` \"e\""
+
+
+@pytest.fixture(scope="module")
+def spill_profile(tmp_path_factory):
+    """A full profile of SPILL_JOB's "features" run, recorded by `profile --out`
+    into a directory with quotes, `;`, `$(...)` and backquotes in its name: (its
+    path, the job's path, profile's stderr)."""
+    base = tmp_path_factory.mktemp("spill-profile")
+    job = base / "spill_job.py"
+    job.write_text(SPILL_JOB)
+    out = base / PROFILE_DIR
+    r = _datamem("profile", "--out", str(out), "--full", "--", sys.executable, str(job),
+                 "features")
+    return str(out), str(job), r.stderr
+
+
+def _suggested(prof, spill_dir):
+    return _datamem("suggest", prof, "--memory", "160MiB", "--spill-dir", spill_dir).stdout
+
+
+def _command_after(text, marker):
+    """The command that starts at `marker` on the one line of `text` holding it,
+    to the end of that line."""
+    lines = [l for l in text.splitlines() if marker in l]
+    assert len(lines) == 1, (marker, text)
+    return lines[0][lines[0].index(marker):]
+
+
+def test_suggest_spill_dir_command_makes_exactly_that_directory(spill_profile, tmp_path):
+    """The printed mkdir, run by bash, makes the one directory named, whatever its
+    name holds, and runs nothing else; the policy then spills there."""
+    prof, job, _ = spill_profile
+    for i, name in enumerate(SHELL_NAMES):
+        w = tmp_path / ("w%d" % i)
+        w.mkdir()
+        d = os.path.join(str(w), name.format(W=w))
+        text = _suggested(prof, d)
+        cmd = _command_after(text, "mkdir ")
+        r = subprocess.run(["bash", "-c", cmd], cwd=str(w), capture_output=True, text=True,
+                           timeout=30)
+        assert r.returncode == 0, (cmd, r.stderr)
+        made = {os.path.join(top, n) for top, dirs, files in os.walk(str(w)) for n in dirs + files}
+        want = set()
+        p = d
+        while p != str(w):
+            want.add(p)
+            p = os.path.dirname(p)
+        assert made == want, (cmd, sorted(made - want), sorted(want - made))
+        assert os.path.isdir(d) and (os.stat(d).st_mode & 0o777) == 0o700, cmd
+        assert not (w / "PWNED").exists() and not (w / "PWNED2").exists(), cmd
+        policy = tmp_path / ("policy%d.yaml" % i)
+        policy.write_text(text)
+        out = json.loads(_run([sys.executable, job, "features"],
+                              env={"DATAMEM_CONFIG": str(policy)}).stdout)
+        assert out["features"] == ["spill"] * 4 and out["failure"] is None, (d, out)
+
+
+def test_suggest_names_any_spill_dir_as_one_yaml_string(spill_profile, tmp_path):
+    """A DIR with quotes, `}`, `#`, `: ` or characters past U+FFFF is the arena's
+    backing.dir, exactly, and adds no key (explain --table names the directory)."""
+    prof, _, _ = spill_profile
+    for i, name in enumerate(YAML_NAMES):
+        d = os.path.join(str(tmp_path), "y%d" % i, name)
+        os.makedirs(d, mode=0o700)
+        policy = tmp_path / ("policy%d.yaml" % i)
+        policy.write_text(_suggested(prof, d))
+        r = subprocess.run([sys.executable, "-m", "datamem", "explain", str(policy), "--table"],
+                           env=_env(), capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0 and r.stderr == "", (name, r.stderr)
+        assert "backed by a file in %s (max 268435456)" % d in r.stdout, (name, r.stdout)
+
+
+def test_every_printed_shell_command_splits_into_its_words(spill_profile, tmp_path):
+    """Each command the CLI prints for a shell, its names hostile, reads back
+    through shlex.split as the words meant: profile's `report` hint, report's
+    `profile` hint for an empty directory, suggest's own command line and its
+    mkdir."""
+    prof, _, stderr = spill_profile
+    import shlex
+    words = ["python", "-m", "datamem"]
+    assert shlex.split(_command_after(stderr, "python -m datamem report")) == \
+        words + ["report", prof], stderr
+    empty = tmp_path / PROFILE_DIR
+    empty.mkdir()
+    r = subprocess.run([sys.executable, "-m", "datamem", "report", str(empty)], env=_env(),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1, r.stderr
+    assert shlex.split(_command_after(r.stderr, "python -m datamem profile")) == \
+        words + ["profile", "--out", str(empty), "--", "python", "job.py"], r.stderr
+    d = os.path.join(str(tmp_path), SHELL_NAMES[2])
+    text = _suggested(prof, d)
+    assert shlex.split(_command_after(text, "python -m datamem suggest")) == \
+        words + ["suggest", prof], text
+    assert shlex.split(_command_after(text, "mkdir ")) == ["mkdir", "-m", "700", "-p", d], text
+    # a line break in a name is escaped, not printed: the command stays one line
+    nl = tmp_path / "a\nb"
+    nl.mkdir()
+    r = subprocess.run([sys.executable, "-m", "datamem", "report", str(nl)], env=_env(),
+                       capture_output=True, text=True, timeout=60)
+    assert shlex.split(_command_after(r.stderr, "python -m datamem profile")) == \
+        words + ["profile", "--out", str(nl).replace("\n", "\\x0a"), "--", "python",
+                 "job.py"], r.stderr

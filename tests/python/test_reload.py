@@ -223,6 +223,47 @@ def test_sighup_opt_in_and_cli(tmp_path):
         child.wait()
 
 
+SIGNAL_BY_WATCHER = r"""
+import os, signal, sys, time
+import numpy as np, datamem
+path = sys.argv[1]
+def on():
+    return signal.getsignal(signal.SIGHUP) is datamem._on_sighup
+def wait(cond, what):
+    end = time.monotonic() + 10
+    while not cond():  # the main thread runs bytecode: pending calls run here
+        if time.monotonic() > end:
+            sys.exit("not within 10 s: " + what)
+        time.sleep(0.01)
+assert not on()
+for want in (True, False, True):
+    n = datamem.stats()["reloads"]
+    with open(path + ".tmp", "w") as f:
+        f.write(open(path).read().replace("signal: %s" % (not want), "signal: %s" % want))
+    os.replace(path + ".tmp", path)
+    wait(lambda: datamem.stats()["reloads"] > n, "the watcher's reload")
+    wait(lambda: on() == want, "SIGHUP handler %s after the watcher's reload" % want)
+os.kill(os.getpid(), signal.SIGHUP)  # handled: a reload, not the default (death)
+wait(lambda: datamem.stats()["reloads"] > n + 1, "the reload on SIGHUP")
+print("ok")
+"""
+
+
+def test_a_watcher_reload_applies_reload_signal(tmp_path):
+    """The reference says a reload applies reload.signal: also the file watcher's,
+    whose C thread cannot change a signal handler; the main thread does it between
+    two bytecodes (Py_AddPendingCall). Before, the watcher's reload left SIGHUP's
+    handler as it was: a job that opted in by editing its policy died of the next
+    SIGHUP."""
+    p = tmp_path / "p.yaml"
+    p.write_text(policy_text("a").replace("debounce: 20ms", "debounce: 20ms, signal: False"))
+    r = subprocess.run([sys.executable, "-c", SIGNAL_BY_WATCHER, str(p)],
+                       env=dict(os.environ, DATAMEM_CONFIG=str(p)), capture_output=True,
+                       text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 0 and r.stdout == "ok\n", (r.returncode, r.stdout, r.stderr)
+    assert "reloaded %s on SIGHUP" % p in r.stderr, r.stderr
+
+
 def test_cli_reload_refuses_without_opt_in():
     # A datamem process (reload refuses any other: test_stats_cli.py) that has not
     # opted in to SIGHUP.
@@ -546,3 +587,337 @@ def test_a_watcher_reload_that_brings_dtype_rules_routes_by_dtype(tmp_path):
                        env=dict(os.environ, DATAMEM_CONFIG=str(p)))
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["f32", "a"], r.stdout + r.stderr
+
+
+# ---- the reference's Reload column, row by row -----------------------------------------
+#
+# docs/policy-reference.md (generated from policy/schema.def) says of every key
+# whether a reload applies a change ("yes") or refuses it, keeping the policy in
+# force ("no"). It said "no" of hugepages, numa, per_node, stats.textfile and
+# reload.signal, and a reload applied them without a word. Each row below installs
+# a policy, observes what the process does (placement, the pages' flags and NUMA
+# policy in /proc/self/smaps and numa_maps, files, handlers, refusals, the
+# engine's own settings), reloads the same file changed in that one key, and
+# observes again: a "yes" row must change what is observed and reload cleanly, a
+# "no" row must be refused, saying which key, and change nothing. Every row of
+# the reference has a probe here (test_every_reference_row_has_a_reload_probe).
+
+RELOAD_HARNESS = r'''
+import json, os, signal, sys, threading, time
+import numpy as np, datamem
+D, A, PATH = sys.argv[1], sys.argv[2], sys.argv[3]
+probe = json.loads(sys.argv[4])
+KEEP = []
+
+def text(policy):
+    return json.dumps(policy).replace("$", A).replace("@D", D)
+
+def write(policy):
+    tmp = PATH + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(text(policy))
+    os.replace(tmp, PATH)
+
+def ar(name):
+    return datamem.stats()["arenas"][A + name]
+
+def where(n=100, dtype="float64"):
+    return datamem.arena_of(np.empty(n, dtype))
+
+def alloc(nbytes):
+    try:
+        a = np.ones(nbytes // 8)
+    except MemoryError:
+        return "MemoryError"
+    KEEP.append(a)
+    return datamem.arena_of(a)
+
+def in_thread(name, fn):
+    out = []
+    t = threading.Thread(target=lambda: out.append(fn()), name=name)
+    t.start(); t.join()
+    return out[0]
+
+def tagged(tag, fn):
+    with datamem.tag(tag):
+        return fn()
+
+def fresh():
+    """A new array bigger than any the arena held before (so jemalloc maps new
+    memory for it): the flags (smaps VmFlags) and the NUMA policy (numa_maps)
+    of its pages."""
+    a = np.ones((16 << 20) * 8 ** PHASE // 8)
+    KEEP.append(a)
+    addr, flags, policy = a.ctypes.data, None, None
+    cur = False
+    for line in open("/proc/self/smaps"):
+        head = line.split()[0]
+        if "-" in head and ":" not in head:
+            lo, hi = (int(x, 16) for x in head.split("-"))
+            cur = lo <= addr < hi
+        elif cur and line.startswith("VmFlags:"):
+            flags = line.split()[1:]
+    for line in open("/proc/self/numa_maps"):
+        f = line.split()
+        if int(f[0], 16) <= addr:
+            policy = f[1]
+    return {"hg": "hg" in flags, "nh": "nh" in flags, "lo": "lo" in flags, "numa": policy}
+
+def soon(cond, timeout):
+    end = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.02)
+    return True
+
+def watched(timeout):
+    """Whether the watcher reloads a change to the file within `timeout` s."""
+    n = datamem.stats()["reloads"]
+    with open(PATH) as f:
+        body = f.read()
+    tmp = PATH + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(body + "\n# touched %d\n" % time.monotonic_ns())
+    os.replace(tmp, PATH)
+    return soon(lambda: datamem.stats()["reloads"] > n, timeout)
+
+def textfiles(names):
+    """Waits (5 s at most) for this phase's textfile; which of `names` exist."""
+    soon(lambda: os.path.exists(os.path.join(D, names[PHASE])), 5)
+    return [n for n in names if os.path.exists(os.path.join(D, n))]
+
+def rewritten(name, timeout):
+    """Whether the textfile is replaced again within `timeout` s."""
+    p = os.path.join(D, name)
+    soon(lambda: os.path.exists(p), 5)
+    ino = os.stat(p).st_ino
+    return soon(lambda: os.stat(p).st_ino != ino, timeout)
+
+def growth_purges():
+    """The arena's purges on growth over a free then a bigger allocation."""
+    n = ar("g")["growth_purges"]
+    a = np.ones((32 << 20) * 4 ** PHASE // 8); del a
+    b = np.ones((64 << 20) * 4 ** PHASE // 8); KEEP.append(b)
+    return ar("g")["growth_purges"] > n
+
+def decayed(field):
+    """Whether eight freed 2 MiB arrays leave the arena's dirty (or muzzy)
+    pages within 2 s (below the size of kept big blocks, above the caches')."""
+    a = [np.ones((2 << 20) // 8) for _ in range(8)]; del a
+    return soon(lambda: ar("g")[field] == 0, 2)
+
+def spill_dirs():
+    out = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            t = os.readlink("/proc/self/fd/" + fd)
+        except OSError:
+            continue
+        if t.startswith(D):
+            out.add(os.path.relpath(os.path.dirname(t), D))
+    return sorted(out)
+
+def sighup():
+    return signal.getsignal(signal.SIGHUP) is datamem._on_sighup
+
+write(probe["before"])
+datamem.install(PATH)
+PHASE = 0
+before = eval(probe["observe"])
+write(probe["after"])
+try:
+    datamem.reload()
+    err = None
+except datamem.PolicyError as e:
+    err = str(e)
+PHASE = 1
+after = eval(probe["observe"])
+print(json.dumps({"before": before, "after": after, "error": err,
+                  "policy": datamem.stats()["policy_hash"]}))
+'''
+
+_BACKED = {"backing": {"dir": "@D/spill"}}
+
+
+def _policy(**over):
+    """A policy: arenas $g (the default) and $s, plus `over` (arena settings
+    under the keys g, s and b, b being a file-backed arena; top-level keys as
+    they are)."""
+    arenas = {"$g": dict(over.pop("g", {})), "$s": dict(over.pop("s", {}))}
+    if "b" in over:
+        arenas["$b"] = dict(_BACKED, **over.pop("b"))
+    p = {"version": 1, "default": "$g", "arenas": arenas}
+    p.update(over)
+    return p
+
+
+def _rule(**match):
+    return [{"name": "r", "match": match, "arena": "$s"}]
+
+
+_NOMATCH = {"size": {"min": "1GiB"}}
+# key -> (policy before, policy after: that key changed, what is observed)
+RELOAD_PROBES = {
+    "version": (_policy(), _policy(), "where()"),  # 1 is its only value
+    "default": (_policy(), _policy(default="$s"), "where()"),
+    "fallback": (_policy(g={"limit": 0}), _policy(g={"limit": 0}, fallback="$s"),
+                 "alloc(4096)"),
+    "arenas": (_policy(), _policy(arenas={"$g": {}, "$s": {}, "$x": {}}),
+               "A + 'x' in datamem.stats()['arenas']"),
+    "arenas.<name>.alignment": (
+        _policy(g={"alignment": 64}), _policy(g={"alignment": 4096}),
+        "[ar('g')['alignment'], all(a.ctypes.data % 4096 == 0 "
+        "for a in [np.empty(100) for _ in range(16)])]"),
+    "arenas.<name>.hugepages": (_policy(g={"hugepages": "off"}), _policy(g={"hugepages": "on"}),
+                                "[ar('g')['hugepages'], fresh()['hg'], fresh()['nh']]"),
+    "arenas.<name>.numa": (_policy(g={"numa": "none"}), _policy(g={"numa": "local"}),
+                           "[ar('g')['numa'], fresh()['numa']]"),
+    "arenas.<name>.numa.bind": (_policy(), _policy(g={"numa": {"bind": [0]}}),
+                                "[ar('g')['numa'], fresh()['numa']]"),
+    "arenas.<name>.numa.interleave": (_policy(), _policy(g={"numa": {"interleave": "all"}}),
+                                      "[ar('g')['numa'], fresh()['numa']]"),
+    "arenas.<name>.numa.preferred": (_policy(), _policy(g={"numa": {"preferred": 0}}),
+                                     "[ar('g')['numa'], fresh()['numa']]"),
+    "arenas.<name>.per_node": (_policy(), _policy(g={"per_node": True}),
+                               "[ar('g')['per_node'], ar('g')['jemalloc_arenas'], alloc(4096)]"),
+    "arenas.<name>.decay": (_policy(g={"decay": {"dirty": "never"}}),
+                            _policy(g={"decay": {"dirty": 0}}),
+                            "[ar('g')['decay_dirty_ms'], decayed('dirty_bytes')]"),
+    "arenas.<name>.decay.dirty": (_policy(g={"decay": {"dirty": "never"}}),
+                                  _policy(g={"decay": {"dirty": 0}}),
+                                  "[ar('g')['decay_dirty_ms'], decayed('dirty_bytes')]"),
+    "arenas.<name>.decay.muzzy": (_policy(g={"decay": {"dirty": 0, "muzzy": "never"}}),
+                                  _policy(g={"decay": {"dirty": 0, "muzzy": 0}}),
+                                  "ar('g')['decay_muzzy_ms']"),
+    "arenas.<name>.decay.budget": (_policy(g={"decay": {"dirty": "never", "budget": "never"}}),
+                                   _policy(g={"decay": {"dirty": "never", "budget": 0}}),
+                                   "growth_purges()"),
+    "arenas.<name>.limit": (_policy(), _policy(g={"limit": "1MiB"}), "alloc(4 << 20)"),
+    "arenas.<name>.lock": (_policy(), _policy(g={"lock": True}),
+                           "[ar('g')['lock'], fresh()['lo']]"),
+    "arenas.<name>.pinned": (_policy(), _policy(g={"pinned": "cuda"}),
+                             "[ar('g')['pinned'], alloc(4 << 20), ar('g')['pinned_bytes'] > 0]"),
+    "arenas.<name>.backing": (_policy(), _policy(g=_BACKED),
+                              "[ar('g')['backed'], spill_dirs()]"),
+    "arenas.<name>.backing.dir": (_policy(b={}), _policy(b={"backing": {"dir": "@D/spill2"}}),
+                                  "[ar('b')['backed'], spill_dirs()]"),
+    "arenas.<name>.backing.max": (_policy(b={"backing": {"dir": "@D/spill", "max": "1GiB"}}),
+                                  _policy(b={"backing": {"dir": "@D/spill", "max": "2GiB"}}),
+                                  "ar('b')['backing_max']"),
+    "arenas.<name>.backing.resident_max": (
+        _policy(b={"backing": {"dir": "@D/spill", "resident_max": "1GiB"}}),
+        _policy(b={"backing": {"dir": "@D/spill", "resident_max": "2GiB"}}),
+        "ar('b')['backing_resident_max']"),
+    "rules": (_policy(), _policy(rules=_rule()), "where()"),
+    "rules[].name": (_policy(rules=_rule()),
+                     _policy(rules=[{"name": "r2", "match": {}, "arena": "$s"}]),
+                     "[where(), sorted(datamem.stats()['rules'])]"),
+    "rules[].match": (_policy(rules=_rule(**_NOMATCH)), _policy(rules=_rule()), "where()"),
+    "rules[].match.size": (_policy(rules=_rule(**_NOMATCH)),
+                           _policy(rules=_rule(size={"max": 4096})), "where()"),
+    "rules[].match.size.min": (_policy(rules=_rule(size={"min": "1GiB"})),
+                               _policy(rules=_rule(size={"min": 0})), "where()"),
+    "rules[].match.size.max": (_policy(rules=_rule(size={"max": 10})),
+                               _policy(rules=_rule(size={"max": 4096})), "where()"),
+    "rules[].match.dtype": (_policy(rules=_rule(dtype=["int8"])),
+                            _policy(rules=_rule(dtype=["float64"])), "where()"),
+    "rules[].match.thread": (_policy(rules=_rule(thread=["nomatch_*"])),
+                             _policy(rules=_rule(thread=["probe_*"])),
+                             "in_thread('probe_%d' % PHASE, where)"),
+    "rules[].match.module": (_policy(rules=_rule(module=["nomatch*"])),
+                             _policy(rules=_rule(module=["__main__"])), "where()"),
+    "rules[].match.function": (_policy(rules=_rule(function=["nomatch*"])),
+                               _policy(rules=_rule(function=["__main__.where"])), "where()"),
+    "rules[].match.tag": (_policy(rules=_rule(tag=["nomatch"])),
+                          _policy(rules=_rule(tag=["probe"])), "tagged('probe', where)"),
+    "rules[].arena": (_policy(rules=[{"name": "r", "arena": "$g"}]),
+                      _policy(rules=[{"name": "r", "arena": "$s"}]), "where()"),
+    "tag_bytes": (_policy(), _policy(tag_bytes=True), "datamem.stats()['tag_bytes']['on']"),
+    "tag_limits": (_policy(), _policy(tag_limits=[{"tag": "probe", "limit": 0}]),
+                   "tagged('probe', lambda: alloc(4096))"),
+    "tag_limits[].tag": (_policy(tag_limits=[{"tag": "nomatch", "limit": 0}]),
+                         _policy(tag_limits=[{"tag": "probe", "limit": 0}]),
+                         "tagged('probe', lambda: alloc(4096))"),
+    "tag_limits[].limit": (_policy(tag_limits=[{"tag": "probe", "limit": "1GiB"}]),
+                           _policy(tag_limits=[{"tag": "probe", "limit": 0}]),
+                           "tagged('probe', lambda: alloc(4096))"),
+    "tag_limits[].spill": (_policy(b={}, tag_limits=[{"tag": "probe", "limit": 0}]),
+                           _policy(b={}, tag_limits=[{"tag": "probe", "limit": 0,
+                                                       "spill": "$b"}]),
+                           "tagged('probe', lambda: alloc(4096))"),
+    "worker_limit": (_policy(), _policy(worker_limit="1MiB"), "alloc(4 << 20)"),
+    "worker_spill": (_policy(b={}, worker_limit="1MiB"),
+                     _policy(b={}, worker_limit="1MiB", worker_spill="$b"), "alloc(4 << 20)"),
+    "stats": (_policy(), _policy(stats={"unix_socket": "@D/s.sock"}),
+              "soon(lambda: os.path.exists(D + '/s.sock'), 5 * PHASE)"),
+    "stats.http": (_policy(), _policy(stats={"http": "127.0.0.1:0"}),
+                   "bool(datamem.stats_url())"),
+    "stats.unix_socket": (_policy(stats={"unix_socket": "@D/a.sock"}),
+                          _policy(stats={"unix_socket": "@D/b.sock"}),
+                          "soon(lambda: os.path.exists(D + '/b.sock'), 5 * PHASE)"),
+    "stats.textfile": (_policy(stats={"textfile": "@D/a.prom"}),
+                       _policy(stats={"textfile": "@D/b.prom"}),
+                       "textfiles(['a.prom', 'b.prom'])"),
+    "stats.interval": (_policy(stats={"textfile": "@D/a.prom", "interval": 86400000}),
+                       _policy(stats={"textfile": "@D/a.prom", "interval": "20ms"}),
+                       "rewritten('a.prom', 2)"),
+    "reload": (_policy(), _policy(reload={"watch": True}), "watched(2)"),
+    "reload.watch": (_policy(reload={"watch": False}), _policy(reload={"watch": True}),
+                     "watched(2)"),
+    "reload.debounce": (_policy(reload={"watch": True, "debounce": 0}),
+                        _policy(reload={"watch": True, "debounce": 60000}), "watched(2)"),
+    "reload.signal": (_policy(), _policy(reload={"signal": True}), "sighup()"),
+}
+
+
+def _reference_reload_column():
+    """{key: "yes" | "no"} from docs/policy-reference.md's key table."""
+    out = {}
+    with open(os.path.join(ROOT, "docs", "policy-reference.md"), encoding="utf-8") as f:
+        for line in f:
+            cells = [c.strip() for c in line.split("|")]
+            if len(cells) > 6 and cells[1].startswith("`") and cells[5] in ("yes", "no"):
+                out[cells[1].strip("`")] = cells[5]
+    return out
+
+
+def test_every_reference_row_has_a_reload_probe():
+    column = _reference_reload_column()
+    assert len(column) > 40, column
+    assert set(column) == set(RELOAD_PROBES), (sorted(set(column) - set(RELOAD_PROBES)),
+                                               sorted(set(RELOAD_PROBES) - set(column)))
+
+
+@pytest.mark.parametrize("key", sorted(RELOAD_PROBES))
+def test_a_reload_does_what_the_reload_column_says(key, tmp_path, request):
+    """"yes": the reload succeeds and what the process does changes; "no": the
+    reload fails naming the key, and nothing changes (the policy in force stays)."""
+    before, after, observe = RELOAD_PROBES[key]
+    column = _reference_reload_column()[key]
+    for d in ("spill", "spill2"):
+        (tmp_path / d).mkdir(mode=0o700)
+    env = {"DATAMEM_STATS_DIR": str(tmp_path / "discovery")}
+    if key.endswith(".pinned"):
+        env["DATAMEM_CUDART"] = request.getfixturevalue("fake_cudart")
+    if key.endswith("numa") or ".numa." in key:
+        if not os.path.exists("/proc/self/numa_maps"):
+            pytest.skip("SKIP: no NUMA support in this kernel (/proc/self/numa_maps)")
+    if key.endswith(".lock") and UNDER_ASAN:  # ASan makes mlock a no-op: no "lo" pages
+        observe = "ar('g')['lock']"
+    probe = json.dumps({"before": before, "after": after, "observe": observe})
+    r = subprocess.run([sys.executable, "-c", RELOAD_HARNESS, str(tmp_path), "p_",
+                        str(tmp_path / "policy.yaml"), probe],
+                       env=dict(os.environ, **env), capture_output=True, text=True,
+                       timeout=120, cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.splitlines()[-1])
+    if key == "version":  # one value only: a reload of it is clean
+        assert out["error"] is None and out["before"] == out["after"], out
+    elif column == "yes":
+        assert out["error"] is None, out
+        assert out["before"] != out["after"], "%s: a reload changed nothing: %s" % (key, out)
+    else:
+        leaf = key.rsplit(".", 1)[1]
+        assert out["error"] and leaf in out["error"], out
+        assert out["before"] == out["after"], "%s: a refused reload changed %s" % (key, out)

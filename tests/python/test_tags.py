@@ -11,7 +11,7 @@ import os
 import pytest
 
 import datamem
-from conftest import UNDER_ASAN, UNDER_TSAN, last_json, run_in_group, run_py
+from conftest import ROOT, UNDER_ASAN, UNDER_TSAN, last_json, run_in_group, run_py
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -172,6 +172,42 @@ def test_memory_limit_takes_the_policys_sizes(write_policy):
     for value, want in (("1.5GiB", 768 * MiB), ("1610612736", 768 * MiB), ("2 GiB", GiB)):
         out = last_json(run_py(code, config=share, env={"DATAMEM_MEMORY_LIMIT": value}))
         assert out["worker_limit"] == want and out["worker_limit_source"] == "env", (value, out)
+
+
+def _operations_memory_limit_examples():
+    """docs/operations.md's DATAMEM_MEMORY_LIMIT bullet: the sizes it gives as
+    accepted (with the bytes it says one of them is) and the value it shows refused."""
+    import re
+    with open(os.path.join(ROOT, "docs", "operations.md"), encoding="utf-8") as f:
+        text = " ".join(f.read().split())
+    bullet = text[text.index("`DATAMEM_MEMORY_LIMIT` when set"):]
+    accepted = re.search(r"as in a policy \((.*?)\)\. Any other value", bullet).group(1)
+    sizes = re.findall(r"`([0-9][^`]*)`", accepted.split(":")[0])
+    said = re.findall(r"`([^`]+)` is ([0-9,]+) bytes", accepted)
+    refused = re.search(r'DATAMEM_MEMORY_LIMIT="([^"]+)" is not a size', bullet).group(1)
+    return sizes, {v: int(n.replace(",", "")) for v, n in said}, refused
+
+
+def test_memory_limit_examples_in_operations_md_hold(write_policy):
+    """operations.md's examples, run: every size it lists is taken (`1.5 GB`: the
+    bytes it says), and the value it shows refused is refused with that line (it
+    showed "1.5 GB", which is a size: 1,500,000,000 bytes)."""
+    sizes, said, refused = _operations_memory_limit_examples()
+    assert len(sizes) >= 3 and set(said) <= set(sizes), (sizes, said)
+    share = write_policy("version: 1\ndefault: general\narenas:\n  general: {}\n"
+                         "worker_limit: 100%\n")
+    code = "import json, datamem; print(json.dumps(datamem.stats()['tag_bytes']))"
+    for value in sizes:
+        r = run_py(code, config=share, env={"DATAMEM_MEMORY_LIMIT": value})
+        assert r.returncode == 0, (value, r.stderr)
+        out = last_json(r)
+        assert out["worker_limit_source"] == "env", (value, out)
+        if value in said:
+            assert out["worker_limit"] == said[value], (value, out)
+    r = run_py("print('job ran')", config=share, env={"DATAMEM_MEMORY_LIMIT": refused})
+    assert r.returncode == 2 and "job ran" not in r.stdout, (refused, r.stdout + r.stderr)
+    assert ("worker_limit: 100%% of the process's memory limit: DATAMEM_MEMORY_LIMIT=\"%s\" "
+            "is not a size: " % refused) in r.stderr, r.stderr
 
 
 @pytest.mark.parametrize("value", ["1.1KiB", "1.5 GB of RAM", "lots", "0"])
