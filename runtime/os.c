@@ -428,13 +428,16 @@ int dm__os_tmpfile(int dirfd) {
      * page written back needs a fresh block, which on a full disk is a SIGBUS
      * at the page fault. A file marked nodatacow while still empty (the flag
      * takes on an empty file only) rewrites its blocks in place, as ext4 and
-     * XFS do. Elsewhere the flag means nothing or is refused: not asked. */
+     * XFS do (and compresses nothing: a directory marked compressed passes
+     * that on, and btrfs refuses nodatacow until it is off, in a call of its
+     * own). Elsewhere the flag means nothing or is refused: not asked. */
     struct statfs fs;
     int flags;
     if (fstatfs(fd, &fs) == 0 && fs.f_type == BTRFS_SUPER_MAGIC &&
         ioctl(fd, FS_IOC_GETFLAGS, &flags) == 0 && !(flags & FS_NOCOW_FL)) {
-        flags |= FS_NOCOW_FL;
-        if (ioctl(fd, FS_IOC_SETFLAGS, &flags) != 0) {
+        int plain = flags & ~FS_COMPR_FL, nocow = plain | FS_NOCOW_FL;
+        if ((plain != flags && ioctl(fd, FS_IOC_SETFLAGS, &plain) != 0) ||
+            ioctl(fd, FS_IOC_SETFLAGS, &nocow) != 0) {
             int e = errno;
             close(fd);
             return -e;

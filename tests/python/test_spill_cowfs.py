@@ -9,6 +9,8 @@ and child shared every spilled block, and the first rewrite of one needed a
 fresh block that no fallocate had reserved: SIGBUS on both filesystems once the
 disk filled. And btrfs copies a block on every write, so a full btrfs SIGBUSed
 on a plain rewrite of a page already written back, fork or not."""
+import array
+import fcntl
 import json
 import os
 import shutil
@@ -232,3 +234,25 @@ def test_a_fork_without_room_for_the_copy_maps_copy_on_write(cow_dir, write_poli
         assert x["copies"] == 0 and x["failures"] == 1, (fs, x)
         assert x["wrong"] == [], (fs, x)
     assert "could not get its own copy" in err, err[-3000:]
+
+
+FS_IOC_GETFLAGS, FS_IOC_SETFLAGS, FS_COMPR_FL = 0x80086601, 0x40086602, 0x4   # <linux/fs.h>
+
+
+@pytest.mark.parametrize("cow_dir", ["btrfs"], indirect=True)
+def test_a_compressed_btrfs_directory_still_spills(cow_dir, write_policy):
+    """A btrfs directory marked compressed (chattr +c) passes the flag on to the
+    files made there, and btrfs refuses nodatacow with it: the spill file
+    drops it (a nodatacow file compresses nothing), and the arena works."""
+    fs, d = cow_dir
+    fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        flags = array.array("l", [0])
+        fcntl.ioctl(fd, FS_IOC_GETFLAGS, flags, True)
+        flags[0] |= FS_COMPR_FL
+        fcntl.ioctl(fd, FS_IOC_SETFLAGS, flags, True)
+    finally:
+        os.close(fd)
+    out, err = run_job("full", fs, d, cow_policy(write_policy, d))
+    p = out["parent"]
+    assert p["held"] >= 8 and p["refused"] and p["wrong"] == [], (fs, p)
