@@ -8,7 +8,15 @@ What failed before: the fork copy was a reflink (copy_file_range), so parent
 and child shared every spilled block, and the first rewrite of one needed a
 fresh block that no fallocate had reserved: SIGBUS on both filesystems once the
 disk filled. And btrfs copies a block on every write, so a full btrfs SIGBUSed
-on a plain rewrite of a page already written back, fork or not."""
+on a plain rewrite of a page already written back, fork or not.
+
+What still fails, so the fills stop at MARGIN free: on a filesystem with large
+page-cache folios (XFS here, Linux 6.18) a write fault reserves blocks for the
+whole folio, up to 2 MiB, past the end of the range datamem reserved into the
+unreserved rest of the file; an allocation that took the last free blocks
+SIGBUSed writing its last pages (docs/operations.md, "A full disk is a
+MemoryError"). Past MARGIN, one allocation larger than what is left shows
+the refusal itself: a MemoryError."""
 import array
 import fcntl
 import json
@@ -223,7 +231,9 @@ def test_a_fork_copy_then_a_nearly_full_disk_needs_no_new_block(cow_dir, write_p
 def test_a_fork_without_room_for_the_copy_maps_copy_on_write(cow_dir, write_policy):
     """Nearly full before the fork: no room for the copy, so the child maps
     the parent's file copy-on-write (logged, counted); both rewrite every page
-    (the child's writes land in its own memory), and neither dies of SIGBUS."""
+    (the child's writes land in its own memory), and neither dies of SIGBUS.
+    The reflink copy fitted here (each run's blocks, reserved first, went back
+    when the reflink replaced them) and both died of SIGBUS on XFS."""
     fs, d = cow_dir
     out, err = run_job("fork-full", fs, d, cow_policy(write_policy, d))
     p, c = out["parent"], out.get("child")
