@@ -10,6 +10,8 @@
 
 #include <dlfcn.h>
 #include <errno.h>
+#include <linux/fs.h>
+#include <linux/magic.h>
 #include <pthread.h>
 #include <fcntl.h>
 #include <malloc.h>
@@ -23,7 +25,9 @@
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/sendfile.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include "policy/policy.h"
@@ -417,7 +421,29 @@ int dm_dir_open_owned(const char *path, bool create, unsigned mode, char *why, s
 int dm__os_tmpfile(int dirfd) {
     /* O_EXCL: the file can never be given a name (linkat) */
     int fd = openat(dirfd, ".", O_TMPFILE | O_RDWR | O_EXCL | O_CLOEXEC, 0600);
-    return fd >= 0 ? fd : -errno;
+    if (fd < 0)
+        return -errno;
+    /* btrfs copies a block on every write to it (copy-on-write), so a block
+     * that fallocate reserved holds for the first write only: a rewrite of a
+     * page written back needs a fresh block, which on a full disk is a SIGBUS
+     * at the page fault. A file marked nodatacow while still empty (the flag
+     * takes on an empty file only) rewrites its blocks in place, as ext4 and
+     * XFS do (and compresses nothing: a directory marked compressed passes
+     * that on, and btrfs refuses nodatacow until it is off, in a call of its
+     * own). Elsewhere the flag means nothing or is refused: not asked. */
+    struct statfs fs;
+    int flags;
+    if (fstatfs(fd, &fs) == 0 && fs.f_type == BTRFS_SUPER_MAGIC &&
+        ioctl(fd, FS_IOC_GETFLAGS, &flags) == 0 && !(flags & FS_NOCOW_FL)) {
+        int plain = flags & ~FS_COMPR_FL, nocow = plain | FS_NOCOW_FL;
+        if ((plain != flags && ioctl(fd, FS_IOC_SETFLAGS, &plain) != 0) ||
+            ioctl(fd, FS_IOC_SETFLAGS, &nocow) != 0) {
+            int e = errno;
+            close(fd);
+            return -e;
+        }
+    }
+    return fd;
 }
 
 int dm__os_file_size(int fd, uint64_t n) { return ftruncate(fd, (off_t)n) == 0 ? 0 : -errno; }
@@ -452,29 +478,37 @@ int dm__os_map_anon(void *p, size_t n) {
     return q == p ? 0 : -errno;
 }
 
-/* copy_file_range (in the kernel; a reflink where the filesystem shares
- * blocks), else read and write through a buffer. */
+/* sendfile (an in-kernel copy through the page cache), else read and write
+ * through a buffer. Never copy_file_range: on XFS and btrfs it reflinks, the
+ * two files then share blocks, and the first write to a shared block in either
+ * needs a fresh one that no fallocate reserved (a reflinked extent replaces the
+ * blocks reserved for the copy): on a full disk that page fault is a SIGBUS.
+ * sendfile writes into the blocks `to` already holds. */
 int dm__os_file_copy(int from, int to, uint64_t off, size_t n) {
-    loff_t in = (loff_t)off, out = (loff_t)off;
+    off_t in = (off_t)off;
     size_t left = n;
-    while (left) {
-        ssize_t k = copy_file_range(from, &in, to, &out, left, 0);
-        if (k < 0 && errno == EINTR)
-            continue;
-        if (k <= 0)
-            break;
-        left -= (size_t)k;
+    if (lseek(to, (off_t)off, SEEK_SET) == (off_t)off) { /* sendfile writes at the position */
+        while (left) {
+            ssize_t k = sendfile(to, from, &in, left < 0x40000000 ? left : 0x40000000);
+            if (k < 0 && errno == EINTR)
+                continue;
+            if (k < 0 && (errno == ENOSPC || errno == EDQUOT || errno == EIO))
+                return -errno;
+            if (k <= 0)
+                break;
+            left -= (size_t)k;
+        }
     }
     char buf[1 << 16];
     while (left) {
         size_t want = left < sizeof(buf) ? left : sizeof(buf);
-        ssize_t k = pread(from, buf, want, (off_t)in);
+        ssize_t k = pread(from, buf, want, in);
         if (k < 0 && errno == EINTR)
             continue;
         if (k <= 0)
             return k == 0 ? -EIO : -errno;
         for (ssize_t w = 0; w < k;) {
-            ssize_t m = pwrite(to, buf + w, (size_t)(k - w), (off_t)(in + w));
+            ssize_t m = pwrite(to, buf + w, (size_t)(k - w), in + w);
             if (m < 0 && errno == EINTR)
                 continue;
             if (m <= 0)

@@ -99,7 +99,8 @@ int dm__os_huge_bytes(const uintptr_t (*r)[2], int n, uint64_t *out);
  * same, for the services.) */
 int dm__os_dir_open_owned(const char *path, bool create, unsigned mode, char *why, size_t cap);
 /* A file with no name in directory `dirfd` (O_TMPFILE|O_EXCL: it can never be
- * linked in), read-write, mode 0600. The fd or -errno. */
+ * linked in), read-write, mode 0600; on btrfs marked nodatacow (rewrites in
+ * place, into the blocks fallocate reserved). The fd or -errno. */
 int dm__os_tmpfile(int dirfd);
 /* ftruncate. 0 or -errno. */
 int dm__os_file_size(int fd, uint64_t n);
@@ -115,7 +116,10 @@ int dm__os_file_zero(int fd, uint64_t off, size_t n);
 int dm__os_map_file(void *p, size_t n, int fd, uint64_t off, bool shared);
 /* Fresh zero anonymous memory at exactly p (MAP_FIXED). 0 or -errno. */
 int dm__os_map_anon(void *p, size_t n);
-/* Copies [off, off+n) of `from` to the same offsets of `to`. 0 or -errno. */
+/* Copies [off, off+n) of `from` to the same offsets of `to`, into blocks of
+ * `to`'s own: never shared with `from` (no reflink), so that a later write to
+ * either file needs no block it does not hold. Moves `to`'s file position.
+ * 0 or -errno. */
 int dm__os_file_copy(int from, int to, uint64_t off, size_t n);
 /* Pages of [p, p+n) (page-aligned) in memory (mincore: for a file mapping,
  * in the page cache). -errno on failure. */

@@ -22,9 +22,10 @@
  * copy: a write in the child must not show in the parent's arrays, nor the
  * parent's in the child's. So before fork (pthread_atfork prepare, every bump
  * mutex held, so no region is added meanwhile) the forking thread copies each
- * spill arena's reserved pages into a new nameless file (copy_file_range: a
- * reflink where the filesystem shares blocks, XFS and btrfs; an in-kernel copy
- * elsewhere), and the child maps that copy over its regions, MAP_FIXED, before
+ * spill arena's reserved pages into a new nameless file (into blocks reserved
+ * for the copy; never a reflink, whose shared blocks would need fresh ones at
+ * the first write in either process: os.c, dm__os_file_copy), and the child
+ * maps that copy over its regions, MAP_FIXED, before
  * it runs any code of its own: from then on each process writes its own file.
  * The cost is a copy of the spilled bytes per fork (docs/operations.md).
  * Writes made by other threads while the copy runs race with the fork itself,

@@ -8,7 +8,8 @@ APT_PKGS=(bazel-bootstrap libyaml-dev libnuma-dev dpkg-dev
           clang libclang-rt-14-dev valgrind numactl build-essential autoconf
           prometheus chromium   # real-Prometheus and headless-browser tests
           debootstrap qemu-user-static binfmt-support   # scripts/roots.sh: other Pythons, arm64
-          iproute2)   # ip netns: test_cluster_netns.py's hosts
+          iproute2   # ip netns: test_cluster_netns.py's hosts
+          btrfs-progs xfsprogs)   # test_spill_cowfs.py: a full btrfs and XFS on a loop device
 
 need_apt=()
 for p in "${APT_PKGS[@]}"; do
