@@ -32,10 +32,15 @@
  * process with a CHECK failure past that; test_fork_copies's fork takes more
  * (jemalloc's prefork handler takes every arena's mutexes, then the engine's
  * bump and reuse locks of each arena). Its race detection stays on; the
- * detector is off as in scripts/tsan-ft.sh. TSAN_OPTIONS still adds to this. */
+ * detector is off as in scripts/tsan-ft.sh. And the process is multi-threaded
+ * when it forks (the spill thread starts with the first spill arena), while a
+ * child starts its own spill thread at its first commit or free of a spill
+ * block, which TSan refuses by default (die_after_fork): the child here runs
+ * only this test's own code and the engine's, whose fork handlers reset every
+ * lock and thread it keeps. TSAN_OPTIONS still adds to this. */
 __attribute__((visibility("default"))) const char *__tsan_default_options(void);
 const char *__tsan_default_options(void) {
-    return "detect_deadlocks=0";
+    return "detect_deadlocks=0:die_after_fork=0";
 }
 #endif
 
@@ -218,12 +223,6 @@ static void test_idle_decay_punches_holes(void) {
  * arena's copy); the other arenas hold nothing by now. Runs after
  * test_idle_decay_punches_holes, whose policy is in force. */
 static void test_fork_child_decay(void) {
-#if defined(__SANITIZE_THREAD__)
-    /* As test_fork_copies; and TSan refuses a thread started after such a fork. */
-    printf("SKIP test_fork_child_decay under TSan: fork holds more locks than its deadlock "
-           "detector tracks\n");
-    return;
-#endif
     enum { N = 10 };
     void *p[N];
     for (int i = 0; i < N; i++) {
