@@ -78,6 +78,7 @@ typedef dm__tally_row_t tally_tag_t;
 #define ID_FIRST DM_TALLY_ID_FIRST
 #define TAG_BUCKETS 8192
 #define SAID_MAX 64 /* limited tags named on stderr as counted under "(other)" */
+_Static_assert(DM_CTX_TAGS_MAX <= 64, "a context's `uncounted` has a bit per tag");
 enum { IDLE_PLAIN, IDLE_LIMITED, NIDLE };
 
 tally_tag_t dm__tally_rows[DM_TALLY_TAGS_MAX];
