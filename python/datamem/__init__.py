@@ -32,11 +32,13 @@ HANDLER_NAME = _ext.HANDLER_NAME
 __version__ = _ext.VERSION
 
 # Module state and its guards (docs/design.md, "Free-threaded CPython"): _state
-# changes only under _lock (install, reload, uninstall); _covered, added to by
+# changes only under _lock (install, reload, uninstall, the
+# first tag's wrap of ThreadPoolExecutor.submit); _covered, added to by
 # every starting thread, only under _covered_lock, which also orders the
 # publications of the uncovered threads (it is taken under _lock, never the
 # other way round).
-_state = {"path": None, "threads_patched": False, "orig_bootstrap": None}
+_state = {"path": None, "threads_patched": False, "orig_bootstrap": None,
+          "pools_patched": False}
 _covered = weakref.WeakSet()  # threads that set datamem's handler themselves
 _lock = threading.Lock()
 _covered_lock = threading.Lock()
@@ -250,7 +252,9 @@ _TAG = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,62}")
 def tag(*names):
     """Tags the allocations made inside the block (and inside tasks it creates:
     the tag rides on NumPy's handler ContextVar, so it follows await and
-    asyncio tasks and stays isolated between tasks). Nested tags accumulate.
+    asyncio tasks and stays isolated between tasks; work handed to a
+    concurrent.futures.ThreadPoolExecutor, by submit, map or
+    loop.run_in_executor, carries it too: see _patch_pools). Nested tags accumulate.
     A name a policy's match.tag could not hold (see _TAG_PATTERN) raises
     ValueError here, at the call."""
     for n in names:
@@ -273,7 +277,18 @@ def _tagged(names):
     if base is None:  # this context is not served by datamem: leave it alone
         yield
         return
-    prev = _ext.set_handler(_ext.handler(tuple(base) + names))
+    if not _state["pools_patched"]:
+        _patch_pools()
+    with _handler_set(_ext.handler(tuple(base) + names)):
+        yield
+
+
+@contextlib.contextmanager
+def _handler_set(handler):
+    """`handler` (a tag set's) in force in this context for the block; a
+    MemoryError a datamem limit caused in this thread comes out as
+    memory_error() makes it."""
+    prev = _ext.set_handler(handler)
     seen = _thread_refusals()
     try:
         yield
@@ -287,6 +302,48 @@ def _tagged(names):
             better = None  # no cycle through this frame: the task's arrays go at once
     finally:
         _ext.set_handler(prev)
+
+
+# ---- thread pools --------------------------------------------------------------
+# A ThreadPoolExecutor runs submitted work in its worker thread's own context,
+# not the submitter's (asyncio.to_thread copies the submitter's context; submit,
+# map and loop.run_in_executor do not), so a tag would stop at the pool and a
+# tag_limits entry around one would limit nothing. The first datamem.tag() that
+# tags wraps ThreadPoolExecutor.submit, the base class's (map and
+# run_in_executor call it, and so do subclasses that call super().submit):
+# work submitted while a datamem tag is in force runs with the submitter's
+# handler, that is its tag set, in force in the worker for that call only, and
+# a MemoryError a limit caused there names the limit, as inside the block.
+# Nothing else of the submitter's context travels (other ContextVars keep the
+# executor's usual semantics), and work submitted with no tag is submitted as
+# it was. The wrapper holds no state: it survives fork as the class does, and
+# on a free-threaded build it reads only the submitting context. A
+# ProcessPoolExecutor's work gets no tag: tags do not cross processes.
+
+def _patch_pools():
+    import concurrent.futures.thread as cft  # outside _lock: an import takes its own
+    with _lock:
+        cls = cft.ThreadPoolExecutor
+        orig = cls.__dict__["submit"]
+        if not getattr(orig, "_datamem", False):  # a second datamem import: wrapped once
+            def submit(self, fn, /, *args, **kwargs):
+                handler = _ext.get_handler()
+                if _ext.handler_tags(handler):  # a tag is in force: it goes with fn
+                    return orig(self, _run_tagged, handler, fn, *args, **kwargs)
+                return orig(self, fn, *args, **kwargs)
+
+            submit.__wrapped__ = orig
+            submit.__doc__ = orig.__doc__
+            submit._datamem = True
+            cls.submit = submit
+        _state["pools_patched"] = True
+
+
+def _run_tagged(handler, fn, /, *args, **kwargs):
+    """fn(*args, **kwargs) in a pool thread with the submitter's `handler`;
+    the thread's own handler is back in force for its next task."""
+    with _handler_set(handler):
+        return fn(*args, **kwargs)
 
 
 # ---- MemoryError that says why ----------------------------------------------------
@@ -339,9 +396,11 @@ def memory_error(exc, since=None, tags=()):
     """A MemoryError naming the limit that refused the allocation behind `exc`
     (the tag, arena or worker limit, the limit, the live bytes and the request),
     or None when no datamem limit refused anything since `since` (a refusals()
-    token; None: any refusal this thread has had). Chain it: `raise
-    datamem.memory_error(e) or e from e`."""
-    if not isinstance(exc, MemoryError) or not _ext.active():
+    token; None: any refusal this thread has had), or when `exc` is one it made
+    (a pool thread's, seen again where the submitter waits on the future).
+    Chain it: `raise datamem.memory_error(e) or e from e`."""
+    if not isinstance(exc, MemoryError) or not _ext.active() \
+            or getattr(exc, "datamem", None) is not None:
         return None
     since = since or {}
     f = _ext.last_failure()

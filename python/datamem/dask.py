@@ -54,7 +54,8 @@ refuse the one task that passes its tag's limit: it fails with a MemoryError
 naming the tag, the limit and the request (datamem.memory_error, applied in
 the pool thread that allocated), and the worker and its other tasks carry on.
 Not covered: threads a task starts itself (they start with an empty context
-unless the task copies it: contextvars.copy_context().run), and tasks run by a
+unless the task copies it: contextvars.copy_context().run; work the task hands
+to a ThreadPoolExecutor carries its tag, datamem._patch_pools), and tasks run by a
 process-pool executor (annotate executor=...), whose processes get no context.
 """
 import functools

@@ -6,7 +6,10 @@ own interpreter: it installs policies and starts profiles).
 MUTATORS threads at once install, reload, tag, explain, read stats, start and
 stop profiles, make call-site rules meet new code objects and install policies
 with dtype rules, while ALLOCATORS threads make arrays, check them and hand them
-to each other (and the mutators hand theirs over too). Every array's arena and
+to each other (and the mutators hand theirs over too); a fifth of the arrays,
+tagged or not, are made by a shared ThreadPoolExecutor (the first tags race
+to wrap its submit; the tag must reach the pool thread for that array only).
+Every array's arena and
 contents are checked by whoever frees it; at the end every arena's live count
 (allocations - frees) is compared, exactly, with the arrays still held, and
 again after they are all freed. Prints one JSON object; exits 1 on any failure.
@@ -24,6 +27,7 @@ import random
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -109,12 +113,13 @@ class Race:
         self.held = {}  # thread name -> arrays it still holds at the end
         self.counts = {"arrays": 0, "checked": 0, "installs": 0, "reloads": 0,
                        "profiles": 0, "profile_refusals": 0, "sites": 0, "explains": 0,
-                       "stats": 0, "tags": 0, "handed": 0}
+                       "stats": 0, "tags": 0, "handed": 0, "pooled": 0}
         self.count_lock = threading.Lock()
         self.uid = iter(range(1 << 62))  # next() is atomic on a free-threaded build too
         self.uid_lock = threading.Lock()
         self.capsules = {}  # tag set -> the capsules handed out for it (one, always)
         self.capsule_lock = threading.Lock()
+        self.pool = ThreadPoolExecutor(4, thread_name_prefix="pool")  # not alloc-*
 
     def bump(self, key, n=1):
         with self.count_lock:
@@ -144,13 +149,21 @@ class Race:
             n = 5 * MIB // 8 + rng.randrange(100)
         value = self.next_uid() % (1 << 23)  # exact in float32
         a_first = self.a_in_force.is_set()
+        if site_fn is None and rng.random() < 0.2:  # made in a pool thread
+            def full():
+                return self.pool.submit(np.full, n, value, dtype=dtype).result()
+            alloc_thread = False
+            self.bump("pooled")
+        else:
+            def full():
+                return np.full(n, value, dtype=dtype)
         if site_fn is not None:
             arr = site_fn(n, value, dtype)
         elif tagged:
             with datamem.tag("hot"):
-                arr = np.full(n, value, dtype=dtype)
+                arr = full()
         else:
-            arr = np.full(n, value, dtype=dtype)
+            arr = full()
         nbytes = arr.nbytes
         want = {expected(nbytes, dtype, tagged, site_match, alloc_thread, True)}
         if not a_first:  # made while the start policy may still be in force
@@ -322,6 +335,7 @@ def main():
     r.done.wait()
     for t in threads:
         t.join()
+    r.pool.shutdown()
     took = time.monotonic() - t0
     held = [item for items in r.held.values() for item in items]
     r.held.clear()

@@ -52,7 +52,8 @@ def test_threads_race_installs_tags_profiles_and_sites(tmp_path, threads, iterat
     c = out["counts"]
     # thousands of arrays, and every kind of operation many times over
     assert c["arrays"] >= 1000 * (threads // 2) // 4, c
-    for op in ("installs", "reloads", "profiles", "sites", "explains", "stats", "tags", "handed"):
+    for op in ("installs", "reloads", "profiles", "sites", "explains", "stats", "tags", "handed",
+               "pooled"):
         assert c[op] >= threads, (op, c)
     assert c["checked"] >= 2 * c["arrays"], c  # when made, and by whoever freed it
     if FREE_THREADED:
@@ -82,6 +83,10 @@ GIL_STEPS = textwrap.dedent(r"""
     with datamem.tag("hot"):
         assert datamem.arena_of(np.ones(1000)) == "tagged"
     check("tag")
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(2) as ex, datamem.tag("hot"):
+        assert datamem.arena_of(ex.submit(np.ones, 1000).result()) == "tagged"
+    check("thread pool under a tag")
     assert "arena 'tagged'" in datamem.explain(policy, 2048, "float64", "x", ("hot",))
     check("explain")
     assert datamem.stats()["arenas"]["tagged"]["allocations"] >= 1

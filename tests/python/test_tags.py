@@ -301,6 +301,183 @@ print(json.dumps({"msg": str(err), "none": none is None}))
     assert out["none"], out
 
 
+# ---- thread pools: a tag follows work into ThreadPoolExecutor.submit/map and
+# loop.run_in_executor (issue 44 item 6: `with tag("ingest"): list(ex.map(load, ...))`
+# counted 32 MiB as (untagged) and 0 under `ingest`, and a tag_limits entry around
+# a pool limited nothing).
+
+POOL_POLICY = """\
+version: 1
+default: general
+arenas:
+  general: {}
+tag_bytes: true
+tag_limits:
+  - {tag: "capped", limit: 24MiB}
+"""
+
+POOL_PRELUDE = r"""
+import asyncio, json, threading, numpy as np, datamem
+from concurrent.futures import ThreadPoolExecutor
+MiB = 2**20
+def load(i):
+    return np.zeros(MiB)                         # 8 MiB (ones() would also make an 8-byte fill value), kept
+def live(tag):
+    return datamem.stats()["tags"].get(tag, {}).get("live", 0)
+"""
+
+
+def test_a_tag_follows_work_into_a_thread_pools_map_and_submit(write_policy):
+    code = POOL_PRELUDE + r"""
+class Sub(ThreadPoolExecutor):                   # a subclass that calls the base's submit
+    def submit(self, fn, /, *args, **kwargs):
+        return super().submit(fn, *args, **kwargs)
+out = {}
+untagged = live("(untagged)")
+with ThreadPoolExecutor(4) as ex, Sub(2) as sub:
+    with datamem.tag("ingest"):
+        held = list(ex.map(load, range(4)))
+        out["ingest"] = live("ingest")
+        with datamem.tag("inner"):               # nested tags travel as a set
+            held.append(ex.submit(load, 4).result())
+            held.append(sub.submit(load, 5).result())
+    out["ingest_after"] = live("ingest")
+    out["inner"] = live("inner")
+    out["untagged_gain"] = live("(untagged)") - untagged
+    inner = getattr(ThreadPoolExecutor.submit, "__wrapped__", ThreadPoolExecutor.submit)
+    out["wrapped_once"] = not getattr(inner, "_datamem", False)
+del held
+out["ingest_freed"] = live("ingest")
+print(json.dumps(out))
+"""
+    out = last_json(run_py(code, config=write_policy(POOL_POLICY)))
+    assert out["ingest"] == 32 * MiB, out        # 4 x 8 MiB made in the pool's threads
+    assert out["ingest_after"] == 48 * MiB and out["inner"] == 16 * MiB, out
+    assert out["untagged_gain"] < 8 * MiB, out  # none of the pool's arrays went untagged
+    assert out["ingest_freed"] == 0, out
+    assert out["wrapped_once"], out
+
+
+def test_a_tag_limit_around_a_thread_pool_refuses_in_the_worker(write_policy):
+    """The worker's MemoryError names the tag's limit, as inside the block, and
+    the submitter re-raises it as it is: an earlier refusal of the worker limit
+    in the submitting thread must not be named in its place (memory_error()
+    leaves an error it made alone)."""
+    pol = write_policy(POOL_POLICY + "worker_limit: 50%\n")
+    code = POOL_PRELUDE + r"""
+import gc
+out = {}
+try:
+    np.empty(2**30, np.uint8)                    # 1 GiB: past the 512 MiB worker limit
+except MemoryError as e:
+    out["worker"] = datamem.last_failure()["kind"]
+with ThreadPoolExecutor(4) as ex:
+    for how in ("map", "submit"):
+        try:
+            with datamem.tag("capped"):
+                if how == "map":
+                    held = list(ex.map(load, range(4)))
+                else:
+                    fs = [ex.submit(load, i) for i in range(4)]
+                    held = [f.result() for f in fs]
+            out[how] = "no error"
+        except MemoryError as e:
+            out[how] = str(e)
+            out[how + "_in"] = "".join(__import__("traceback").format_tb(e.__traceback__))
+        held = fs = None
+        gc.collect()   # the failed future, its error and the map's frame (holding the futures) are a cycle
+        out[how + "_live"] = live("capped")
+out["capped"] = datamem.stats()["tags"]["capped"]
+print(json.dumps(out))
+"""
+    out = last_json(run_py(code, config=pol, env={"DATAMEM_MEMORY_LIMIT": "1GiB"}))
+    assert out["worker"] == "worker", out       # this thread's last refusal: the worker limit
+    for how in ("map", "submit"):
+        # 3 x 8 MiB fit; the fourth request, whichever thread made it, met 24 MiB live
+        assert out[how].startswith("datamem: tag 'capped' is at its limit of 24.0 MiB "
+                                   "(24.0 MiB live): a request of 8.0 MiB was refused; "
+                                   "Unable to allocate"), out
+        assert "_run_tagged" in out[how + "_in"], out   # raised in the pool thread
+        assert out[how + "_live"] == 0, out
+    c = out["capped"]
+    assert c["refused"] == 2 and c["peak"] == 24 * MiB and c["limit"] == 24 * MiB, c
+
+
+def test_a_tag_follows_run_in_executor(write_policy):
+    code = POOL_PRELUDE + r"""
+out = {}
+async def main():
+    loop = asyncio.get_running_loop()
+    with ThreadPoolExecutor(2) as ex:
+        with datamem.tag("ingest"):
+            held = [await loop.run_in_executor(None, load, 0),   # the loop's default pool
+                    await loop.run_in_executor(ex, load, 1)]
+            out["ingest"] = live("ingest")
+        async def capped():
+            with datamem.tag("capped"):
+                return await asyncio.gather(*[loop.run_in_executor(ex, load, i)
+                                              for i in range(4)])
+        try:
+            await capped()
+            out["capped"] = "no error"
+        except MemoryError as e:
+            out["capped"] = str(e)
+        del held
+asyncio.run(main())
+out["refused"] = datamem.stats()["tags"]["capped"]["refused"]
+print(json.dumps(out))
+"""
+    out = last_json(run_py(code, config=write_policy(POOL_POLICY)))
+    assert out["ingest"] == 16 * MiB, out
+    assert out["capped"].startswith("datamem: tag 'capped' is at its limit of 24.0 MiB "
+                                    "(24.0 MiB live): a request of 8.0 MiB was refused"), out
+    assert out["refused"] == 1, out
+
+
+def test_pool_work_submitted_without_a_tag_stays_untagged(write_policy):
+    """One pool thread runs a tagged task, then untagged ones: the tag went with
+    the first task only (the thread's own handler is back for the next), work
+    submitted outside any tag (from the main thread, or from another thread
+    while the main thread is inside a tag) counts under (untagged), and a
+    forked child's pool carries its own tags."""
+    code = POOL_PRELUDE + r"""
+import os
+out = {}
+with ThreadPoolExecutor(1) as ex:                # one thread: every task runs on it
+    idents = set()
+    def load_on(i):
+        idents.add(threading.get_ident())
+        return load(i)
+    with datamem.tag("ingest"):
+        a = ex.submit(load_on, 0).result()
+        box = []
+        t = threading.Thread(target=lambda: box.append(ex.submit(load_on, 1).result()))
+        t.start(); t.join()
+    before = live("(untagged)")
+    b = ex.submit(load_on, 2).result()
+    c = list(ex.map(load_on, [3]))
+    out["untagged_gain"] = live("(untagged)") - before
+    out["ingest"] = live("ingest")
+    out["threads"] = len(idents)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        with ThreadPoolExecutor(1) as cex, datamem.tag("child"):
+            d = cex.submit(load, 0).result()
+            os.write(w, json.dumps(live("child")).encode())
+        os._exit(0)
+    os.close(w)
+    out["child"] = json.loads(os.read(r, 100))
+    os.waitpid(pid, 0)
+print(json.dumps(out))
+"""
+    out = last_json(run_py(code, config=write_policy(POOL_POLICY)))
+    assert out["threads"] == 1, out
+    assert out["ingest"] == 8 * MiB, out         # the tagged task's array only
+    assert out["untagged_gain"] >= 16 * MiB, out  # b and c, made after it on the same thread
+    assert out["child"] == 8 * MiB, out
+
+
 def test_many_tags_metrics_show_the_biggest_and_fold_the_rest(write_policy):
     code = r"""
 import json, numpy as np, datamem
