@@ -50,9 +50,11 @@ static _Atomic uintptr_t reserve_hint;
  * library's GOT, ours included; Fil and Scalene interpose them) and count each
  * mapping as an allocation of its whole length, so a 1 GiB PROT_NONE segment
  * read as 1 GiB of the job's peak (issue 44: memray's 3.85 GB against 343 MB
- * without a policy on an fft job). Memory an arena takes for use
- * (dm__os_commit, a spill file's pages) still goes through mmap, which is what
- * such profilers should count (docs/operations.md, "Profilers"). */
+ * without a policy on an fft job). Memory an arena takes to serve arrays
+ * (dm__os_commit, a spill file's pages) still goes through mmap, which is how
+ * such profilers see datamem's arrays (docs/operations.md, "Profilers"); so
+ * does jemalloc's own metadata (its pages.c calls mmap: 6 MiB for its radix
+ * tree at the first array). */
 static void *unseen_map(void *want, size_t size, int prot) {
     long p = syscall(SYS_mmap, want, size, prot, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
                      -1, 0L);
