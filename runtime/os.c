@@ -27,6 +27,7 @@
 #include <sys/resource.h>
 #include <sys/sendfile.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/vfs.h>
 #include <unistd.h>
 
@@ -43,15 +44,33 @@ static _Atomic uint64_t fake_nodes; /* tests only */
  * kernel maps top-down), which is usually free and aligned, so no overshoot. */
 static _Atomic uintptr_t reserve_hint;
 
-/* mmap of exactly `size` at `want`; kept only if the kernel put it there. */
+/* Address space that holds no memory yet (reservations, the tally's sparse
+ * shadow) is mapped and unmapped with syscall(2), not libc's mmap/munmap:
+ * memory profilers hook those symbols (memray patches them in every loaded
+ * library's GOT, ours included; Fil and Scalene interpose them) and count each
+ * mapping as an allocation of its whole length, so a 1 GiB PROT_NONE segment
+ * read as 1 GiB of the job's peak (issue 44: memray's 3.85 GB against 343 MB
+ * without a policy on an fft job). Memory an arena takes to serve arrays
+ * (dm__os_commit, a spill file's pages) still goes through mmap, which is how
+ * such profilers see datamem's arrays (docs/operations.md, "Profilers"); so
+ * does jemalloc's own metadata (its pages.c calls mmap: 6 MiB for its radix
+ * tree at the first array). */
+static void *unseen_map(void *want, size_t size, int prot) {
+    long p = syscall(SYS_mmap, want, size, prot, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                     -1, 0L);
+    return (void *)p; /* MAP_FAILED with errno set on error (syscall(2)) */
+}
+
+static void unseen_unmap(void *p, size_t size) { syscall(SYS_munmap, p, size); }
+
+/* A reservation of exactly `size` at `want`; kept only if the kernel put it there. */
 static void *reserve_at(uintptr_t want, size_t size, size_t align) {
-    char *p = mmap((void *)want, size, PROT_NONE,
-                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    char *p = unseen_map((void *)want, size, PROT_NONE);
     if (p == MAP_FAILED)
         return NULL;
     if (((uintptr_t)p & (align - 1)) == 0)
         return p;
-    munmap(p, size);
+    unseen_unmap(p, size);
     return NULL;
 }
 
@@ -62,13 +81,13 @@ void *dm__os_reserve(size_t size, size_t align) {
      * hints: below the last reservation, then below where the kernel would put
      * `size` now (it maps top-down). */
     uintptr_t hints[4] = {atomic_load_explicit(&reserve_hint, memory_order_relaxed)};
-    char *probe = mmap(NULL, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    char *probe = unseen_map(NULL, size, PROT_NONE);
     if (probe != MAP_FAILED) {
         if (((uintptr_t)probe & (align - 1)) == 0) {
             atomic_store_explicit(&reserve_hint, (uintptr_t)probe, memory_order_relaxed);
             return probe;
         }
-        munmap(probe, size);
+        unseen_unmap(probe, size);
         uintptr_t top = ((uintptr_t)probe + size) & ~(uintptr_t)(align - 1);
         hints[1] = top;
         hints[2] = top - align;
@@ -86,22 +105,21 @@ void *dm__os_reserve(size_t size, size_t align) {
     size_t len = size + align;
     if (len < size)
         return NULL;
-    char *raw = mmap(NULL, len, PROT_NONE,
-                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    char *raw = unseen_map(NULL, len, PROT_NONE);
     if (raw == MAP_FAILED)
         return NULL;
     uintptr_t start = ((uintptr_t)raw + align - 1) & ~(uintptr_t)(align - 1);
     size_t head = start - (uintptr_t)raw;
     size_t tail = len - head - size;
     if (head)
-        munmap(raw, head);
+        unseen_unmap(raw, head);
     if (tail)
-        munmap((char *)start + size, tail);
+        unseen_unmap((char *)start + size, tail);
     atomic_store_explicit(&reserve_hint, start, memory_order_relaxed);
     return (void *)start;
 }
 
-void dm__os_release(void *p, size_t n) { munmap(p, n); }
+void dm__os_release(void *p, size_t n) { unseen_unmap(p, n); }
 
 /* Commits by mapping the range again without MAP_NORESERVE, so the kernel
  * accounts it as NumPy's default allocator's memory is: under the default
@@ -115,8 +133,7 @@ int dm__os_commit(void *p, size_t n) {
 }
 
 void *dm__os_map_sparse(size_t size) {
-    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    void *p = unseen_map(NULL, size, PROT_READ | PROT_WRITE);
     return p == MAP_FAILED ? NULL : p;
 }
 

@@ -14,7 +14,9 @@
 #include <stdint.h>
 
 /* Reserves `size` bytes of address space aligned to `align` (PROT_NONE, nothing
- * committed). Returns NULL on failure. */
+ * committed). Returns NULL on failure. Reservations, their release and the
+ * sparse maps below are made with syscall(2), unseen by profilers that hook
+ * libc's mmap/munmap (memray): they are no memory of the job's (os.c). */
 void *dm__os_reserve(size_t size, size_t align);
 /* Makes [p, p+n) readable and writable (commits it, with the kernel's
  * overcommit accounting). 0 or -errno. */
