@@ -442,8 +442,8 @@ def test_profile_refuses_a_directory_it_cannot_trust(tmp_path, how):
 
 @pytest.mark.parametrize("how", ["another user's", "writable by others", "a symbolic link"])
 def test_profile_at_start_up_stops_on_a_directory_it_cannot_trust(tmp_path, how):
-    # DATAMEM_PROFILE names an untrusted directory: start-up stops before the
-    # job's first line with one message (exit 2), as for a bad policy, whether
+    # DATAMEM_PROFILE names an untrusted directory: start-up stops at the
+    # job's import of NumPy with one message (exit 2), as for a bad policy, whether
     # or not DATAMEM_CONFIG is set; nothing is written there.
     d, target = _untrusted_dir(tmp_path, how)
     for extra in ({}, {"DATAMEM_CONFIG": MINIMAL}):
