@@ -78,7 +78,9 @@ class _Loader:
         self._name = name
         self._loader = loader
 
-    def __getattr__(self, attr):
+    def __getattr__(self, attr):  # the real loader's other methods (get_resource_reader)
+        if attr == "_loader":
+            raise AttributeError(attr)  # not made by __init__ (copy.copy)
         return getattr(self._loader, attr)
 
     def create_module(self, spec):
