@@ -59,9 +59,9 @@ def _imported(name):
     import. Activates once both are done with: NumPy imported, datamem not in
     the middle of its own import (its end calls this again)."""
     if name == "datamem" and ("numpy" not in sys.modules or _initializing(sys.modules["numpy"])):
-        return  # datamem imported without NumPy (it failed): the NumPy import activates
+        return  # NumPy's own import is still running: its end activates
     if name == "numpy" and _initializing(sys.modules.get("datamem")):
-        return
+        return  # datamem's extension imported NumPy: the end of datamem's import activates
     try:
         sys.meta_path.remove(_AfterNumPy)  # the once-guard: list.remove is atomic
     except ValueError:
