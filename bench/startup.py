@@ -4,10 +4,14 @@ Measures, with DATAMEM_CONFIG unset:
   1. site.addpackage() on datamem.pth alone (exactly the work the hook adds to
      start-up), median of many runs in one process;
   2. `python -c pass` wall time, median over fresh processes, for context;
-  3. which modules the hook imported (must be none of datamem's or NumPy's).
+  3. which modules the hook imported (must be none of datamem's or NumPy's);
+  4. `python -c pass` CPU time (user + system, getrusage of the children),
+     median of 10 fresh processes, with DATAMEM_CONFIG unset and set to
+     configs/minimal.yaml (the hook must cost nothing until NumPy is imported).
 Usage: python3 bench/startup.py [runs]
 """
 import os
+import resource
 import site
 import statistics
 import subprocess
@@ -43,6 +47,22 @@ def main():
           % (statistics.median(costs) * 1e6, max(costs) * 1e6, runs))
     print("python -c pass: median %.1f ms over %d runs" % (statistics.median(walls) * 1e3, len(walls)))
     print("modules imported by the hook: %s" % (imported or "none"))
+    policy = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                          "configs", "minimal.yaml")
+    for what, extra in (("DATAMEM_CONFIG unset", {}), ("DATAMEM_CONFIG set", {"DATAMEM_CONFIG": policy})):
+        print("python -c pass CPU, %s: median %.1f ms over 10 runs"
+              % (what, statistics.median(cpu_times(dict(env, **extra), 10)) * 1e3))
+
+
+def cpu_times(env, runs):
+    """User + system CPU seconds of each of `runs` fresh `python -c pass`."""
+    out = []
+    for _ in range(runs):
+        r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        subprocess.run([sys.executable, "-c", "pass"], env=env, check=True)
+        r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        out.append(r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime)
+    return out
 
 
 if __name__ == "__main__":

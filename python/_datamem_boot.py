@@ -1,20 +1,37 @@
 """Run by datamem.pth at interpreter start when DATAMEM_CONFIG,
-DATAMEM_CONFIG_TEXT or DATAMEM_PROFILE is set: activates datamem (datamem._activate) before the job's
-first line.
+DATAMEM_CONFIG_TEXT or DATAMEM_PROFILE is set. Imports neither NumPy nor
+datamem: a process that never imports NumPy (pip, `python -c pass`, a shell
+tool written in Python) has no array for the policy to govern, so it pays
+for nothing and a bad policy does not stop it.
 
-datamem needs NumPy, and site.py runs each site directory's .pth files as it
-adds that directory. In a virtual environment made with
---system-site-packages whose NumPy lives in the base interpreter's
-site-packages, the venv's datamem.pth runs before the base directory is on
-sys.path: importing datamem then would fail. So when NumPy cannot be found yet,
-activation waits, as a finder at the front of sys.meta_path, for the first
-import made once NumPy can be found (the next .pth's import, or site.py's own
-`import sitecustomize` after it has added every directory), or for the import
-of NumPy itself, whichever comes first: still before any job code runs. Where
-NumPy is not installed at all, site.py's sitecustomize import triggers it and
-the activation fails as it should, with its one-line reason and exit status 2.
+It puts a finder at the front of sys.meta_path that finds nothing itself: when
+`numpy` (or `datamem`) is imported it wraps the loader the other finders
+found, and right after that module's code has run, still inside its import,
+activates datamem (datamem._activate). Another thread importing NumPy
+meanwhile waits on NumPy's module lock, so `import numpy` returns, in any
+thread, only once datamem is NumPy's allocator; a bad or missing policy stops
+the process there, with the diagnostics and exit status 2. When datamem itself
+is being imported (its extension imports NumPy), activation waits for the end
+of datamem's own import.
+
+Where NumPy comes from no longer matters: a venv made with
+--system-site-packages whose NumPy is the base interpreter's adds that
+directory to sys.path after this .pth runs, and the finder only acts at the
+import itself.
+
+Activation is eager (at start-up, as soon as NumPy can be found) in two cases:
+NumPy is already imported when this runs, and a free-threaded interpreter with
+the GIL off. There datamem's import puts its dtype wrappers into PyArray_Type's
+slots (pyext/handler.c, dm__handler_init), and CPython reads slots with plain
+loads: they must go in before any thread can make arrays. Deferred to NumPy's
+import, a thread that reached NumPy through an already imported submodule
+(`from numpy.random import ...` waits on no lock of `numpy`'s) could make
+arrays while the slots change (docs/design.md, "late-import window").
+
+`python -m datamem ...` (the command-line tools) never activates: the tools
+are not a job the policy governs (`ls` would list itself, `check` of a new
+policy would be stopped by the broken one exported).
 """
-import importlib.machinery
 import sys
 
 
@@ -33,13 +50,79 @@ def _activate():
         os._exit(2)
 
 
-def _numpy_findable():
-    return importlib.machinery.PathFinder.find_spec("numpy") is not None
+def _initializing(module):
+    return bool(getattr(getattr(module, "__spec__", None), "_initializing", False))
+
+
+def _imported(name):
+    """`name` (numpy or datamem) has just run its module code, inside its
+    import. Activates once both are done with: NumPy imported, datamem not in
+    the middle of its own import (its end calls this again)."""
+    if name == "datamem" and ("numpy" not in sys.modules or _initializing(sys.modules["numpy"])):
+        return  # NumPy's own import is still running: its end activates
+    if name == "numpy" and _initializing(sys.modules.get("datamem")):
+        return  # datamem's extension imported NumPy: the end of datamem's import activates
+    try:
+        sys.meta_path.remove(_AfterNumPy)  # the once-guard: list.remove is atomic
+    except ValueError:
+        return  # another thread activates
+    _activate()  # exits the process on failure
+
+
+class _Loader:
+    """The loader another finder found for numpy or datamem, followed by the
+    activation. Puts the real loader back on the module before its code runs,
+    so that nothing the module sees differs."""
+
+    def __init__(self, name, loader):
+        self._name = name
+        self._loader = loader
+
+    def __getattr__(self, attr):  # the real loader's other methods (get_resource_reader)
+        if attr == "_loader":
+            raise AttributeError(attr)  # not made by __init__ (copy.copy)
+        return getattr(self._loader, attr)
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        spec = getattr(module, "__spec__", None)
+        if spec is not None and spec.loader is self:
+            spec.loader = self._loader
+        if getattr(module, "__loader__", None) is self:
+            module.__loader__ = self._loader
+        self._loader.exec_module(module)
+        _imported(self._name)
+
+
+class _AfterNumPy:
+    """At the front of sys.meta_path until datamem is activated: finds nothing
+    itself, wraps the loader of numpy and datamem."""
+
+    @classmethod
+    def find_spec(cls, name, path=None, target=None):
+        if name not in ("numpy", "datamem"):
+            return None
+        for finder in list(sys.meta_path):
+            find = getattr(finder, "find_spec", None)
+            if finder is cls or find is None:
+                continue
+            spec = find(name, path, target)
+            if spec is None:
+                continue
+            if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                spec.loader = _Loader(name, spec.loader)
+            return spec
+        return None
 
 
 class _WhenNumPyIsThere:
-    """A finder that finds nothing: it activates datamem at the first import
-    made once NumPy can be found, then leaves sys.meta_path."""
+    """Eager activation: a finder that finds nothing, which activates datamem
+    at the first import made once NumPy can be found (the next .pth's import,
+    or site.py's `import sitecustomize` after it has added every directory),
+    then leaves sys.meta_path. Where NumPy is not installed at all the
+    sitecustomize import triggers it, and activation fails with its reason."""
 
     @classmethod
     def find_spec(cls, name, path=None, target=None):
@@ -52,15 +135,62 @@ class _WhenNumPyIsThere:
         return None
 
 
+def _numpy_findable():
+    import importlib.machinery
+    return importlib.machinery.PathFinder.find_spec("numpy") is not None
+
+
 def _asked():
     import os
     return bool(os.environ.get("DATAMEM_CONFIG") or os.environ.get("DATAMEM_CONFIG_TEXT") or
                 os.environ.get("DATAMEM_PROFILE"))
 
 
-if not _asked():
-    pass  # imported by hand: nothing to activate
-elif _numpy_findable():
-    _activate()
-else:
-    sys.meta_path.insert(0, _WhenNumPyIsThere)
+def _module_run(argv):
+    """The module `python [options] -m MODULE` runs (from sys.orig_argv), or None."""
+    i = 1
+    while i < len(argv):
+        a = argv[i]
+        if a == "--" or not a.startswith("-") or a == "-":
+            return None  # a script, or stdin
+        if a.startswith("--"):
+            if a in ("--check-hash-based-pycs",):
+                i += 1
+            i += 1
+            continue
+        for j in range(1, len(a)):  # -Im datamem, -mdatamem, -X opt, -c code
+            c = a[j]
+            if c in "mcWX":
+                rest = a[j + 1:] or (argv[i + 1] if i + 1 < len(argv) else "")
+                if c == "c":
+                    return None
+                if c == "m":
+                    return rest
+                i += 0 if a[j + 1:] else 1
+                break
+        i += 1
+    return None
+
+
+def _free_threaded():
+    is_gil_enabled = getattr(sys, "_is_gil_enabled", None)  # 3.13+
+    return is_gil_enabled is not None and not is_gil_enabled()
+
+
+def _start():
+    if not _asked():
+        return  # imported by hand: nothing to activate
+    if (_module_run(getattr(sys, "orig_argv", [])) or "").split(".")[0] == "datamem":
+        return  # the command-line tools
+    if "numpy" in sys.modules and not _initializing(sys.modules["numpy"]):
+        _activate()
+    elif _free_threaded():
+        if _numpy_findable():
+            _activate()
+        else:
+            sys.meta_path.insert(0, _WhenNumPyIsThere)
+    else:
+        sys.meta_path.insert(0, _AfterNumPy)
+
+
+_start()

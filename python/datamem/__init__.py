@@ -458,8 +458,27 @@ def _apply_settings():
     # else: every install also schedules _sync_main_thread in the main thread
 
 
+def _cover_main_thread_later():
+    """The start-up hook activates in whichever thread imported NumPy: when that
+    is not the main thread, the main thread takes datamem's handler at its next
+    _sync_main_thread (every install schedules one). Set before install()."""
+    if threading.current_thread() is not threading.main_thread():
+        _state["cover_main"] = True
+
+
+def _cover_main_thread():
+    """In the main thread, in its current context: datamem's handler, as
+    install() sets it for the thread that calls it."""
+    _ext.set_thread_name(threading.current_thread().name)
+    _cover(threading.current_thread())
+    _set_if_not_datamem()
+    _publish_uncovered()
+
+
 def _sync_main_thread():
-    """The SIGHUP handler as the policy in force asks (reload.signal). Signal
+    """datamem's handler for the main thread when start-up activation ran in
+    another (_cover_main_thread_later), and the SIGHUP handler as the policy in
+    force asks (reload.signal). Signal
     handlers can only be changed from the main thread: called there after a
     load from it, and, for any install (the file watcher's C thread, another
     thread's reload()), by the extension through Py_AddPendingCall, between two
@@ -468,6 +487,8 @@ def _sync_main_thread():
     import signal
     if threading.current_thread() is not threading.main_thread():
         return
+    if _state.pop("cover_main", False) and _ext.active():
+        _cover_main_thread()
     settings = _ext.policy_settings() or {}
     want = bool(settings.get("reload_signal"))
     current = signal.getsignal(signal.SIGHUP)

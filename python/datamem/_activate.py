@@ -1,6 +1,7 @@
-"""Imported by datamem.pth at interpreter start when DATAMEM_CONFIG,
-DATAMEM_CONFIG_TEXT or DATAMEM_PROFILE (record an allocation profile:
-_profile.py) is set.
+"""Imported by the start-up hook (datamem.pth, _datamem_boot.py) when
+DATAMEM_CONFIG, DATAMEM_CONFIG_TEXT or DATAMEM_PROFILE (record an allocation
+profile: _profile.py) is set, at the end of the process's import of NumPy (or
+of datamem), in whichever thread made it.
 
 DATAMEM_CONFIG_TEXT carries the policy itself, for a process started where no
 file of ours can be (a Ray worker unpacks its job into Ray's own world-writable
@@ -9,9 +10,13 @@ rule (datamem._files.policy_file) and DATAMEM_CONFIG set to that file, for this
 process and the processes it starts. It wins over a DATAMEM_CONFIG that the
 process inherited (a raylet's own): the policy shipped with the job is the job's.
 
-Installs datamem before the job's first line runs. A bad or missing policy stops
-the process here, with the diagnostics and exit status 2, before any job code
-runs (site.py would otherwise print the error and carry on without datamem).
+Installs datamem before `import numpy` returns to the job. A bad or missing
+policy stops the process here, with the diagnostics and exit status 2, before
+the job can make an array (an exception would reach the job's `import numpy`,
+or site.py would print it and carry on without datamem). Imported in a thread
+other than the main one, install() covers that thread and those started after
+it; the main thread sets datamem's handler itself, between two of its
+bytecodes (datamem._sync_main_thread, scheduled by every install).
 """
 import os
 import sys
@@ -32,9 +37,12 @@ def _activate():
             path = os.environ["DATAMEM_CONFIG"] = _files.policy_file(os.fsencode(text))
         if os.environ.get("DATAMEM_PROFILE"):  # record an allocation profile
             from datamem import _profile
+            import datamem
+            datamem._cover_main_thread_later()
             path = _profile.activate_from_env()
             return
         import datamem
+        datamem._cover_main_thread_later()
         datamem.install(path)
     except Exception as e:  # PolicyError, or an import failure
         msg = str(e) if str(e) else type(e).__name__

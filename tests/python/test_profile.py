@@ -347,7 +347,7 @@ def test_no_profile_without_the_variable():
 def test_bad_profile_directory_stops_at_start(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    r = subprocess.run([sys.executable, "-c", "print('job ran')"],
+    r = subprocess.run([sys.executable, "-c", "import numpy; print('job ran')"],
                        env=_env({"DATAMEM_PROFILE": str(blocker / "sub")}),
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "job ran" not in r.stdout
@@ -442,15 +442,15 @@ def test_profile_refuses_a_directory_it_cannot_trust(tmp_path, how):
 
 @pytest.mark.parametrize("how", ["another user's", "writable by others", "a symbolic link"])
 def test_profile_at_start_up_stops_on_a_directory_it_cannot_trust(tmp_path, how):
-    # DATAMEM_PROFILE names an untrusted directory: start-up stops before the
-    # job's first line with one message (exit 2), as for a bad policy, whether
+    # DATAMEM_PROFILE names an untrusted directory: start-up stops at the
+    # job's import of NumPy with one message (exit 2), as for a bad policy, whether
     # or not DATAMEM_CONFIG is set; nothing is written there.
     d, target = _untrusted_dir(tmp_path, how)
     for extra in ({}, {"DATAMEM_CONFIG": MINIMAL}):
         env = _env(dict(extra, DATAMEM_PROFILE=str(target), DATAMEM_PROFILE_SAMPLE="full"))
         if not extra:
             env.pop("DATAMEM_CONFIG", None)
-        r = subprocess.run([sys.executable, "-c", "print('job ran')"], env=env,
+        r = subprocess.run([sys.executable, "-c", "import numpy; print('job ran')"], env=env,
                            capture_output=True, text=True, timeout=60)
         assert r.returncode == 2, (extra, r.stdout, r.stderr)
         assert "job ran" not in r.stdout

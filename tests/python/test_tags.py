@@ -204,7 +204,7 @@ def test_memory_limit_examples_in_operations_md_hold(write_policy):
         assert out["worker_limit_source"] == "env", (value, out)
         if value in said:
             assert out["worker_limit"] == said[value], (value, out)
-    r = run_py("print('job ran')", config=share, env={"DATAMEM_MEMORY_LIMIT": refused})
+    r = run_py("import numpy; print('job ran')", config=share, env={"DATAMEM_MEMORY_LIMIT": refused})
     assert r.returncode == 2 and "job ran" not in r.stdout, (refused, r.stdout + r.stderr)
     assert ("worker_limit: 100%% of the process's memory limit: DATAMEM_MEMORY_LIMIT=\"%s\" "
             "is not a size: " % refused) in r.stderr, r.stderr
@@ -220,7 +220,7 @@ def test_memory_limit_that_is_not_a_size_is_refused(write_policy, value):
                          "worker_limit: 50%\n")
     want = ("error: worker_limit: 50%% of the process's memory limit: "
             "DATAMEM_MEMORY_LIMIT=\"%s\" is " % value)
-    r = run_py("print('job ran')", config=share, env={"DATAMEM_MEMORY_LIMIT": value})
+    r = run_py("import numpy; print('job ran')", config=share, env={"DATAMEM_MEMORY_LIMIT": value})
     assert r.returncode == 2 and "job ran" not in r.stdout, r.stdout + r.stderr
     assert want in r.stderr and "comes to whole bytes (1.5GiB)" in r.stderr, r.stderr
     code = r"""
