@@ -88,11 +88,15 @@ def memray_peak(tmp_path, name, job, config):
 
 
 def test_memray_does_not_count_reserved_address_space(tmp_path):
-    # Start-up: before the fix memray charged datamem's start to importlib,
-    # 3.2 GB of reservations; now only the arenas' first committed extents.
+    # Start-up: with the reservations counted memray charged datamem's start to
+    # importlib, 1 GiB and more; what it sees now is what the start maps: the
+    # arenas' jemalloc metadata (13.8 MB) and the first extent of the arena the
+    # first array comes from (8.4 MB): 20-21 MiB above the run without a policy
+    # (docs/operations.md, "Profilers"), since datamem starts at the job's
+    # `import numpy`, inside memray's run. One reserved segment is 1 GiB.
     plain, _ = memray_peak(tmp_path, "start_plain", START_JOB, None)
     policy, _ = memray_peak(tmp_path, "start_policy", START_JOB, THROUGHPUT)
-    assert policy <= plain + 16 * MiB, (
+    assert policy <= plain + 32 * MiB, (
         f"memray's peak of a job that only starts: {policy / MiB:.1f} MiB under "
         f"throughput.yaml, {plain / MiB:.1f} MiB without a policy")
 
