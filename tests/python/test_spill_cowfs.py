@@ -324,8 +324,8 @@ def test_several_processes_filling_a_disk_to_its_last_block(cow_dir, write_polic
     reserves blocks for its whole folio, up to 2 MiB, and when the reservation
     ended inside a folio, the disk's last blocks taken by another process, the
     fault had none: SIGBUS (before reservations were whole 2 MiB chunks, 4
-    processes filling a 300 MiB XFS or ext4 image to the brim died so: 1 run
-    of 3 on XFS, 3 of 3 on ext4, Linux 6.18). Each
+    processes filling a 300 MiB XFS or ext4 image to the brim died so in 9
+    runs of 10 on XFS, 10 of 10 on ext4, Linux 6.18). Each
     process must end with its data right and at least one MemoryError, the
     disk full to within a few MiB, and no signal."""
     fs, d = cow_dir
