@@ -1,6 +1,7 @@
 """A full disk under a spill arena on the copy-on-write filesystems the docs
-name for fork copies, btrfs and XFS (reflinks), each a 300 MiB image on a loop
-device made by the test (XFS takes no less): a full disk is a MemoryError at an
+name for fork copies, btrfs and XFS (reflinks), and on XFS and ext4 filled to
+the last block, each a 300 MiB image on a loop device made by the test (XFS
+takes no less): a full disk is a MemoryError at an
 allocation, never a SIGBUS at a page fault, in a process and in a fork child
 and its parent, and the data is right wherever an allocation succeeded.
 
@@ -10,13 +11,14 @@ fresh block that no fallocate had reserved: SIGBUS on both filesystems once the
 disk filled. And btrfs copies a block on every write, so a full btrfs SIGBUSed
 on a plain rewrite of a page already written back, fork or not.
 
-What still fails, so the fills stop at MARGIN free: on a filesystem with large
-page-cache folios (XFS here, Linux 6.18) a write fault reserves blocks for the
-whole folio, up to 2 MiB, past the end of the range datamem reserved into the
-unreserved rest of the file; an allocation that took the last free blocks
-SIGBUSed writing its last pages (docs/operations.md, "A full disk is a
-MemoryError"). Past MARGIN, one allocation larger than what is left shows
-the refusal itself: a MemoryError."""
+And on a filesystem with large page-cache folios (XFS; ext4 since Linux 6.16)
+a write fault reserves blocks for the whole folio, up to 2 MiB, which reached
+past the end of a range reserved page by page into the unreserved rest of the
+file: an allocation that took the last free blocks SIGBUSed writing its last
+pages, until reservations became whole 2 MiB chunks (docs/operations.md, "A
+full disk is a MemoryError"): test_several_processes_filling_a_disk_to_its_last_block.
+The fork tests' fills stop at MARGIN free, where one allocation larger than
+what is left shows the refusal itself: a MemoryError."""
 import array
 import fcntl
 import json
@@ -91,10 +93,8 @@ def cow_policy(write_policy, spill_dir):
 
 # argv: mode, spill dir. Prints one JSON line per process ("who"). Every
 # allocation is a 16 MiB array, in the file. The fills stop short of the brim,
-# at MARGIN free (see the module docstring: a write fault at the end of a range
-# reserved with the last free blocks can still SIGBUS on a filesystem with
-# large folios); then one allocation larger than what is left must fail with a
-# MemoryError, the only exception caught: anything else (a SIGBUS above all)
+# at MARGIN free (the brim is test_several_processes_filling_a_disk_to_its_last_block's);
+# then one allocation larger than what is left must fail with a MemoryError, the only exception caught: anything else (a SIGBUS above all)
 # ends the process.
 JOB = r"""
 import ctypes, faulthandler, json, os, signal, sys, numpy as np, datamem
