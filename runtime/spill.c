@@ -407,9 +407,11 @@ int dm__spill_decommit(dm__arena_je_t *ja, char *p, size_t n) {
     return 0;
 }
 
-/* calloc of a block jemalloc did not know to be zero: the whole pages of the
- * file range become zeros that keep their blocks (FALLOC_FL_ZERO_RANGE: no
- * writes, no page faults), the rest is cleared in place. MADV_DONTNEED, which
+/* calloc of a block jemalloc did not know to be zero: on ext4 the whole pages
+ * of the file range become zeros that keep their blocks (FALLOC_FL_ZERO_RANGE:
+ * no writes, no page faults), the rest is cleared in place; elsewhere all of it
+ * is (dm__os_file_zero says why: XFS's zero range lets the blocks go). Its
+ * chunks are held, so the writes need no new block. MADV_DONTNEED, which
  * zeroes anonymous memory, would only drop the mapping of a file's pages. */
 void dm__spill_zero(dm__arena_je_t *ja, void *p, size_t n) {
     uintptr_t page = page_size(), b = (uintptr_t)p, e = b + n;
