@@ -110,8 +110,10 @@ int dm__os_file_size(int fd, uint64_t n);
 int dm__os_file_reserve(int fd, uint64_t off, size_t n);
 /* Gives the blocks of [off, off+n) back (a hole; reads as zeros). */
 int dm__os_file_punch(int fd, uint64_t off, size_t n);
-/* Zeroes [off, off+n) keeping its blocks (FALLOC_FL_ZERO_RANGE); -EOPNOTSUPP
- * where the filesystem has no such call (tmpfs). */
+/* Zeroes [off, off+n) keeping its blocks (FALLOC_FL_ZERO_RANGE) where the
+ * filesystem does so in place (ext4); -EOPNOTSUPP elsewhere (the caller
+ * writes the zeros): XFS frees the range, then allocates it again, and tmpfs
+ * has no such call. */
 int dm__os_file_zero(int fd, uint64_t off, size_t n);
 /* Maps [off, off+n) of `fd` read-write at exactly p (MAP_FIXED), shared or
  * private (copy-on-write). 0 or -errno. */

@@ -126,14 +126,17 @@ bool dm__spill_region_add(dm__spill_t *s, char *base, size_t len) {
     int n = atomic_load_explicit(&s->nregions, memory_order_relaxed);
     if (n >= DM_SPILL_REGIONS_MAX || s->fd < 0)
         return false;
-    size_t pages = len / page_size();
+    size_t pages = len / page_size(), chunks = len / DM_SPILL_CHUNK + 1;
     _Atomic uint64_t *bits = zalloc((pages + 63) / 64 * sizeof(uint64_t));
-    _Atomic uint32_t *stamps = zalloc((len / DM_SPILL_CHUNK + 1) * sizeof(uint32_t));
-    if (!bits || !stamps || dm__os_file_size(s->fd, s->file_end + len) != 0) {
-        if (bits)
-            dmje_dallocx(bits, MALLOCX_TCACHE_NONE);
-        if (stamps)
-            dmje_dallocx(stamps, MALLOCX_TCACHE_NONE);
+    _Atomic uint64_t *stale = zalloc((pages + 63) / 64 * sizeof(uint64_t));
+    _Atomic uint64_t *held = zalloc((chunks + 63) / 64 * sizeof(uint64_t));
+    _Atomic uint32_t *stamps = zalloc(chunks * sizeof(uint32_t));
+    if (!bits || !stale || !held || !stamps ||
+        dm__os_file_size(s->fd, s->file_end + len) != 0) {
+        void *v[] = {bits, stale, held, stamps};
+        for (size_t i = 0; i < sizeof(v) / sizeof(v[0]); i++)
+            if (v[i])
+                dmje_dallocx(v[i], MALLOCX_TCACHE_NONE);
         return false;
     }
     dm__spill_region_t *r = &s->regions[n];
@@ -142,6 +145,8 @@ bool dm__spill_region_add(dm__spill_t *s, char *base, size_t len) {
     atomic_store_explicit(&r->mapped, 0, memory_order_relaxed);
     r->off = s->file_end;
     r->bits = bits;
+    r->stale = stale;
+    r->held = held;
     r->stamps = stamps;
     r->priv = false;
     s->file_end += len;
@@ -179,6 +184,10 @@ static size_t bits_update(_Atomic uint64_t *bits, size_t first, size_t count, bo
         pg += k;
     }
     return changed;
+}
+
+static bool bit_get(_Atomic uint64_t *bits, size_t i) {
+    return atomic_load_explicit(&bits[i / 64], memory_order_relaxed) >> (i % 64) & 1;
 }
 
 /* Pages of [first, first+count) whose bit is clear. */
@@ -230,12 +239,60 @@ static void stamp(dm__spill_region_t *r, const char *p, size_t n) {
 
 static void pager_pass(dm__spill_t *s, uint64_t room);
 
-/* Reserves the blocks of [p, p+n) in region r: `max` first (a
- * compare-and-swap: never passed, even by racing threads), then the disk. */
-static int reserve(dm__arena_je_t *ja, dm__spill_region_t *r, char *p, size_t n) {
+/* ---- chunks ---------------------------------------------------------------
+ * A filesystem with large page-cache folios (XFS; ext4 since Linux 6.16)
+ * reserves blocks at a write fault for the whole folio, up to 2 MiB and
+ * aligned to its size in the file: a fault on the last page of a reserved
+ * range could need blocks past it, and on a full disk that fault is a SIGBUS
+ * (16 MiB fallocated at the end of a full XFS or ext4, then written through a
+ * shared mapping, SIGBUSes without datamem). So blocks are reserved in whole
+ * 2 MiB chunks of the file (`held`, a bit per chunk): every folio a fault can
+ * make lies in one chunk, and a chunk with a committed page is held whole. A
+ * chunk is punched only when none of its pages is committed; a page
+ * decommitted in a chunk that stays held keeps its old bytes and is `stale`,
+ * and is zeroed when it is committed again (commit promises zeros; its chunk
+ * is held, so the writes need no new block). `committed` counts held chunks,
+ * so `max` bounds the blocks the file reserves, rounding included: what the
+ * arrays can use is less by what the partly used chunks leave (at most 2 MiB
+ * less a page at each end of each committed range). All of it under
+ * reserve_mu, with the sweep (below, "The spill thread"). */
+
+/* Whether chunk c of region r has a committed page. */
+static bool chunk_used(const dm__spill_region_t *r, size_t c) {
+    size_t per = DM_SPILL_CHUNK / page_size(), w0 = c * per / 64, w1 = (c + 1) * per / 64;
+    for (size_t w = w0; w < w1; w++)
+        if (atomic_load_explicit(&r->bits[w], memory_order_relaxed))
+            return true;
+    return false;
+}
+
+/* Punches chunks [c, c+k) of region r (none used, under reserve_mu): 0 or
+ * -errno. On success they are no longer held nor counted. */
+static int chunks_punch(dm__spill_t *s, dm__spill_region_t *r, size_t c, size_t k) {
+    size_t per = DM_SPILL_CHUNK / page_size();
+    int rc = r->priv ? 0 : dm__os_file_punch(s->fd, r->off + (uint64_t)c * DM_SPILL_CHUNK,
+                                             k * DM_SPILL_CHUNK);
+    if (rc)
+        return rc;
+    size_t gone = bits_update(r->held, c, k, false);
+    bits_update(r->stale, c * per, k * per, false);
+    atomic_fetch_sub_explicit(&s->committed, (uint64_t)gone * DM_SPILL_CHUNK,
+                              memory_order_relaxed);
+    return 0;
+}
+
+/* Reserves the blocks of [p, p+n) in region r, rounded out to whole chunks:
+ * `max` first (a compare-and-swap: never passed, even by racing threads),
+ * then the disk, one fallocate per run of chunks not yet held. `mapped`: the
+ * range is mapped from the file now (a commit), so its stale pages can be
+ * zeroed in place. */
+static int reserve(dm__arena_je_t *ja, dm__spill_region_t *r, char *p, size_t n, bool mapped) {
     dm__spill_t *s = ja->spill;
     size_t first = (size_t)(p - r->base) / page_size(), count = n / page_size();
-    uint64_t need = (uint64_t)bits_clear_in(r->bits, first, count) * page_size();
+    size_t c0 = (size_t)(p - r->base) / DM_SPILL_CHUNK,
+           c1 = (size_t)(p + n - 1 - r->base) / DM_SPILL_CHUNK + 1;
+    pthread_mutex_lock(&s->reserve_mu);
+    uint64_t need = (uint64_t)bits_clear_in(r->held, c0, c1 - c0) * DM_SPILL_CHUNK; /* new */
     uint64_t max = atomic_load_explicit(&s->max, memory_order_relaxed);
     uint64_t before = atomic_load_explicit(&s->committed, memory_order_relaxed);
     int rc = 0;
@@ -248,22 +305,49 @@ static int reserve(dm__arena_je_t *ja, dm__spill_region_t *r, char *p, size_t n)
                                                     memory_order_relaxed, memory_order_relaxed));
     if (rc == 0 && r->priv) { /* a fork child's copy-on-write region: anonymous pages */
         rc = dm__os_map_anon(p, n);
-        if (rc == 0)
-            bits_update(r->bits, first, count, true);
-    } else if (rc == 0) { /* the blocks and their bits at once, for the sweep */
-        pthread_mutex_lock(&s->reserve_mu);
-        rc = dm__os_file_reserve(s->fd, r->off + (uint64_t)(p - r->base), n);
-        if (rc == 0)
-            bits_update(r->bits, first, count, true);
-        pthread_mutex_unlock(&s->reserve_mu);
+    } else if (rc == 0) {
+        for (size_t c = c0; rc == 0 && c < c1;) {
+            if (bit_get(r->held, c)) {
+                c++;
+                continue;
+            }
+            size_t e = c;
+            while (e < c1 && !bit_get(r->held, e))
+                e++;
+            rc = dm__os_file_reserve(s->fd, r->off + (uint64_t)c * DM_SPILL_CHUNK,
+                                     (e - c) * DM_SPILL_CHUNK);
+            if (rc == 0)
+                bits_update(r->held, c, e - c, true);
+            else /* a failed fallocate may keep some blocks: give them back */
+                dm__os_file_punch(s->fd, r->off + (uint64_t)c * DM_SPILL_CHUNK,
+                                  (e - c) * DM_SPILL_CHUNK);
+            c = e;
+        }
     }
+    if (rc == 0) {
+        if (r->priv)
+            bits_update(r->held, c0, c1 - c0, true);
+        for (size_t pg = first; pg < first + count; pg++) /* commit promises zeros */
+            if (bit_get(r->stale, pg)) {
+                if (mapped && !r->priv)
+                    memset(r->base + pg * page_size(), 0, page_size());
+                bits_update(r->stale, pg, 1, false);
+            }
+        bits_update(r->bits, first, count, true);
+    } else if (rc != -EFBIG) { /* uncount the chunks not held; punch those held but unused */
+        atomic_fetch_sub_explicit(&s->committed,
+                                  (uint64_t)bits_clear_in(r->held, c0, c1 - c0) * DM_SPILL_CHUNK,
+                                  memory_order_relaxed);
+        for (size_t c = c0; c < c1; c++)
+            if (bit_get(r->held, c) && !chunk_used(r, c))
+                chunks_punch(s, r, c, 1);
+    }
+    pthread_mutex_unlock(&s->reserve_mu);
     if (rc == 0) {
         stamp(r, p, n);
         dm__spill_catch_up(s, n);
         return 0;
     }
-    if (rc != -EFBIG)
-        atomic_fetch_sub_explicit(&s->committed, need, memory_order_relaxed);
     atomic_fetch_add_explicit(&s->nfull, 1, memory_order_relaxed);
     full_log(ja, n, rc);
     return rc;
@@ -274,7 +358,7 @@ int dm__spill_map(dm__arena_je_t *ja, char *p, size_t n, bool commit) {
     dm__spill_region_t *r = region_of(s, p, n);
     if (!r)
         return -EINVAL;
-    int rc = commit ? reserve(ja, r, p, n) : 0;
+    int rc = commit ? reserve(ja, r, p, n, false) : 0;
     if (rc)
         return rc;
     rc = dm__os_map_file(p, n, s->fd, r->off + (uint64_t)(p - r->base), true);
@@ -291,25 +375,43 @@ int dm__spill_map(dm__arena_je_t *ja, char *p, size_t n, bool commit) {
 
 int dm__spill_commit(dm__arena_je_t *ja, char *p, size_t n) {
     dm__spill_region_t *r = region_of(ja->spill, p, n);
-    return r ? reserve(ja, r, p, n) : -EINVAL;
+    return r ? reserve(ja, r, p, n, true) : -EINVAL;
 }
 
+/* Clears the pages' bits and punches the chunks none of whose pages is still
+ * committed; the pages of chunks that stay held (or whose punch failed) keep
+ * their blocks and bytes, stale until their next commit zeroes them. */
 int dm__spill_decommit(dm__arena_je_t *ja, char *p, size_t n) {
     dm__spill_t *s = ja->spill;
     dm__spill_region_t *r = region_of(s, p, n);
     if (!r || r->priv) /* a copy-on-write region keeps its pages (see Fork) */
         return -EBUSY;
-    int rc = dm__os_file_punch(s->fd, r->off + (uint64_t)(p - r->base), n);
-    if (rc)
-        return rc;
-    size_t gone = bits_update(r->bits, (size_t)(p - r->base) / page_size(), n / page_size(), false);
-    atomic_fetch_sub_explicit(&s->committed, (uint64_t)gone * page_size(), memory_order_relaxed);
+    size_t first = (size_t)(p - r->base) / page_size(), count = n / page_size();
+    size_t c0 = (size_t)(p - r->base) / DM_SPILL_CHUNK,
+           c1 = (size_t)(p + n - 1 - r->base) / DM_SPILL_CHUNK + 1;
+    pthread_mutex_lock(&s->reserve_mu);
+    bits_update(r->bits, first, count, false);
+    bits_update(r->stale, first, count, true);
+    for (size_t c = c0; c < c1;) {
+        if (!bit_get(r->held, c) || chunk_used(r, c)) {
+            c++;
+            continue;
+        }
+        size_t e = c;
+        while (e < c1 && bit_get(r->held, e) && !chunk_used(r, e))
+            e++;
+        chunks_punch(s, r, c, e - c); /* failed: held, stale, counted */
+        c = e;
+    }
+    pthread_mutex_unlock(&s->reserve_mu);
     return 0;
 }
 
-/* calloc of a block jemalloc did not know to be zero: the whole pages of the
- * file range become zeros that keep their blocks (FALLOC_FL_ZERO_RANGE: no
- * writes, no page faults), the rest is cleared in place. MADV_DONTNEED, which
+/* calloc of a block jemalloc did not know to be zero: on ext4 the whole pages
+ * of the file range become zeros that keep their blocks (FALLOC_FL_ZERO_RANGE:
+ * no writes, no page faults), the rest is cleared in place; elsewhere all of it
+ * is (dm__os_file_zero says why: XFS's zero range lets the blocks go). Its
+ * chunks are held, so the writes need no new block. MADV_DONTNEED, which
  * zeroes anonymous memory, would only drop the mapping of a file's pages. */
 void dm__spill_zero(dm__arena_je_t *ja, void *p, size_t n) {
     uintptr_t page = page_size(), b = (uintptr_t)p, e = b + n;
@@ -326,25 +428,41 @@ void dm__spill_zero(dm__arena_je_t *ja, void *p, size_t n) {
 
 /* ---- fork ------------------------------------------------------------------- */
 
-/* Copies region r's reserved pages to file `to` (blocks reserved first). */
+/* Copies region r's committed pages to file `to`, into blocks reserved first
+ * in whole chunks, as the region's own (see "chunks"). */
 static int snapshot_region(const dm__spill_t *s, const dm__spill_region_t *r, int to) {
-    size_t pages = atomic_load_explicit(&r->mapped, memory_order_relaxed) / page_size();
+    size_t mapped = atomic_load_explicit(&r->mapped, memory_order_relaxed);
+    size_t chunks = (mapped + DM_SPILL_CHUNK - 1) / DM_SPILL_CHUNK;
+    for (size_t c = 0; c < chunks;) {
+        if (!bit_get(r->held, c)) {
+            c++;
+            continue;
+        }
+        size_t e = c;
+        while (e < chunks && bit_get(r->held, e))
+            e++;
+        int rc = dm__os_file_reserve(to, r->off + (uint64_t)c * DM_SPILL_CHUNK,
+                                     (e - c) * DM_SPILL_CHUNK);
+        if (rc)
+            return rc;
+        c = e;
+    }
+    size_t pages = mapped / page_size();
     for (size_t pg = 0; pg < pages;) {
-        if (!(atomic_load_explicit(&r->bits[pg / 64], memory_order_relaxed) >> (pg % 64) & 1)) {
+        if (!bit_get(r->bits, pg)) {
             pg++;
             continue;
         }
         size_t end = pg;
-        while (end < pages &&
-               (atomic_load_explicit(&r->bits[end / 64], memory_order_relaxed) >> (end % 64) & 1))
+        while (end < pages && bit_get(r->bits, end))
             end++;
         uint64_t off = r->off + (uint64_t)pg * page_size();
         size_t len = (end - pg) * page_size();
-        int rc = dm__os_file_reserve(to, off, len);
-        if (rc == 0 && r->priv) { /* its pages are in memory, not in the file */
+        int rc = 0;
+        if (r->priv) { /* its pages are in memory, not in the file */
             if (pwrite(to, r->base + pg * page_size(), len, (off_t)off) != (ssize_t)len)
                 rc = -EIO;
-        } else if (rc == 0) {
+        } else {
             rc = dm__os_file_copy(s->fd, to, off, len);
         }
         if (rc)
@@ -470,15 +588,6 @@ static int by_stamp(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-/* Whether chunk c of region r holds any reserved page. */
-static bool chunk_held(const dm__spill_region_t *r, size_t c) {
-    size_t per = DM_SPILL_CHUNK / page_size(), w0 = c * per / 64, w1 = (c + 1) * per / 64;
-    for (size_t w = w0; w < w1; w++)
-        if (atomic_load_explicit(&r->bits[w], memory_order_relaxed))
-            return true;
-    return false;
-}
-
 /* The resident chunks that hold blocks (malloc'ed, *n of them), and their
  * resident bytes in all. NULL with *n 0 when none or out of memory. */
 static chunk_t *resident_chunks(dm__spill_t *s, size_t *n, uint64_t *bytes) {
@@ -491,7 +600,7 @@ static chunk_t *resident_chunks(dm__spill_t *s, size_t *n, uint64_t *bytes) {
         dm__spill_region_t *r = &s->regions[i];
         size_t mapped = atomic_load_explicit(&r->mapped, memory_order_relaxed);
         for (size_t c = 0; !r->priv && c < mapped / DM_SPILL_CHUNK; c++) {
-            if (!chunk_held(r, c))
+            if (!chunk_used(r, c))
                 continue;
             int64_t in = dm__os_resident_pages(r->base + c * DM_SPILL_CHUNK, DM_SPILL_CHUNK);
             if (in <= 0)
@@ -569,46 +678,29 @@ void dm__spill_catch_up(dm__spill_t *s, size_t n) {
  * a kept big block (the last few freed blocks of 4 MiB or more), whatever the
  * job does meanwhile. A pass is a few mallctl calls per arena.
  *
- * Punching every page decommitted is not enough on ext4: a shared mapping's
- * writes up to the end of a reserved range leave blocks past it, in pages no
- * bit covers, which no decommit ever punches (a plain mmap of a fallocated
- * file does the same: 8 MiB + 256 B written into 8 MiB + 4 KiB reserved left
- * 12 KiB past it). 20 freed arrays of 8 MiB left 10 MiB of them. So when the
- * file holds more than its reserved pages (fstat; slack for the filesystem's
- * own blocks), the pass sweeps: it walks the file's data ranges (SEEK_DATA,
- * SEEK_HOLE) and punches the pages in them whose bit is clear. A reservation
- * sets its bits with its blocks under reserve_mu, and the sweep checks a run's
- * bits and punches it under the same lock, so it never punches a page that
- * was just reserved for an allocation. */
+ * Blocks can still outlive their chunk: a filesystem's own (a failed
+ * fallocate that kept some, which reserve punches at once, is the case we
+ * know; before chunks, ext4 left blocks past a reserved range that a shared
+ * mapping's writes had reached: 20 freed arrays of 8 MiB left 10 MiB). So
+ * when the file holds more than its held chunks (fstat; slack for the
+ * filesystem's own blocks), the pass sweeps: it walks the file's data ranges
+ * (SEEK_DATA, SEEK_HOLE) and punches the chunks in them that are not held.
+ * It checks a chunk and punches it under reserve_mu, where a reservation
+ * holds its chunks, so it never punches a chunk just reserved. */
 #define DM_SPILL_SWEEP_SLACK ((uint64_t)1 << 20)
 
-/* Punches pages [first, first+count) of region r, if their bits are still
- * clear: the pages punched. */
-static size_t sweep_run(dm__spill_t *s, dm__spill_region_t *r, size_t first, size_t count) {
-    pthread_mutex_lock(&s->reserve_mu);
-    bool clear = bits_clear_in(r->bits, first, count) == count &&
-                 dm__os_file_punch(s->fd, r->off + (uint64_t)first * page_size(),
-                                   count * page_size()) == 0;
-    pthread_mutex_unlock(&s->reserve_mu);
-    return clear ? count : 0;
-}
-
-/* The clear pages of file range [a, b) in region r: the pages punched. */
+/* The chunks of file range [a, b) in region r that are not held, punched:
+ * how many. */
 static size_t sweep_range(dm__spill_t *s, dm__spill_region_t *r, uint64_t a, uint64_t b) {
     uint64_t lo = a > r->off ? a : r->off, hi = b < r->off + r->len ? b : r->off + r->len;
-    size_t pg = (size_t)((lo - r->off) / page_size()),
-           end = (size_t)((hi - r->off + page_size() - 1) / page_size()), punched = 0;
-    while (pg < end) {
-        if (atomic_load_explicit(&r->bits[pg / 64], memory_order_relaxed) >> (pg % 64) & 1) {
-            pg++;
-            continue;
-        }
-        size_t run = pg;
-        while (run < end &&
-               !(atomic_load_explicit(&r->bits[run / 64], memory_order_relaxed) >> (run % 64) & 1))
-            run++;
-        punched += sweep_run(s, r, pg, run - pg);
-        pg = run;
+    size_t c = (size_t)((lo - r->off) / DM_SPILL_CHUNK),
+           end = (size_t)((hi - r->off + DM_SPILL_CHUNK - 1) / DM_SPILL_CHUNK), punched = 0;
+    for (; c < end; c++) {
+        pthread_mutex_lock(&s->reserve_mu);
+        if (!bit_get(r->held, c) &&
+            dm__os_file_punch(s->fd, r->off + (uint64_t)c * DM_SPILL_CHUNK, DM_SPILL_CHUNK) == 0)
+            punched++;
+        pthread_mutex_unlock(&s->reserve_mu);
     }
     return punched;
 }

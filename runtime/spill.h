@@ -5,18 +5,22 @@
  * (O_TMPFILE) in its directory: each address-space region the extent hooks
  * reserve (extent.c) is given its own stretch of the file, so that an address
  * names one file offset (region offset + distance from the region's start),
- * and is mapped MAP_SHARED from there. A bit per page says which pages have
- * disk blocks reserved (committed); commit reserves them (fallocate) before
- * jemalloc may touch the memory, so a full disk fails the allocation instead
- * of raising SIGBUS at a page fault; decommit punches a hole.
+ * and is mapped MAP_SHARED from there. A bit per page says which pages are
+ * committed (jemalloc's); disk blocks are reserved (fallocate) in whole
+ * DM_SPILL_CHUNKs of the file, 2 MiB-aligned, a bit per chunk: commit reserves
+ * every chunk its pages touch before jemalloc may touch the memory, so a full
+ * disk fails the allocation instead of raising SIGBUS at a page fault (a
+ * write fault's page-cache folio, up to 2 MiB and aligned, lies inside one
+ * chunk); decommit punches each chunk none of whose pages is still committed.
  *
  * Thread safety: regions are added under the je arena's bump mutex (ja->mu) and
  * published with a release-store of their count; a region never changes after
  * that but for `mapped` (under ja->mu). The page bits are atomics (jemalloc
  * never commits or decommits one page from two threads at once; neighbouring
  * extents share words). The counters are atomics. A reservation allocates
- * its blocks and sets their bits under reserve_mu, which the spill thread's
- * sweep holds while it checks a run's bits and punches it; `ja` is written
+ * its chunks and sets their bits, and a decommit clears its pages' bits and
+ * punches the chunks left empty, under reserve_mu, which the spill thread's
+ * sweep also holds while it checks a chunk and punches it; `ja` is written
  * before the arena is published to the spill thread (dm__spill_attach), and
  * `sweep_wait` is the spill thread's own.
  */
@@ -32,14 +36,20 @@
 #include "runtime/internal.h"
 
 #define DM_SPILL_REGIONS_MAX 4096 /* address-space regions of one spill arena */
-#define DM_SPILL_CHUNK ((size_t)2 << 20) /* what resident_max pages out at a time */
+/* The unit of disk reservation (the largest page-cache folio a write fault
+ * makes: XFS, ext4 since Linux 6.16) and of what resident_max pages out. A
+ * region's file offset is a multiple of DM_SEG_SIZE, so its chunks are
+ * aligned in the file as well as in memory. */
+#define DM_SPILL_CHUNK ((size_t)2 << 20)
 
 typedef struct dm__spill_region {
     char *base;                 /* its first address */
     size_t len;                 /* bytes of address space (and of file) it spans */
     _Atomic size_t mapped;      /* bytes from base mapped from the file (written under ja->mu) */
     uint64_t off;               /* file offset of base */
-    _Atomic uint64_t *bits;     /* a bit per page: disk blocks reserved */
+    _Atomic uint64_t *bits;     /* a bit per page: committed */
+    _Atomic uint64_t *stale;    /* a bit per page: decommitted, not zeroed (its chunk kept) */
+    _Atomic uint64_t *held;     /* a bit per DM_SPILL_CHUNK: its disk blocks reserved */
     _Atomic uint32_t *stamps;   /* per DM_SPILL_CHUNK: when its pages were last reserved */
     bool priv;                  /* a fork child's copy-on-write view (spill.c, fork) */
 } dm__spill_region_t;
@@ -50,7 +60,7 @@ typedef struct dm__spill {
     uint64_t file_end;          /* where the next region's stretch starts (ja->mu) */
     _Atomic int nregions;
     dm__spill_region_t regions[DM_SPILL_REGIONS_MAX];
-    _Atomic uint64_t committed; /* bytes with blocks reserved */
+    _Atomic uint64_t committed; /* bytes of held chunks (counted against max) */
     pthread_mutex_t reserve_mu; /* a reservation vs the sweep (spill.c, "The spill thread") */
     int sweep_wait;             /* passes before the next sweep (spill thread only) */
     _Atomic uint64_t max;       /* backing.max; UINT64_MAX = none */

@@ -272,6 +272,38 @@ static void test_calloc_zeroes_reused(void) {
     }
 }
 
+/* Blocks are reserved in whole 2 MiB chunks of the file, so that a write
+ * fault's large folio (XFS; ext4 since Linux 6.16) never reaches blocks no
+ * one reserved (the SIGBUS on a disk filled to its last block:
+ * tests/python/test_spill_cowfs.py): blocks of 3.5 MiB hold 2 MiB chunks
+ * whole, counted as such, and the file holds no more than its chunks. A
+ * block freed beside one that keeps their shared chunk leaves its pages
+ * there (stale), and they read as zeros when reused (commit promises them). */
+static void test_reservation_is_whole_chunks(void) {
+    load(dir, "", NULL);
+    size_t n = 7 * MiB / 2, c = 2 * MiB;
+    unsigned char *a = dm_alloc(NULL, n, DM_DT_UNKNOWN), *b = dm_alloc(NULL, n, DM_DT_UNKNOWN);
+    EXPECT_TRUE(a && b, "served");
+    if (!a || !b)
+        return;
+    memset(a, 0xee, n);
+    memset(b, 0xdd, n);
+    dm_arena_stats_t st = arena_stats("disk");
+    EXPECT_TRUE(st.backing_reserved_bytes % c == 0, "whole chunks reserved");
+    EXPECT_TRUE(st.backing_reserved_bytes >= 8 * MiB, "a's and b's chunks, rounded out");
+    EXPECT_TRUE(st.backing_disk_bytes <= st.backing_reserved_bytes + MiB,
+                "the file holds its chunks, no more");
+    if (st.backing_reserved_bytes % c)
+        printf("  reserved %llu, disk %llu\n", (unsigned long long)st.backing_reserved_bytes,
+               (unsigned long long)st.backing_disk_bytes);
+    dm_free_hint(a, n);
+    unsigned char *z = dm_calloc(NULL, n, DM_DT_UNKNOWN);
+    EXPECT_TRUE(z != NULL && filled(z, n, 0), "a's stale pages read as zeros");
+    EXPECT_TRUE(filled(b, n, 0xdd), "b kept its bytes");
+    dm_free(z);
+    dm_free(b);
+}
+
 static void test_max_bounds_the_file(void) {
     load(dir, ", max: 64MiB", NULL);
     void *a = dm_alloc(NULL, 40 * MiB, DM_DT_UNKNOWN);
@@ -519,6 +551,7 @@ int main(void) {
     test_idle_decay_punches_holes();
     test_fork_child_decay();
     test_calloc_zeroes_reused();
+    test_reservation_is_whole_chunks();
     test_max_bounds_the_file();
     test_full_disk_fails_cleanly();
     test_reload_rules();
