@@ -207,7 +207,57 @@ def header(argv, reps, stats, order, winner, notes):
                   "# datamem anyway (stats, tags, limits)."]
     else:
         lines += ["# Measured best: %s (what follows)." % winner]
+        if winner == SUGGESTED:
+            lines += ["# (suggest's own header names the profile tune recorded of one run, in a",
+                      "# temporary directory removed since.)"]
     return lines
+
+
+def _candidates(cmd, candidates, work, policies, notes, log):
+    """Adds {name: policy path} for each candidate to `policies` (the suggested
+    one from a profile of one run in `work`), each checked; notes why one is not."""
+    for c in candidates:
+        if c in PRESETS:
+            policies[c] = preset(c)
+        elif c == SUGGESTED:
+            log.write("datamem: tune: profiling one run for suggest's policy\n")
+            path, why = suggested_policy(cmd, work)
+            if path is None:
+                notes.append("suggested: not measured (%s)" % why)
+                log.write("datamem: tune: suggest's policy not measured: %s\n" % why)
+            else:
+                policies[c] = path
+        else:  # a policy file of the user's
+            name = os.path.basename(c)
+            if name in policies or name in PRESETS + (SUGGESTED,):
+                raise TuneError("--candidates: two configurations named %s" % printable(name))
+            if not os.path.isfile(c):
+                raise TuneError("--candidates: %s: neither %s nor a policy file"
+                                % (printable(c), ", ".join(PRESETS + (SUGGESTED,))))
+            policies[name] = c
+    for name, path in policies.items():
+        if path is None:
+            continue
+        ok, text, _ = _ext.check(path)
+        if not ok:
+            raise TuneError("%s: not a valid policy:\n%s" % (name, text.rstrip()))
+
+
+def _measure(cmd, policies, order, reps, log):
+    """Runs cmd reps times under each configuration, repetition r starting at
+    the r-th: {name: [run_once()]}."""
+    runs = {n: [] for n in order}
+    for r in range(reps):
+        for i in range(len(order)):
+            name = order[(r + i) % len(order)]
+            res = run_once(cmd, policies[name])
+            runs[name].append(res)
+            log.write("datamem: tune: run %d/%d %-12s %s\n"
+                      % (r + 1, reps, name, "cpu %.2f s, %d small faults" % (
+                          res["cpu"], res["small"]) if res["finished"] else
+                         "did not finish: " + (res["error"] or "exit status %d"
+                                               % res["status"])))
+    return runs
 
 
 def tune(cmd, out=None, reps=3, candidates=(PRESETS + (SUGGESTED,)), argv=None, log=sys.stderr):
@@ -227,43 +277,9 @@ def tune(cmd, out=None, reps=3, candidates=(PRESETS + (SUGGESTED,)), argv=None, 
     work = tempfile.mkdtemp(prefix="datamem-tune-")
     try:
         policies, notes = {DEFAULT: None}, []
-        for c in candidates:
-            if c in PRESETS:
-                policies[c] = preset(c)
-            elif c == SUGGESTED:
-                log.write("datamem: tune: profiling one run for suggest's policy\n")
-                path, why = suggested_policy(cmd, work)
-                if path is None:
-                    notes.append("suggested: not measured (%s)" % why)
-                    log.write("datamem: tune: suggest's policy not measured: %s\n" % why)
-                else:
-                    policies[c] = path
-            else:  # a policy file of the user's
-                name = os.path.basename(c)
-                if name in policies or name in PRESETS + (SUGGESTED,):
-                    raise TuneError("--candidates: two configurations named %s" % printable(name))
-                if not os.path.isfile(c):
-                    raise TuneError("--candidates: %s: neither %s nor a policy file"
-                                    % (printable(c), ", ".join(PRESETS + (SUGGESTED,))))
-                policies[name] = c
-        for name, path in policies.items():
-            if path is None:
-                continue
-            ok, text, _ = _ext.check(path)
-            if not ok:
-                raise TuneError("%s: not a valid policy:\n%s" % (name, text.rstrip()))
+        _candidates(cmd, candidates, work, policies, notes, log)
         order = list(policies)
-        runs = {n: [] for n in order}
-        for r in range(reps):
-            for i in range(len(order)):
-                name = order[(r + i) % len(order)]
-                res = run_once(cmd, policies[name])
-                runs[name].append(res)
-                log.write("datamem: tune: run %d/%d %-12s %s\n"
-                          % (r + 1, reps, name, "cpu %.2f s, %d small faults" % (
-                              res["cpu"], res["small"]) if res["finished"] else
-                             "did not finish: " + (res["error"] or "exit status %d"
-                                                   % res["status"])))
+        runs = _measure(cmd, policies, order, reps, log)
         stats = {n: summarize(runs[n]) for n in order}
         for n in order:
             if stats[n]["finished"] < stats[n]["runs"]:
