@@ -138,3 +138,31 @@ def test_tune_says_what_is_wrong_with_its_arguments(tmp_path):
               sys.executable, "-c", "pass")
     assert r.returncode == 1 and "neither minimal, throughput, suggested nor a policy file" \
         in r.stderr, r.stderr
+
+
+def _s(cpu, rss, zeroed, finished=1, runs=1):
+    return {"runs": runs, "finished": finished, "zeroed": zeroed, "small": zeroed // 4096,
+            "thp": 0, "cpu": cpu, "rss": rss, "error": ""}
+
+
+def test_tune_pick_follows_its_stated_rule():
+    """The rule tune --help and docs/find-your-policy.md state: a run that did not
+    finish is out; so is peak RSS > 2% above the default's; of the rest, CPU within
+    3% of the lowest; of those, the fewest bytes zeroed."""
+    from datamem._tune import pick
+    base = _s(1.00, 100e6, 900e6)
+    # fewest zeroed wins among the fast, lean ones
+    assert pick({"default": base, "a": _s(1.00, 101e6, 300e6),
+                 "b": _s(0.99, 100e6, 400e6)}) == "a"
+    # 2.5% more peak RSS than the default: out, however few bytes it zeroes
+    assert pick({"default": base, "a": _s(0.90, 102.5e6, 100e6),
+                 "b": _s(1.00, 101.9e6, 500e6)}) == "b"
+    # 4% slower than the fastest: out
+    assert pick({"default": base, "a": _s(1.04, 100e6, 100e6),
+                 "b": _s(1.00, 100e6, 500e6)}) == "b"
+    # a failed run: out, and with nothing else the default stays
+    assert pick({"default": base, "a": _s(0.5, 50e6, 1e6, finished=0)}) == "default"
+    # the default failed: the RSS bound is the lowest finished peak
+    assert pick({"default": _s(1.0, 100e6, 1e6, finished=2, runs=3),
+                 "a": _s(1.0, 104e6, 1e6), "b": _s(1.0, 100e6, 5e6)}) == "b"
+    assert pick({"default": _s(1.0, 1e6, 1e6, finished=0)}) is None
