@@ -18,7 +18,9 @@ holds at the peak (so a job that grows still fits, and a runaway cannot fill
 the disk): for a call-site rule, everything its sites held then (every array of
 theirs lives on disk, not only the bytes past the limit: a 71.5 MiB rule once
 got 64 MiB and the job died of MemoryError, issue 44), for worker_limit the
-bytes past the limit; `resident_max` 128 MiB as configs/spill.yaml, at most 1/16 of the
+bytes past the limit. The profile keeps what each site held at the peak of all
+live arrays, not each site's own highest, hence the margin; `datamem tune
+--candidates policy.yaml -- CMD` runs the policy itself. `resident_max` 128 MiB as configs/spill.yaml, at most 1/16 of the
 memory. The directory is the user's to make (a comment says how: the command
 quotes it, _text.shell_arg, so a space, `;` or `$(...)` in DIR stays part of the
 name; and the policy names it as a YAML double-quoted string, yaml_str, so a
