@@ -706,13 +706,18 @@ def test_suggest_names_only_arenas_it_has_and_promises_no_fault_counts(tmp_path)
     out2 = tmp_path / "prof2"
     temps = tmp_path / "temps.py"
     temps.write_text("import numpy as np\nfor _ in range(10):\n    t = np.ones(1 << 20)\n")
-    _run([sys.executable, str(temps)], env={"DATAMEM_PROFILE": str(out2),
-                                            "DATAMEM_PROFILE_SAMPLE": "full"})
+    # the job's argv goes into a comment: a line break in it must not end the comment
+    _run([sys.executable, str(temps), "x\nrules: []"], env={"DATAMEM_PROFILE": str(out2),
+                                                           "DATAMEM_PROFILE_SAMPLE": "full"})
     text = _datamem("suggest", str(out2)).stdout
     assert "faults avoided" not in text and "minor page faults" not in text, text
     assert "is measured, not estimated: python -m datamem tune --out policy.yaml -- " in text, text
-    assert text.rstrip().split("tune --out policy.yaml -- ")[1].split("\n")[0].endswith(
-        str(temps)), text
+    assert text.split("tune --out policy.yaml -- ")[1].split("\n")[0].endswith(
+        "%s 'x\\x0arules: []'" % temps), text
+    path = tmp_path / "policy.yaml"
+    path.write_text(text)
+    assert "ok: " in _datamem("check", str(path)).stdout
+    assert "rule 'temporaries'" in _datamem("explain", str(path), "--size", "8MiB").stdout
 
 
 # ---- commands printed for a shell -------------------------------------------------
