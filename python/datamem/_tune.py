@@ -198,7 +198,7 @@ def header(argv, reps, stats, order, winner, notes):
     lines += ["#   " + line for line in table(stats, order)]
     lines += textwrap.wrap("Pick: " + RULE + ".", 84, initial_indent="# ",
                            subsequent_indent="# ")
-    lines += ["# " + n for n in notes]
+    lines += ["# " + printable(n) for n in notes]
     if winner == DEFAULT:
         lines += ["# NumPy's default allocator measured best: run this job with DATAMEM_CONFIG "
                   "unset.",
@@ -224,11 +224,12 @@ def _candidates(cmd, candidates, work, policies, notes, log):
             path, why = suggested_policy(cmd, work)
             if path is None:
                 notes.append("suggested: not measured (%s)" % why)
-                log.write("datamem: tune: suggest's policy not measured: %s\n" % why)
+                log.write("datamem: tune: suggest's policy not measured: %s\n" % printable(why))
             else:
                 policies[c] = path
         else:  # a policy file of the user's
-            name = os.path.basename(c)
+            # escaped: the name goes into the header's comments and the log
+            name = printable(os.path.basename(c))
             if name in policies or name in PRESETS + (SUGGESTED,):
                 raise TuneError("--candidates: two configurations named %s" % printable(name))
             if not os.path.isfile(c):

@@ -166,3 +166,21 @@ def test_tune_pick_follows_its_stated_rule():
     assert pick({"default": _s(1.0, 100e6, 1e6, finished=2, runs=3),
                  "a": _s(1.0, 104e6, 1e6), "b": _s(1.0, 100e6, 5e6)}) == "b"
     assert pick({"default": _s(1.0, 1e6, 1e6, finished=0)}) is None
+
+
+def test_tune_keeps_a_candidates_name_inside_its_comment(tmp_path):
+    """Attack pinned: a policy file named with a line break ("x\\nworker_limit: 1MiB")
+    would put a line of its choosing into the written policy's header as YAML."""
+    job = tmp_path / "job.py"
+    job.write_text("import numpy as np\nnp.ones(1 << 20)\n")
+    cand = tmp_path / "x\nworker_limit: 1MiB\n#.yaml"
+    cand.write_text("version: 1\ndefault: main\narenas:\n  main: {alignment: 64}\n")
+    out = tmp_path / "policy.yaml"
+    r = _tune("--out", str(out), "--reps", "1", "--candidates", str(cand), "--",
+              sys.executable, str(job))
+    assert r.returncode == 0, r.stderr
+    text = out.read_text()
+    assert "\nworker_limit" not in text and "x\\x0aworker_limit: 1MiB\\x0a#.yaml" in text, text
+    c = subprocess.run([sys.executable, "-m", "datamem", "check", str(out)], env=_env(),
+                       capture_output=True, text=True, timeout=60)
+    assert c.returncode == 0 and "worker_limit" not in c.stdout, c.stdout + c.stderr
