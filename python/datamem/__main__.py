@@ -14,6 +14,9 @@
   suggest DIR [--resident] [--memory 16GiB [--spill-dir DIR]]
                                       a policy for the profiled job, with its numbers; with
                                       --memory, a spill arena if its peak does not fit
+  tune [--out FILE] [--reps N] [--candidates NAME|FILE ...] -- CMD ...
+                                      run CMD under NumPy's default, the presets and
+                                      suggest's policy; write the one that measured best
 """
 import argparse
 import os
@@ -144,6 +147,47 @@ def profile_commands(a, pr):
     return 0
 
 
+def tune_command(a, tp):
+    """`tune`: measure, pick, write (_tune.py)."""
+    from . import _tune
+    cmd = a.command[1:] if a.command[:1] == ["--"] else a.command
+    if not cmd:
+        tp.error("no command to run: python -m datamem tune [options] -- python job.py")
+    argv = ["python", "-m", "datamem", "tune"] + (["--out", a.out] if a.out else []) + [
+        "--reps", str(a.reps)] + (["--candidates"] + a.candidates if a.candidates else []) + [
+        "--"] + cmd
+    try:
+        text, _ = _tune.tune(cmd, a.out, a.reps, a.candidates or _tune.PRESETS + (
+            _tune.SUGGESTED,), argv)
+    except _tune.TuneError as e:
+        sys.stderr.write("datamem: tune: %s\n" % e)
+        return 1
+    if text is not None:
+        sys.stdout.write(text)
+    return 0
+
+
+def add_tune_command(sub):
+    """tune; returns its parser (for its errors)."""
+    from . import _tune
+    tp = sub.add_parser(
+        "tune", help="measure NumPy's default, the presets and suggest's policy on a command; "
+        "write the best", description="Runs CMD (a child process per run, interleaved, --reps "
+        "each) with DATAMEM_CONFIG unset, under minimal.yaml, throughput.yaml and the policy "
+        "suggest makes from a profile of one first run; measures each run's small and THP "
+        "faults, bytes zeroed, CPU time and peak RSS, and writes the policy that measured "
+        "best with the table in its header. Pick: %s. When NumPy's default wins, the file is "
+        "minimal.yaml under a header saying to leave DATAMEM_CONFIG unset." % _tune.RULE)
+    tp.add_argument("--out", metavar="FILE", help="write the policy here (temp + rename; a "
+                    "symbolic link is refused); default: stdout")
+    tp.add_argument("--reps", type=int, default=3, help="runs per configuration (default 3)")
+    tp.add_argument("--candidates", nargs="+", metavar="NAME|FILE",
+                    help="what to measure against the default: minimal, throughput, suggested "
+                    "or policy files (default: minimal throughput suggested)")
+    tp.add_argument("command", nargs=argparse.REMAINDER, help="-- python job.py ARGS...")
+    return tp
+
+
 def add_profile_commands(sub):
     """profile, report and suggest; returns profile's parser (for its errors)."""
     pr = sub.add_parser("profile", help="run a command recording an allocation profile")
@@ -202,10 +246,13 @@ def main(argv=None):
     r.add_argument("--match", metavar="TEXT",
                    help="with --all: only processes whose command line contains TEXT")
     pr = add_profile_commands(sub)
+    tp = add_tune_command(sub)
     _stats_cli.add_commands(sub)
     a = ap.parse_args(argv)
     if a.cmd in ("profile", "report", "suggest"):
         return profile_commands(a, pr)
+    if a.cmd == "tune":
+        return tune_command(a, tp)
     if a.cmd in _stats_cli.COMMANDS:
         return _stats_cli.run(a)
     if a.cmd == "reload":

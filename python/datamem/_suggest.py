@@ -80,6 +80,17 @@ def _pct(x, total):
     return "%.0f%%" % (100.0 * x / total)
 
 
+def _tune_hint(p):
+    """The command that measures this policy against NumPy's default and the
+    presets on the profiled job (_tune.py), quoted for a shell."""
+    pids = {q["pid"] for q in p.processes}
+    argv = next((q["argv"] for q in p.processes if q["argv"] and q["ppid"] not in pids), None)
+    if not argv:
+        return "python -m datamem tune -- CMD ..."
+    return shell_command("python", "-m", "datamem", "tune", "--out", "policy.yaml", "--",
+                         *argv)
+
+
 def _head(p):
     """The comment lines that open the policy: what was recorded."""
     T = p.totals
@@ -136,15 +147,17 @@ def _resident(p, call_site_rules, resident_arena, arenas, rules, estimate):
                % (fmt_count(T["resident_allocations"]), nsites, "" if nsites == 1 else "s",
                   ", ".join(sites))]
     if sep is None or not resident_arena:
+        shared = ("the reuse arena" if T["temp_bytes"] > 0 else
+                  "the default arena (this policy has no reuse arena)")
         if sep is None:
             rules_note = ("  # no size bound separates them from the temporaries%s; they "
-                          "share the reuse arena" % ("" if call_site_rules else
-                                                     " (and this policy uses no call-site "
-                                                     "rules)"))
+                          "stay in %s" % ("" if call_site_rules else
+                                          " (and this policy uses no call-site rules)",
+                                          shared))
         else:
-            rules_note = ("  # they share the reuse arena: an arena of their own keeps its "
+            rules_note = ("  # they stay in %s: an arena of their own keeps its "
                           "freed pages apart (more peak RSS); `suggest --resident` "
-                          "separates them at %s" % _size_text(sep[1]))
+                          "separates them at %s" % (shared, _size_text(sep[1])))
         rules += comment + [rules_note]
         return
     arenas.append("  resident: {alignment: 4096, hugepages: on}")
@@ -197,14 +210,12 @@ def _temporaries(p, arenas, rules, estimate):
               "  - name: temporaries",
               "    match: {size: {min: %s}}" % _size_text(BIG),
               "    arena: reuse"]
-    faults = temp_b / 4096
-    estimate += ["#   temporaries: %s in %s arrays reused instead of mapped afresh: up to %s "
-                 "minor page faults" % (fmt_bytes(temp_b), fmt_count(T["temp_allocations"]),
-                                        fmt_count(faults)),
-                 "#     avoided (NumPy's default returns blocks this big to the kernel); "
-                 "benchmark: temporaries",
-                 "#     8 MiB 0.45x, 64 MiB 0.73x of the default's time "
-                 "(docs/performance.md)",
+    # What reusing them saves is the job's to measure (`datamem tune`): a
+    # count of the temporaries' pages as "faults avoided" promised 12x an fft
+    # job's whole count and made a pandas job's faults double (issue 44).
+    estimate += ["#   temporaries: %s in %s arrays go to the reuse arena; what that saves"
+                 % (fmt_bytes(temp_b), fmt_count(T["temp_allocations"])),
+                 "#     (faults, CPU, peak RSS) is measured, not estimated: " + _tune_hint(p),
                  "#   memory: freed temporaries kept when the arena grows: at most 1/64 "
                  "of its active bytes"]
 
@@ -237,7 +248,7 @@ def suggest(p, call_site_rules=False, resident_arena=False, memory=None,
     total = T["bytes"] or 1.0
     arenas = ["arenas:", "  general: {alignment: 64}"]
     rules = ["rules:"]
-    estimate = ["#", "# What it changes (estimate):"]
+    estimate = ["#", "# What it changes (from the profile; measure it with `datamem tune`):"]
     res_b = T["resident_bytes"]
     if res_b > 0 and res_b >= 0.05 * total:
         _resident(p, call_site_rules, resident_arena, arenas, rules, estimate)

@@ -13,18 +13,27 @@ arena (docs/operations.md, "When arrays outgrow RAM") and one of two ways into i
   docs/operations.md);
 - else `worker_limit` with `worker_spill`: whatever passes the limit, from any
   call site, is served from the file instead of raising MemoryError.
-The other one is offered in a comment. `backing.max` is twice the bytes past the
-limit at the peak (so a job that grows still fits, and a runaway cannot fill
-the disk); `resident_max` 128 MiB as configs/spill.yaml, at most 1/16 of the
+The other one is offered in a comment. `backing.max` is twice what the arena
+holds at the peak (so a job that grows still fits, and a runaway cannot fill
+the disk): for a call-site rule, everything its sites held then (every array of
+theirs lives on disk, not only the bytes past the limit: a 71.5 MiB rule once
+got 64 MiB and the job died of MemoryError, issue 44), for worker_limit the
+bytes past the limit. The profile keeps what each site held at the peak of all
+live arrays, not each site's own highest, hence the margin; `datamem tune
+--candidates policy.yaml -- CMD` runs the policy itself. `resident_max` 128 MiB as configs/spill.yaml, at most 1/16 of the
 memory. The directory is the user's to make (a comment says how: the command
 quotes it, _text.shell_arg, so a space, `;` or `$(...)` in DIR stays part of the
 name; and the policy names it as a YAML double-quoted string, yaml_str, so a
 `"`, `}` or `#` in it cannot end the value and add keys).
 
 Call-site names go into the rule's `function` globs only when they are plain
-dotted identifiers (letters, digits, `_`, `.`, `<>` as in `<module>`) of at most
+dotted identifiers (letters, digits, `_`, `.`, `<>` as in `<lambda>`) of at most
 63 bytes: nothing a glob or YAML would read as anything but the name; a site
-with another name is never chosen (its bytes count as not covered).
+with another name is never chosen (its bytes count as not covered). Nor is a
+module's top level (`__main__.<module>`, and a comprehension or lambda there,
+`__main__.<listcomp>`): every array a script makes outside a function matches
+the first, so such a rule spilled the whole job (issue 44); `f.<locals>.<listcomp>`
+is f's and stays a site.
 """
 import json
 import re
@@ -71,6 +80,13 @@ def _pow2(n, up):
     return p
 
 
+def _top_level(fn):
+    """Whether call site `fn` (module.qualname) is a module's top level: its
+    `<module>`, or a `<listcomp>`/`<lambda>`... not inside a function's `<locals>`."""
+    parts = fn.split(".")
+    return parts[-1].startswith("<") and (len(parts) < 2 or parts[-2] != "<locals>")
+
+
 def _sites(p, excess):
     """Up to SITES_MAX call sites, most bytes at the peak first, each mostly
     long-lived big arrays and with a plain name, that held `excess` bytes at the
@@ -83,7 +99,8 @@ def _sites(p, excess):
             break
         fn = p.sites[r - 1][1]
         sums = p.site_sums[r]
-        if not _PLAIN_NAME.fullmatch(fn) or sums[col["resident_bytes"]] < 0.5 * sums[col["bytes"]]:
+        if (not _PLAIN_NAME.fullmatch(fn) or _top_level(fn)
+                or sums[col["resident_bytes"]] < 0.5 * sums[col["bytes"]]):
             continue
         chosen.append((fn, float(held[r])))
         covered += held[r]
@@ -108,7 +125,10 @@ def spill(p, memory, spill_dir):
                                                                  SHARE))
         return out
     excess = peak - limit
-    disk_max = _pow2(2 * excess, up=True)
+    sites = _sites(p, excess)
+    # what the arena holds at the peak: all the sites' arrays, or what passes the limit
+    held = sum(b for _, b in sites) if sites else excess
+    disk_max = _pow2(2 * held, up=True)
     resident_max = min(RESIDENT_MAX, _pow2(memory // 16, up=False))
     out["arenas"] = [
         "  # --memory %s: the peak of live arrays%s, %s at %s, passes %d%% of it"
@@ -118,7 +138,9 @@ def spill(p, memory, spill_dir):
         "  # -> a file-backed arena for what does not fit. Make its directory once, on local",
         "  #    disk (not tmpfs or a network filesystem), yours and not writable by others:",
         "  #      " + shell_command("mkdir", "-m", "700", "-p", spill_dir),
-        "  #    max: twice the bytes past the limit at the peak; resident_max: its pages kept in",
+        "  #    max: twice the %s at the peak (%s); resident_max: its pages kept in"
+        % ("bytes its rule's call sites held" if sites else "bytes past the limit",
+           fmt_bytes(held)),
         "  #    memory (a datamem thread pages out the rest; docs/operations.md)",
         "  spill: {alignment: 64, decay: {dirty: 1s}, backing: {dir: %s, max: %s, resident_max: %s}}"
         % (yaml_str(spill_dir), _size_text(disk_max), _size_text(resident_max))]
@@ -131,7 +153,6 @@ def spill(p, memory, spill_dir):
         where = ["%s in each of the %d processes" % (worker, nproc),
                  "(%d%% of %s shared among them)" % (SHARE, fmt_bytes(memory))]
     limit_lines = ["worker_limit: %s" % worker, "worker_spill: spill"]
-    sites = _sites(p, excess)
     if sites:
         names = ", ".join("%s (%s)" % (fn, fmt_bytes(b)) for fn, b in sites)
         out["rules"] = [

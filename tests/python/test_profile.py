@@ -619,6 +619,107 @@ def test_suggest_memory_spills_what_does_not_fit(tmp_path):
         assert r.returncode == 2 and says in r.stderr, (bad, r.stderr)
 
 
+# Bug pinned (issue 44): `suggest --memory 280MiB` wrote `backing.max: 64MiB` (twice
+# the 24 MiB past the limit) for a rule whose call site held 72 MiB at the peak, all
+# of which the rule sends to disk: the job, fine without a policy, died of MemoryError.
+SPILL_PEAK_JOB = textwrap.dedent('''
+    import numpy as np
+    KEEP = []
+
+    def load():
+        for _ in range(9):
+            KEEP.append(np.ones(1 << 20))    # 9 x 8 MiB, live to the end
+
+    def burst():
+        ts = [np.ones(1 << 20) for _ in range(22)]   # 176 MiB at once
+        return sum(float(t[0]) for t in ts)
+
+    load()
+    print(burst() + sum(float(k[0]) for k in KEEP))
+''')
+
+
+def test_suggest_memory_backing_max_holds_what_its_rule_spills(tmp_path):
+    job = tmp_path / "peak_job.py"
+    job.write_text(SPILL_PEAK_JOB)
+    spill = tmp_path / "spill"
+    spill.mkdir(mode=0o700)
+    out = tmp_path / "prof"
+    _run([sys.executable, str(job)], env={"DATAMEM_PROFILE": str(out),
+                                          "DATAMEM_PROFILE_SAMPLE": "full"})
+    text = _datamem("suggest", str(out), "--memory", "280MiB", "--spill-dir", str(spill)).stdout
+    lines = text.splitlines()
+    assert "  # what held the peak: __main__.load (72.0 MiB);" in lines, text
+    assert ('  spill: {alignment: 64, decay: {dirty: 1s}, backing: {dir: "%s", max: 256MiB, '
+            'resident_max: 16MiB}}' % spill) in lines, text
+    path = tmp_path / "policy.yaml"
+    path.write_text(text)
+    r = _run([sys.executable, str(job)], env={"DATAMEM_CONFIG": str(path)})
+    assert float(r.stdout) == 31.0, r.stdout
+
+
+def test_suggest_memory_never_spills_a_scripts_top_level(tmp_path):
+    """Bug pinned (issue 44): a module-level script got a spill rule matching
+    `__main__.<module>`, which every array it makes matches: the whole job spilled.
+    A comprehension at the top level (`__main__.<listcomp>`) is no site either."""
+    job = tmp_path / "flat.py"
+    job.write_text(textwrap.dedent('''
+        import numpy as np
+        KEEP = []
+        for _ in range(9):
+            KEEP.append(np.ones(1 << 20))               # 72 MiB, live to the end
+        ts = [np.ones(1 << 20) for _ in range(22)]   # 176 MiB of temporaries
+        s = sum(float(t[0]) for t in ts + KEEP)
+        del ts
+        print(s)
+    '''))
+    spill = tmp_path / "spill"
+    spill.mkdir(mode=0o700)
+    out = tmp_path / "prof"
+    _run([sys.executable, str(job)], env={"DATAMEM_PROFILE": str(out),
+                                          "DATAMEM_PROFILE_SAMPLE": "full"})
+    text = _datamem("suggest", str(out), "--memory", "280MiB", "--spill-dir", str(spill)).stdout
+    assert "match: {function:" not in text and "  - name: spill" not in text, text
+    assert text.splitlines()[-2:] == ["worker_limit: 80%", "worker_spill: spill"], text
+
+
+def test_suggest_names_only_arenas_it_has_and_promises_no_fault_counts(tmp_path):
+    """Bugs pinned (issue 44): a job with no big temporaries got a comment saying its
+    long-lived arrays "share the reuse arena", an arena the policy did not have; and
+    every policy with temporaries promised "up to N minor page faults avoided" (12x
+    an fft job's whole count; a pandas job's faults doubled): suggest now points to
+    `datamem tune`, which measures them."""
+    job = tmp_path / "keep.py"
+    job.write_text(textwrap.dedent('''
+        import numpy as np
+        def load():
+            return [np.ones(1 << 20) for _ in range(3)]
+        KEEP = load()
+    '''))
+    out = tmp_path / "prof"
+    _run([sys.executable, str(job)], env={"DATAMEM_PROFILE": str(out),
+                                          "DATAMEM_PROFILE_SAMPLE": "full"})
+    text = _datamem("suggest", str(out)).stdout
+    assert "reuse:" not in text and "share the reuse arena" not in text, text
+    assert "stay in the default arena (this policy has no reuse arena)" in text, text
+
+    out2 = tmp_path / "prof2"
+    temps = tmp_path / "temps.py"
+    temps.write_text("import numpy as np\nfor _ in range(10):\n    t = np.ones(1 << 20)\n")
+    # the job's argv goes into a comment: a line break in it must not end the comment
+    _run([sys.executable, str(temps), "x\nrules: []"], env={"DATAMEM_PROFILE": str(out2),
+                                                           "DATAMEM_PROFILE_SAMPLE": "full"})
+    text = _datamem("suggest", str(out2)).stdout
+    assert "faults avoided" not in text and "minor page faults" not in text, text
+    assert "is measured, not estimated: python -m datamem tune --out policy.yaml -- " in text, text
+    assert text.split("tune --out policy.yaml -- ")[1].split("\n")[0].endswith(
+        "%s 'x\\x0arules: []'" % temps), text
+    path = tmp_path / "policy.yaml"
+    path.write_text(text)
+    assert "ok: " in _datamem("check", str(path)).stdout
+    assert "rule 'temporaries'" in _datamem("explain", str(path), "--size", "8MiB").stdout
+
+
 # ---- commands printed for a shell -------------------------------------------------
 #
 # Attack pinned: `suggest --spill-dir DIR` printed `mkdir -m 700 -p DIR` unquoted in
