@@ -467,3 +467,30 @@ def test_suggest_memory_names_only_plain_call_sites_in_a_rule(tmp_path, name):
             assert "spill" not in rules, table
             assert lines[-2:] == ["worker_limit: 80%", "worker_spill: spill"], policy
         assert name not in "\n".join(l for l in lines if not l.lstrip().startswith("#"))
+
+
+# ---- estimates from a sampled profile ----------------------------------------------
+
+# Bug pinned (issue 44: a sampled report counted 107 allocations against 865):
+# sampling by bytes alone gives an 8-byte array one chance in 65,536 at 512 KiB,
+# so a job's many small arrays were almost never sampled and the estimated count
+# was the big arrays' alone (about 2,000 against 10,000 for this job). Each allocation
+# now also counts mean/16 bytes, and its weight says so.
+def test_report_sampled_count_estimates_small_arrays(tmp_path):
+    job = tmp_path / "job.py"
+    job.write_text("import numpy as np\n"
+                   "for _ in range(2000):\n"
+                   "    np.empty(64 * 1024, np.uint8)\n"
+                   "small = [np.empty(1, np.uint8) for _ in range(8000)]\n")
+    counts = []
+    for i in range(3):  # each run is a fresh random sample
+        d = tmp_path / ("p%d" % i)
+        _datamem("profile", "--out", d, "--", sys.executable, job)
+        s = json.loads(_datamem("report", d, "--json").stdout)
+        full = {h["label"]: h["allocations"] for h in s["size_histogram"]}
+        counts.append((s["allocations"], full.get("0 B - 1 KiB", 0.0), s["bytes"]))
+    # the truth: 10,000 arrays (and NumPy's own few), 8,000 of them tiny; 125 MiB
+    for total, tiny, nbytes in counts:
+        assert 10000 * 0.8 <= total <= 10000 * 1.25, counts
+        assert 8000 * 0.8 <= tiny <= 8000 * 1.25, counts
+        assert 2000 * 65536 * 0.8 <= nbytes <= 2000 * 65536 * 1.25, counts
