@@ -10,7 +10,9 @@
   profile [--out DIR] [--sample BYTES | --full] [--stacks] [--policy P] -- CMD ...
                                       run CMD recording an allocation profile (every
                                       process: DIR/<pid>.dmprof; DATAMEM_PROFILE=DIR)
-  report DIR [--html OUT] [--json]    top call sites, sizes, lifetimes, peak, threads, tags
+  report DIR [--html OUT] [--json] [--flamegraph OUT] [--folded OUT [--by count]]
+                                      top call sites (your frames) and their stacks, sizes,
+                                      lifetimes, peak, threads, tags; flame graphs
   suggest DIR [--resident] [--memory 16GiB [--spill-dir DIR]]
                                       a policy for the profiled job, with its numbers; with
                                       --memory, a spill arena if its peak does not fit
