@@ -117,8 +117,8 @@ def _site_stacks(p):
     in them: Profile.user_sites)."""
     by_site = {}
     for k, frames in enumerate(p.stacks):
-        if k + 1 >= len(p.stack_sums) or p.stack_sums[k + 1, 0] <= 0:
-            continue
+        if not frames or k + 1 >= len(p.stack_sums) or p.stack_sums[k + 1, 0] <= 0:
+            continue  # no Python frame (realloc without the GIL), or nothing allocated
         by_site.setdefault(p.stack_site[k], []).append(k)
     out = {}
     for site, ks in by_site.items():
@@ -325,9 +325,9 @@ def _stack_lines(sites, tb):
                 while j < len(fr) and fr[j]["library"]:
                     j += 1
                 if j - i > LIBRARY_RUN:
-                    lines.append("      [lib] %s ... %d more library frames ... %s"
+                    lines.append("      [lib] %s ... %d more library frame%s ... %s"
                                  % (printable(fr[i]["name"]), j - i - 2,
-                                    printable(fr[j - 1]["name"])))
+                                    "" if j - i == 3 else "s", printable(fr[j - 1]["name"])))
                     i = j
                     continue
                 f = fr[i]
