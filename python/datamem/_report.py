@@ -102,6 +102,7 @@ def _site_dicts(p):
             "arenas": p.site_set("arena", i),
             "rules": p.site_set("rule", i),
             "stacks": stacks.get(i, []),
+            "library": i >= 0 and is_library(site),
             "index": i,
         })
     return sites
@@ -196,6 +197,7 @@ def summarize(p, top=10):
                                           "policy", "start", "end", "max_rss",
                                           "unmatched_frees", "limit")} for q in p.processes],
         "warnings": list(p.warnings),
+        "stacks": all(q["stacks"] for q in p.processes),
         "duration": p.end,
         "allocations": T["allocations"],
         "bytes": T["bytes"],
@@ -276,6 +278,10 @@ def text(s):
     lines += ["", "top call sites by bytes:"] + _table(site_rows(s["sites_by_bytes"]), head)
     lines += ["", "top call sites by count:"] + _table(site_rows(s["sites_by_count"]), head)
     lines += _stack_lines(s["sites_by_bytes"][:STACKS_SITES], tb)
+    if not s["stacks"] and any(x["library"] for x in s["sites_by_bytes"]):
+        lines += ["", "note: some call sites are library frames (site-packages, the standard "
+                  "library); record with `profile --stacks` to see the frames of your code "
+                  "behind them"]
     lines += ["", "sizes:"] + _table(
         [[h["label"], fmt_count(h["allocations"]), fmt_bytes(h["bytes"]),
           "%.0f%%" % (100 * h["bytes"] / tb), fmt_time(h["median_lifetime"])]

@@ -538,6 +538,13 @@ def test_report_names_the_users_frame_behind_library_frames(tmp_path):
     out = _datamem("report", d).stdout
     assert "stacks of the top call sites" in out and "[lib] layer.call" in out, out
     assert "more library frames" in out, out  # importlib's run is folded
+    # sampled without --stacks, only the recorded site is known: the report says
+    # how to see the user's frames
+    d2 = tmp_path / "prof2"
+    _datamem("profile", "--out", d2, "--sample", "64KiB", "--", sys.executable, job, lib,
+             tmp_path)
+    out = _datamem("report", d2).stdout
+    assert "layer.call" in out and "record with `profile --stacks`" in out, out
 
 
 def _stacked_profile(d, inner="job.inner"):
