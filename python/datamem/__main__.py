@@ -10,7 +10,9 @@
   profile [--out DIR] [--sample BYTES | --full] [--stacks] [--policy P] -- CMD ...
                                       run CMD recording an allocation profile (every
                                       process: DIR/<pid>.dmprof; DATAMEM_PROFILE=DIR)
-  report DIR [--html OUT] [--json]    top call sites, sizes, lifetimes, peak, threads, tags
+  report DIR [--html OUT] [--json] [--flamegraph OUT] [--folded OUT [--by count]]
+                                      top call sites (your frames) and their stacks, sizes,
+                                      lifetimes, peak, threads, tags; flame graphs
   suggest DIR [--resident] [--memory 16GiB [--spill-dir DIR]]
                                       a policy for the profiled job, with its numbers; with
                                       --memory, a spill arena if its peak does not fit
@@ -120,7 +122,7 @@ def profile_commands(a, pr):
                                                             out)))
         return rc
     try:
-        prof = _profile.load(a.dir)
+        prof = _profile.load(a.dir, user_sites=a.cmd == "report")
     except (OSError, _profile.ProfileError) as e:
         sys.stderr.write("datamem: %s\n" % e)
         return 1
@@ -140,9 +142,19 @@ def profile_commands(a, pr):
         except OSError as e:
             sys.stderr.write("datamem: --html: %s\n" % e)
             return 1
+    from . import _flame
+    for opt, path, make in (("--folded", a.folded, lambda: _flame.folded(prof, a.by)),
+                            ("--flamegraph", a.flamegraph, lambda: _flame.html(prof))):
+        if path:
+            from ._files import write_new_file
+            try:
+                write_new_file(path, make(), mode=0o644)
+            except OSError as e:
+                sys.stderr.write("datamem: %s: %s\n" % (opt, e))
+                return 1
     if a.json:
         sys.stdout.write(_report.to_json(s) + "\n")
-    elif not a.html:
+    elif not (a.html or a.folded or a.flamegraph):
         sys.stdout.write(_report.text(s))
     return 0
 
@@ -207,6 +219,12 @@ def add_profile_commands(sub):
     rp.add_argument("dir")
     rp.add_argument("--html", metavar="OUT", help="write one self-contained HTML page")
     rp.add_argument("--json", action="store_true", help="print JSON for tools")
+    rp.add_argument("--flamegraph", metavar="OUT", help="write flame graphs of bytes and of "
+                    "allocations by stack as one self-contained HTML page")
+    rp.add_argument("--folded", metavar="OUT", help="write the stacks in folded-stack text "
+                    "(flamegraph.pl, inferno, speedscope)")
+    rp.add_argument("--by", choices=("bytes", "count"), default="bytes",
+                    help="what --folded counts (default bytes)")
     rp.add_argument("--top", type=int, default=10, help="call sites listed (default 10)")
     sg = sub.add_parser("suggest", help="propose a policy from an allocation profile")
     sg.add_argument("dir")

@@ -138,6 +138,20 @@ def write_atomic(path, data, dir_fd=None, mode=0o600):
             os.close(dir_fd)
 
 
+def write_new_file(path, data, mode=0o600):
+    """write_atomic(), refusing a destination that is a symbolic link (the
+    user named a file, not where a link planted there points)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        pass
+    else:
+        if stat.S_ISLNK(st.st_mode):
+            raise OSError(errno.ELOOP, "%s is a symbolic link: not writing there"
+                          % os.fspath(path))
+    write_atomic(path, data, mode=mode)
+
+
 def open_append(path, mode=0o644):
     """A binary file object appending to `path` (created with `mode` when
     absent): its directory must pass owned_dir(), the name is opened without

@@ -27,14 +27,15 @@ from ._profile_file import (  # noqa: F401
     BIG, BLOCK, FLAG_CALLOC, FLAG_NOGIL, FLAG_REALLOC, HEADER_MAX, LIFE_EDGES, LONG, MAGIC,
     SAMPLE_MAX, SHORT, SIZE_EDGES, STACK_MAX, STRING_MAX, TEMP_EVENTS_MAX, TINY, ProfileError,
     _File)
-from ._profile_read import SITE_COLUMNS, TOTAL_COLUMNS, Profile, load  # noqa: F401
+# INTERNAL_PACKAGES: the recorded call site of an allocation is the innermost
+# Python frame outside these packages (pyext/site.c, internal_packages): what a
+# user means by "my code" when NumPy, pandas, SciPy or scikit-learn made the
+# array for them.
+from ._profile_read import (  # noqa: F401
+    INTERNAL_PACKAGES, SITE_COLUMNS, TOTAL_COLUMNS, Profile, is_library, load)
 
 DEFAULT_SAMPLE = 512 * 1024
 
-# The call site of an allocation is the innermost Python frame outside these
-# packages (pyext/site.c, internal_packages): what a user means by "my
-# code" when NumPy, pandas, SciPy or scikit-learn made the array for them.
-INTERNAL_PACKAGES = ("numpy", "pandas", "scipy", "sklearn", "datamem")
 
 PASSTHROUGH_POLICY = """\
 # Written by datamem's profiler: DATAMEM_CONFIG was not set, so the profiled job

@@ -34,7 +34,7 @@ _A = np.dtype([("t", "<u8"), ("ptr", "<u8"), ("size", "<u8"), ("w", "<f8"), ("th
 _F = np.dtype([("t", "<u8"), ("ptr", "<u8")])
 # An allocation whose free has not been read yet.
 _OPEN = np.dtype([("t0", "<f8"), ("ptr", "<u8"), ("size", "<f8"), ("w", "<f8"), ("site", "<i8"),
-                  ("th", "<i8"), ("tg", "<i8"), ("ru", "<i8"), ("ar", "<i8"), ("dt", "u1"),
+                  ("stack", "<i8"), ("th", "<i8"), ("tg", "<i8"), ("ru", "<i8"), ("ar", "<i8"), ("dt", "u1"),
                   ("fl", "u1")])
 _II = struct.Struct("<II")
 _C = struct.Struct("<IIIII")
@@ -141,6 +141,7 @@ class _File:
         self.eof = False
         self.strings = {0: ""}
         self.sites = {}    # local id -> global site index
+        self.stacks = {}   # local id -> global stack index
         self.labels = {}   # (kind, local id) -> global label id
         self.open = np.zeros(0, _OPEN)
         self.orphans = []  # allocations whose address was allocated again, unfreed
@@ -202,14 +203,18 @@ class _File:
                 self.sites[sid] = prof._site((strings.get(mod, "?"), strings.get(fn, "?"),
                                               strings.get(fi, "?"), line))
                 pos += 21
-            elif k == 0x4B:  # 'K': stacks are recorded, not summarized
+            elif k == 0x4B:  # 'K': a stack, innermost frame first
                 if pos + 9 > n:
                     break
-                _kid, cnt = _II.unpack_from(data, pos + 1)
+                kid, cnt = _II.unpack_from(data, pos + 1)
                 if cnt > STACK_MAX:
                     self._bad("a stack of %d frames (at most %d)" % (cnt, STACK_MAX), base + pos)
                 if pos + 9 + 4 * cnt > n:
                     break
+                ids = struct.unpack_from("<%dI" % cnt, data, pos + 9)
+                frames = tuple(self.sites[x] for x in ids if x in self.sites)
+                if frames:
+                    self.stacks[kid] = prof._stack(frames)
                 pos += 9 + 4 * cnt
             elif k == 0x50:  # 'P'
                 if pos + 25 > n:
@@ -303,6 +308,9 @@ class _File:
             new["size"] = a["size"]
             new["w"] = a["w"]
             new["site"] = self._site_ids(a["site"])
+            new["stack"] = self._stack_ids(a["stack"], new["site"])
+            if self.prof.user_sites:  # report: the innermost frame of the user's code
+                new["site"] = np.asarray(self.prof.stack_site, np.int64)[new["stack"]]
             for k, kind in (("th", "thread"), ("tg", "tags"), ("ru", "rule"), ("ar", "arena")):
                 new[k] = self._label(kind, a[k])
             new["dt"] = a["dt"]
@@ -360,6 +368,19 @@ class _File:
         u, inv = np.unique(ids, return_inverse=True)
         g = np.array([self.sites.get(x, -1) for x in u.tolist()], np.int64)
         return g[inv]
+
+    def _stack_ids(self, ids, site):
+        """Local stack ids -> global stack indexes; a record without a stack
+        (sampled without --stacks) gets the one-frame stack of its site (none:
+        no Python frame, -1 -> the stack of no frame)."""
+        u, inv = np.unique(ids, return_inverse=True)
+        g = np.array([self.stacks.get(x, -1) for x in u.tolist()], np.int64)[inv]
+        none = g < 0
+        if none.any():
+            u, inv = np.unique(site[none], return_inverse=True)
+            g[none] = np.array([self.prof._stack((x,) if x >= 0 else ()) for x in u.tolist()],
+                               np.int64)[inv]
+        return g
 
     def _finish(self):
         """End of file: what is still open lived to the end of the process."""

@@ -8,6 +8,7 @@ skipped; either way with a warning (Profile.warnings).
 """
 import glob
 import os
+import re
 
 import numpy as np
 
@@ -207,6 +208,27 @@ class _Medians:
         return float(self.wv[j] / self.wt[j])
 
 
+# ---- whose code a frame is ---------------------------------------------------------
+#
+# A frame is a library's when its module is one of the packages whose frames
+# the recorder never takes for the call site (numpy, pandas, scipy, sklearn,
+# datamem: pyext/site.c), its file is in a site-packages or dist-packages
+# directory (anything pip installed: joblib, dask...), in the standard library
+# (.../lib/python3.X/), or frozen (<frozen importlib._bootstrap>). Every other
+# frame is the user's: their scripts and modules, wherever they are.
+INTERNAL_PACKAGES = ("numpy", "pandas", "scipy", "sklearn", "datamem")
+_LIBRARY_FILE = re.compile(r"([/\\](site|dist)-packages[/\\])|([/\\]lib[/\\]python\d+\.\d+t?[/\\])"
+                           r"|^<frozen ")
+
+
+def is_library(site):
+    """site: (module, function, file, line) -> whether the frame is a library's."""
+    mod, _fn, file, _line = site
+    if any(mod == p or mod.startswith(p + ".") for p in INTERNAL_PACKAGES):
+        return True
+    return bool(_LIBRARY_FILE.search(file))
+
+
 # Sums kept per call site (columns of Profile.site_sums).
 SITE_COLUMNS = ("allocations", "bytes", "records", "max_size", "short_bytes", "long_bytes",
                 "live_at_end_bytes", "temp_allocations", "temp_bytes", "temp_short_bytes",
@@ -222,10 +244,18 @@ class Profile:
     figures are indexed by site index + 1 (0: no Python frame). Lifetimes of
     arrays live at the end of their process run to that end (a lower bound)."""
 
-    def __init__(self, directory, paths):
+    def __init__(self, directory, paths, user_sites=False):
         from . import _ext
         self.directory = directory
         self.paths = paths
+        # user_sites: a record's site is the innermost frame of its stack that is
+        # the user's (is_library), when it has one (report); else the recorded
+        # site, the innermost frame outside INTERNAL_PACKAGES, which call-site
+        # rules match (suggest)
+        self.user_sites = user_sites
+        self.stacks, self._stack_index = [], {}  # tuples of site indexes, innermost first
+        self.stack_site = []                     # per stack: its user site (or -1)
+        self.stack_sums = np.zeros((64, 2))      # per stack + 1: allocations, bytes
         self.warnings = []
         self.sites, self._site_index = [], {}
         self.labels = {k: [] for k in ("thread", "tags", "rule", "arena")}
@@ -274,6 +304,15 @@ class Profile:
             self.sites.append(key)
         return i
 
+    def _stack(self, frames):
+        i = self._stack_index.get(frames)
+        if i is None:
+            i = self._stack_index[frames] = len(self.stacks)
+            self.stacks.append(frames)
+            user = [f for f in frames if not is_library(self.sites[f])]
+            self.stack_site.append(user[0] if user else frames[0] if frames else -1)
+        return i
+
     def _label(self, kind, text):
         d = self._label_index[kind]
         i = d.get(text)
@@ -312,6 +351,13 @@ class Profile:
             else:
                 self.site_sums[u, i] += np.bincount(inv, c, len(u))
                 self.totals[SITE_COLUMNS[i]] += float(c.sum())
+        st = r["stack"] + 1
+        if len(self.stack_sums) < len(self.stacks) + 1:
+            grow = max(len(self.stacks) + 1, 2 * len(self.stack_sums)) - len(self.stack_sums)
+            self.stack_sums = np.concatenate([self.stack_sums, np.zeros((grow, 2))])
+        u, inv = np.unique(st, return_inverse=True)
+        self.stack_sums[u, 0] += np.bincount(inv, w, len(u))
+        self.stack_sums[u, 1] += np.bincount(inv, b, len(u))
         self.totals["no_gil_records"] += int(((r["fl"] & FLAG_NOGIL) != 0).sum())
         self.totals["realloc_records"] += int(((r["fl"] & FLAG_REALLOC) != 0).sum())
         self.totals["big_bytes"] += float(b[big].sum())
@@ -388,6 +434,7 @@ class Profile:
         self.end = max([p["end"] for p in self.processes] + [0.0])
         n = len(self.sites) + 1
         self.site_sums = self.site_sums[:n]
+        self.stack_sums = self.stack_sums[:len(self.stacks) + 1]
         s = self.stream
 
         def fit(a):
@@ -426,7 +473,8 @@ class Profile:
         again = Profile.__new__(Profile)
         again.__dict__.update({k: v for k, v in self.__dict__.items()
                                if k in ("directory", "paths", "sites", "_site_index", "labels",
-                                        "_label_index", "dtype_names")})
+                                        "_label_index", "dtype_names", "user_sites", "stacks",
+                                        "_stack_index", "stack_site")})
         again.warnings = []
         again._add = lambda *a: None
         grid_ns = np.asarray(grid, np.float64) * 1e9 + self.t_origin_ns
@@ -444,8 +492,9 @@ class Profile:
         return again.stream.grid_vals
 
 
-def load(directory):
-    """Reads every DIR/*.dmprof (one per process) into one Profile."""
+def load(directory, user_sites=False):
+    """Reads every DIR/*.dmprof (one per process) into one Profile (user_sites:
+    see Profile)."""
     directory = os.fspath(directory)
     paths = sorted(glob.glob(os.path.join(glob.escape(directory), "*.dmprof")))
     if not paths:
@@ -453,4 +502,4 @@ def load(directory):
                            % (printable(directory),
                               shell_command("python", "-m", "datamem", "profile", "--out",
                                             directory, "--", "python", "job.py")))
-    return Profile(directory, paths)
+    return Profile(directory, paths, user_sites)

@@ -24,6 +24,7 @@ import math
 import numpy as np
 
 from ._text import printable
+from ._profile_read import is_library
 from ._profile_read import LIFE_EDGES, LONG, SHORT, SITE_COLUMNS, SIZE_EDGES  # noqa: F401
 
 # C0 and C1 controls (ESC, CR, NEL...), DEL, the line and paragraph separators
@@ -77,6 +78,7 @@ def _site_rows(p):
 def _site_dicts(p):
     """One dict per call site that allocated, in site order (unknown last)."""
     c = {name: i for i, name in enumerate(SITE_COLUMNS)}
+    stacks = _site_stacks(p)
     sites = []
     for r in _site_rows(p):
         row = p.site_sums[r]
@@ -99,9 +101,38 @@ def _site_dicts(p):
             "dtypes": p.site_set("dtype", i),
             "arenas": p.site_set("arena", i),
             "rules": p.site_set("rule", i),
+            "stacks": stacks.get(i, []),
+            "library": i >= 0 and is_library(site),
             "index": i,
         })
     return sites
+
+
+STACKS_PER_SITE = 3  # stacks shown under each of the top call sites
+
+
+def _site_stacks(p):
+    """Per site index: its STACKS_PER_SITE stacks with most bytes, each
+    {allocations, bytes, frames: [{name, function, file, line, library}]},
+    frames outermost first (the site is the innermost frame of the user's code
+    in them: Profile.user_sites)."""
+    by_site = {}
+    for k, frames in enumerate(p.stacks):
+        if not frames or k + 1 >= len(p.stack_sums) or p.stack_sums[k + 1, 0] <= 0:
+            continue  # no Python frame (realloc without the GIL), or nothing allocated
+        by_site.setdefault(p.stack_site[k], []).append(k)
+    out = {}
+    for site, ks in by_site.items():
+        ks.sort(key=lambda k: -p.stack_sums[k + 1, 1])
+        out[site] = [{
+            "allocations": float(p.stack_sums[k + 1, 0]),
+            "bytes": float(p.stack_sums[k + 1, 1]),
+            "frames": [{"name": p.site_label(f), "function": p.sites[f][1],
+                        "file": p.sites[f][2], "line": p.sites[f][3],
+                        "library": is_library(p.sites[f])}
+                       for f in reversed(p.stacks[k])],
+        } for k in ks[:STACKS_PER_SITE]]
+    return out
 
 
 def _size_histogram(p):
@@ -166,6 +197,7 @@ def summarize(p, top=10):
                                           "policy", "start", "end", "max_rss",
                                           "unmatched_frees", "limit")} for q in p.processes],
         "warnings": list(p.warnings),
+        "stacks": all(q["stacks"] for q in p.processes),
         "duration": p.end,
         "allocations": T["allocations"],
         "bytes": T["bytes"],
@@ -245,6 +277,11 @@ def text(s):
     head = ["bytes", "%", "count", "median size", "median life", "call site"]
     lines += ["", "top call sites by bytes:"] + _table(site_rows(s["sites_by_bytes"]), head)
     lines += ["", "top call sites by count:"] + _table(site_rows(s["sites_by_count"]), head)
+    lines += _stack_lines(s["sites_by_bytes"][:STACKS_SITES], tb)
+    if not s["stacks"] and any(x["library"] for x in s["sites_by_bytes"]):
+        lines += ["", "note: some call sites are library frames (site-packages, the standard "
+                  "library); record with `profile --stacks` to see the frames of your code "
+                  "behind them"]
     lines += ["", "sizes:"] + _table(
         [[h["label"], fmt_count(h["allocations"]), fmt_bytes(h["bytes"]),
           "%.0f%%" % (100 * h["bytes"] / tb), fmt_time(h["median_lifetime"])]
@@ -266,6 +303,43 @@ def text(s):
               fmt_count(g["allocations"]), printable(g["name"])] for g in s[key][:10]],
             ["bytes", "%", "count", key[3:]])
     return "\n".join(lines) + "\n"
+
+
+STACKS_SITES = 5  # call sites whose stacks text() shows
+LIBRARY_RUN = 2   # text() folds a run of more library frames than this into one line
+
+
+def _stack_lines(sites, tb):
+    """The stacks of the top call sites, outermost frame first; a run of
+    library frames longer than LIBRARY_RUN is folded into one line."""
+    if not any(len(x["stacks"]) > 1 or len(x["stacks"]) == 1 and len(x["stacks"][0]["frames"]) > 1
+               for x in sites):
+        return []  # recorded without --stacks: each stack is its site alone
+    lines = ["", "stacks of the top call sites (outermost first; [lib]: site-packages, "
+             "the standard library, frozen importlib, numpy/pandas/scipy/sklearn/datamem):"]
+    for x in sites:
+        lines.append("  %s" % printable(x["site"]))
+        for st in x["stacks"]:
+            lines.append("    %s (%.0f%%) in %s allocation%s:"
+                         % (fmt_bytes(st["bytes"]), 100 * st["bytes"] / tb,
+                            fmt_count(st["allocations"]),
+                            "" if fmt_count(st["allocations"]) == "1" else "s"))
+            fr = st["frames"]
+            i = 0
+            while i < len(fr):
+                j = i
+                while j < len(fr) and fr[j]["library"]:
+                    j += 1
+                if j - i > LIBRARY_RUN:
+                    lines.append("      [lib] %s ... %d more library frame%s ... %s"
+                                 % (printable(fr[i]["name"]), j - i - 2,
+                                    "" if j - i == 3 else "s", printable(fr[j - 1]["name"])))
+                    i = j
+                    continue
+                f = fr[i]
+                lines.append("      %s%s" % ("[lib] " if f["library"] else "", printable(f["name"])))
+                i += 1
+    return lines
 
 
 # ---- html -----------------------------------------------------------------------

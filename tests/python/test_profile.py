@@ -540,7 +540,9 @@ def test_a_refused_second_start_leaves_the_running_profile_alone(tmp_path):
     assert r.returncode == 0, r.stderr
     refused, samples = r.stdout.split("\n")[:2]
     assert refused == "datamem: already recording a profile", r.stdout
-    assert int(samples) < 10, r.stdout  # sampled once a GiB, not every allocation
+    # sampled (a small array about once in 16, pyext/record.c), not every one of the
+    # 6,000 allocations (each np.ones also makes two 0-d arrays) as in full mode
+    assert int(samples) < 1000, r.stdout
     assert not (tmp_path / "b").exists()
 
 

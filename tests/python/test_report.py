@@ -63,11 +63,19 @@ class _Dmprof:
             self.b += b"C" + struct.pack("<IIIII", self.ids[key], m, fn, fi, line)
         return self.ids[key]
 
+    def stack(self, *sites):
+        """A 'K' record: call site ids, innermost first."""
+        key = ("stack",) + sites
+        if key not in self.ids:
+            self.ids[key] = len(self.ids) + 1
+            self.b += b"K" + struct.pack("<II%dI" % len(sites), self.ids[key], len(sites), *sites)
+        return self.ids[key]
+
     def alloc(self, t, ptr, size, site=0, weight=1.0, thread="MainThread", tags="",
-              rule="r", arena="default"):
+              rule="r", arena="default", stack=0):
         th, tg, ru, ar = (self.string(x) if x else 0 for x in (thread, tags, rule, arena))
         self.b += b"A" + struct.pack("<QQQdIIIIIIBB", T0 + t, ptr, size, weight, th, tg, ru, ar,
-                                     site, 0, 11, 0)
+                                     site, stack, 11, 0)
 
     def free(self, t, ptr):
         self.b += b"F" + struct.pack("<QQ", T0 + t, ptr)
@@ -467,3 +475,127 @@ def test_suggest_memory_names_only_plain_call_sites_in_a_rule(tmp_path, name):
             assert "spill" not in rules, table
             assert lines[-2:] == ["worker_limit: 80%", "worker_spill: spill"], policy
         assert name not in "\n".join(l for l in lines if not l.lstrip().startswith("#"))
+
+
+# ---- estimates from a sampled profile ----------------------------------------------
+
+# Bug pinned (issue 44: a sampled report counted 107 allocations against 865):
+# sampling by bytes alone gives an 8-byte array one chance in 65,536 at 512 KiB,
+# so a job's many small arrays were almost never sampled and the estimated count
+# was the big arrays' alone (about 2,000 against 10,000 for this job). Each allocation
+# now also counts mean/16 bytes, and its weight says so.
+def test_report_sampled_count_estimates_small_arrays(tmp_path):
+    job = tmp_path / "job.py"
+    job.write_text("import numpy as np\n"
+                   "for _ in range(2000):\n"
+                   "    np.empty(64 * 1024, np.uint8)\n"
+                   "small = [np.empty(1, np.uint8) for _ in range(8000)]\n")
+    counts = []
+    for i in range(3):  # each run is a fresh random sample
+        d = tmp_path / ("p%d" % i)
+        _datamem("profile", "--out", d, "--", sys.executable, job)
+        s = json.loads(_datamem("report", d, "--json").stdout)
+        full = {h["label"]: h["allocations"] for h in s["size_histogram"]}
+        counts.append((s["allocations"], full.get("0 B - 1 KiB", 0.0), s["bytes"]))
+    # the truth: 10,000 arrays (and NumPy's own few), 8,000 of them tiny; 125 MiB
+    for total, tiny, nbytes in counts:
+        assert 10000 * 0.8 <= total <= 10000 * 1.25, counts
+        assert 8000 * 0.8 <= tiny <= 8000 * 1.25, counts
+        assert 2000 * 65536 * 0.8 <= nbytes <= 2000 * 65536 * 1.25, counts
+
+
+# ---- stacks: the user's frames, flame graphs (issue 44 item 4) ------------------------
+
+# Bug pinned: with --stacks the report still named each site by the innermost
+# frame outside numpy/pandas/scipy/sklearn, so arrays made through a library
+# layer were charged to it (joblib's NotMemorizedFunc.__call__, importlib's
+# _bootstrap), never to the user's line that called it.
+def test_report_names_the_users_frame_behind_library_frames(tmp_path):
+    lib = tmp_path / "lib" / "site-packages"
+    lib.mkdir(parents=True)
+    (lib / "layer.py").write_text("def call(fn, *a):\n    return fn(*a)\n")
+    (lib / "tables.py").write_text("import numpy as np\nTABLE = np.ones(1 << 17)\n")
+    (tmp_path / "usercode.py").write_text(
+        "import importlib\nimport numpy as np\nimport layer\n"
+        "def run():\n    for i in range(50):\n        layer.call(np.ones, 1 << 16)\n"
+        "def load():\n    return importlib.import_module('tables')\n")
+    job = tmp_path / "job.py"
+    job.write_text("import sys\nsys.path[:0] = [sys.argv[1], sys.argv[2]]\nimport usercode\n"
+                   "usercode.run()\nusercode.load()\n")
+    d = tmp_path / "prof"
+    _datamem("profile", "--out", d, "--full", "--", sys.executable, job, lib, tmp_path)
+    s = json.loads(_datamem("report", d, "--json").stdout)
+    by_fn = {x["function"]: x for x in s["sites"]}
+    assert "layer.call" not in by_fn and "tables.<module>" not in by_fn, sorted(by_fn)
+    assert by_fn["usercode.run"]["bytes"] >= 50 * (1 << 19), by_fn["usercode.run"]
+    assert by_fn["usercode.load"]["bytes"] >= 1 << 20, by_fn["usercode.load"]
+    frames = by_fn["usercode.run"]["stacks"][0]["frames"]
+    assert [(f["function"], f["library"]) for f in frames][:3] == [
+        ("__main__.<module>", False), ("usercode.run", False), ("layer.call", True)], frames
+    load = [(f["function"], f["library"]) for f in by_fn["usercode.load"]["stacks"][0]["frames"]]
+    assert ("importlib.import_module", True) in load and ("tables.<module>", True) in load, load
+    assert any(fn.startswith("importlib._bootstrap.") and lib for fn, lib in load), load
+    out = _datamem("report", d).stdout
+    assert "stacks of the top call sites" in out and "[lib] layer.call" in out, out
+    assert "more library frames" in out, out  # importlib's run is folded
+    # sampled without --stacks, only the recorded site is known: the report says
+    # how to see the user's frames
+    d2 = tmp_path / "prof2"
+    _datamem("profile", "--out", d2, "--sample", "64KiB", "--", sys.executable, job, lib,
+             tmp_path)
+    out = _datamem("report", d2).stdout
+    assert "layer.call" in out and "record with `profile --stacks`" in out, out
+
+
+def _stacked_profile(d, inner="job.inner"):
+    p = _Dmprof(stacks=True)
+    outer = p.site("job.outer", 1)
+    lib = p.site("layer.call", 7, file="/usr/lib/python3/site-packages/layer.py", module="layer")
+    mine = p.site(inner, 2)
+    k = p.stack(mine, lib, outer)
+    p.alloc(1 * MS, 0x1000, 4096, site=lib, stack=k)
+    p.alloc(2 * MS, 0x2000, 4096, site=lib, stack=k)
+    p.alloc(3 * MS, 0x3000, 100, site=outer, stack=p.stack(outer))
+    p.exit(4 * MS)
+    p.write(d / "4242.dmprof")
+
+
+def test_report_folded_stacks(tmp_path):
+    _stacked_profile(tmp_path)
+    _datamem("report", tmp_path, "--folded", tmp_path / "b.folded")
+    _datamem("report", tmp_path, "--folded", tmp_path / "n.folded", "--by", "count")
+    stack = ("job.outer (job.py:1);layer.call (/usr/lib/python3/site-packages/layer.py:7);"
+             "job.inner (job.py:2)")
+    assert (tmp_path / "b.folded").read_text() == stack + " 8192\njob.outer (job.py:1) 100\n"
+    assert (tmp_path / "n.folded").read_text() == stack + " 2\njob.outer (job.py:1) 1\n"
+
+
+# Attack: function and file names come from the profiled job; a function named
+# <script>... in a flame graph page must be text, not markup that runs.
+def test_report_flamegraph_escapes_names_and_loads_nothing(tmp_path):
+    evil = '<script>alert(1)</script><img src=x onerror="alert(2)">'
+    _stacked_profile(tmp_path, inner=evil)
+    out = tmp_path / "f.html"
+    _datamem("report", tmp_path, "--flamegraph", out)
+    page = out.read_text()
+    assert "<script" not in page.lower() and "<img" not in page.lower(), page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert page.count("<svg") == 2  # bytes, then allocations
+    assert "8.0 KiB" in page and "2 allocations" in page
+    for outside in ("src=", "href=", "<link", "@import", "url("):
+        assert outside not in page.replace("&lt;img src=x", ""), outside
+
+
+# Attack: a symbolic link planted where the graph goes (in /tmp, say) would
+# point a root user's report at any file: the report refuses it.
+@pytest.mark.parametrize("opt", ["--flamegraph", "--folded"])
+def test_report_flame_outputs_refuse_a_planted_link(tmp_path, opt):
+    _stacked_profile(tmp_path)
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    out = tmp_path / "out"
+    out.symlink_to(victim)
+    r = _datamem("report", tmp_path, opt, out, check=False)
+    assert r.returncode == 1 and "symbolic link" in r.stderr, r.stdout + r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert victim.read_text() == "precious\n" and out.is_symlink()
