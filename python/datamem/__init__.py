@@ -44,8 +44,26 @@ _lock = threading.Lock()
 _covered_lock = threading.Lock()
 
 
+def _quiet_from_env():
+    """DATAMEM_QUIET=1: datamem prints no warnings (policy warnings at start-up
+    and reload, a thread it could not cover); errors are printed all the same.
+    Read once, when datamem is imported (the C side reads it when loaded)."""
+    v = os.environ.get("DATAMEM_QUIET", "")
+    if v in ("", "0"):
+        return False
+    if v == "1":
+        return True
+    sys.stderr.write("datamem: DATAMEM_QUIET=%r: use 1 (no warnings) or 0; warnings stay on\n"
+                     % v)
+    return False
+
+
+_QUIET = _quiet_from_env()
+
+
 def _warn(text):
-    if text:
+    """A warning (never an error) on stderr, unless DATAMEM_QUIET=1."""
+    if text and not _QUIET:
         sys.stderr.write(text if text.endswith("\n") else text + "\n")
 
 
