@@ -418,6 +418,10 @@ static int walk_map(dm__pctx_t *c, int prow, int node, void *sect) {
         } else {
             size_t old = path_push_key(c, ROW(row)->key);
             seen[row] = k, nseen++;
+            if (row == DM_SK_BACKING_DIR) { /* where a directory's error points */
+                dm_backing_spec_t *b = &((dm_arena_spec_t *)sect)->backing;
+                b->line = NODE(c, k)->line, b->col = NODE(c, k)->col;
+            }
             parse_value(c, row, v, sect);
             path_pop(c, old);
         }
