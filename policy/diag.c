@@ -159,20 +159,18 @@ int dm_diag_format(const dm_diags_t *d, int i, char *buf, size_t cap) {
     return dm__text_sb_done(&b);
 }
 
-int dm_diags_format_all(const dm_diags_t *d, char *buf, size_t cap) {
+/* `every`: quote the source line under each diagnostic that has one; else under
+ * the first only (and under others on that same line). */
+static int format_all(const dm_diags_t *d, char *buf, size_t cap, bool every) {
     dm__sbuf_t b;
     int kept = 0;
     dm__text_sb_init(&b, buf, cap);
-    /* One source line at most, the first diagnostic's that has one (again
-     * under the others on that same line, with their carets): the rest say
-     * where (file:line:col) without quoting. A report never copies a file out
-     * line by line, whatever file the policy path turned out to name. */
     int quoted = 0; /* the line quoted, 0 while none */
     for (int i = 0; i < d->n; i++) {
         const dm_diag_t *e = &d->items[i];
-        bool quote = e->line > 0 && e->source[0] && (!quoted || e->line == quoted);
+        bool quote = e->line > 0 && e->source[0] && (every || !quoted || e->line == quoted);
         format_one(&b, d, i, quote);
-        if (quote)
+        if (quote && !quoted)
             quoted = e->line;
         if (d->items[i].severity != DM_SEV_NOTE)
             kept += 1 + d->items[i].repeats;
@@ -183,4 +181,19 @@ int dm_diags_format_all(const dm_diags_t *d, char *buf, size_t cap) {
                       more, d->nerrors, DM__PLURAL(d->nerrors),
                       d->nwarnings, DM__PLURAL(d->nwarnings));
     return dm__text_sb_done(&b);
+}
+
+/* One source line at most, the first diagnostic's that has one (again under
+ * the others on that same line, with their carets): the rest say where
+ * (file:line:col) without quoting. A job's report (start-up, reload) never
+ * copies a file out line by line, whatever file the policy path turned out
+ * to name (docs/security.md). */
+int dm_diags_format_all(const dm_diags_t *d, char *buf, size_t cap) {
+    return format_all(d, buf, cap, false);
+}
+
+/* `python -m datamem check FILE`: the user named the file and reads it with
+ * their own rights, so each diagnostic gets its line and caret. */
+int dm_diags_format_quoted(const dm_diags_t *d, char *buf, size_t cap) {
+    return format_all(d, buf, cap, true);
 }

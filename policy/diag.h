@@ -76,6 +76,11 @@ int dm_diag_format(const dm_diags_t *d, int i, char *buf, size_t cap);
  * of whatever file it read. */
 int dm_diags_format_all(const dm_diags_t *d, char *buf, size_t cap);
 
+/* As dm_diags_format_all, with the source line and caret under every entry
+ * that has one: for a file the user named to a checker (`python -m datamem
+ * check`), never for the policy a job runs under. */
+int dm_diags_format_quoted(const dm_diags_t *d, char *buf, size_t cap);
+
 #ifdef __cplusplus
 }
 #endif

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
+#include <strings.h>
 
 #include "policy/internal.h"
 #include "policy/schema.h"
@@ -261,14 +262,47 @@ static int conv_string(const dm__schema_row_t *r, const char *s, void *sect,
     return 0;
 }
 
+/* The enum value nearest to `s`, or NULL: a YAML 1.1 boolean (yes, true, no,
+ * false, y, n; any case) means on or off where the row has them, anything
+ * else the closest spelling, as for keys. */
+static const char *enum_nearest(const char *enums, const char *s, char *buf, size_t cap) {
+    static const char *const yes[] = {"yes", "y", "true", "on"};
+    static const char *const no[] = {"no", "n", "false", "off"};
+    for (size_t k = 0; k < sizeof yes / sizeof *yes; k++) {
+        if (strcasecmp(s, yes[k]) == 0 && dm__schema_enum_index(enums, "on") >= 0)
+            return "on";
+        if (strcasecmp(s, no[k]) == 0 && dm__schema_enum_index(enums, "off") >= 0)
+            return "off";
+    }
+    const char *cands[16];
+    int n = 0;
+    size_t used = 0;
+    for (const char *e = enums; e && *e && n < 16;) {
+        size_t len = strcspn(e, "|");
+        if (used + len + 1 > cap)
+            break;
+        memcpy(buf + used, e, len);
+        buf[used + len] = '\0';
+        cands[n++] = buf + used;
+        used += len + 1;
+        e += len + (e[len] == '|');
+    }
+    return dm__text_nearest(s, cands, n);
+}
+
 static int conv_enum(const dm__schema_row_t *r, const char *s, void *sect,
                      char *why) {
-    char q[DM__QUOTE_CAP], list[128];
+    char q[DM__QUOTE_CAP], list[128], names[128];
     int i = dm__schema_enum_index(r->enums, s);
     dm__schema_enum_list(r->enums, list, sizeof list);
-    if (i < 0)
-        return why_fail(why, "invalid value %s; accepted values are %s",
-                        dm__text_quote(q, sizeof q, s, strlen(s)), list);
+    if (i < 0) {
+        const char *near = enum_nearest(r->enums, s, names, sizeof names);
+        dm__text_quote(q, sizeof q, s, strlen(s));
+        if (near)
+            return why_fail(why, "invalid value %s (did you mean '%s'?); accepted values "
+                            "are %s", q, near, list);
+        return why_fail(why, "invalid value %s; accepted values are %s", q, list);
+    }
     store(sect, r, (uint64_t)i);
     return 0;
 }
@@ -384,6 +418,10 @@ static int walk_map(dm__pctx_t *c, int prow, int node, void *sect) {
         } else {
             size_t old = path_push_key(c, ROW(row)->key);
             seen[row] = k, nseen++;
+            if (row == DM_SK_BACKING_DIR) { /* where a directory's error points */
+                dm_backing_spec_t *b = &((dm_arena_spec_t *)sect)->backing;
+                b->line = NODE(c, k)->line, b->col = NODE(c, k)->col;
+            }
             parse_value(c, row, v, sect);
             path_pop(c, old);
         }

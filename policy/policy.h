@@ -124,6 +124,7 @@ typedef struct dm_backing_spec {
     char dir[256];          /* absolute directory path; "" = RAM (no backing) */
     size_t max;             /* bytes of disk the file may hold; SIZE_MAX = no bound */
     size_t resident_max;    /* file pages kept in memory at most; SIZE_MAX = the kernel's call */
+    int line, col;          /* the `dir:` key's position, for diagnostics (0: none) */
 } dm_backing_spec_t;
 
 typedef struct dm_arena_spec {

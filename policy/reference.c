@@ -173,7 +173,12 @@ static void put_rest(FILE *f) {
                "`thread` (if given) and every tag in `tag` is set.\n");
     fprintf(f, "\n## Diagnostics\n\nErrors read like a compiler's, "
                "`file:line:column: error: key.path: message`, followed by the "
-               "line and a caret; all are reported in one pass. Refused outright: "
+               "line and a caret (`python -m datamem check` quotes each diagnostic's "
+               "line; a job's own report quotes the first one's only, see "
+               "docs/security.md); all are reported in one pass. A misspelt key or "
+               "enum value gets the nearest accepted one (`did you mean 'on'?`; "
+               "a YAML 1.1 boolean such as `yes` or `no` suggests `on` or `off`). "
+               "Refused outright: "
                "files over %u bytes, text that is not UTF-8, several documents, "
                "anchors and aliases, nesting deeper than %d levels, a tab in "
                "the indentation (YAML allows only spaces there), and a path that "

@@ -133,8 +133,8 @@ static PyObject *py_check(PyObject *self, PyObject *args) {
     aside_t a;
     PyObject *res = NULL;
     if (aside_read(&a, path, DM_PARSE_LINT, 16384) == 0) { /* check lints */
-        if (a.diags->n)
-            dm_diags_format_all(a.diags, a.text, a.cap);
+        if (a.diags->n) /* the user named this file: each diagnostic quotes its line */
+            dm_diags_format_quoted(a.diags, a.text, a.cap);
         else if (a.rc)
             snprintf(a.text, a.cap, "%s: error: %s\n", path, dm_strerror(a.rc));
         char summary[256] = "";

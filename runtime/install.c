@@ -117,7 +117,7 @@ static int check_backing(const dm_policy_t *p, dm_diags_t *d) {
         dm__arena_t *old = dm__arena_find(a->name);
         dm__arena_je_t *ja = old ? dm__arena_je_for_node(old, -1) : NULL;
         const char *had = ja && ja->spill ? ja->spill->dir : NULL;
-        char why[320];
+        char why[sizeof(((dm_diag_t *)0)->msg)], fix[sizeof(((dm_diag_t *)0)->msg)];
         if (ja && !had != !a->backing.dir[0]) {
             arena_error(d, a, "backing", "arena '%s' %s since it was made; its arrays live "
                         "there, so this takes a restart (or use an arena of another name)",
@@ -128,9 +128,18 @@ static int check_backing(const dm_policy_t *p, dm_diags_t *d) {
                         "directory takes a restart (or use an arena of another name)", a->name,
                         had);
             rc = DM_EINVALID;
-        } else if (!ja && a->backing.dir[0] && dm__spill_check_dir(a->backing.dir, why,
-                                                                   sizeof(why)) != 0) {
+        } else if (!ja && a->backing.dir[0] &&
+                   dm__spill_check_dir(a->backing.dir, why, sizeof(why), fix, sizeof(fix)) != 0) {
+            int at = d ? d->n : 0;
             arena_error(d, a, "backing.dir", "%s", why);
+            if (fix[0]) /* a directory that is not there: what to run, as a note */
+                arena_error(d, a, "backing.dir", "%s", fix);
+            for (int j = at; d && j < d->n; j++) { /* at the dir: key, not the arena's */
+                if (a->backing.line > 0)
+                    d->items[j].line = a->backing.line, d->items[j].col = a->backing.col;
+                if (j > at)
+                    d->items[j].severity = DM_SEV_NOTE, d->nerrors--;
+            }
             rc = DM_EUNSAFE;
         }
     }

@@ -37,6 +37,7 @@
  * `fork_failures` counts it. New memory in the child comes from a file of its
  * own either way; the parent's file is never written by a child.
  */
+#include <ctype.h>
 #include <errno.h>
 #include <fnmatch.h>
 #include <pthread.h>
@@ -66,8 +67,48 @@ static void *zalloc(size_t n) {
 
 /* ---- the file ------------------------------------------------------------- */
 
-int dm__spill_check_dir(const char *dir, char *why, size_t cap) {
+/* `s` as one word of a POSIX shell command line, as the Python side's
+ * _text.shell_arg writes it: bare when every byte is safe, else in single
+ * quotes with ' as '\''; control bytes as \xNN (a pasted command stays one
+ * line). Truncated to fit `cap`. */
+static void shell_arg(char *buf, size_t cap, const char *s) {
+    size_t o = 0;
+    bool bare = *s != 0;
+    for (const char *p = s; *p; p++)
+        if (!(isalnum((unsigned char)*p) || strchr("@%+=:,./-_", *p)))
+            bare = false;
+    if (cap == 0)
+        return;
+#define PUT(str) for (const char *q_ = (str); *q_ && o + 1 < cap; q_++) buf[o++] = *q_
+    if (!bare)
+        PUT("'");
+    for (const char *p = s; *p; p++) {
+        char one[8] = {*p, 0};
+        if (*p == '\'')
+            PUT("'\\''");
+        else if ((unsigned char)*p < 0x20 || *p == 0x7f) {
+            snprintf(one, sizeof one, "\\x%02x", (unsigned char)*p);
+            PUT(one);
+        } else
+            PUT(one);
+    }
+    if (!bare)
+        PUT("'");
+#undef PUT
+    buf[o] = 0;
+}
+
+int dm__spill_check_dir(const char *dir, char *why, size_t cap, char *fix, size_t fixcap) {
     int dfd = dm__os_dir_open_owned(dir, false, 0700, why, cap);
+    if (fixcap)
+        fix[0] = 0;
+    if (dfd < 0 && errno == ENOENT && fixcap) { /* what to run: the directory rule's mode */
+        char word[4 * sizeof(((dm_backing_spec_t *)0)->dir) + 8];
+        shell_arg(word, sizeof word, dir);
+        int w = snprintf(fix, fixcap, "make it with: mkdir -m 700 -p %s", word);
+        if (w < 0 || (size_t)w >= fixcap) /* a command cut short is worse than none */
+            fix[0] = 0;
+    }
     if (dfd < 0)
         return dfd;
     int fd = dm__os_tmpfile(dfd);

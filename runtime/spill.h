@@ -85,8 +85,10 @@ dm__spill_t *dm__spill_open(const char *dir, uint64_t max, char *why, size_t cap
 void dm__spill_attach(dm__spill_t *s, dm__arena_je_t *ja);
 /* Under dm__runtime_mu: whether `dir` passes the rule and takes an O_TMPFILE
  * (install checks every backed arena before anything changes). 0 or an error
- * code with the reason in `why`. */
-int dm__spill_check_dir(const char *dir, char *why, size_t cap);
+ * code with the reason in `why`, and in `fix` what makes a directory that is not
+ * there ("make it with: mkdir -m 700 -p DIR", DIR one shell word), "" if that
+ * is not the reason. */
+int dm__spill_check_dir(const char *dir, char *why, size_t cap, char *fix, size_t fixcap);
 
 /* Under ja->mu (extent.c, region_grow): a fresh region [base, base+len). */
 bool dm__spill_region_add(dm__spill_t *s, char *base, size_t len);

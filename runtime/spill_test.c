@@ -378,6 +378,18 @@ static void test_directory_rule(void) {
     EXPECT_INT_EQ(rc, DM_EUNSAFE, "a directory others can write to");
     EXPECT_CONTAINS(err, "directory writable by other users (mode 0777)", "said why");
     EXPECT_CONTAINS(err, "arenas.other.backing.dir", "at the key");
+    /* Issue 44: a missing directory says what to run, quoted for a shell,
+     * and points at the dir: key (line 7, column 7), not at the arena's. */
+    char text[1024], want[1024];
+    snprintf(text, sizeof(text),
+             "version: 1\ndefault: general\narenas:\n  general: {}\n  gone:\n    backing:\n"
+             "      dir: \"%s/it's gone/spill\"\n", dir);
+    rc = load_text(text, err, sizeof(err));
+    EXPECT_INT_EQ(rc, DM_EUNSAFE, "a directory that is not there");
+    EXPECT_CONTAINS(err, ":7:7: error: arenas.gone.backing.dir: ", "at the dir: key");
+    snprintf(want, sizeof(want), ":7:7: note: arenas.gone.backing.dir: make it with: "
+             "mkdir -m 700 -p '%s/it'\\''s gone/spill'\n", dir);
+    EXPECT_CONTAINS(err, want, "the command, one shell word");
 }
 
 /* fork: the child's writes never show in the parent, nor the parent's later

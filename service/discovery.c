@@ -147,6 +147,8 @@ void dm__discovery_remove(void) {
 
 void dm__discovery_forget_in_child(void) { discovery[0] = 0; }
 
+const char *dm__discovery_path(void) { return discovery; }
+
 static void entry_text(dm_buf_t *b, const char *url, const char *unix_path, double started) {
     char argv0[256], all[1024];
     cmdline(argv0, sizeof(argv0), all, sizeof(all));

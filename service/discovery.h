@@ -25,5 +25,7 @@ void dm__discovery_write(const char *url, const char *unix_path, double started)
 void dm__discovery_remove(void);
 /* Fork child: the parent's file is the parent's. */
 void dm__discovery_forget_in_child(void);
+/* Our discovery file's path, "" when none (under export.c's mu). */
+const char *dm__discovery_path(void);
 
 #endif /* DM_SERVICE_DISCOVERY_H */

@@ -33,6 +33,17 @@
  * Exit: an atexit handler in the process that started serving writes the
  * textfile once more and removes the discovery file and Unix socket.
  *
+ * SIGTERM: its default action skips atexit, which left the socket, the
+ * discovery file and a "{pid}" textfile behind. While this process serves, a
+ * SIGTERM handler (installed over the default action or a handler, never over
+ * SIG_IGN) removes those files, the paths published in `term` (each only if it
+ * is still a socket or regular file of this user's), then hands the signal on:
+ * to the previous handler, or, for the default action, restores it and raises
+ * the signal again, so the process dies by SIGTERM as before. The handler
+ * calls only async-signal-safe functions (fstatat, unlink, sigaction, raise).
+ * A shared textfile stays (rendering it is not signal-safe); a Python handler
+ * set later (signal.signal) replaces ours, and its exit runs atexit.
+ *
  * Thread safety: `mu` guards the state below and serialises start/stop. The
  * serving and textfile threads never take it, and nothing done under it takes
  * dm__runtime_mu or calls jemalloc: stopping a daemon or joining a thread
@@ -40,11 +51,17 @@
  * (retired_t). So the atfork prepare handler can take it whatever order the
  * handlers of the runtime and of jemalloc run in.
  */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
 #include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -142,6 +159,75 @@ static int unx_start(const char *tmpl, bool child) {
     return rc;
 }
 
+/* ---- SIGTERM: the files this process made go with it ----------------------------------- */
+
+#define TERM_FILES 3 /* the Unix socket, the discovery file, a "{pid}" textfile */
+typedef struct term_files {
+    char path[TERM_FILES][PATH_MAX];
+    _Atomic int n;         /* paths valid: zeroed before they change, set after */
+    _Atomic pid_t pid;     /* the process they are for (a fork child's handler skips them) */
+    struct sigaction prev; /* what SIGTERM did before ours: written once, before install */
+    bool installed;        /* under mu */
+} term_files_t;
+static term_files_t term;
+
+static void on_sigterm(int sig, siginfo_t *si, void *uc) {
+    int saved = errno;
+    if (atomic_load_explicit(&term.pid, memory_order_acquire) == getpid()) {
+        int n = atomic_load_explicit(&term.n, memory_order_acquire);
+        for (int i = 0; i < n && i < TERM_FILES; i++) {
+            struct stat st; /* only a file of ours, and never through a link */
+            if (fstatat(AT_FDCWD, term.path[i], &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+                st.st_uid == geteuid() && (S_ISSOCK(st.st_mode) || S_ISREG(st.st_mode)))
+                unlink(term.path[i]);
+        }
+    }
+    if (term.prev.sa_flags & SA_SIGINFO) {
+        if (term.prev.sa_sigaction)
+            term.prev.sa_sigaction(sig, si, uc);
+    } else if (term.prev.sa_handler != SIG_DFL && term.prev.sa_handler != SIG_IGN) {
+        term.prev.sa_handler(sig);
+    } else { /* the default action: blocked until we return, then it kills */
+        struct sigaction dfl;
+        memset(&dfl, 0, sizeof(dfl));
+        dfl.sa_handler = SIG_DFL;
+        sigemptyset(&dfl.sa_mask);
+        sigaction(SIGTERM, &dfl, NULL);
+        raise(SIGTERM);
+    }
+    errno = saved;
+}
+
+/* Called with mu held after the endpoints change: publishes the files this
+ * process made, and installs the handler the first time there are some. */
+static void term_publish(void) {
+    atomic_store_explicit(&term.n, 0, memory_order_release);
+    if (owner != getpid() || !(tcp || unx || tf))
+        return;
+    int n = 0;
+    if (unx && unix_path[0])
+        copy(term.path[n++], PATH_MAX, unix_path);
+    if (dm__discovery_path()[0])
+        copy(term.path[n++], PATH_MAX, dm__discovery_path());
+    if (tf && strstr(running.textfile, "{pid}"))
+        dm__files_expand_pid(term.path[n++], PATH_MAX, running.textfile);
+    atomic_store_explicit(&term.pid, getpid(), memory_order_release);
+    atomic_store_explicit(&term.n, n, memory_order_release);
+    if (n == 0 || term.installed)
+        return;
+    struct sigaction now, ours;
+    if (sigaction(SIGTERM, NULL, &now) != 0 || (!(now.sa_flags & SA_SIGINFO) &&
+                                                now.sa_handler == SIG_IGN))
+        return; /* ignored: nothing ends the process here */
+    memset(&ours, 0, sizeof(ours));
+    ours.sa_sigaction = on_sigterm;
+    ours.sa_flags = SA_SIGINFO | SA_RESTART;
+    sigemptyset(&ours.sa_mask);
+    term.prev = now;
+    if (sigaction(SIGTERM, &ours, NULL) == 0)
+        term.installed = true;
+}
+
 static void atfork_prepare(void) { pthread_mutex_lock(&mu); }
 static void atfork_parent(void) { pthread_mutex_unlock(&mu); }
 
@@ -232,6 +318,7 @@ static int apply(retired_t *r) {
             started = now_unix();
         }
         discovery_update();
+        term_publish();
     }
     return rc;
 }
@@ -317,6 +404,7 @@ void dm_stats_export_stop(void) {
     url[0] = unix_path[0] = 0;
     discovery_update();
     owner = 0; /* stays stopped: the same settings on a later install do not restart */
+    term_publish();
     pthread_mutex_unlock(&mu);
     retired_run(&r);
 }
@@ -348,6 +436,7 @@ void dm__export_restart_in_child(void) {
         owner = getpid();
         started = now_unix();
         discovery_update();
+        term_publish();
     }
     pthread_mutex_unlock(&mu);
 }

@@ -56,6 +56,9 @@ static struct {
 } cfg = {.wake_fd = -1, .inotify_fd = -1};
 
 static _Atomic uint64_t watch_reloads, watch_skipped;
+/* DATAMEM_QUIET=1: a reload's warnings are not logged (its errors are).
+ * Written once by the constructor (dm__watch_init), before any thread. */
+static bool quiet;
 /* A hash of the policy warnings last reported in this process (0: none); see
  * dm_watch_warnings_changed. A fork child keeps it: its parent reported them
  * on the same stderr. */
@@ -166,7 +169,7 @@ static void reload_now(const char *path) {
         char msg[4096] = "";
         if (d->nwarnings)
             dm_diags_format_all(d, msg, sizeof(msg));
-        if (dm_watch_warnings_changed(msg)) /* a set already reported stays quiet */
+        if (!quiet && dm_watch_warnings_changed(msg)) /* a set already reported stays quiet */
             dm_log("datamem: reloaded %s with warnings:\n%s", path, msg);
     }
     free(d);
@@ -301,7 +304,11 @@ void dm__watch_on_fork_child(void) {
     dm_policy_free(p);
 }
 
-void dm__watch_init(void) { pthread_atfork(NULL, NULL, watch_atfork_child); }
+void dm__watch_init(void) {
+    const char *q = getenv("DATAMEM_QUIET"); /* the library's load: one thread */
+    quiet = q && strcmp(q, "1") == 0;
+    pthread_atfork(NULL, NULL, watch_atfork_child);
+}
 
 void dm_watch_counts(uint64_t *reloads, uint64_t *skipped) {
     *reloads = atomic_load(&watch_reloads);

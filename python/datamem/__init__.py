@@ -44,8 +44,26 @@ _lock = threading.Lock()
 _covered_lock = threading.Lock()
 
 
+def _quiet_from_env():
+    """DATAMEM_QUIET=1: datamem prints no warnings (policy warnings at start-up
+    and reload, a thread it could not cover); errors are printed all the same.
+    Read once, when datamem is imported (the C side reads it when loaded)."""
+    v = os.environ.get("DATAMEM_QUIET", "")
+    if v in ("", "0"):
+        return False
+    if v == "1":
+        return True
+    sys.stderr.write("datamem: DATAMEM_QUIET=%r: use 1 (no warnings) or 0; warnings stay on\n"
+                     % v)
+    return False
+
+
+_QUIET = _quiet_from_env()
+
+
 def _warn(text):
-    if text:
+    """A warning (never an error) on stderr, unless DATAMEM_QUIET=1."""
+    if text and not _QUIET:
         sys.stderr.write(text if text.endswith("\n") else text + "\n")
 
 
@@ -370,6 +388,30 @@ def _mib(n):
     return "%.1f TiB" % x
 
 
+def _holders(kind, n=3):
+    """"largest holders: tags 'load' 48.0 MiB, (untagged) 16.0 MiB; ..." from a
+    stats snapshot: the tags that hold the most live bytes, and for the worker
+    limit (or when no tag is counted) the arenas; "" when there is nothing to
+    name or no snapshot to be had."""
+    try:
+        s = _ext.stats()
+    except Exception:  # an explanation never costs the error its own text
+        return ""
+
+    def top(rows, label):
+        rows = sorted(((v, k) for k, v in rows if v), reverse=True)[:n]
+        if not rows:
+            return None
+        return "%s %s" % (label, ", ".join(
+            "%s %s" % (k if k.startswith("(") else repr(k), _mib(v)) for v, k in rows))
+
+    tags = top(((k, t.get("live") or 0) for k, t in (s.get("tags") or {}).items()), "tags")
+    arenas = top(((k, a.get("allocated_bytes") or 0) for k, a in (s.get("arenas") or {}).items()),
+                 "arenas")
+    parts = [p for p in ((arenas, tags) if kind == "worker" else (tags or arenas,)) if p]
+    return "largest holders: %s" % "; ".join(parts) if parts else ""
+
+
 def _explain(kind, who, request, limit, live):
     if kind == "tag":
         what = "tag %r is at its limit of %s" % (who, _mib(limit))
@@ -377,8 +419,67 @@ def _explain(kind, who, request, limit, live):
         what = "the worker limit of %s is reached" % _mib(limit)
     else:
         what = "arena %r is at its limit of %s" % (who, _mib(limit))
-    return ("datamem: %s (%s live): a request of %s was refused"
-            % (what, _mib(live), _mib(request)))
+    held = _holders(kind)
+    return ("datamem: %s (%s live): a request of %s was refused%s"
+            % (what, _mib(live), _mib(request), "; " + held if held else ""))
+
+
+# NumPy raises its own MemoryError (_ArrayMemoryError) for an array it could
+# not allocate, whose text names only that array ("Unable to allocate 8 bytes
+# for an array with shape ()": the scalar that came after the arrays that
+# filled a limit). The first install wraps the class: made in the thread whose
+# allocation a datamem limit has just refused (a refusal newer than the last
+# one explained in this thread, of the array's size), the error carries
+# memory_error()'s explanation (`.datamem`) and its text starts with it. Other
+# MemoryErrors (the system's) keep NumPy's text. The wrap holds no state but a
+# per-thread count, which a fork child's thread inherits as it is.
+_numpy_seen = threading.local()
+
+
+def _numpy_error_explain(err):
+    if not _ext.active():
+        return
+    f = _ext.last_failure()
+    if not f or f["count"] <= getattr(_numpy_seen, "count", 0):
+        return
+    try:
+        size = int(err._total_size)
+    except Exception:
+        return
+    if f["request"] != size and size != 0:  # not this array's refusal
+        return
+    _numpy_seen.count = f["count"]
+    who = f["tag"] if f["kind"] == "tag" else f["arena"]
+    err.datamem = {"message": _explain(f["kind"], who, f["request"], f["limit"], f["live"])}
+
+
+def _patch_numpy_errors():
+    import importlib
+    for mod in ("numpy._core._exceptions", "numpy.core._exceptions"):  # NumPy 2.x, 1.x
+        try:
+            cls = importlib.import_module(mod)._ArrayMemoryError
+            break
+        except (ImportError, AttributeError):
+            cls = None
+    if cls is None or getattr(cls.__init__, "_datamem", False):
+        return
+    orig_init, orig_str = cls.__init__, cls.__str__
+
+    def __init__(self, *args, **kwargs):
+        orig_init(self, *args, **kwargs)
+        try:
+            _numpy_error_explain(self)
+        except Exception:  # the array's own error is raised whatever happens here
+            pass
+
+    def __str__(self):
+        text = orig_str(self)
+        d = getattr(self, "datamem", None)
+        return "%s; %s" % (d["message"], text) if d else text
+
+    __init__._datamem = True
+    __init__.__wrapped__ = orig_init
+    cls.__init__, cls.__str__ = __init__, __str__
 
 
 def refusals(tags=()):
@@ -453,6 +554,7 @@ def _numpy_hugepages():
 def _apply_settings():
     """Called with _lock held after every successful load."""
     _ext.set_numpy_hugepages(_numpy_hugepages())
+    _patch_numpy_errors()
     if threading.current_thread() is threading.main_thread():
         _sync_main_thread()
     # else: every install also schedules _sync_main_thread in the main thread

@@ -216,7 +216,7 @@ def add_profile_commands(sub):
                          "DATAMEM_PROFILE_MAX)")
     pr.add_argument("command", nargs=argparse.REMAINDER, help="-- python job.py ARGS...")
     rp = sub.add_parser("report", help="summarize an allocation profile")
-    rp.add_argument("dir")
+    rp.add_argument("dir", help="the profile directory (profile --out)")
     rp.add_argument("--html", metavar="OUT", help="write one self-contained HTML page")
     rp.add_argument("--json", action="store_true", help="print JSON for tools")
     rp.add_argument("--flamegraph", metavar="OUT", help="write flame graphs of bytes and of "
@@ -227,7 +227,7 @@ def add_profile_commands(sub):
                     help="what --folded counts (default bytes)")
     rp.add_argument("--top", type=int, default=10, help="call sites listed (default 10)")
     sg = sub.add_parser("suggest", help="propose a policy from an allocation profile")
-    sg.add_argument("dir")
+    sg.add_argument("dir", help="the profile directory (profile --out)")
     sg.add_argument("--resident", action="store_true",
                     help="give long-lived big arrays an arena of their own (faster random "
                          "access on hugepages, more peak RSS)")
@@ -240,25 +240,31 @@ def add_profile_commands(sub):
     return pr
 
 
-def main(argv=None):
+def parser():
+    """The CLI's parser, every subcommand and option with its help; returns
+    (parser, the profile subcommand's parser, explain's) for their errors."""
     ap = argparse.ArgumentParser(prog="python -m datamem", description=__doc__ + _stats_cli.USAGE,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--version", action="version", version=version_text())
-    sub = ap.add_subparsers(dest="cmd", required=True)
+    sub = ap.add_subparsers(dest="cmd", metavar="COMMAND", title="commands")
     c = sub.add_parser("check", help="validate a policy")
-    c.add_argument("policy")
+    c.add_argument("policy", help="the policy file (YAML)")
     e = sub.add_parser("explain", help="which rule and arena serve an allocation")
-    e.add_argument("policy")
+    e.add_argument("policy", help="the policy file (YAML)")
     e.add_argument("--size", type=parse_size, help="allocation size (required unless --table)")
-    e.add_argument("--dtype", type=parse_dtype, default="unknown")
-    e.add_argument("--thread", default="MainThread")
-    e.add_argument("--tag", action="append", default=[])
+    e.add_argument("--dtype", type=parse_dtype, default="unknown",
+                   help="the array's dtype, as match.dtype names it (float64, int32, ...; "
+                        "default: unknown)")
+    e.add_argument("--thread", default="MainThread",
+                   help="the allocating thread's name (match.thread; default MainThread)")
+    e.add_argument("--tag", action="append", default=[],
+                   help="a tag in force (match.tag, tag_limits); repeat for several")
     e.add_argument("--table", action="store_true", help="print the compiled table")
     e.add_argument("--module", help="the call site's module (match.module)")
     e.add_argument("--function", help="the call site's qualified function, module.qualname "
                    "(match.function)")
     r = sub.add_parser("reload", help="ask a running process to reload its policy (SIGHUP)")
-    r.add_argument("pid", type=int, nargs="?")
+    r.add_argument("pid", type=int, nargs="?", help="the process to reload")
     r.add_argument("--all", action="store_true",
                    help="every datamem process of this user that handles SIGHUP")
     r.add_argument("--match", metavar="TEXT",
@@ -266,7 +272,15 @@ def main(argv=None):
     pr = add_profile_commands(sub)
     tp = add_tune_command(sub)
     _stats_cli.add_commands(sub)
+    return ap, pr, e
+
+
+def main(argv=None):
+    ap, pr, e = parser()
     a = ap.parse_args(argv)
+    if a.cmd is None:  # no command: the whole help, not only "cmd is required"
+        sys.stderr.write(ap.format_help())
+        return 2
     if a.cmd in ("profile", "report", "suggest"):
         return profile_commands(a, pr)
     if a.cmd == "tune":

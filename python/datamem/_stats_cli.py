@@ -136,30 +136,36 @@ USAGE = """\
 """
 
 
+TARGET_HELP = "a pid, a URL, host:port, or a Unix socket path"
+
+
 def add_commands(sub):
     s = sub.add_parser("stats", help="scrape a process's stats")
-    s.add_argument("target")
+    s.add_argument("target", help=TARGET_HELP)
     s.add_argument("--json", action="store_true", help="/stats.json instead of /metrics")
     s = sub.add_parser("ls", help="list processes serving stats")
-    s.add_argument("--json", action="store_true")
+    s.add_argument("--json", action="store_true", help="print JSON for tools")
     s.add_argument("--prometheus-sd", metavar="FILE",
                    help="keep FILE a Prometheus file_sd target list of these processes")
     s.add_argument("--interval", type=float, default=5.0,
                    help="with --prometheus-sd: seconds between checks")
     s.add_argument("--once", action="store_true", help="with --prometheus-sd: write and exit")
     s = sub.add_parser("top", help="live per-arena table")
-    s.add_argument("target", nargs="?")
+    s.add_argument("target", nargs="?", help=TARGET_HELP + " (or --all)")
     s.add_argument("--all", action="store_true", help="every process serving stats")
     s.add_argument("--interval", type=float, default=2.0, help="seconds between scrapes")
     s.add_argument("--once", action="store_true", help="one table (two scrapes) and exit")
     s = sub.add_parser("record", help="record /stats.json snapshots (JSON lines)")
-    s.add_argument("target")
-    s.add_argument("--out", required=True)
-    s.add_argument("--interval", type=float, default=1.0)
+    s.add_argument("target", help=TARGET_HELP)
+    s.add_argument("--out", required=True, metavar="F.jsonl",
+                   help="the file the snapshots are appended to, one JSON line each")
+    s.add_argument("--interval", type=float, default=1.0,
+                   help="seconds between snapshots (default 1)")
     s.add_argument("--count", type=int, default=0, help="snapshots to take (0: until ^C)")
     s = sub.add_parser("plot", help="plot recorded snapshots to a PNG")
-    s.add_argument("snapshots")
-    s.add_argument("--out", default="arenas.png")
+    s.add_argument("snapshots", help="a file record --out wrote")
+    s.add_argument("--out", default="arenas.png",
+                   help="the PNG to write (default arenas.png)")
 
 
 def run(a):

@@ -58,8 +58,16 @@ def resolve(target):
         pid = int(t)
         entry = registered(pid, strict=True)
         if entry is None:
-            raise TargetError("process %d is not serving datamem stats (no live entry %s/%d.json;"
-                              " see `python -m datamem ls`)" % (pid, stats_dir(), pid))
+            if not os.path.exists("/proc/%d" % pid):
+                raise TargetError("no process %d (see `python -m datamem ls` for those "
+                                  "serving stats)" % pid)
+            raise TargetError(
+                "process %d is not serving datamem stats (no live entry %s/%d.json): start "
+                "the job with DATAMEM_STATS_HTTP=127.0.0.1:0 in its environment, or give its "
+                "policy `stats: {http: \"127.0.0.1:0\"}` (or `stats: {unix_socket: "
+                "/run/user/UID/{pid}.sock}`; a running job picks that up on reload); "
+                "`python -m datamem ls` lists the processes serving stats"
+                % (pid, stats_dir(), pid))
         if entry["url"]:
             return "http", _strip_endpoint(entry["url"])
         return "unix", entry["unix_socket"]

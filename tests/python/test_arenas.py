@@ -16,7 +16,7 @@ import textwrap
 
 import pytest
 
-from conftest import ROOT, run_py, skip_under_asan
+from conftest import ROOT, last_json, run_py, skip_under_asan
 
 MiB = 1 << 20
 
@@ -185,6 +185,81 @@ print(json.dumps({"peak": peak[0], "refused": refused[0], "hits": s["limit_hits"
     assert 0 < out["peak"] <= 64 * MiB, out
     assert out["refused"] == out["hits"] > 0, out
     assert out["live_end"] == 0, out  # every block freed: the count comes back to zero
+
+
+# Issue 44: a limit's MemoryError named only the 8-byte scalar that came after the
+# 64 MiB of arrays that filled it ("Unable to allocate 8 bytes for an array with
+# shape ()"). NumPy's own error now names the limit that refused, live against
+# limit and the largest holders, caught or not.
+FULL = """\
+version: 1
+default: general
+arenas:
+  general: {limit: 64MiB}
+  side: {}
+rules:
+  - {name: side, match: {size: {min: 4MiB}}, arena: side}
+tag_bytes: true
+"""
+
+
+FILL = r"""
+def fill(held):
+    # np.empty makes no scalar on its way: fill with smaller and smaller arrays
+    # until not even 8 bytes fit
+    for n in (2**17, 2**13, 2**9, 2**5, 1):
+        while True:
+            try:
+                held.append(np.empty(n))
+            except MemoryError:
+                break
+"""
+
+
+def test_the_scalar_after_the_fill_names_the_limit_and_its_holders(write_policy):
+    code = r"""
+import json, threading, numpy as np, datamem
+""" + FILL + r"""
+with datamem.tag("load"):
+    held = [np.empty(2**17) for _ in range(48)]   # 48 MiB of 1 MiB arrays
+fill(held)                                        # the rest untagged: the limit is full
+try:
+    np.array(2.5)                                 # 8 bytes, shape ()
+except MemoryError as e:
+    caught = str(e)
+print(json.dumps({"caught": caught}), flush=True)
+np.array(1.5)                                     # and uncaught
+"""
+    r = run_py(code, config=write_policy(FULL))
+    assert r.stdout, r.stderr
+    caught = json.loads(r.stdout.splitlines()[0])["caught"]
+    assert caught.startswith("datamem: arena 'general' is at its limit of 64.0 MiB ("), caught
+    assert ("a request of 8 bytes was refused; largest holders: tags 'load' 48.0 MiB, "
+            "(untagged) ") in caught, caught
+    assert caught.endswith("; Unable to allocate 8 bytes for an array with shape () and data "
+                           "type float64"), caught
+    assert r.returncode == 1, r
+    last = r.stderr.strip().splitlines()[-1]
+    assert last == "numpy._core._exceptions._ArrayMemoryError: " + caught, r.stderr
+
+
+def test_the_worker_limit_names_the_arenas_that_hold_it(write_policy):
+    code = r"""
+import json, threading, numpy as np, datamem
+""" + FILL + r"""
+held = [np.empty(2**20) for _ in range(3)]        # 24 MiB in side
+fill(held)                                        # the rest in general
+try:
+    np.array(2.5)
+except MemoryError as e:
+    print(json.dumps({"caught": str(e)}))
+"""
+    r = run_py(code, config=write_policy(FULL.replace("tag_bytes: true", "worker_limit: 40MiB")))
+    caught = last_json(r)["caught"]
+    assert caught.startswith("datamem: the worker limit of 40.0 MiB is reached ("), caught
+    assert ("a request of 8 bytes was refused; largest holders: arenas 'side' 24.0 MiB, "
+            "'general' ") in caught, caught
+    assert "; tags (untagged) " in caught and "; Unable to allocate 8 bytes" in caught, caught
 
 
 def test_an_arena_without_a_limit_counts_nothing(write_policy):

@@ -304,3 +304,44 @@ def test_top_shows_spill_arenas_in_80_columns():
     assert [l.split()[:2] for l in lines[at + 1:]] == [["41", "b*"], ["42", "b*"]], text
     # No file-backed arena: no spill table.
     assert "SPILL" not in _stats_cli.top_text(_worst_snapshot(2.0), _worst_snapshot(1.0), "x")
+
+
+def _subparsers(ap):
+    import argparse
+    for act in ap._actions:
+        if isinstance(act, argparse._SubParsersAction):
+            return act.choices
+    return {}
+
+
+def test_every_command_and_option_has_help():
+    """Issue 44: `python -m datamem` alone, `check -h`, `explain --dtype/--tag` and
+    `record --out` showed no help. Walks the CLI's own parser: every subcommand
+    has a help line, every option and argument of each has a help text, and
+    `-h` exits 0 for each."""
+    from datamem import __main__ as cli_main
+    ap = cli_main.parser()[0]
+    subs = _subparsers(ap)
+    assert {"check", "explain", "reload", "stats", "ls", "top", "record", "plot",
+            "profile", "report", "suggest"} <= set(subs), sorted(subs)
+    listed = {c.dest: c.help for c in
+              next(a for a in ap._actions if a.choices is subs)._choices_actions}
+    missing = []
+    for name, p in subs.items():
+        if not (listed.get(name) or "").strip():
+            missing.append(name)
+        for act in p._actions:
+            if act.dest == "help":
+                continue
+            if not (act.help or "").strip():
+                missing.append("%s %s" % (name, "/".join(act.option_strings) or act.dest))
+    assert not missing, "no help text: %s" % ", ".join(missing)
+    for name in subs:
+        r = cli(name, "-h")
+        assert r.returncode == 0, (name, r.stderr)
+        assert "usage:" in r.stdout, (name, r.stdout)
+    r = cli()
+    assert r.returncode == 2, r
+    for name in subs:  # the whole help, each command named, not only "cmd is required"
+        assert name in r.stderr, (name, r.stderr)
+    assert "validate a policy" in r.stderr, r.stderr

@@ -197,3 +197,42 @@ def test_the_references_example_passes_check_without_a_warning(tmp_path):
     r = cli("check", str(pol))
     assert r.returncode == 0 and r.stderr == "", r.stderr
     assert r.stdout.startswith("%s: ok: " % pol), r.stdout
+
+
+def test_check_quotes_the_source_line_under_every_diagnostic(tmp_path):
+    """Issue 44: only the first diagnostic got its source line. `check` (the user
+    named the file) quotes each one's line with its caret; a job's own report
+    keeps to one (test_activation.py, docs/security.md)."""
+    pol = tmp_path / "policy.yaml"
+    pol.write_text("version: 1\ndefault: a\narenas:\n  a:\n    hugepages: yes\n"
+                   "    limt: 1GiB\n")
+    r = cli("check", pol)
+    assert r.returncode == 1, r
+    lines = r.stderr.splitlines()
+    first = next(i for i, line in enumerate(lines) if ":5:16: error:" in line)
+    second = next(i for i, line in enumerate(lines) if ":6:5: error:" in line)
+    assert "invalid value 'yes' (did you mean 'on'?)" in lines[first], r.stderr
+    assert lines[first + 1:first + 3] == ["    hugepages: yes", " " * 15 + "^"], r.stderr
+    assert "unknown key 'limt' (did you mean 'limit'?)" in lines[second], r.stderr
+    assert lines[second + 1:second + 3] == ["    limt: 1GiB", "    ^"], r.stderr
+
+
+def test_datamem_quiet_silences_warnings_never_errors(tmp_path):
+    """Issue 44: a way to silence the start-up warnings. DATAMEM_QUIET=1 drops a
+    policy's warnings; a bad policy's errors are printed all the same, and a
+    value other than 0 or 1 is reported, not taken as either."""
+    warn = os.path.join(ROOT, "tests", "policies", "warn", "decimal_size.yaml")
+    code = "import numpy, datamem; print(datamem.arena_of(numpy.ones(10)))"
+    loud = run_py(code, config=warn)
+    assert loud.returncode == 0 and "warning: arenas.general.decay.budget" in loud.stderr, loud
+    quiet = run_py(code, config=warn, env={"DATAMEM_QUIET": "1"})
+    assert quiet.returncode == 0 and quiet.stdout.strip() == "general", quiet
+    assert quiet.stderr == "", quiet.stderr
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("version: 1\ndefault: a\narenas:\n  a: {hugepages: yes}\n")
+    r = run_py(code, config=str(bad), env={"DATAMEM_QUIET": "1"})
+    assert r.returncode != 0, r
+    assert "error: arenas.a.hugepages: invalid value 'yes'" in r.stderr, r.stderr
+    r = run_py(code, config=warn, env={"DATAMEM_QUIET": "yes"})
+    assert "DATAMEM_QUIET='yes': use 1 (no warnings) or 0" in r.stderr, r.stderr
+    assert "warning: arenas.general.decay.budget" in r.stderr, r.stderr

@@ -924,3 +924,46 @@ def test_a_reload_does_what_the_reload_column_says(key, tmp_path, request):
         leaf = key.rsplit(".", 1)[1]
         assert out["error"] and leaf in out["error"], out
         assert out["before"] == out["after"], "%s: a refused reload changed %s" % (key, out)
+
+
+def test_datamem_quiet_keeps_the_watchers_warnings_off_never_its_errors(tmp_path):
+    """DATAMEM_QUIET=1 (issue 44): a reload by the file watcher logs no warnings;
+    a reload that fails still says so."""
+    pol = tmp_path / "policy.yaml"
+    base = "version: 1\ndefault: a\narenas: {a: {}}\nreload: {watch: true, debounce: 10ms}\n"
+    pol.write_text(base)
+    code = r"""
+import sys, time, datamem
+print("up", flush=True)
+for line in sys.stdin:   # "wait N": until the watcher has reloaded N times or failed once
+    n = int(line.split()[1])
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        s = datamem.stats()
+        if s["watch_reloads"] >= n or s["reload_failures"] > 0:
+            break
+        time.sleep(0.02)
+    print(s["watch_reloads"], s["reload_failures"], flush=True)
+"""
+    e = dict(os.environ, DATAMEM_CONFIG=str(pol), DATAMEM_QUIET="1")
+    job = subprocess.Popen([sys.executable, "-c", code], env=e, stdin=subprocess.PIPE,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert job.stdout.readline() == "up\n"
+        pol.write_text(base.replace("{a: {}}", "{a: {decay: {budget: 16MB}}}"))  # warns: decimal
+        job.stdin.write("wait 1\n")
+        job.stdin.flush()
+        assert job.stdout.readline().split() == ["1", "0"]
+        pol.write_text(base + "bogus: 1\n")                        # an error
+        job.stdin.write("wait 2\n")
+        job.stdin.flush()
+        assert job.stdout.readline().split() == ["1", "1"]
+        job.stdin.close()
+        err = job.stderr.read()
+        assert job.wait(timeout=30) == 0
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+    assert "warning" not in err and "16MB" not in err, err
+    assert "reload of %s failed" % pol in err and "unknown key 'bogus'" in err, err

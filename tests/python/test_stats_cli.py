@@ -555,3 +555,28 @@ def test_discovery_entry_check_fuzz():
             assert problem is None or isinstance(problem, str)
 
     check()
+
+
+def test_top_of_a_job_without_an_endpoint_says_how_to_get_one(tmp_path):
+    """Issue 44: `top PID` on a job that serves no stats said only that it serves
+    none. It says how to make it serve them (the environment variable, the
+    policy key) and where to list those that do; a pid with no process says so."""
+    env = {"DATAMEM_STATS_DIR": str(tmp_path)}
+    pol = tmp_path / "p.yaml"
+    pol.write_text("version: 1\ndefault: a\narenas: {a: {}}\n")
+    e = dict(os.environ, DATAMEM_CONFIG=str(pol), **env)
+    e.pop("DATAMEM_STATS_HTTP", None)
+    job = subprocess.Popen([sys.executable, "-c", "import sys, datamem; print('up', flush=True);"
+                            " sys.stdin.read()"], env=e, stdin=subprocess.PIPE,
+                           stdout=subprocess.PIPE, text=True)
+    try:
+        assert job.stdout.readline() == "up\n"
+        err = one_line_error(cli("top", job.pid, "--once", env=env))
+        assert "process %d is not serving datamem stats" % job.pid in err, err
+        assert "DATAMEM_STATS_HTTP=127.0.0.1:0" in err and "stats: {http:" in err, err
+        assert "python -m datamem ls" in err, err
+    finally:
+        job.stdin.close()
+        job.wait(timeout=30)
+    err = one_line_error(cli("top", dead_pid(), "--once", env=env))
+    assert "no process %d" % job.pid not in err and err.startswith("datamem: no process "), err

@@ -7,6 +7,7 @@ is the scraper, with real HTTP clients.
 """
 import json
 import os
+import signal
 import socket
 import stat
 import subprocess
@@ -642,7 +643,7 @@ def test_cli_stats_top_record_plot(tmp_path):
 def test_cli_bad_targets(tmp_path):
     env = {"DATAMEM_STATS_DIR": str(tmp_path)}
     r = cli("stats", "999999999", env=env)
-    assert r.returncode == 1 and "not serving datamem stats" in r.stderr
+    assert r.returncode == 1 and "no process 999999999" in r.stderr, r.stderr
     r = cli("stats", "http://127.0.0.1:1/metrics")
     assert r.returncode == 1 and "cannot reach" in r.stderr
     r = cli("stats", str(tmp_path / "no-such-socket"))
@@ -852,3 +853,39 @@ def test_stats_dir_rule_is_the_c_sides(tmp_path, value):
     out = json.loads(r.stdout)
     assert out["entry"], "C wrote no discovery file in %s: %s" % (out["dir"], r.stderr)
     assert out["dir"] == want
+
+
+def test_sigterm_removes_the_files_this_process_made(tmp_path):
+    """Issue 44: a job ended by SIGTERM (default action: no atexit) left its
+    `{pid}.sock`, `{pid}` textfile and discovery file behind. They go at SIGTERM
+    too, and only they (a file beside them stays); the job still dies by
+    SIGTERM."""
+    run = tmp_path / "run"
+    disc = tmp_path / "disc"
+    run.mkdir(mode=0o700)
+    pol = tmp_path / "p.yaml"
+    pol.write_text("version: 1\ndefault: a\narenas: {a: {}}\nstats:\n"
+                   "  unix_socket: %s/{pid}.sock\n  textfile: %s/{pid}.prom\n"
+                   "  interval: 100ms\n" % (run, run))
+    other = run / "other.prom"
+    other.write_text("# not datamem's\n")
+    e = dict(os.environ, DATAMEM_CONFIG=str(pol), DATAMEM_STATS_DIR=str(disc))
+    e.pop("DATAMEM_STATS_HTTP", None)
+    job = subprocess.Popen([sys.executable, "-c", "import datamem, time; print('up', flush=True);"
+                            " time.sleep(120)"], env=e, stdout=subprocess.PIPE, text=True)
+    try:
+        assert job.stdout.readline() == "up\n"
+        made = [run / ("%d.sock" % job.pid), run / ("%d.prom" % job.pid),
+                disc / ("%d.json" % job.pid)]
+        deadline = time.monotonic() + 30
+        while not all(p.exists() for p in made) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert all(p.exists() for p in made), [(str(p), p.exists()) for p in made]
+        job.send_signal(signal.SIGTERM)
+        assert job.wait(timeout=30) == -signal.SIGTERM
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+    assert [str(p) for p in made if p.exists()] == []
+    assert other.read_text() == "# not datamem's\n"
