@@ -31,6 +31,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,7 +44,8 @@
 #include "service/files.h"
 
 #define BUF_CAP ((size_t)1 << 20)
-#define FLUSH_NS 1000000000ull /* at least every second while allocating */
+#define FLUSH_NS 1000000000ull /* records reach the file within a second (flusher) */
+#define TERM_WAIT_MS 200       /* how long a SIGTERM waits for the lock before dying unflushed */
 #define STR_MAX 1024           /* longer strings are cut */
 
 /* The most bytes one allocation record can add, with the definitions it may
@@ -225,6 +227,8 @@ static struct {
     uint64_t samples, written;
     itab_t strings, sites, stacks;
     bool write_failed;
+    bool flusher;             /* this process's flusher thread runs */
+    unsigned flusher_gen;     /* bumped by stop and fork: an older flusher exits */
 } w = {.fd = -1, .dirfd = -1};
 
 uint64_t dm_prof_now(void) {
@@ -399,8 +403,11 @@ static int open_file(void) {
     w.len = 0;
     w.write_failed = false;
     put_header();
+    flush_locked(); /* a process killed at once still leaves a readable, empty profile */
     return 0;
 }
+
+static void flusher_ensure(void); /* below, with the SIGTERM handler */
 
 static void maybe_flush(uint64_t t) {
     if (w.len > BUF_CAP - 4096 || t - w.last_flush > FLUSH_NS) {
@@ -441,6 +448,7 @@ void dm_prof_record_alloc(const dm_prof_alloc_t *a) {
     put8(a->flags);
     w.samples++;
     maybe_flush(a->t_ns);
+    flusher_ensure();
 out:
     pthread_mutex_unlock(&mu);
 }
@@ -456,6 +464,7 @@ void dm_prof_record_free(const void *p, uint64_t t_ns) {
         put64(t_ns);
         put64((uint64_t)(uintptr_t)p);
         maybe_flush(t_ns);
+        flusher_ensure();
     }
     pthread_mutex_unlock(&mu);
 }
@@ -491,6 +500,8 @@ void dm_prof_stop(void) {
     }
     atomic_store_explicit(&active, false, memory_order_relaxed);
     started = false;
+    w.flusher = false;
+    w.flusher_gen++;
     if (w.fd >= 0)
         close(w.fd);
     if (w.dirfd >= 0)
@@ -514,6 +525,112 @@ void dm_prof_counts(uint64_t *samples, uint64_t *bytes) {
     pthread_mutex_unlock(&mu);
 }
 
+/* ---- keeping the file current: the flusher and SIGTERM ---------------------
+ *
+ * A worker process often allocates, then waits for work until its pool kills it
+ * (multiprocessing's Pool.terminate: SIGTERM) or it leaves with os._exit: atexit
+ * never runs. So that the file always holds what the process recorded up to a
+ * second ago, a thread of the writer's own (libc only, no Python) flushes what is
+ * buffered every FLUSH_NS; the allocation path keeps no more than the mutex it
+ * already takes (the flusher starts from there, once per process, fork child
+ * included: threads do not survive fork). SIGKILL loses at most that last second.
+ *
+ * SIGTERM, when the process left it at its default action, gets a handler that
+ * flushes and then dies of the signal as the default action would (same exit
+ * status, same wait status for the parent). It only uses async-signal-safe
+ * calls (write, getrusage, clock_gettime, nanosleep, sigaction, raise) and takes
+ * the mutex with trylock, for at most TERM_WAIT_MS: the thread it interrupted
+ * may hold it, mid-record; then the file ends at the flusher's last write. */
+
+static void *flusher_main(void *arg) {
+    unsigned gen = (unsigned)(uintptr_t)arg;
+    const struct timespec tick = {(time_t)(FLUSH_NS / 1000000000ull),
+                                  (long)(FLUSH_NS % 1000000000ull)};
+    for (;;) {
+        nanosleep(&tick, NULL);
+        pthread_mutex_lock(&mu);
+        if (gen != w.flusher_gen) { /* stopped: the next start makes a new one */
+            pthread_mutex_unlock(&mu);
+            return NULL;
+        }
+        uint64_t t = dm_prof_now();
+        if (w.len && atomic_load_explicit(&active, memory_order_relaxed) && fits(25, t)) {
+            put_process_record(t);
+            flush_locked();
+            w.last_flush = t;
+        }
+        pthread_mutex_unlock(&mu);
+    }
+}
+
+/* Called with mu held: this process's flusher, once. Failing to start one
+ * costs only the timeliness of the file (flushes still come with records). */
+static void flusher_ensure(void) {
+    if (w.flusher)
+        return;
+    pthread_attr_t attr;
+    pthread_t th;
+    sigset_t all, old;
+    if (pthread_attr_init(&attr) != 0)
+        return;
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    /* No signal is ever delivered to the flusher: SIGTERM's handler then never
+     * interrupts it holding the mutex, and Python's own handlers stay with its threads. */
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    w.flusher = pthread_create(&th, &attr, flusher_main, (void *)(uintptr_t)w.flusher_gen) == 0;
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    pthread_attr_destroy(&attr);
+}
+
+static void on_sigterm(int sig) {
+    int saved = errno;
+    const struct timespec ms = {0, 1000000};
+    for (int i = 0; i < TERM_WAIT_MS; i++) {
+        if (pthread_mutex_trylock(&mu) == 0) {
+            uint64_t t = dm_prof_now();
+            if (atomic_load_explicit(&active, memory_order_relaxed) && w.fd >= 0 &&
+                w.written + w.len + 34 <= w.max_bytes) {
+                reserve(34);
+                put8('X'); /* the process ends here: what is live lived to the end */
+                put64(t);
+                put_process_record(t);
+                flush_locked();
+            }
+            pthread_mutex_unlock(&mu);
+            break;
+        }
+        nanosleep(&ms, NULL);
+    }
+    /* The default action, as if no handler had been installed. The signal is
+     * blocked while its handler runs: it is delivered at the unblock. */
+    struct sigaction dfl;
+    memset(&dfl, 0, sizeof(dfl));
+    dfl.sa_handler = SIG_DFL;
+    sigemptyset(&dfl.sa_mask);
+    sigaction(sig, &dfl, NULL);
+    raise(sig);
+    sigset_t s;
+    sigemptyset(&s);
+    sigaddset(&s, sig);
+    pthread_sigmask(SIG_UNBLOCK, &s, NULL);
+    errno = saved;
+}
+
+/* Installs on_sigterm where SIGTERM has its default action (a handler the
+ * program set, or SIG_IGN, is left alone). Inherited by fork children. */
+static void sigterm_install(void) {
+    struct sigaction old, sa;
+    if (sigaction(SIGTERM, NULL, &old) != 0 || (old.sa_flags & SA_SIGINFO) ||
+        old.sa_handler != SIG_DFL)
+        return;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = on_sigterm;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGTERM, &sa, NULL);
+}
+
 static void atfork_prepare(void) { pthread_mutex_lock(&mu); }
 static void atfork_parent(void) { pthread_mutex_unlock(&mu); }
 
@@ -524,6 +641,8 @@ static void atfork_child(void) {
     if (w.fd >= 0)
         close(w.fd);
     w.fd = -1;
+    w.flusher = false; /* the parent's; this process starts its own */
+    w.flusher_gen++;
     w.len = 0; /* the parent writes what it had buffered */
     w.samples = w.written = 0;
     itab_clear(&w.strings);
@@ -580,6 +699,7 @@ int dm_prof_start(const char *dir, uint64_t sample_bytes, unsigned flags, uint64
     if (!registered) {
         pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
         atexit(at_exit);
+        sigterm_install();
         registered = true;
     }
     started = true;
