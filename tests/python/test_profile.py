@@ -733,3 +733,88 @@ def test_every_printed_shell_command_splits_into_its_words(spill_profile, tmp_pa
     assert shlex.split(_command_after(r.stderr, "python -m datamem profile")) == \
         words + ["profile", "--out", str(nl).replace("\n", "\\x0a"), "--", "python",
                  "job.py"], r.stderr
+
+
+# Pool workers (issue 44 item 3): `with Pool()` ends with terminate(), SIGTERM to
+# every worker, and no atexit runs; a worker may also leave by _exit. Every
+# worker's file used to be empty ("skipped: empty"): its records sat in the
+# writer's buffer. Now the header is written at once, a flusher thread writes what
+# is buffered every second, and SIGTERM (at its default action) flushes first.
+POOL_JOB = textwrap.dedent('''
+    import json
+    import multiprocessing as mp
+    import os
+    import sys
+    import time
+
+    import numpy as np
+
+    ARRAYS = 4
+
+    def init(barrier):
+        barrier.wait(60)  # every worker runs (and records) before the first task
+
+    def task(i):
+        keep = []
+        for _ in range(ARRAYS):
+            keep.append(np.empty(3001))  # TASK: 24008 B each
+        return os.getpid(), len(keep)
+
+    def exit_hard():
+        """Allocates, waits (bounded) for the flusher to write it, then leaves by
+        posix._exit, which neither atexit nor datamem's os._exit wrapper sees."""
+        import posix
+        from datamem import _ext
+        path = _ext.profile_info()[0]
+        base = os.path.getsize(path)
+        keep = []
+        for _ in range(ARRAYS):
+            keep.append(np.empty(3001))  # HARD
+        deadline = time.monotonic() + 10  # 59 bytes an 'A' record
+        while os.path.getsize(path) < base + 59 * ARRAYS and time.monotonic() < deadline:
+            time.sleep(0.01)
+        posix._exit(0 if keep else 1)
+
+    if __name__ == "__main__":
+        ctx = mp.get_context(sys.argv[1])
+        with ctx.Pool(3, initializer=init, initargs=(ctx.Barrier(3),)) as pool:
+            workers = sorted(w.pid for w in pool._pool)
+            done = pool.map(task, range(12), chunksize=1)
+        p = ctx.Process(target=exit_hard)
+        p.start(); p.join()
+        print(json.dumps({"workers": workers, "done": done, "hard": p.pid,
+                          "hard_exit": p.exitcode}))
+''')
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
+def test_pool_workers_keep_their_records_past_terminate_and_exit(tmp_path, method):
+    job = tmp_path / "pooljob.py"
+    job.write_text(POOL_JOB)
+    out = tmp_path / "prof"
+    r = _datamem("profile", "--out", str(out), "--full", "--", sys.executable, str(job),
+                 method)
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    assert res["hard_exit"] == 0
+    made = {}
+    for pid, n in res["done"]:
+        made[pid] = made.get(pid, 0) + n
+    rr = subprocess.run([sys.executable, "-m", "datamem", "report", str(out), "--json"],
+                        env=_env(), capture_output=True, text=True, timeout=120)
+    assert rr.returncode == 0, rr.stderr
+    assert "skipped" not in rr.stderr, rr.stderr
+    rep = json.loads(rr.stdout)
+    procs = {p["pid"]: p for p in rep["processes"]}
+    # every worker has a readable file, terminated or not (__main__ under fork,
+    # __mp_main__ under spawn and forkserver)
+    assert set(res["workers"]) <= set(procs), (res["workers"], sorted(procs))
+    for pid, n in made.items():  # and holds every array it made
+        assert procs[pid]["records"] >= n, (pid, n, procs[pid])
+    assert procs[res["hard"]]["records"] >= 4, procs.get(res["hard"])
+    lines = POOL_JOB.splitlines()
+    line = {k: 1 + next(i for i, t in enumerate(lines) if t.endswith("# " + k) or
+                        "# %s:" % k in t) for k in ("TASK", "HARD")}
+    site = _site(rep, "main__.task", line["TASK"])
+    assert site["bytes"] == 12 * 4 * 24008, site
+    hard = _site(rep, "main__.exit_hard", line["HARD"])
+    assert hard["bytes"] == 4 * 24008, hard
