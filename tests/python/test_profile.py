@@ -818,3 +818,22 @@ def test_pool_workers_keep_their_records_past_terminate_and_exit(tmp_path, metho
     assert site["bytes"] == 12 * 4 * 24008, site
     hard = _site(rep, "main__.exit_hard", line["HARD"])
     assert hard["bytes"] == 4 * 24008, hard
+
+
+def test_sigterm_flushes_then_dies_of_sigterm(tmp_path):
+    # The SIGTERM handler the writer installs must not change how the process
+    # ends: the parent still sees it killed by SIGTERM, and its arrays are there.
+    out = tmp_path / "prof"
+    code = ("import os, signal, numpy as np\n"
+            "keep = [np.empty(5003) for _ in range(7)]\n"
+            "os.kill(os.getpid(), signal.SIGTERM)\n"
+            "raise SystemExit('SIGTERM did not end the process')\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=60, env=_env({"DATAMEM_PROFILE": str(out),
+                                            "DATAMEM_PROFILE_SAMPLE": "full"}))
+    assert r.returncode == -15, (r.returncode, r.stderr)
+    rep = _report(out)
+    [proc] = rep["processes"]
+    assert proc["records"] >= 7, proc
+    site = _site(rep, "<listcomp>", 2)
+    assert site["bytes"] == 7 * 5003 * 8, site
