@@ -237,24 +237,34 @@ uint64_t dm_prof_now(void) {
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-/* Called with mu held. */
-static void flush_locked(void) {
+/* Called with mu held: writes the buffer out and empties it; false on a write
+ * error (errno says which). Async-signal-safe: the SIGTERM handler uses it. */
+static bool write_buf(void) {
     size_t off = 0;
+    bool ok = true;
     while (off < w.len && w.fd >= 0 && !w.write_failed) {
         ssize_t n = write(w.fd, w.buf + off, w.len - off);
         if (n < 0 && errno == EINTR)
             continue;
         if (n <= 0) {
-            dm_log("datamem: profile: cannot write %s (%s); recording stops", w.path,
-                   strerror(errno));
-            w.write_failed = true;
-            atomic_store_explicit(&active, false, memory_order_relaxed);
+            ok = false;
             break;
         }
         off += (size_t)n;
         w.written += (uint64_t)n;
     }
     w.len = 0;
+    return ok;
+}
+
+/* Called with mu held. */
+static void flush_locked(void) {
+    if (!write_buf()) {
+        dm_log("datamem: profile: cannot write %s (%s); recording stops", w.path,
+               strerror(errno));
+        w.write_failed = true;
+        atomic_store_explicit(&active, false, memory_order_relaxed);
+    }
 }
 
 static void put(const void *p, size_t n) {
@@ -589,14 +599,15 @@ static void on_sigterm(int sig) {
     for (int i = 0; i < TERM_WAIT_MS; i++) {
         if (pthread_mutex_trylock(&mu) == 0) {
             uint64_t t = dm_prof_now();
-            if (atomic_load_explicit(&active, memory_order_relaxed) && w.fd >= 0 &&
-                w.written + w.len + 34 <= w.max_bytes) {
-                reserve(34);
+            /* 'X' and 'P', when they fit the buffer (TAIL_MAX keeps them under
+             * the size limit); no flush_locked: its log line is not signal-safe. */
+            if (atomic_load_explicit(&active, memory_order_relaxed) && w.len + 34 <= BUF_CAP) {
                 put8('X'); /* the process ends here: what is live lived to the end */
                 put64(t);
                 put_process_record(t);
-                flush_locked();
             }
+            if (atomic_load_explicit(&active, memory_order_relaxed))
+                write_buf();
             pthread_mutex_unlock(&mu);
             break;
         }
