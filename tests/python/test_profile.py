@@ -837,3 +837,38 @@ def test_sigterm_flushes_then_dies_of_sigterm(tmp_path):
     assert proc["records"] >= 7, proc
     site = _site(rep, "<listcomp>", 2)
     assert site["bytes"] == 7 * 5003 * 8, site
+
+
+def test_sigterm_that_lands_inside_the_writer_still_flushes(tmp_path):
+    # Bug pinned: a process that allocates in a loop spends much of its time
+    # inside the writer, holding its lock; a SIGTERM that interrupted it there
+    # waited for a lock its own thread held, and died with a second of records
+    # unwritten and no exit mark. Now the handler writes the whole records
+    # buffered before the one it interrupted, then the exit mark.
+    import signal
+    import time
+    code = "import numpy as np\nwhile True:\n    np.empty(8)\n"
+    for i in range(12):  # the old handler missed about one in two
+        out = tmp_path / ("p%d" % i)
+        p = subprocess.Popen([sys.executable, "-c", code], env=_env(
+            {"DATAMEM_PROFILE": str(out), "DATAMEM_PROFILE_SAMPLE": "full"}))
+        try:
+            deadline = time.monotonic() + 60
+            files = []
+            while time.monotonic() < deadline:  # recording: a first full buffer written
+                files = list(out.glob("*.dmprof")) if out.exists() else []
+                if files and files[0].stat().st_size >= 1 << 20:
+                    break
+                time.sleep(0.01)
+            else:
+                raise AssertionError("no 1 MiB profile in 60 s: %s" % files)
+            p.send_signal(signal.SIGTERM)
+            assert p.wait(30) == -signal.SIGTERM
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        data = files[0].read_bytes()
+        # the file ends with the handler's 'X' (9 bytes) and 'P' (25 bytes)
+        assert (data[-34], data[-25]) == (ord("X"), ord("P")), (i, len(data), data[-40:])
+        assert _report(out)["processes"][0]["records"] > 1000
