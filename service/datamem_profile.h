@@ -6,9 +6,11 @@
  * call site; this writer owns everything else: interning strings, call sites
  * and stacks, the set of sampled blocks still live (so that their frees are
  * recorded and nothing else is), a 1 MiB record buffer flushed with plain
- * write(2) every second, when full and at exit, and one file per process,
- * DIR/<pid>.dmprof (a forked child opens its own). It never allocates through
- * NumPy (libc only) and never calls Python.
+ * write(2) when full, at exit, on SIGTERM (where it has its default action:
+ * the handler flushes, then dies of the signal) and every second by a flusher
+ * thread, so a killed process loses at most its last second; and one file per
+ * process, DIR/<pid>.dmprof (a forked child opens its own). It never allocates
+ * through NumPy (libc only) and never calls Python.
  *
  * File format (little-endian, see python/datamem/_profile.py, the reader):
  *   "DMPROF1\n", then records, each a type byte and fixed fields:

@@ -31,11 +31,14 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/futex.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -43,7 +46,8 @@
 #include "service/files.h"
 
 #define BUF_CAP ((size_t)1 << 20)
-#define FLUSH_NS 1000000000ull /* at least every second while allocating */
+#define FLUSH_NS 1000000000ull /* records reach the file within a second (flusher) */
+#define TERM_WAIT_MS 200       /* how long a SIGTERM waits for the lock before dying unflushed */
 #define STR_MAX 1024           /* longer strings are cut */
 
 /* The most bytes one allocation record can add, with the definitions it may
@@ -208,7 +212,14 @@ static void live_clear(void) {
 
 /* ---- the writer ------------------------------------------------------------ */
 
-static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+/* The writer's lock. Its word is the holder's pthread_self() (0: free), set by
+ * the very compare-and-swap that takes it, so the SIGTERM handler can tell
+ * whether the thread it interrupted holds it (a pthread mutex records its owner
+ * apart from taking it: a handler that lands between the two cannot tell).
+ * Waiters sleep on a futex over `mu_seq`, which each release that sees a waiter
+ * bumps. Uncontended: one compare-and-swap to take, a store and a load to release. */
+static _Atomic uintptr_t mu;
+static _Atomic uint32_t mu_seq, mu_waiters;
 static _Atomic bool active; /* recording now */
 static bool started;        /* between dm_prof_start and dm_prof_stop (a fork child records) */
 static struct {
@@ -221,10 +232,13 @@ static struct {
     char *meta;               /* the caller's JSON object text */
     unsigned char buf[BUF_CAP];
     size_t len;
+    size_t whole;             /* buf[0, whole) holds whole records (SIGTERM writes them) */
     uint64_t last_flush;
     uint64_t samples, written;
     itab_t strings, sites, stacks;
     bool write_failed;
+    bool flusher;             /* this process's flusher thread runs */
+    unsigned flusher_gen;     /* bumped by stop and fork: an older flusher exits */
 } w = {.fd = -1, .dirfd = -1};
 
 uint64_t dm_prof_now(void) {
@@ -233,24 +247,73 @@ uint64_t dm_prof_now(void) {
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+/* Writes n bytes; *done says how many went. Async-signal-safe. */
+static bool write_all(const unsigned char *p, size_t n, size_t *done) {
+    *done = 0;
+    while (*done < n) {
+        ssize_t k = write(w.fd, p + *done, n - *done);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0)
+            return false;
+        *done += (size_t)k;
+    }
+    return true;
+}
+
+/* Called with mu held, between records: writes the buffer out and empties it;
+ * false on a write error (errno says which). A SIGTERM handler that interrupts
+ * it in this thread learns from the file offset how much of buf is written
+ * (buf[0] is at w.written until the end): the fences keep the stores below in
+ * this order for it. */
+static bool write_buf(void) {
+    size_t done = 0;
+    w.whole = w.len;
+    atomic_signal_fence(memory_order_seq_cst);
+    bool ok = w.fd < 0 || w.write_failed || write_all(w.buf, w.len, &done);
+    w.whole = 0;
+    atomic_signal_fence(memory_order_seq_cst);
+    w.written += (uint64_t)done;
+    atomic_signal_fence(memory_order_seq_cst);
+    w.len = 0;
+    return ok;
+}
+
+static bool writer_trylock(void) {
+    uintptr_t free_ = 0;
+    return atomic_compare_exchange_strong(&mu, &free_, (uintptr_t)pthread_self());
+}
+
+static void writer_lock(void) {
+    if (writer_trylock())
+        return;
+    atomic_fetch_add(&mu_waiters, 1);
+    for (;;) {
+        uint32_t seq = atomic_load(&mu_seq);
+        if (writer_trylock())
+            break;
+        /* returns at once when mu_seq moved since the load: no lost wake-up */
+        syscall(SYS_futex, &mu_seq, FUTEX_WAIT_PRIVATE, seq, NULL, NULL, 0);
+    }
+    atomic_fetch_sub(&mu_waiters, 1);
+}
+
+static void writer_unlock(void) {
+    atomic_store(&mu, 0);
+    if (atomic_load(&mu_waiters)) {
+        atomic_fetch_add(&mu_seq, 1);
+        syscall(SYS_futex, &mu_seq, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
+    }
+}
+
 /* Called with mu held. */
 static void flush_locked(void) {
-    size_t off = 0;
-    while (off < w.len && w.fd >= 0 && !w.write_failed) {
-        ssize_t n = write(w.fd, w.buf + off, w.len - off);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0) {
-            dm_log("datamem: profile: cannot write %s (%s); recording stops", w.path,
-                   strerror(errno));
-            w.write_failed = true;
-            atomic_store_explicit(&active, false, memory_order_relaxed);
-            break;
-        }
-        off += (size_t)n;
-        w.written += (uint64_t)n;
+    if (!write_buf()) {
+        dm_log("datamem: profile: cannot write %s (%s); recording stops", w.path,
+               strerror(errno));
+        w.write_failed = true;
+        atomic_store_explicit(&active, false, memory_order_relaxed);
     }
-    w.len = 0;
 }
 
 static void put(const void *p, size_t n) {
@@ -266,6 +329,8 @@ static void putf64(double v) { put(&v, 8); }
 static void reserve(size_t n) {
     if (w.len + n > BUF_CAP)
         flush_locked();
+    w.whole = w.len; /* every record starts here */
+    atomic_signal_fence(memory_order_seq_cst);
 }
 
 static void put_process_record(uint64_t t) {
@@ -399,8 +464,11 @@ static int open_file(void) {
     w.len = 0;
     w.write_failed = false;
     put_header();
+    flush_locked(); /* a process killed at once still leaves a readable, empty profile */
     return 0;
 }
+
+static void flusher_ensure(void); /* below, with the SIGTERM handler */
 
 static void maybe_flush(uint64_t t) {
     if (w.len > BUF_CAP - 4096 || t - w.last_flush > FLUSH_NS) {
@@ -413,7 +481,7 @@ static void maybe_flush(uint64_t t) {
 void dm_prof_record_alloc(const dm_prof_alloc_t *a) {
     if (!atomic_load_explicit(&active, memory_order_relaxed))
         return;
-    pthread_mutex_lock(&mu);
+    writer_lock();
     if (!atomic_load_explicit(&active, memory_order_relaxed) ||
         !fits((w.flags & DM_PROF_STACKS) ? REC_MAX_STACKS : REC_MAX, a->t_ns))
         goto out;
@@ -441,14 +509,15 @@ void dm_prof_record_alloc(const dm_prof_alloc_t *a) {
     put8(a->flags);
     w.samples++;
     maybe_flush(a->t_ns);
+    flusher_ensure();
 out:
-    pthread_mutex_unlock(&mu);
+    writer_unlock();
 }
 
 void dm_prof_record_free(const void *p, uint64_t t_ns) {
     if (!p || !atomic_load_explicit(&active, memory_order_relaxed))
         return;
-    pthread_mutex_lock(&mu);
+    writer_lock();
     if (atomic_load_explicit(&active, memory_order_relaxed) &&
         ((w.flags & DM_PROF_FULL) || live_remove((uintptr_t)p)) && fits(17, t_ns)) {
         reserve(17);
@@ -456,34 +525,35 @@ void dm_prof_record_free(const void *p, uint64_t t_ns) {
         put64(t_ns);
         put64((uint64_t)(uintptr_t)p);
         maybe_flush(t_ns);
+        flusher_ensure();
     }
-    pthread_mutex_unlock(&mu);
+    writer_unlock();
 }
 
 void dm_prof_mark_exit(void) {
-    pthread_mutex_lock(&mu);
+    writer_lock();
     uint64_t t = dm_prof_now();
     if (atomic_load_explicit(&active, memory_order_relaxed) && fits(9, t)) {
         reserve(9);
         put8('X');
         put64(t);
     }
-    pthread_mutex_unlock(&mu);
+    writer_unlock();
 }
 
 void dm_prof_flush(void) {
-    pthread_mutex_lock(&mu);
+    writer_lock();
     uint64_t t = dm_prof_now();
     if (atomic_load_explicit(&active, memory_order_relaxed) && fits(25, t)) {
         put_process_record(t);
         flush_locked();
         w.last_flush = t;
     }
-    pthread_mutex_unlock(&mu);
+    writer_unlock();
 }
 
 void dm_prof_stop(void) {
-    pthread_mutex_lock(&mu);
+    writer_lock();
     uint64_t t = dm_prof_now();
     if (atomic_load_explicit(&active, memory_order_relaxed) && fits(25, t)) {
         put_process_record(t);
@@ -491,40 +561,174 @@ void dm_prof_stop(void) {
     }
     atomic_store_explicit(&active, false, memory_order_relaxed);
     started = false;
+    w.flusher = false;
+    w.flusher_gen++;
     if (w.fd >= 0)
         close(w.fd);
     if (w.dirfd >= 0)
         close(w.dirfd);
     w.fd = w.dirfd = -1;
-    pthread_mutex_unlock(&mu);
+    writer_unlock();
 }
 
 bool dm_prof_active(void) { return atomic_load_explicit(&active, memory_order_relaxed); }
 
 void dm_prof_path(char *out, size_t cap) {
-    pthread_mutex_lock(&mu);
+    writer_lock();
     snprintf(out, cap, "%s", started ? w.path : "");
-    pthread_mutex_unlock(&mu);
+    writer_unlock();
 }
 
 void dm_prof_counts(uint64_t *samples, uint64_t *bytes) {
-    pthread_mutex_lock(&mu);
+    writer_lock();
     *samples = w.samples;
     *bytes = w.written + w.len;
-    pthread_mutex_unlock(&mu);
+    writer_unlock();
 }
 
-static void atfork_prepare(void) { pthread_mutex_lock(&mu); }
-static void atfork_parent(void) { pthread_mutex_unlock(&mu); }
+/* ---- keeping the file current: the flusher and SIGTERM ---------------------
+ *
+ * A pool worker often allocates, then waits for work until its pool kills it
+ * (Pool.terminate: SIGTERM) or it leaves by _exit: atexit never runs. A thread
+ * of the writer's own (libc only; started under the lock by the first record of
+ * each process, fork child included) flushes every FLUSH_NS, so SIGKILL loses at
+ * most the last second. SIGTERM, where the process left its default action, gets
+ * a handler that flushes and then dies of the signal (same wait status). It uses
+ * async-signal-safe calls only and takes the lock by trylock, for at most
+ * TERM_WAIT_MS, unless its own thread holds it (interrupted inside the writer):
+ * then it writes the whole records buffered (buf[0, whole)), never the one cut. */
+static void *flusher_main(void *arg) {
+    unsigned gen = (unsigned)(uintptr_t)arg;
+    const struct timespec tick = {(time_t)(FLUSH_NS / 1000000000ull),
+                                  (long)(FLUSH_NS % 1000000000ull)};
+    for (;;) {
+        nanosleep(&tick, NULL);
+        writer_lock();
+        if (gen != w.flusher_gen) { /* stopped: the next start makes a new one */
+            writer_unlock();
+            return NULL;
+        }
+        uint64_t t = dm_prof_now();
+        if (w.len && atomic_load_explicit(&active, memory_order_relaxed) && fits(25, t)) {
+            put_process_record(t);
+            flush_locked();
+            w.last_flush = t;
+        }
+        writer_unlock();
+    }
+}
+
+/* Called with mu held: this process's flusher, once. Failing to start one
+ * costs only the timeliness of the file (flushes still come with records). */
+static void flusher_ensure(void) {
+    if (w.flusher)
+        return;
+    pthread_attr_t attr;
+    pthread_t th;
+    sigset_t all, old;
+    if (pthread_attr_init(&attr) != 0)
+        return;
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    /* No signal is ever delivered to the flusher: SIGTERM's handler then never
+     * interrupts it holding the mutex, and Python's own handlers stay with its threads. */
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    w.flusher = pthread_create(&th, &attr, flusher_main, (void *)(uintptr_t)w.flusher_gen) == 0;
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    pthread_attr_destroy(&attr);
+}
+
+/* Called from the SIGTERM handler, owning the writer (its lock, or this thread
+ * was interrupted holding it): writes the whole records not yet in the file,
+ * then 'X' and 'P'. Async-signal-safe. */
+static void term_flush(void) {
+    if (!atomic_load_explicit(&active, memory_order_relaxed) || w.fd < 0 || w.write_failed)
+        return;
+    /* buf[0] is at file offset w.written; an interrupted write_buf may have
+     * written part of it already */
+    off_t pos = lseek(w.fd, 0, SEEK_CUR);
+    if (pos < 0 || (uint64_t)pos < w.written || (uint64_t)pos - w.written > w.whole)
+        return;
+    size_t done, from = (size_t)((uint64_t)pos - w.written);
+    if (!write_all(w.buf + from, w.whole - from, &done))
+        return;
+    w.written += (uint64_t)(from + done);
+    uint64_t t = dm_prof_now();
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    uint64_t maxrss = (uint64_t)ru.ru_maxrss * 1024;
+    unsigned char tail[34]; /* TAIL_MAX keeps room for it under the size limit */
+    tail[0] = 'X'; /* the process ends here: what is live lived to the end */
+    memcpy(tail + 1, &t, 8);
+    tail[9] = 'P';
+    memcpy(tail + 10, &t, 8);
+    memcpy(tail + 18, &maxrss, 8);
+    memcpy(tail + 26, &w.samples, 8);
+    write_all(tail, sizeof(tail), &done);
+}
+
+static void on_sigterm(int sig) {
+    int saved = errno;
+    const struct timespec ms = {0, 1000000};
+    for (int i = 0; i < TERM_WAIT_MS; i++) {
+        if (writer_trylock()) {
+            w.whole = w.len; /* between records: all of it */
+            term_flush();
+            writer_unlock();
+            break;
+        }
+        /* Held by this very thread, interrupted inside the writer: waiting
+         * would never end, and the buffer is whole up to w.whole. */
+        if (atomic_load(&mu) == (uintptr_t)pthread_self()) {
+            term_flush();
+            break;
+        }
+        nanosleep(&ms, NULL);
+    }
+    /* The default action, as if no handler had been installed. The signal is
+     * blocked while its handler runs: it is delivered at the unblock. */
+    struct sigaction dfl;
+    memset(&dfl, 0, sizeof(dfl));
+    dfl.sa_handler = SIG_DFL;
+    sigemptyset(&dfl.sa_mask);
+    sigaction(sig, &dfl, NULL);
+    raise(sig);
+    sigset_t s;
+    sigemptyset(&s);
+    sigaddset(&s, sig);
+    pthread_sigmask(SIG_UNBLOCK, &s, NULL);
+    errno = saved;
+}
+
+/* Installs on_sigterm where SIGTERM has its default action (a handler the
+ * program set, or SIG_IGN, is left alone). Inherited by fork children. */
+static void sigterm_install(void) {
+    struct sigaction old, sa;
+    if (sigaction(SIGTERM, NULL, &old) != 0 || (old.sa_flags & SA_SIGINFO) ||
+        old.sa_handler != SIG_DFL)
+        return;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = on_sigterm;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGTERM, &sa, NULL);
+}
+
+static void atfork_prepare(void) { writer_lock(); }
+static void atfork_parent(void) { writer_unlock(); }
 
 static void atfork_child(void) {
-    pthread_mutex_init(&mu, NULL);
+    /* the only thread now: the lock is free (fork ran in writer_lock's hold) */
+    atomic_store(&mu, 0);
+    atomic_store(&mu_waiters, 0);
     if (!started) /* recording in the parent, or stopped there at its size limit */
         return;
     if (w.fd >= 0)
         close(w.fd);
     w.fd = -1;
-    w.len = 0; /* the parent writes what it had buffered */
+    w.flusher = false; /* the parent's; this process starts its own */
+    w.flusher_gen++;
+    w.len = w.whole = 0; /* the parent writes what it had buffered */
     w.samples = w.written = 0;
     itab_clear(&w.strings);
     itab_clear(&w.sites);
@@ -541,7 +745,7 @@ int dm_prof_start(const char *dir, uint64_t sample_bytes, unsigned flags, uint64
                   const char *meta_json) {
     static bool registered;
     int rc = 0;
-    pthread_mutex_lock(&mu);
+    writer_lock();
     if (started) {
         rc = DM_ESTATE;
         goto out;
@@ -580,11 +784,12 @@ int dm_prof_start(const char *dir, uint64_t sample_bytes, unsigned flags, uint64
     if (!registered) {
         pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
         atexit(at_exit);
+        sigterm_install();
         registered = true;
     }
     started = true;
     atomic_store_explicit(&active, true, memory_order_relaxed);
 out:
-    pthread_mutex_unlock(&mu);
+    writer_unlock();
     return rc;
 }

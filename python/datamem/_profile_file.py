@@ -119,7 +119,7 @@ class _File:
         self.skip = None  # why the file is skipped (a warning), or None
         if not head.startswith(MAGIC):
             if MAGIC.startswith(head):  # empty, or cut inside the magic
-                self.skip = ("%s: skipped: %s (its process was killed before the first flush?)"
+                self.skip = ("%s: skipped: %s (its process was killed as its profile began?)"
                              % (path, "empty" if not head else "cut short at %d bytes" % len(head)))
                 return
             raise ProfileError("%s: not a datamem profile" % path)

@@ -836,3 +836,142 @@ def test_every_printed_shell_command_splits_into_its_words(spill_profile, tmp_pa
     assert shlex.split(_command_after(r.stderr, "python -m datamem profile")) == \
         words + ["profile", "--out", str(nl).replace("\n", "\\x0a"), "--", "python",
                  "job.py"], r.stderr
+
+
+# Pool workers (issue 44 item 3): `with Pool()` ends with terminate(), SIGTERM to
+# every worker, and no atexit runs; a worker may also leave by _exit. Every
+# worker's file used to be empty ("skipped: empty"): its records sat in the
+# writer's buffer. Now the header is written at once, a flusher thread writes what
+# is buffered every second, and SIGTERM (at its default action) flushes first.
+POOL_JOB = textwrap.dedent('''
+    import json
+    import multiprocessing as mp
+    import os
+    import sys
+    import time
+
+    import numpy as np
+
+    ARRAYS = 4
+
+    def init(barrier):
+        barrier.wait(60)  # every worker runs (and records) before the first task
+
+    def task(i):
+        keep = []
+        for _ in range(ARRAYS):
+            keep.append(np.empty(3001))  # TASK: 24008 B each
+        return os.getpid(), len(keep)
+
+    def exit_hard():
+        """Allocates, waits (bounded) for the flusher to write it, then leaves by
+        posix._exit, which neither atexit nor datamem's os._exit wrapper sees."""
+        import posix
+        from datamem import _ext
+        path = _ext.profile_info()[0]
+        base = os.path.getsize(path)
+        keep = []
+        for _ in range(ARRAYS):
+            keep.append(np.empty(3001))  # HARD
+        deadline = time.monotonic() + 10  # 59 bytes an 'A' record
+        while os.path.getsize(path) < base + 59 * ARRAYS and time.monotonic() < deadline:
+            time.sleep(0.01)
+        posix._exit(0 if keep else 1)
+
+    if __name__ == "__main__":
+        ctx = mp.get_context(sys.argv[1])
+        with ctx.Pool(3, initializer=init, initargs=(ctx.Barrier(3),)) as pool:
+            workers = sorted(w.pid for w in pool._pool)
+            done = pool.map(task, range(12), chunksize=1)
+        p = ctx.Process(target=exit_hard)
+        p.start(); p.join()
+        print(json.dumps({"workers": workers, "done": done, "hard": p.pid,
+                          "hard_exit": p.exitcode}))
+''')
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
+def test_pool_workers_keep_their_records_past_terminate_and_exit(tmp_path, method):
+    job = tmp_path / "pooljob.py"
+    job.write_text(POOL_JOB)
+    out = tmp_path / "prof"
+    r = _datamem("profile", "--out", str(out), "--full", "--", sys.executable, str(job),
+                 method)
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    assert res["hard_exit"] == 0
+    made = {}
+    for pid, n in res["done"]:
+        made[pid] = made.get(pid, 0) + n
+    rr = subprocess.run([sys.executable, "-m", "datamem", "report", str(out), "--json"],
+                        env=_env(), capture_output=True, text=True, timeout=120)
+    assert rr.returncode == 0, rr.stderr
+    assert "skipped" not in rr.stderr, rr.stderr
+    rep = json.loads(rr.stdout)
+    procs = {p["pid"]: p for p in rep["processes"]}
+    # every worker has a readable file, terminated or not (__main__ under fork,
+    # __mp_main__ under spawn and forkserver)
+    assert set(res["workers"]) <= set(procs), (res["workers"], sorted(procs))
+    for pid, n in made.items():  # and holds every array it made
+        assert procs[pid]["records"] >= n, (pid, n, procs[pid])
+    assert procs[res["hard"]]["records"] >= 4, procs.get(res["hard"])
+    lines = POOL_JOB.splitlines()
+    line = {k: 1 + next(i for i, t in enumerate(lines) if t.endswith("# " + k) or
+                        "# %s:" % k in t) for k in ("TASK", "HARD")}
+    site = _site(rep, "main__.task", line["TASK"])
+    assert site["bytes"] == 12 * 4 * 24008, site
+    hard = _site(rep, "main__.exit_hard", line["HARD"])
+    assert hard["bytes"] == 4 * 24008, hard
+
+
+def test_sigterm_flushes_then_dies_of_sigterm(tmp_path):
+    # The SIGTERM handler the writer installs must not change how the process
+    # ends: the parent still sees it killed by SIGTERM, and its arrays are there.
+    out = tmp_path / "prof"
+    code = ("import os, signal, numpy as np\n"
+            "keep = [np.empty(5003) for _ in range(7)]\n"
+            "os.kill(os.getpid(), signal.SIGTERM)\n"
+            "raise SystemExit('SIGTERM did not end the process')\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=60, env=_env({"DATAMEM_PROFILE": str(out),
+                                            "DATAMEM_PROFILE_SAMPLE": "full"}))
+    assert r.returncode == -15, (r.returncode, r.stderr)
+    rep = _report(out)
+    [proc] = rep["processes"]
+    assert proc["records"] >= 7, proc
+    site = _site(rep, "<listcomp>", 2)
+    assert site["bytes"] == 7 * 5003 * 8, site
+
+
+def test_sigterm_that_lands_inside_the_writer_still_flushes(tmp_path):
+    # Bug pinned: a process that allocates in a loop spends much of its time
+    # inside the writer, holding its lock; a SIGTERM that interrupted it there
+    # waited for a lock its own thread held, and died with a second of records
+    # unwritten and no exit mark. Now the handler writes the whole records
+    # buffered before the one it interrupted, then the exit mark.
+    import signal
+    import time
+    code = "import numpy as np\nwhile True:\n    np.empty(8)\n"
+    for i in range(12):  # the old handler missed about one in two
+        out = tmp_path / ("p%d" % i)
+        p = subprocess.Popen([sys.executable, "-c", code], env=_env(
+            {"DATAMEM_PROFILE": str(out), "DATAMEM_PROFILE_SAMPLE": "full"}))
+        try:
+            deadline = time.monotonic() + 60
+            files = []
+            while time.monotonic() < deadline:  # recording: a first full buffer written
+                files = list(out.glob("*.dmprof")) if out.exists() else []
+                if files and files[0].stat().st_size >= 1 << 20:
+                    break
+                time.sleep(0.01)
+            else:
+                raise AssertionError("no 1 MiB profile in 60 s: %s" % files)
+            p.send_signal(signal.SIGTERM)
+            assert p.wait(30) == -signal.SIGTERM
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        data = files[0].read_bytes()
+        # the file ends with the handler's 'X' (9 bytes) and 'P' (25 bytes)
+        assert (data[-34], data[-25]) == (ord("X"), ord("P")), (i, len(data), data[-40:])
+        assert _report(out)["processes"][0]["records"] > 1000

@@ -141,7 +141,7 @@ def test_report_and_suggest_skip_files_cut_short(tmp_path):
     # directory. Now such a file is skipped (or read up to its last whole
     # record) with one warning line each, and the rest is used.
     whole = _job(4242).write(tmp_path / "4242.dmprof")
-    (tmp_path / "4243.dmprof").write_bytes(b"")                   # killed before its first flush
+    (tmp_path / "4243.dmprof").write_bytes(b"")                   # killed as its profile began
     _job(4244).write(tmp_path / "4244.dmprof", cut=11)            # inside the header
     _job(4245).write(tmp_path / "4245.dmprof", cut=whole - 30)    # inside a record
     r = _datamem("report", tmp_path, "--json")
