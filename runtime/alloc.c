@@ -23,6 +23,7 @@
  * thread writes only its own state and relaxed counters, and reads the table
  * it holds a reference to.
  */
+#include <fnmatch.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -315,6 +316,23 @@ alloc_counted(dm__thread_t *t, const dm__dispatch_slot_t *s, int r, size_t size,
     return p;
 }
 
+/* The spill arena the limit that refused names (tag_limits[].spill for a tag's,
+ * worker_spill for the worker's), or NULL. */
+static const dm__dispatch_slot_t *spill_target(const dm__dispatch_t *tab, const dm_failure_t *f) {
+    const dm_policy_t *p = tab->policy;
+    int a = -1;
+    if (f->kind == DM_REFUSED_WORKER) {
+        a = p->worker_spill;
+    } else if (f->kind == DM_REFUSED_TAG) {
+        for (int i = 0; i < p->ntag_limits; i++) /* the entry that gave the tag its limit */
+            if (fnmatch(p->tag_limits[i].tag, f->tag, 0) == 0) {
+                a = p->tag_limits[i].spill;
+                break;
+            }
+    }
+    return a >= 0 ? &tab->spill_slots[a] : NULL;
+}
+
 /* A tag's or the worker's limit refused the allocation (t->refusal says which)
  * and names an arena to spill to (tag_limits[].spill, worker_spill): that arena
  * serves it instead, uncounted (those limits count RAM), and it is no failure:
@@ -323,7 +341,7 @@ alloc_counted(dm__thread_t *t, const dm__dispatch_slot_t *s, int r, size_t size,
  * Counted as a fallback of the rule and the spill arena. */
 static __attribute__((noinline)) void *spill_instead(dm__thread_t *t, int r, size_t size,
                                                      int zero) {
-    const dm__dispatch_slot_t *sp = dm__spill_target(t->table, &t->refusal);
+    const dm__dispatch_slot_t *sp = spill_target(t->table, &t->refusal);
     if (!sp)
         return NULL;
     void *p = slot_alloc(t, sp, size, zero);

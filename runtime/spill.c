@@ -18,28 +18,15 @@
  * sized to cover every region (sparse: a size costs no blocks), so no mapped
  * page is ever past its end.
  *
- * Fork: MAP_SHARED stays shared across fork(), where users expect a fork's
- * copy: a write in the child must not show in the parent's arrays, nor the
- * parent's in the child's. So before fork (pthread_atfork prepare, every bump
- * mutex held, so no region is added meanwhile) the forking thread copies each
- * spill arena's reserved pages into a new nameless file (into blocks reserved
- * for the copy; never a reflink, whose shared blocks would need fresh ones at
- * the first write in either process: os.c, dm__os_file_copy), and the child
- * maps that copy over its regions, MAP_FIXED, before
- * it runs any code of its own: from then on each process writes its own file.
- * The cost is a copy of the spilled bytes per fork (docs/operations.md).
- * Writes made by other threads while the copy runs race with the fork itself,
- * as they would with any memory, but can reach the child page by page rather
- * than all at once. When the copy cannot be made (no disk space, no
- * descriptor), the fork still happens and the child maps the parent's file
- * copy-on-write (MAP_PRIVATE): its own writes stay its own, but a page it has
- * not written yet shows the parent's later writes; it logs that once, and
- * `fork_failures` counts it. New memory in the child comes from a file of its
- * own either way; the parent's file is never written by a child.
+ * Fork: MAP_SHARED stays shared across fork(), where users expect a copy, so
+ * the prepare handler copies each spill file's reserved pages into a new
+ * nameless file (never a reflink: os.c, dm__os_file_copy) that the child maps
+ * over its regions before it runs code of its own; without room for the copy
+ * the child maps the parent's file MAP_PRIVATE and says so (design.md, "Spill
+ * arenas", fork; the cost per fork: docs/operations.md).
  */
 #include <ctype.h>
 #include <errno.h>
-#include <fnmatch.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -808,21 +795,4 @@ void dm__spill_pager_ensure(void) {
     if (pthread_create(&th, &attr, pager_main, NULL) != 0)
         atomic_store_explicit(&pager_on, false, memory_order_release); /* the next commit tries again */
     pthread_attr_destroy(&attr);
-}
-
-/* ---- spill instead of refuse ------------------------------------------------ */
-
-const dm__dispatch_slot_t *dm__spill_target(const dm__dispatch_t *tab, const dm_failure_t *f) {
-    const dm_policy_t *p = tab->policy;
-    int a = -1;
-    if (f->kind == DM_REFUSED_WORKER) {
-        a = p->worker_spill;
-    } else if (f->kind == DM_REFUSED_TAG) {
-        for (int i = 0; i < p->ntag_limits; i++) /* the entry that gave the tag its limit */
-            if (fnmatch(p->tag_limits[i].tag, f->tag, 0) == 0) {
-                a = p->tag_limits[i].spill;
-                break;
-            }
-    }
-    return a >= 0 ? &tab->spill_slots[a] : NULL;
 }

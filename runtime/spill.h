@@ -118,9 +118,6 @@ void dm__spill_pager_ensure(void);
  * 2 in the child maps it in place of the parent's (spill.c, "Fork"). */
 void dm__spill_fork(int phase);
 
-/* The slot that serves what a tag's or the worker's limit refused (`f`),
- * when the policy names one (tag_limits[].spill, worker_spill); else NULL. */
-const dm__dispatch_slot_t *dm__spill_target(const dm__dispatch_t *tab, const dm_failure_t *f);
 
 #pragma GCC visibility pop
 
