@@ -242,7 +242,7 @@ def add_profile_commands(sub):
 
 def parser():
     """The CLI's parser, every subcommand and option with its help; returns
-    (parser, the profile subcommand's parser, explain's) for their errors."""
+    (parser, the profile subcommand's parser, explain's, tune's) for their errors."""
     ap = argparse.ArgumentParser(prog="python -m datamem", description=__doc__ + _stats_cli.USAGE,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--version", action="version", version=version_text())
@@ -272,11 +272,11 @@ def parser():
     pr = add_profile_commands(sub)
     tp = add_tune_command(sub)
     _stats_cli.add_commands(sub)
-    return ap, pr, e
+    return ap, pr, e, tp
 
 
 def main(argv=None):
-    ap, pr, e = parser()
+    ap, pr, e, tp = parser()
     a = ap.parse_args(argv)
     if a.cmd is None:  # no command: the whole help, not only "cmd is required"
         sys.stderr.write(ap.format_help())
