@@ -10,6 +10,7 @@ pkg=$(mktemp -d)
 trap 'rm -rf "$pkg"' EXIT
 mkdir "$pkg/datamem"
 cp python/datamem/*.py "$pkg/datamem/"
+cp configs/minimal.yaml configs/throughput.yaml "$pkg/datamem/"  # the presets tune measures, as the wheel ships them
 suffix=$(python3 -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
 cp "$bin/pyext/_ext.so" "$pkg/datamem/_ext$suffix"
 cp "$bin/pyext/libdatamem_tls.so" "$pkg/datamem/"

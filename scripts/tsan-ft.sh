@@ -38,6 +38,7 @@ vpy=$tmp/venv/bin/python
 site=$(TSAN_OPTIONS=report_bugs=0 "$vpy" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
 mkdir "$site/datamem"
 cp python/datamem/*.py "$site/datamem/"
+cp configs/minimal.yaml configs/throughput.yaml "$site/datamem/"  # the presets tune measures, as the wheel ships them
 cp python/_datamem_boot.py python/datamem.pth "$site/"
 suffix=$(TSAN_OPTIONS=report_bugs=0 "$vpy" -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
 cp "$bin/pyext/_ext.so" "$site/datamem/_ext$suffix"
