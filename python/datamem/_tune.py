@@ -198,7 +198,8 @@ def header(argv, reps, stats, order, winner, notes):
     lines += ["#   " + line for line in table(stats, order)]
     lines += textwrap.wrap("Pick: " + RULE + ".", 84, initial_indent="# ",
                            subsequent_indent="# ")
-    lines += ["# " + printable(n) for n in notes]
+    for n in notes:
+        lines += textwrap.wrap(printable(n), 84, initial_indent="# ", subsequent_indent="#   ")
     if winner == DEFAULT:
         lines += ["# NumPy's default allocator measured best: run this job with DATAMEM_CONFIG "
                   "unset.",
