@@ -672,15 +672,19 @@ def soon(cond, timeout):
     return True
 
 def watched(timeout):
-    """Whether the watcher reloads a change to the file within `timeout` s."""
-    n = datamem.stats()["reloads"]
+    """Whether the watcher reloads a change to the file within `timeout` s: the
+    policy in force becomes the touched bytes (its hash moves). Not a count of
+    reloads: the watcher may still be reloading the "after" policy the harness
+    wrote (a debounce-0 watcher saw that write too), a reload of the same bytes,
+    which leaves the hash as it is."""
+    h = datamem.stats()["policy_hash"]
     with open(PATH) as f:
         body = f.read()
     tmp = PATH + ".tmp"
     with open(tmp, "w") as f:
         f.write(body + "\n# touched %d\n" % time.monotonic_ns())
     os.replace(tmp, PATH)
-    return soon(lambda: datamem.stats()["reloads"] > n, timeout)
+    return soon(lambda: datamem.stats()["policy_hash"] != h, timeout)
 
 def textfiles(names):
     """Waits (5 s at most) for this phase's textfile; which of `names` exist."""
