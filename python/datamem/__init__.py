@@ -500,9 +500,19 @@ def memory_error(exc, since=None, tags=()):
     token; None: any refusal this thread has had), or when `exc` is one it made
     (a pool thread's, seen again where the submitter waits on the future).
     Chain it: `raise datamem.memory_error(e) or e from e`."""
-    if not isinstance(exc, MemoryError) or not _ext.active() \
-            or getattr(exc, "datamem", None) is not None:
+    if not isinstance(exc, MemoryError) or not _ext.active():
         return None
+    made = getattr(exc, "datamem", None)
+    if made is not None:
+        if type(exc) is MemoryError:  # one this function made: seen again
+            return None
+        # NumPy's own error, explained where it was raised: a plain MemoryError
+        # with the same text, which keeps it through pickling (a Dask or Ray
+        # task's error reaches its client by pickle, where NumPy's class would
+        # be made again from its shape and dtype alone).
+        err = MemoryError(str(exc))
+        err.datamem = made
+        return err
     since = since or {}
     f = _ext.last_failure()
     if f and f["count"] > since.get("thread", 0):

@@ -243,9 +243,8 @@ def _detailed(run):
 
     def redo(msg, since):
         e = msg.get("actual_exception") if isinstance(msg, dict) else None
-        if msg.get("op") != "task-erred" or not isinstance(e, MemoryError) \
-                or getattr(e, "datamem", None) is not None:
-            return msg
+        if msg.get("op") != "task-erred" or not isinstance(e, MemoryError):
+            return msg  # memory_error() itself leaves alone an error it made
         try:
             detail = datamem.memory_error(e, since=since)
         except Exception:  # an explanation must never cost the task's own error
