@@ -509,7 +509,9 @@ def test_profile_stops_at_its_size_limit(tmp_path):
         assert int.from_bytes(t[9:17], "little") == limit
         assert int.from_bytes(t[17:25], "little") > 1000  # records written before the stop
     assert r.stderr.count("reached its size limit") == 2, r.stderr
-    assert len(r.stderr.splitlines()) == 2, r.stderr
+    # nothing else from datamem (3.12+ may add its DeprecationWarning for a fork in a
+    # process with threads: the profile's flusher is one)
+    assert len([l for l in r.stderr.splitlines() if "datamem" in l]) == 2, r.stderr
 
 
 def test_profile_limit_below_one_mib_is_refused():
@@ -938,7 +940,8 @@ def test_sigterm_flushes_then_dies_of_sigterm(tmp_path):
     rep = _report(out)
     [proc] = rep["processes"]
     assert proc["records"] >= 7, proc
-    site = _site(rep, "<listcomp>", 2)
+    # CPython 3.12 and later inline the comprehension (PEP 709): its site is <module>
+    site = _site(rep, "<listcomp>" if sys.version_info < (3, 12) else "<module>", 2)
     assert site["bytes"] == 7 * 5003 * 8, site
 
 
