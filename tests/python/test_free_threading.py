@@ -144,7 +144,7 @@ def test_the_gil_stays_off(write_policy):
                        capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert r.returncode == 0, r.stdout + r.stderr
     steps = json.loads(r.stdout.strip().splitlines()[-1])
-    assert steps[:8] == ["start-up activation (DATAMEM_CONFIG)", "import datamem", "install",
+    assert steps[:9] == ["start-up activation (DATAMEM_CONFIG)", "import datamem", "install",
                          "reload", "tag", "thread pool under a tag", "explain", "stats", "serve_stats"], steps
     assert "profile" in steps, steps
 
