@@ -121,17 +121,23 @@ class _WhenNumPyIsThere:
     """Eager activation: a finder that finds nothing, which activates datamem
     at the first import made once NumPy can be found (the next .pth's import,
     or site.py's `import sitecustomize` after it has added every directory),
-    then leaves sys.meta_path. Where NumPy is not installed at all the
-    sitecustomize import triggers it, and activation fails with its reason."""
+    then leaves sys.meta_path. Where NumPy is still not found when site.py
+    imports sitecustomize (every directory is on sys.path by then), the job has
+    no NumPy to govern: the lazy finder takes over, so the job runs and its
+    `import numpy`, if it makes one, fails as it would without datamem."""
 
     @classmethod
     def find_spec(cls, name, path=None, target=None):
-        if name in ("numpy", "sitecustomize", "usercustomize") or _numpy_findable():
+        findable = _numpy_findable()
+        if findable or name in ("numpy", "sitecustomize", "usercustomize"):
             try:
                 sys.meta_path.remove(cls)
             except ValueError:
                 return None  # already activating (a nested import)
-            _activate()  # exits the process on failure
+            if findable:
+                _activate()  # exits the process on failure
+            else:
+                sys.meta_path.insert(0, _AfterNumPy)
         return None
 
 

@@ -218,6 +218,20 @@ static bool bit_get(_Atomic uint64_t *bits, size_t i) {
     return atomic_load_explicit(&bits[i / 64], memory_order_relaxed) >> (i % 64) & 1;
 }
 
+/* The next run of bits equal to `set` in [*from, end): true with the run in
+ * [*from, *to), false when there is none. */
+static bool bits_run(_Atomic uint64_t *bits, bool set, size_t *from, size_t *to, size_t end) {
+    size_t i = *from;
+    while (i < end && bit_get(bits, i) != set)
+        i++;
+    size_t e = i;
+    while (e < end && bit_get(bits, e) == set)
+        e++;
+    *from = i;
+    *to = e;
+    return i < end;
+}
+
 /* Pages of [first, first+count) whose bit is clear. */
 static size_t bits_clear_in(_Atomic uint64_t *bits, size_t first, size_t count) {
     size_t n = 0;
@@ -334,14 +348,7 @@ static int reserve(dm__arena_je_t *ja, dm__spill_region_t *r, char *p, size_t n,
     if (rc == 0 && r->priv) { /* a fork child's copy-on-write region: anonymous pages */
         rc = dm__os_map_anon(p, n);
     } else if (rc == 0) {
-        for (size_t c = c0; rc == 0 && c < c1;) {
-            if (bit_get(r->held, c)) {
-                c++;
-                continue;
-            }
-            size_t e = c;
-            while (e < c1 && !bit_get(r->held, e))
-                e++;
+        for (size_t c = c0, e; rc == 0 && bits_run(r->held, false, &c, &e, c1); c = e) {
             rc = dm__os_file_reserve(s->fd, r->off + (uint64_t)c * DM_SPILL_CHUNK,
                                      (e - c) * DM_SPILL_CHUNK);
             if (rc == 0)
@@ -349,7 +356,6 @@ static int reserve(dm__arena_je_t *ja, dm__spill_region_t *r, char *p, size_t n,
             else /* a failed fallocate may keep some blocks: give them back */
                 dm__os_file_punch(s->fd, r->off + (uint64_t)c * DM_SPILL_CHUNK,
                                   (e - c) * DM_SPILL_CHUNK);
-            c = e;
         }
     }
     if (rc == 0) {
@@ -461,29 +467,14 @@ void dm__spill_zero(dm__arena_je_t *ja, void *p, size_t n) {
 static int snapshot_region(const dm__spill_t *s, const dm__spill_region_t *r, int to) {
     size_t mapped = atomic_load_explicit(&r->mapped, memory_order_relaxed);
     size_t chunks = (mapped + DM_SPILL_CHUNK - 1) / DM_SPILL_CHUNK;
-    for (size_t c = 0; c < chunks;) {
-        if (!bit_get(r->held, c)) {
-            c++;
-            continue;
-        }
-        size_t e = c;
-        while (e < chunks && bit_get(r->held, e))
-            e++;
+    for (size_t c = 0, e; bits_run(r->held, true, &c, &e, chunks); c = e) {
         int rc = dm__os_file_reserve(to, r->off + (uint64_t)c * DM_SPILL_CHUNK,
                                      (e - c) * DM_SPILL_CHUNK);
         if (rc)
             return rc;
-        c = e;
     }
     size_t pages = mapped / page_size();
-    for (size_t pg = 0; pg < pages;) {
-        if (!bit_get(r->bits, pg)) {
-            pg++;
-            continue;
-        }
-        size_t end = pg;
-        while (end < pages && bit_get(r->bits, end))
-            end++;
+    for (size_t pg = 0, end; bits_run(r->bits, true, &pg, &end, pages); pg = end) {
         uint64_t off = r->off + (uint64_t)pg * page_size();
         size_t len = (end - pg) * page_size();
         int rc = 0;
@@ -495,7 +486,6 @@ static int snapshot_region(const dm__spill_t *s, const dm__spill_region_t *r, in
         }
         if (rc)
             return rc;
-        pg = end;
     }
     return 0;
 }

@@ -34,15 +34,11 @@
  * textfile once more and removes the discovery file and Unix socket.
  *
  * SIGTERM: its default action skips atexit, which left the socket, the
- * discovery file and a "{pid}" textfile behind. While this process serves, a
- * SIGTERM handler (installed over the default action or a handler, never over
- * SIG_IGN) removes those files, the paths published in `term` (each only if it
- * is still a socket or regular file of this user's), then hands the signal on:
- * to the previous handler, or, for the default action, restores it and raises
- * the signal again, so the process dies by SIGTERM as before. The handler
- * calls only async-signal-safe functions (fstatat, unlink, sigaction, raise).
- * A shared textfile stays (rendering it is not signal-safe); a Python handler
- * set later (signal.signal) replaces ours, and its exit runs atexit.
+ * discovery file and a "{pid}" textfile behind. While this process serves,
+ * the services' SIGTERM handler (service/term.h) first removes those files,
+ * the paths published in `term` (each only if it is still a socket or regular
+ * file of this user's), with async-signal-safe calls only (fstatat, unlink).
+ * A shared textfile stays (rendering it is not signal-safe).
  *
  * Thread safety: `mu` guards the state below and serialises start/stop. The
  * serving and textfile threads never take it, and nothing done under it takes
@@ -72,6 +68,7 @@
 #include "service/http.h"
 #include "service/render.h"
 #include "service/svc_stats.h"
+#include "service/term.h"
 #include "service/textfile.h"
 
 typedef struct cfg {
@@ -166,12 +163,12 @@ typedef struct term_files {
     char path[TERM_FILES][PATH_MAX];
     _Atomic int n;         /* paths valid: zeroed before they change, set after */
     _Atomic pid_t pid;     /* the process they are for (a fork child's handler skips them) */
-    struct sigaction prev; /* what SIGTERM did before ours: written once, before install */
-    bool installed;        /* under mu */
 } term_files_t;
 static term_files_t term;
 
-static void on_sigterm(int sig, siginfo_t *si, void *uc) {
+/* The SIGTERM function (service/term.h). */
+static void on_sigterm(bool dies) {
+    (void)dies; /* a program's handler after this one ends the process its own way */
     int saved = errno;
     if (atomic_load_explicit(&term.pid, memory_order_acquire) == getpid()) {
         int n = atomic_load_explicit(&term.n, memory_order_acquire);
@@ -181,19 +178,6 @@ static void on_sigterm(int sig, siginfo_t *si, void *uc) {
                 st.st_uid == geteuid() && (S_ISSOCK(st.st_mode) || S_ISREG(st.st_mode)))
                 unlink(term.path[i]);
         }
-    }
-    if (term.prev.sa_flags & SA_SIGINFO) {
-        if (term.prev.sa_sigaction)
-            term.prev.sa_sigaction(sig, si, uc);
-    } else if (term.prev.sa_handler != SIG_DFL && term.prev.sa_handler != SIG_IGN) {
-        term.prev.sa_handler(sig);
-    } else { /* the default action: blocked until we return, then it kills */
-        struct sigaction dfl;
-        memset(&dfl, 0, sizeof(dfl));
-        dfl.sa_handler = SIG_DFL;
-        sigemptyset(&dfl.sa_mask);
-        sigaction(SIGTERM, &dfl, NULL);
-        raise(SIGTERM);
     }
     errno = saved;
 }
@@ -213,19 +197,8 @@ static void term_publish(void) {
         dm__files_expand_pid(term.path[n++], PATH_MAX, running.textfile);
     atomic_store_explicit(&term.pid, getpid(), memory_order_release);
     atomic_store_explicit(&term.n, n, memory_order_release);
-    if (n == 0 || term.installed)
-        return;
-    struct sigaction now, ours;
-    if (sigaction(SIGTERM, NULL, &now) != 0 || (!(now.sa_flags & SA_SIGINFO) &&
-                                                now.sa_handler == SIG_IGN))
-        return; /* ignored: nothing ends the process here */
-    memset(&ours, 0, sizeof(ours));
-    ours.sa_sigaction = on_sigterm;
-    ours.sa_flags = SA_SIGINFO | SA_RESTART;
-    sigemptyset(&ours.sa_mask);
-    term.prev = now;
-    if (sigaction(SIGTERM, &ours, NULL) == 0)
-        term.installed = true;
+    if (n)
+        dm__term_on(on_sigterm); /* once; fails only where SIGTERM is ignored */
 }
 
 static void atfork_prepare(void) { pthread_mutex_lock(&mu); }

@@ -44,6 +44,7 @@
 
 #include "service/datamem_profile.h"
 #include "service/files.h"
+#include "service/term.h"
 
 #define BUF_CAP ((size_t)1 << 20)
 #define FLUSH_NS 1000000000ull /* records reach the file within a second (flusher) */
@@ -592,11 +593,12 @@ void dm_prof_counts(uint64_t *samples, uint64_t *bytes) {
  * (Pool.terminate: SIGTERM) or it leaves by _exit: atexit never runs. A thread
  * of the writer's own (libc only; started under the lock by the first record of
  * each process, fork child included) flushes every FLUSH_NS, so SIGKILL loses at
- * most the last second. SIGTERM, where the process left its default action, gets
- * a handler that flushes and then dies of the signal (same wait status). It uses
- * async-signal-safe calls only and takes the lock by trylock, for at most
- * TERM_WAIT_MS, unless its own thread holds it (interrupted inside the writer):
- * then it writes the whole records buffered (buf[0, whole)), never the one cut. */
+ * most the last second. SIGTERM, where the process dies of it (the default
+ * action), flushes first (service/term.h: the handler, then the death by the
+ * signal, same wait status). It uses async-signal-safe calls only and takes
+ * the lock by trylock, for at most TERM_WAIT_MS, unless its own thread holds
+ * it (interrupted inside the writer): then it writes the whole records
+ * buffered (buf[0, whole)), never the one cut. */
 static void *flusher_main(void *arg) {
     unsigned gen = (unsigned)(uintptr_t)arg;
     const struct timespec tick = {(time_t)(FLUSH_NS / 1000000000ull),
@@ -667,8 +669,11 @@ static void term_flush(void) {
     write_all(tail, sizeof(tail), &done);
 }
 
-static void on_sigterm(int sig) {
-    int saved = errno;
+/* The SIGTERM function (service/term.h): flushes only where the process dies
+ * of the signal ('X' and 'P' say the process ended). */
+static void on_sigterm(bool dies) {
+    if (!dies)
+        return;
     const struct timespec ms = {0, 1000000};
     for (int i = 0; i < TERM_WAIT_MS; i++) {
         if (writer_trylock()) {
@@ -685,33 +690,6 @@ static void on_sigterm(int sig) {
         }
         nanosleep(&ms, NULL);
     }
-    /* The default action, as if no handler had been installed. The signal is
-     * blocked while its handler runs: it is delivered at the unblock. */
-    struct sigaction dfl;
-    memset(&dfl, 0, sizeof(dfl));
-    dfl.sa_handler = SIG_DFL;
-    sigemptyset(&dfl.sa_mask);
-    sigaction(sig, &dfl, NULL);
-    raise(sig);
-    sigset_t s;
-    sigemptyset(&s);
-    sigaddset(&s, sig);
-    pthread_sigmask(SIG_UNBLOCK, &s, NULL);
-    errno = saved;
-}
-
-/* Installs on_sigterm where SIGTERM has its default action (a handler the
- * program set, or SIG_IGN, is left alone). Inherited by fork children. */
-static void sigterm_install(void) {
-    struct sigaction old, sa;
-    if (sigaction(SIGTERM, NULL, &old) != 0 || (old.sa_flags & SA_SIGINFO) ||
-        old.sa_handler != SIG_DFL)
-        return;
-    memset(&sa, 0, sizeof(sa));
-    sa.sa_handler = on_sigterm;
-    sigemptyset(&sa.sa_mask);
-    sa.sa_flags = SA_RESTART;
-    sigaction(SIGTERM, &sa, NULL);
 }
 
 static void atfork_prepare(void) { writer_lock(); }
@@ -784,7 +762,7 @@ int dm_prof_start(const char *dir, uint64_t sample_bytes, unsigned flags, uint64
     if (!registered) {
         pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
         atexit(at_exit);
-        sigterm_install();
+        dm__term_on(on_sigterm); /* inherited by fork children */
         registered = true;
     }
     started = true;

@@ -219,6 +219,18 @@ def write_policy(tmp_path):
     return w
 
 
+def spill_policy(write_policy, spill_dir, tail="", spill_from=None, dirty="0"):
+    """A policy with a spill arena `disk` in `spill_dir` (its `decay.dirty`:
+    `dirty`) beside `general`, the default; arrays of `spill_from` bytes or
+    more (a size such as "8MiB") go to `disk`, then `tail`, YAML."""
+    text = ("version: 1\ndefault: general\narenas:\n  general: {}\n"
+            "  disk: {decay: {dirty: %s}, backing: {dir: '%s'}}\n" % (dirty, spill_dir))
+    if spill_from:
+        text += ("rules:\n  - {name: big, match: {size: {min: %s}}, arena: disk}\n"
+                 % spill_from)
+    return write_policy(text + tail)
+
+
 # ---- a FIFO as the policy ----------------------------------------------------------------
 
 @pytest.fixture

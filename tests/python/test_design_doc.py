@@ -46,11 +46,8 @@ def test_an_include_the_picture_lacks_fails_the_check(tmp_path):
 
 def test_an_arrow_no_file_follows_or_one_pointing_up_fails_the_check(tmp_path):
     root = copy_tree(tmp_path)
-    doc = root / "docs" / "design.md"
-    text = doc.read_text()
-    assert "     |        -> runtime/datamem.h\n" in text
-    doc.write_text(text.replace("     |        -> runtime/datamem.h\n",
-                                "     |        -> runtime/datamem.h, pyext/x.h, libnuma\n"))
+    arrow = "     |        -> runtime/datamem.h"
+    replace_in(root / "docs" / "design.md", (arrow + "\n", arrow + ", pyext/x.h, libnuma\n"))
     r = check(root)
     assert r.returncode == 1, r.stdout
     assert "service/ includes pyext/x.h; none of its files does" in r.stdout, r.stdout
@@ -108,6 +105,16 @@ def copy_sources(tmp_path):
     return copy_tree(tmp_path)
 
 
+def replace_in(path, *pairs):
+    """Each (old, new) of `pairs` in the file at `path`, in order; each old
+    text must be there (an edit that finds nothing tests nothing)."""
+    text = path.read_text()
+    for old, new in pairs:
+        assert old in text, (str(path), old)
+        text = text.replace(old, new)
+    path.write_text(text)
+
+
 def test_a_new_static_or_module_global_fails_the_concurrency_check(tmp_path):
     root = copy_sources(tmp_path)
     with open(root / "pyext" / "site.c", "a") as f:
@@ -125,11 +132,9 @@ def test_a_new_static_or_module_global_fails_the_concurrency_check(tmp_path):
 
 def test_a_row_for_a_variable_that_is_gone_fails_the_concurrency_check(tmp_path):
     root = copy_sources(tmp_path)
-    site = root / "pyext" / "site.c"
-    text = site.read_text()
-    assert "static PyObject *name_key;" in text
-    site.write_text(text.replace("static PyObject *name_key;", "static PyObject *key_name;")
-                        .replace("name_key", "key_name"))
+    replace_in(root / "pyext" / "site.c",
+               ("static PyObject *name_key;", "static PyObject *key_name;"),
+               ("name_key", "key_name"))
     r = check_concurrency(root)
     assert r.returncode == 1, r.stdout
     assert "`name_key` is not a variable of pyext/site.c" in r.stdout, r.stdout
@@ -142,14 +147,11 @@ def test_a_row_for_a_variable_that_is_gone_fails_the_concurrency_check(tmp_path)
 # fails until its row says what guards it.
 def test_a_new_field_of_a_shared_struct_fails_the_concurrency_check(tmp_path):
     root = copy_sources(tmp_path)
-    spill = root / "runtime" / "spill.h"
-    text = spill.read_text()
-    assert "    int fork_fd; " in text
-    spill.write_text(text.replace("    int fork_fd; ", "    _Atomic uint64_t pass_at;\n"
-                                  "    struct dm__spill_log *log;\n    int fork_fd; ")
-                         .replace("typedef struct dm__spill {",
-                                  "struct dm__spill_log {\n    int fd, nlines;\n};\n\n"
-                                  "typedef struct dm__spill {"))
+    replace_in(root / "runtime" / "spill.h",
+               ("    int fork_fd; ", "    _Atomic uint64_t pass_at;\n"
+                "    struct dm__spill_log *log;\n    int fork_fd; "),
+               ("typedef struct dm__spill {",
+                "struct dm__spill_log {\n    int fd, nlines;\n};\n\ntypedef struct dm__spill {"))
     r = check_concurrency(root)
     assert r.returncode == 1, r.stdout
     lines = r.stdout.splitlines()
@@ -166,8 +168,7 @@ def test_a_new_field_of_a_shared_struct_fails_the_concurrency_check(tmp_path):
     assert len(lines) == 4, r.stdout  # pass_at, log, fd, nlines
 
     # the rows the messages ask for make it pass
-    doc = root / "docs" / "design.md"
-    doc.write_text(doc.read_text().replace(
+    replace_in(root / "docs" / "design.md", (
         "| `dm__spill_t` (runtime/spill.h) fields: `dirfd`, `dir` |",
         "| `dm__spill_t` (runtime/spill.h) fields: `pass_at`, `log`; `struct dm__spill_log` "
         "(runtime/spill.h) fields: `fd`, `nlines` | under `pass_mu` | |\n"
@@ -178,14 +179,9 @@ def test_a_new_field_of_a_shared_struct_fails_the_concurrency_check(tmp_path):
 
 def test_a_row_for_a_field_or_struct_that_is_gone_fails_the_concurrency_check(tmp_path):
     root = copy_sources(tmp_path)
-    tally = root / "runtime" / "tally.h"
-    text = tally.read_text()
-    assert "    int8_t idle; " in text
-    tally.write_text(text.replace("    int8_t idle; ", "    int8_t idle_list; "))
-    doc = root / "docs" / "design.md"
-    doc.write_text(doc.read_text().replace(
-        "| `cfg_t` (service/export.c) fields:",
-        "| `cfg_t` (service/http.c) fields:"))
+    replace_in(root / "runtime" / "tally.h", ("    int8_t idle; ", "    int8_t idle_list; "))
+    replace_in(root / "docs" / "design.md", ("| `cfg_t` (service/export.c) fields:",
+                                             "| `cfg_t` (service/http.c) fields:"))
     r = check_concurrency(root)
     assert r.returncode == 1, r.stdout
     assert "`idle` is not a field of `dm__tally_row_t` (runtime/tally.h)" in r.stdout, r.stdout
@@ -201,8 +197,7 @@ def test_a_thread_local_struct_needs_no_field_rows(tmp_path):
     with open(root / "runtime" / "alloc.c", "a") as f:
         f.write("typedef struct scratch { int n; } scratch_t;\n"
                 "static _Thread_local scratch_t scratch;\n")
-    doc = root / "docs" / "design.md"
-    doc.write_text(doc.read_text().replace(
+    replace_in(root / "docs" / "design.md", (
         "| `runtime/alloc.c`: `foreign_frees`;",
         "| `runtime/alloc.c`: `scratch` | thread-local | |\n| `runtime/alloc.c`: `foreign_frees`;"))
     r = check_concurrency(root)

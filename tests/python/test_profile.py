@@ -568,6 +568,19 @@ SPILL_JOB = textwrap.dedent('''
 ''')
 
 
+def _suggest_spilling(tmp_path, job, memory, args=()):
+    """Profiles the script `job` run with `args` (every allocation), then has
+    suggest write a policy for `memory` that spills to tmp_path/spill (made
+    once, 0700): (its text, the directory)."""
+    spill = tmp_path / "spill"
+    if not spill.exists():
+        spill.mkdir(mode=0o700)
+    out = tmp_path / ("prof-" + "-".join(list(args) + [memory]))
+    _run([sys.executable, str(job)] + list(args),
+         env={"DATAMEM_PROFILE": str(out), "DATAMEM_PROFILE_SAMPLE": "full"})
+    return _datamem("suggest", str(out), "--memory", memory, "--spill-dir", str(spill)).stdout, spill
+
+
 def test_suggest_memory_spills_what_does_not_fit(tmp_path):
     """`suggest --memory`: a job whose peak passes the memory gets a spill arena;
     a rule for the call site that held the peak when one does, else worker_limit
@@ -575,14 +588,10 @@ def test_suggest_memory_spills_what_does_not_fit(tmp_path):
     job = tmp_path / "spill_job.py"
     job.write_text(SPILL_JOB)
     spill = tmp_path / "spill"
-    spill.mkdir(mode=0o700)
     path = tmp_path / "policy.yaml"
 
     def suggest(args, memory):
-        out = tmp_path / ("prof-" + "-".join(args + [memory]))
-        _run([sys.executable, str(job)] + args,
-             env={"DATAMEM_PROFILE": str(out), "DATAMEM_PROFILE_SAMPLE": "full"})
-        text = _datamem("suggest", str(out), "--memory", memory, "--spill-dir", str(spill)).stdout
+        text, _ = _suggest_spilling(tmp_path, job, memory, args)
         path.write_text(text)
         assert "ok" in _datamem("check", str(path)).stdout
         return text, text.splitlines()
@@ -646,12 +655,7 @@ SPILL_PEAK_JOB = textwrap.dedent('''
 def test_suggest_memory_backing_max_holds_what_its_rule_spills(tmp_path):
     job = tmp_path / "peak_job.py"
     job.write_text(SPILL_PEAK_JOB)
-    spill = tmp_path / "spill"
-    spill.mkdir(mode=0o700)
-    out = tmp_path / "prof"
-    _run([sys.executable, str(job)], env={"DATAMEM_PROFILE": str(out),
-                                          "DATAMEM_PROFILE_SAMPLE": "full"})
-    text = _datamem("suggest", str(out), "--memory", "280MiB", "--spill-dir", str(spill)).stdout
+    text, spill = _suggest_spilling(tmp_path, job, "280MiB")
     lines = text.splitlines()
     assert "  # what held the peak: __main__.load (72.0 MiB);" in lines, text
     assert ('  spill: {alignment: 64, decay: {dirty: 1s}, backing: {dir: "%s", max: 256MiB, '
@@ -677,12 +681,7 @@ def test_suggest_memory_never_spills_a_scripts_top_level(tmp_path):
         del ts
         print(s)
     '''))
-    spill = tmp_path / "spill"
-    spill.mkdir(mode=0o700)
-    out = tmp_path / "prof"
-    _run([sys.executable, str(job)], env={"DATAMEM_PROFILE": str(out),
-                                          "DATAMEM_PROFILE_SAMPLE": "full"})
-    text = _datamem("suggest", str(out), "--memory", "280MiB", "--spill-dir", str(spill)).stdout
+    text, spill = _suggest_spilling(tmp_path, job, "280MiB")
     assert "match: {function:" not in text and "  - name: spill" not in text, text
     assert text.splitlines()[-2:] == ["worker_limit: 80%", "worker_spill: spill"], text
 
@@ -923,6 +922,33 @@ def test_pool_workers_keep_their_records_past_terminate_and_exit(tmp_path, metho
     assert site["bytes"] == 12 * 4 * 24008, site
     hard = _site(rep, "main__.exit_hard", line["HARD"])
     assert hard["bytes"] == 4 * 24008, hard
+
+
+def test_sigterm_flushes_a_profile_started_while_the_process_serves(tmp_path):
+    """The stats export and the profile writer share one SIGTERM handler
+    (service/term.h). Each used to install its own, and the writer's went only
+    over the default action: in a job that served stats before it started
+    recording, SIGTERM removed the socket but never flushed the profile."""
+    run = tmp_path / "run"
+    run.mkdir(mode=0o700)
+    pol = tmp_path / "p.yaml"
+    pol.write_text("version: 1\ndefault: a\narenas: {a: {}}\n"
+                   "stats:\n  unix_socket: %s/{pid}.sock\n" % run)
+    out = tmp_path / "prof"
+    code = ("import os, signal, numpy as np, datamem\n"
+            "from datamem import _profile\n"
+            "assert os.path.exists(%r %% os.getpid())\n"     # serving: its handler is in
+            "_profile.start(%r, sample=0)\n"
+            "keep = [np.empty(5003) for _ in range(7)]\n"
+            "os.kill(os.getpid(), signal.SIGTERM)\n"
+            "raise SystemExit('SIGTERM did not end the process')\n"
+            % (str(run / "%d.sock"), str(out)))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=60, env=_env({"DATAMEM_CONFIG": str(pol)}))
+    assert r.returncode == -15, (r.returncode, r.stderr)
+    assert list(run.iterdir()) == []                        # the socket went
+    [proc] = _report(out)["processes"]
+    assert proc["records"] >= 7, proc
 
 
 def test_sigterm_flushes_then_dies_of_sigterm(tmp_path):

@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from conftest import run_in_group, run_py
+from conftest import run_in_group, run_py, spill_policy
 
 MiB = 1 << 20
 
@@ -21,21 +21,8 @@ def spill_dir(tmp_path):
     return str(d)
 
 
-def policy(write_policy, spill_dir, tail=""):
-    return write_policy(textwrap.dedent("""\
-        version: 1
-        default: general
-        arenas:
-          general: {{}}
-          disk: {{decay: {{dirty: 0}}, backing: {{dir: '{d}'}}}}
-        """).format(d=spill_dir) + tail)
-
-
 def test_a_rule_routes_an_array_to_the_file(write_policy, spill_dir):
-    pol = policy(write_policy, spill_dir, textwrap.dedent("""\
-        rules:
-          - {name: big, match: {size: {min: 8MiB}}, arena: disk}
-        """))
+    pol = spill_policy(write_policy, spill_dir, spill_from="8MiB")
     code = r"""
 import json, numpy as np, datamem
 a = np.arange(8 << 20, dtype=np.int64)          # 64 MiB: the rule's
@@ -59,10 +46,7 @@ print(json.dumps({"a": datamem.arena_of(a), "b": datamem.arena_of(b),
 
 
 def test_a_fork_child_gets_a_copy_not_a_shared_mapping(write_policy, spill_dir):
-    pol = policy(write_policy, spill_dir, textwrap.dedent("""\
-        rules:
-          - {name: big, match: {size: {min: 8MiB}}, arena: disk}
-        """))
+    pol = spill_policy(write_policy, spill_dir, spill_from="8MiB")
     code = r"""
 import json, multiprocessing as mp, numpy as np, datamem
 ctx = mp.get_context("fork")
@@ -141,15 +125,7 @@ def test_freed_spilled_arrays_give_their_disk_blocks_back_within_decay(write_pol
     """After 160 MiB of spilled arrays are freed, the file's allocated blocks
     (st_blocks) drop under 8 MiB within 5x `decay.dirty: 1s`, while the job
     sleeps (idle) or makes and frees small arrays in its RAM arena (churn)."""
-    pol = write_policy(textwrap.dedent("""\
-        version: 1
-        default: general
-        arenas:
-          general: {{}}
-          disk: {{decay: {{dirty: 1s}}, backing: {{dir: '{d}'}}}}
-        rules:
-          - {{name: big, match: {{size: {{min: 4MiB}}}}, arena: disk}}
-        """).format(d=spill_dir))
+    pol = spill_policy(write_policy, spill_dir, spill_from="4MiB", dirty="1s")
     r = run_py("spill_dir, churn = %r, %r\n" % (spill_dir, job == "churn") + DECAY_JOB,
                config=pol)
     assert r.returncode == 0, r.stderr
@@ -159,7 +135,7 @@ def test_freed_spilled_arrays_give_their_disk_blocks_back_within_decay(write_pol
     assert job == "idle" or out["cycles"] > 0, out
 
 def test_limits_spill_instead_of_raising(write_policy, spill_dir):
-    pol = policy(write_policy, spill_dir, textwrap.dedent("""\
+    pol = spill_policy(write_policy, spill_dir, textwrap.dedent("""\
         worker_limit: 96MiB
         worker_spill: disk
         tag_limits:
@@ -193,14 +169,14 @@ def test_a_directory_others_can_write_is_refused(write_policy, tmp_path):
     d = tmp_path / "open"
     d.mkdir()
     d.chmod(0o777)
-    pol = policy(write_policy, str(d))
+    pol = spill_policy(write_policy, str(d))
     r = run_py("import numpy, datamem; print(datamem.current_policy())", config=pol)
     assert "arenas.disk.backing.dir" in r.stderr, r.stderr
     assert "directory writable by other users (mode 0777)" in r.stderr, r.stderr
 
 
 def test_explain_says_when_an_allocation_would_spill(write_policy, spill_dir):
-    pol = policy(write_policy, spill_dir, textwrap.dedent("""\
+    pol = spill_policy(write_policy, spill_dir, textwrap.dedent("""\
         worker_limit: 1GiB
         worker_spill: disk
         tag_limits:

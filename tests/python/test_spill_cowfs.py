@@ -26,10 +26,11 @@ import os
 import shutil
 import subprocess
 import sys
-import textwrap
 import time
 
 import pytest
+
+from conftest import spill_policy
 
 IMAGE = 300 << 20   # mkfs.xfs 6.1: "Filesystem must be larger than 300MB" below this
 FILESYSTEMS = ("btrfs", "xfs")
@@ -77,18 +78,6 @@ def cow_dir(request, tmp_path):
                 subprocess.run(["umount", "--lazy", str(mnt)], capture_output=True)
     finally:
         subprocess.run(["losetup", "--detach", dev], capture_output=True)
-
-
-def cow_policy(write_policy, spill_dir):
-    return write_policy(textwrap.dedent("""\
-        version: 1
-        default: general
-        arenas:
-          general: {{}}
-          disk: {{decay: {{dirty: 0}}, backing: {{dir: '{d}'}}}}
-        rules:
-          - {{name: big, match: {{size: {{min: 8MiB}}}}, arena: disk}}
-        """).format(d=spill_dir))
 
 
 # argv: mode, spill dir. Prints one JSON line per process ("who"). Every
@@ -202,7 +191,7 @@ def test_a_rewrite_on_a_nearly_full_disk_needs_no_new_block(cow_dir, write_polic
     rewritten, and an allocation past what is left refused: btrfs copied each
     block on write (SIGBUS) until the spill file was made nodatacow."""
     fs, d = cow_dir
-    out, err = run_job("full", fs, d, cow_policy(write_policy, d))
+    out, err = run_job("full", fs, d, spill_policy(write_policy, d, spill_from="8MiB"))
     p = out["parent"]
     assert p["held"] >= 8 and p["refused"] and p["full"] >= 1, (fs, p)
     assert p["wrong"] == [], (fs, p)
@@ -216,7 +205,7 @@ def test_a_fork_copy_then_a_nearly_full_disk_needs_no_new_block(cow_dir, write_p
     block, and the rewrites needed a third of the disk that was not there:
     SIGBUS in both."""
     fs, d = cow_dir
-    out, err = run_job("fork-third", fs, d, cow_policy(write_policy, d))
+    out, err = run_job("fork-third", fs, d, spill_policy(write_policy, d, spill_from="8MiB"))
     p, c = out["parent"], out.get("child")
     assert p["child_signal"] is None and p["child_exit"] == 0, (fs, p, err[-3000:])
     assert c is not None, (fs, out, err[-3000:])
@@ -236,7 +225,7 @@ def test_a_fork_without_room_for_the_copy_maps_copy_on_write(cow_dir, write_poli
     The reflink copy fitted here (each run's blocks, reserved first, went back
     when the reflink replaced them) and both died of SIGBUS on XFS."""
     fs, d = cow_dir
-    out, err = run_job("fork-full", fs, d, cow_policy(write_policy, d))
+    out, err = run_job("fork-full", fs, d, spill_policy(write_policy, d, spill_from="8MiB"))
     p, c = out["parent"], out.get("child")
     assert p["child_signal"] is None and p["child_exit"] == 0, (fs, p, err[-3000:])
     assert c is not None, (fs, out, err[-3000:])
@@ -264,7 +253,7 @@ def test_a_compressed_btrfs_directory_still_spills(cow_dir, write_policy):
         fcntl.ioctl(fd, FS_IOC_SETFLAGS, flags, True)
     finally:
         os.close(fd)
-    out, err = run_job("full", fs, d, cow_policy(write_policy, d))
+    out, err = run_job("full", fs, d, spill_policy(write_policy, d, spill_from="8MiB"))
     p = out["parent"]
     assert p["held"] >= 8 and p["refused"] and p["wrong"] == [], (fs, p)
 
@@ -355,15 +344,7 @@ def test_several_processes_filling_a_disk_to_its_last_block(cow_dir, write_polic
     process must end with its data right and at least one MemoryError, the
     disk full to within a few MiB, and no signal."""
     fs, d = cow_dir
-    pol = write_policy(textwrap.dedent("""\
-        version: 1
-        default: general
-        arenas:
-          general: {{}}
-          disk: {{decay: {{dirty: 0}}, backing: {{dir: '{d}'}}}}
-        rules:
-          - {{name: big, match: {{size: {{min: 1MiB}}}}, arena: disk}}
-        """).format(d=d))
+    pol = spill_policy(write_policy, d, spill_from="1MiB")
     env = dict(os.environ, DATAMEM_CONFIG=pol)
     logs = [(tmp_path / ("brim%d.out" % i), tmp_path / ("brim%d.err" % i))
             for i in range(BRIM_PROCS)]
@@ -458,15 +439,7 @@ def test_zeros_of_a_reused_block_while_another_process_takes_blocks(cow_dir, wri
     was a SIGBUS (3 runs of 3 on XFS, Linux 6.18). The job must end with a signal in
     none, its zeros zero, its other arrays intact."""
     fs, d = cow_dir
-    pol = write_policy(textwrap.dedent("""\
-        version: 1
-        default: general
-        arenas:
-          general: {{}}
-          disk: {{decay: {{dirty: 30s}}, backing: {{dir: '{d}'}}}}
-        rules:
-          - {{name: big, match: {{size: {{min: 1MiB}}}}, arena: disk}}
-        """).format(d=d))
+    pol = spill_policy(write_policy, d, spill_from="1MiB", dirty="30s")
     filled, go, done = (str(tmp_path / n) for n in ("filled", "go", "done"))
     job = subprocess.Popen([sys.executable, "-c", ZEROS, d, filled, go, done],
                            env=dict(os.environ, DATAMEM_CONFIG=pol), stdout=subprocess.PIPE,

@@ -370,22 +370,25 @@ try:
     np.empty(2**30, np.uint8)                    # 1 GiB: past the 512 MiB worker limit
 except MemoryError as e:
     out["worker"] = datamem.last_failure()["kind"]
-with ThreadPoolExecutor(4) as ex:
-    for how in ("map", "submit"):
-        try:
+for how in ("map", "submit"):
+    try:
+        # a pool per way: its shutdown at the end of the block waits for the
+        # workers, so a task still running when the first error came back has
+        # put its array in its future before the count below
+        with ThreadPoolExecutor(4) as ex:
             with datamem.tag("capped"):
                 if how == "map":
                     held = list(ex.map(load, range(4)))
                 else:
                     fs = [ex.submit(load, i) for i in range(4)]
                     held = [f.result() for f in fs]
-            out[how] = "no error"
-        except MemoryError as e:
-            out[how] = str(e)
-            out[how + "_in"] = "".join(__import__("traceback").format_tb(e.__traceback__))
-        held = fs = None
-        gc.collect()   # the failed future, its error and the map's frame (holding the futures) are a cycle
-        out[how + "_live"] = live("capped")
+        out[how] = "no error"
+    except MemoryError as e:
+        out[how] = str(e)
+        out[how + "_in"] = "".join(__import__("traceback").format_tb(e.__traceback__))
+    held = fs = ex = None
+    gc.collect()   # the failed future, its error and the map's frame (holding the futures) are a cycle
+    out[how + "_live"] = live("capped")
 out["capped"] = datamem.stats()["tags"]["capped"]
 print(json.dumps(out))
 """
@@ -575,16 +578,26 @@ print(json.dumps({"live": live, "ok": ok, "after": datamem.stats()["tags"]["old"
     assert out == {"live": 16384, "ok": True, "after": 0}, out
 
 
+# Defines hold_tag_sets(n) in a test's script: n tag sets, "h0" up, each held
+# by one 4 KiB array (the list it returns), more than the tables have rows
+# when n passes 4,096.
+HOLD = r"""
+import json, numpy as np, datamem
+def hold_tag_sets(n):
+    held = []
+    for i in range(n):
+        with datamem.tag("h%d" % i):
+            held.append(np.empty(512))
+    return held
+"""
+
+
 # More tag sets holding arrays at once than the tables have rows: the rest count
 # under "(other)" (exactly), stats say how many names went there, and /metrics
 # shows one "(other)" series, not two.
 def test_tags_past_the_table_count_under_other(write_policy):
-    code = r"""
-import json, numpy as np, datamem
-held = []
-for i in range(4500):
-    with datamem.tag("h%d" % i):
-        held.append(np.empty(512))
+    code = HOLD + r"""
+held = hold_tag_sets(4500)
 s = datamem.stats()
 others = [l for l in datamem.metrics().splitlines()
           if l.startswith('datamem_tag_live_bytes{tag="(other)"')]
@@ -614,13 +627,9 @@ print(json.dumps({"overflowed": s["tag_bytes"]["overflowed"], "counted": counted
 # stderr names it once, and once the table has room again the next
 # datamem.tag("victim") is counted under its own row and its limit applies.
 def test_a_limited_tag_made_while_the_table_was_full_gets_its_limit_back(write_policy):
-    code = r"""
-import json, numpy as np, datamem
+    code = HOLD + r"""
 out = {}
-held = []
-for i in range(4200):
-    with datamem.tag("h%d" % i):
-        held.append(np.empty(512))
+held = hold_tag_sets(4200)
 with datamem.tag("victim"):
     v = np.ones(16)                             # holds the tag set made while full
 s = datamem.stats()["tag_bytes"]
@@ -662,12 +671,8 @@ print(json.dumps(out))
 # not applied for as long as no other set took its slot. Making the counted
 # set's capsule drops retired sets' capsules from the cache.
 def test_the_handler_cache_lets_go_of_a_tag_set_made_while_the_table_was_full(write_policy):
-    code = r"""
-import json, numpy as np, datamem
-held = []
-for i in range(4200):
-    with datamem.tag("h%d" % i):
-        held.append(np.empty(512))
+    code = HOLD + r"""
+held = hold_tag_sets(4200)
 with datamem.tag("victim"):
     np.ones(16)                                 # nothing but the cache holds the set after
 before = datamem.stats()["tag_bytes"]["unenforced"]
