@@ -136,21 +136,24 @@ static inline void *je_alloc(dm__thread_t *t, const dm__dispatch_slot_t *s, dm__
 static __attribute__((noinline)) void *slot_alloc_big(dm__thread_t *t, const dm__dispatch_slot_t *s,
                                                       dm__arena_je_t *ja, size_t n, int zero) {
     int flags = dm__bigblock_flags(ja, s->flags);
-    void *p = dm__bigblock_take(ja, n, flags);
+    size_t c;
+    char *p = dm__bigblock_take(ja, n, flags, &c);
     if (p) {
         if (DM_UNLIKELY(ja->spill != NULL)) /* resident_max, before anyone writes */
             dm__spill_catch_up(ja->spill, n);
         if (zero)
-            memset(p, 0, n);
-        return p;
+            memset(p + c, 0, n);
+        return p + c;
     }
-    p = je_alloc_flags(t, flags, ja, n, zero);
-    if (p)
-        dm__bigblock_trim(p, n, SIZE_MAX);
+    c = dm__bigblock_colour(ja, n, s->flags, flags);
+    p = je_alloc_flags(t, flags, ja, n + c, zero);
+    if (!p)
+        return NULL;
+    dm__bigblock_trim(p, n + c, SIZE_MAX);
     dm__arena_check_growth(ja);
-    if (DM_UNLIKELY(ja->spill != NULL) && p)
+    if (DM_UNLIKELY(ja->spill != NULL))
         dm__spill_catch_up(ja->spill, n);
-    return p;
+    return p + c;
 }
 
 static inline __attribute__((always_inline)) void *
@@ -213,27 +216,34 @@ static __attribute__((noinline)) void *slot_alloc_tracked(dm__thread_t *t,
     dm__arena_je_t *ja = slot_je(s);
     if (DM_UNLIKELY(!ja))
         return NULL;
-    if (n >= DM_BIG_THP_MIN)
+    int flags = s->flags;
+    size_t c = 0; /* a big block's colour (bigblock.c) */
+    if (n >= DM_BIG_THP_MIN) {
         ja = big_half(ja);
-    int flags = (int)((unsigned)s->flags | (unsigned)MALLOCX_ARENA(ja->index));
-    size_t usable = dmje_nallocx(n, flags);
+        flags = dm__bigblock_flags(ja, flags);
+        c = dm__bigblock_colour(ja, n, s->flags, flags);
+    }
+    flags = (int)((unsigned)flags | (unsigned)MALLOCX_ARENA(ja->index));
+    size_t usable = dmje_nallocx(n + c, flags);
     if (DM_UNLIKELY(usable == 0))
         return NULL;
     dm__arena_t *a = s->arena;
     if (!live_reserve(t, a, usable, size))
         return NULL;
     DM_TSAN_ACQUIRE();
-    void *p = dmje_mallocx(n, (int)((unsigned)flags | (unsigned)zero | tcache_flags(t, ja)));
+    char *p = dmje_mallocx(n + c, (int)((unsigned)flags | (unsigned)zero | tcache_flags(t, ja)));
     if (DM_UNLIKELY(!p)) {
         atomic_fetch_sub_explicit(&a->live, usable, memory_order_relaxed);
-    } else if (n > DM_SC_MAX) {
+        return NULL;
+    }
+    if (n > DM_SC_MAX) {
         if (n >= DM_BIG_THP_MIN)
-            dm__bigblock_trim(p, n, SIZE_MAX);
+            dm__bigblock_trim(p, n + c, SIZE_MAX);
         dm__arena_check_growth(ja);
         if (n >= DM_BIG_THP_MIN && ja->spill) /* resident_max, before the caller writes */
             dm__spill_catch_up(ja->spill, n);
     }
-    return p;
+    return p + c;
 }
 
 /* A tracked arena's block goes: its usable size leaves the arena's count. */
@@ -646,17 +656,19 @@ static __attribute__((noinline)) void free_slow(dm__thread_t *t, void *p, _Atomi
         return;
     }
     DM_CTR_ADD(t->ctrs[ja->owner->id].nfree, 1);
-    untrack(ja, p);
+    char *b = dm__block_of(ja, p); /* under its colour, in a big half */
+    untrack(ja, b);
     dm__tally_release(p);
     if (DM_UNLIKELY(ja->spill != NULL)) /* a fork child's decay needs the spill thread too */
         dm__spill_pager_ensure();
-    if (hint >= DM_BIG_THP_MIN && dm__bigblock_keep(ja, p, hint)) /* NumPy's size says big: maybe */
+    /* NumPy's size says big: maybe kept, with what its user could touch from b */
+    if (hint >= DM_BIG_THP_MIN && dm__bigblock_keep(ja, b, hint, (size_t)((char *)p - b)))
         return;
     DM_TSAN_RELEASE();
     if (ja == t->auto_je)
-        dmje_free(p); /* jemalloc's fast path; the block is the bound arena's */
+        dmje_free(b); /* jemalloc's fast path; the block is the bound arena's */
     else
-        dmje_dallocx(p, (int)tcache_flags(t, ja));
+        dmje_dallocx(b, (int)tcache_flags(t, ja));
 }
 
 /* A counted block of class k whose bin is full: its class's bytes leave its

@@ -73,6 +73,23 @@
  *     system call). minimal.yaml went from 1.030x to 1.016x NumPy's default
  *     peak RSS on pandas3_etl, sklearn_pipeline under throughput.yaml from
  *     1.034x to 1.022x (bench/results/issue28.md).
+ *   - Colour. Every block of a big half starts on a 2 MiB frame
+ *     (dm__bigblock_flags), so its frames are whole hugepages. Handed out at
+ *     the frame's start, every big array began at 0 mod 2 MiB, physically too
+ *     on hugepages, and the arrays a sparse matvec streams at once (the CSR
+ *     matrix's data and indices, the vector) fell into the same cache sets:
+ *     200 matvecs of scipy_cg took 5.6-7.1 s against NumPy's default
+ *     1.05-1.14 s on the 2-vCPU VM, 2.22-2.28 s against 1.40-1.68 s on 16
+ *     cores (docs/performance.md). So a block is handed out at a colour, an
+ *     offset taken from its size class's slack that varies from block to
+ *     block, as jemalloc's cache-oblivious placement varies the blocks it does
+ *     not align: a multiple of the rule's alignment (at least 64 bytes), one of
+ *     COLOURS, within COLOUR_SPAN; 0.76-0.80 s for the same matvecs. The block
+ *     under a pointer is the pointer rounded down to its frame (dm__block_of,
+ *     internal.h), which free, realloc and the live-byte counts use. A kept
+ *     block comes back at the colour it had: a new one would trim the pages
+ *     its last user left resident (a CG loop of 6.5 MB vectors at colours 4 KiB
+ *     apart faulted 15.8k times where it faulted 4).
  *
  * Thread safety: the advice, zeroing and trimming are lock-free. The bitmap
  * is updated with relaxed atomic ORs; two threads racing on one frame both
@@ -124,12 +141,14 @@ static bool takes_numpy_advice(const dm__arena_je_t *ja) {
 }
 
 void dm__bigblock_advise(void *p, size_t n) {
-    uintptr_t lo = ((uintptr_t)p + FRAME - 1) & ~(FRAME - 1);
-    uintptr_t hi = ((uintptr_t)p + n) & ~(FRAME - 1);
-    if (hi <= lo || (hi >> FRAME_SHIFT) > NFRAMES)
-        return;
     dm__arena_je_t *ja = dm__arena_owner_of(p);
     if (!ja || !takes_numpy_advice(ja))
+        return;
+    void *b = dm__block_of(ja, p); /* the block's frames, from its start: its colour too */
+    n += (size_t)((char *)p - (char *)b);
+    uintptr_t lo = ((uintptr_t)b + FRAME - 1) & ~(FRAME - 1);
+    uintptr_t hi = ((uintptr_t)b + n) & ~(FRAME - 1);
+    if (hi <= lo || (hi >> FRAME_SHIFT) > NFRAMES)
         return;
     uintptr_t f0 = lo >> FRAME_SHIFT, f1 = hi >> FRAME_SHIFT;
     if (frames_advised(f0, f1))
@@ -144,9 +163,34 @@ void dm__bigblock_advise(void *p, size_t n) {
 }
 
 int dm__bigblock_flags(const dm__arena_je_t *ja, int flags) {
-    if ((flags & LG_ALIGN_MASK) >= FRAME_SHIFT || !takes_numpy_advice(ja))
+    if ((flags & LG_ALIGN_MASK) >= FRAME_SHIFT || !(ja->is_big || takes_numpy_advice(ja)))
         return flags;
     return (flags & ~LG_ALIGN_MASK) | MALLOCX_LG_ALIGN(FRAME_SHIFT);
+}
+
+/* ---- Colour ------------------------------------------------------------------ */
+
+#define COLOURS 64u                  /* offsets in use: 64 cache lines, one 4 KiB page */
+#define COLOUR_SPAN ((size_t)64 << 10) /* and at most 64 KiB (an L2's set period) */
+static _Atomic unsigned colour_next;
+
+size_t dm__bigblock_colour(const dm__arena_je_t *ja, size_t n, int rule_flags, int flags) {
+    if (!ja->is_big || (flags & LG_ALIGN_MASK) != FRAME_SHIFT)
+        return 0; /* not a big half, or a rule's own alignment of 2 MiB or more */
+    size_t unit = (size_t)1 << (rule_flags & LG_ALIGN_MASK);
+    if (unit < 64)
+        unit = 64;
+    size_t usable = dmje_nallocx(n, flags);
+    if (usable < n + unit)
+        return 0; /* no slack: n is the size class itself */
+    size_t m = (usable - n) / unit + 1;
+    if (m > COLOURS)
+        m = COLOURS;
+    if (m * unit > COLOUR_SPAN)
+        m = COLOUR_SPAN / unit ? COLOUR_SPAN / unit : 1;
+    /* a stride prime to COLOURS: blocks made one after another sit far apart */
+    unsigned k = atomic_fetch_add_explicit(&colour_next, 1, memory_order_relaxed) * 37u;
+    return (size_t)(k % m) * unit;
 }
 
 void *dm__bigblock_zero(void *p, size_t n) {
@@ -232,19 +276,21 @@ static int64_t ttl_of(const dm__arena_je_t *ja) {
     return ms < 0 ? INT64_MAX : ms;
 }
 
-void *dm__bigblock_take(dm__arena_je_t *ja, size_t n, int flags) {
+void *dm__bigblock_take(dm__arena_je_t *ja, size_t n, int flags, size_t *colour) {
+    *colour = 0;
     if (atomic_load_explicit(&ja->reuse_bytes, memory_order_relaxed) == 0)
         return NULL; /* a racy peek: a miss here only costs a jemalloc call */
     size_t want = dmje_nallocx(n, flags & LG_ALIGN_MASK);
     uintptr_t align = (uintptr_t)1 << (flags & LG_ALIGN_MASK);
     void *out[DM_REUSE_MAX], *p = NULL;
-    size_t touched = 0;
+    size_t touched = 0, c = 0;
     int nout = 0;
     pthread_mutex_lock(&ja->reuse_mu);
     for (int i = ja->nreuse - 1; i >= 0; i--) { /* the newest: its pages are warmest */
         if (ja->reuse[i].usable == want && ((uintptr_t)ja->reuse[i].p & (align - 1)) == 0) {
             p = ja->reuse[i].p;
             touched = ja->reuse[i].touched;
+            c = n + ja->reuse[i].colour <= want ? ja->reuse[i].colour : 0;
             drop_at(ja, i);
             atomic_fetch_add_explicit(&ja->reused, 1, memory_order_relaxed);
             break;
@@ -255,11 +301,12 @@ void *dm__bigblock_take(dm__arena_je_t *ja, size_t n, int flags) {
     pthread_mutex_unlock(&ja->reuse_mu);
     give_back(out, nout);
     if (p) /* a block that served a bigger array: its pages past n go */
-        dm__bigblock_trim(p, n, touched);
+        dm__bigblock_trim(p, n + c, touched);
+    *colour = c;
     return p;
 }
 
-bool dm__bigblock_keep(dm__arena_je_t *ja, void *p, size_t hint) {
+bool dm__bigblock_keep(dm__arena_je_t *ja, void *p, size_t hint, size_t colour) {
     int64_t ttl = ttl_of(ja);
     /* Only the arena that serves the big blocks ever takes one back: a small
      * half's kept block would wait out its decay for nothing, resident. */
@@ -282,7 +329,8 @@ bool dm__bigblock_keep(dm__arena_je_t *ja, void *p, size_t hint) {
     }
     ja->reuse[ja->nreuse].p = p;
     ja->reuse[ja->nreuse].usable = usable;
-    ja->reuse[ja->nreuse].touched = hint;
+    ja->reuse[ja->nreuse].touched = hint + colour;
+    ja->reuse[ja->nreuse].colour = colour;
     ja->reuse[ja->nreuse].at_ms = now;
     ja->nreuse++;
     atomic_store_explicit(&ja->reuse_bytes,

@@ -46,22 +46,35 @@ void dm__bigblock_trim(void *p, size_t n, size_t touched);
 struct dm__arena_je;
 
 /* The jemalloc flags for a block of n >= DM_BIG_THP_MIN bytes from ja: 2 MiB
- * alignment where dm__bigblock_advise will advise it. */
+ * alignment where dm__bigblock_advise will advise it, and always in a big
+ * half (every block there starts on a frame: dm__block_of). */
 int dm__bigblock_flags(const struct dm__arena_je *ja, int flags);
+
+/* The colour of the next block of n bytes from ja, allocated with `flags`
+ * (dm__bigblock_flags of the rule's `rule_flags`): in a big half, an offset
+ * of a multiple of the rule's alignment (at least 64 bytes), below 4 KiB when
+ * that alignment is 64, that varies from block to block and fits the size
+ * class's slack; 0 elsewhere or without slack (bigblock.c, "Colour"). The
+ * block is then allocated as n + colour bytes and handed out at its start
+ * plus the colour. */
+size_t dm__bigblock_colour(const struct dm__arena_je *ja, size_t n, int rule_flags, int flags);
 
 /* Reuse of freed big blocks (bigblock.c, "Reuse"). dm__bigblock_take: a kept block
  * of the size class jemalloc would serve for mallocx(n, flags), aligned as
- * `flags` asks, trimmed for n, or NULL, in which case every block the arena
- * kept has gone back to jemalloc (so that it can split or merge them for this
- * request). dm__bigblock_keep: keeps p (a live block of the arena, not yet freed,
- * last asked for as `hint` bytes) for the next allocation of its size; false
- * if it is not kept (the caller frees it).
+ * `flags` asks, trimmed for n at *colour, the offset its last user had (0
+ * where n does not fit the class at that offset), or NULL, in which case
+ * every block the arena kept has gone back to jemalloc (so that it can split
+ * or merge them for this request). dm__bigblock_keep: keeps p (a live block
+ * of the arena, not yet freed, last asked for as `hint` bytes at offset
+ * `colour`) for the next allocation of its size; false if it is not kept (the
+ * caller frees it). A block reused at the offset it had keeps the pages its
+ * last user had resident: a colour of its own would trim them.
  * dm__bigblock_expire_all (under dm__runtime_mu): every arena hands back what waited longer
  * than its decay.dirty, and all it keeps once it counts live bytes (`limit`).
  * dm__bigblock_fork: 0 before fork() (takes every arena's lock), 1 after it, in
  * both processes. */
-void *dm__bigblock_take(struct dm__arena_je *ja, size_t n, int flags);
-bool dm__bigblock_keep(struct dm__arena_je *ja, void *p, size_t hint);
+void *dm__bigblock_take(struct dm__arena_je *ja, size_t n, int flags, size_t *colour);
+bool dm__bigblock_keep(struct dm__arena_je *ja, void *p, size_t hint, size_t colour);
 void dm__bigblock_expire_all(void);
 /* Any thread: ja hands back what waited longer than its decay.dirty (all it
  * keeps once it counts live bytes), as dm__bigblock_expire_all does for each. */

@@ -126,7 +126,8 @@ typedef struct dm__arena_je {
     struct {
         void *p;
         size_t usable;
-        size_t touched;      /* its last user's request: the pages past it are not resident */
+        size_t touched;      /* its last user's end: the pages past it are not resident */
+        size_t colour;       /* its last user's offset in it, the next user's too (bigblock.c) */
         int64_t at_ms;
     } reuse[DM_REUSE_MAX];
     _Atomic size_t reuse_bytes;
@@ -321,6 +322,20 @@ static inline dm__arena_je_t *dm__arena_owner_of(const void *p) {
         return NULL;
     uint16_t s = atomic_load_explicit(&dm__arena_seg_owner[seg], memory_order_relaxed);
     return s ? dm__arena_by_slot[s - 1] : NULL;
+}
+
+/* A big half's blocks each start on a 2 MiB frame and are handed out at a
+ * colour below DM_BIG_FRAME (bigblock.c, "Colour"): the jemalloc block under
+ * the user pointer p of arena ja (its owner), p itself elsewhere. */
+#define DM_BIG_FRAME ((uintptr_t)2 << 20)
+static inline void *dm__block_of(const dm__arena_je_t *ja, const void *p) {
+    return (void *)(ja && ja->is_big ? (uintptr_t)p & ~(DM_BIG_FRAME - 1) : (uintptr_t)p);
+}
+
+/* jemalloc's usable size of the block under user pointer p, counted from the
+ * block's start (a colour included). */
+static inline size_t dm__block_usable(const void *p) {
+    return dmje_sallocx(dm__block_of(dm__arena_owner_of(p), p), 0);
 }
 
 /* extent.c: the extent hooks every jemalloc arena of ours is created with. */

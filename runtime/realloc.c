@@ -6,6 +6,10 @@
  * the new arena's thread cache. NumPy calls this with or without the GIL. The
  * slot paths it shares with allocation are alloc.c's (dm__alloc_*).
  *
+ * A big half's block keeps its colour (bigblock.c): it is resized as its
+ * colour plus the new size from its start, which stays on a 2 MiB frame, and
+ * its data stays at the same offset from that start.
+ *
  * Thread safety: as alloc.c's paths: the calling thread's state, relaxed
  * counters, and the table it holds a reference to.
  */
@@ -16,6 +20,11 @@
 #include "runtime/bigblock.h"
 #include "runtime/internal.h"
 
+/* How far p is from the start of its block: its colour in a big half. */
+static size_t colour_of(const void *p) {
+    return (size_t)((const char *)p - (const char *)dm__block_of(dm__arena_owner_of(p), p));
+}
+
 /* realloc while bytes are counted per tag: a new block in the caller's
  * context, the bytes copied, the old block freed (its tags give its bytes
  * back). Never in place: the block may change tags. */
@@ -23,7 +32,7 @@ static __attribute__((noinline)) void *realloc_tallied(const dm_ctx_t *c, void *
     void *q = dm_alloc(c, size, DM_DT_UNKNOWN);
     if (!q)
         return NULL; /* the old block stays valid */
-    size_t have = dmje_sallocx(p, 0);
+    size_t have = dm__block_usable(p) - colour_of(p);
     memcpy(q, p, have < size ? have : size);
     dm_free(p);
     return q;
@@ -45,13 +54,24 @@ static void *realloc_same(dm__thread_t *t, const dm__dispatch_slot_t *s, int r,
                           dm__arena_je_t *ja, void *p, size_t size) {
     size_t n = size ? size : 1;
     n = (n + s->round) & ~s->round;
-    int flags = (int)((unsigned)s->flags | (unsigned)MALLOCX_ARENA(ja->index));
+    bool fits = n >= size; /* the rounding did not wrap */
+    int flags = s->flags;
+    char *b = dm__block_of(ja, p);
+    size_t c = (size_t)((char *)p - b);
+    if (ja->is_big) { /* the block stays on a frame, its data at its colour */
+        flags = dm__bigblock_flags(ja, flags);
+        fits = fits && n + c >= n;
+        n += c;
+    }
+    flags = (int)((unsigned)flags | (unsigned)MALLOCX_ARENA(ja->index));
     dm__arena_t *a = ja->owner;
     bool tracked = atomic_load_explicit(&a->tracked, memory_order_relaxed);
     size_t had = 0, grow = 0;
-    void *q = NULL;
-    if (DM_UNLIKELY(tracked) && n >= size) {
-        had = dmje_sallocx(p, 0);
+    char *q = NULL;
+    if (!fits)
+        n = 0;
+    if (DM_UNLIKELY(tracked) && n != 0) {
+        had = dmje_sallocx(b, 0);
         size_t want = dmje_nallocx(n, flags);
         grow = want > had ? want - had : 0;
         if (grow && !dm__alloc_live_reserve(t, a, grow, size)) {
@@ -59,8 +79,8 @@ static void *realloc_same(dm__thread_t *t, const dm__dispatch_slot_t *s, int r,
             realloc_refused(t, s, r);
         }
     }
-    if (n >= size && n != 0)
-        q = dmje_rallocx(p, n, (int)((unsigned)flags | dm__alloc_tcache_flags(t, ja)));
+    if (n != 0)
+        q = dmje_rallocx(b, n, (int)((unsigned)flags | dm__alloc_tcache_flags(t, ja)));
     if (DM_UNLIKELY(tracked) && n != 0) {
         if (!q) /* the old block stays as it was */
             atomic_fetch_sub_explicit(&a->live, grow, memory_order_relaxed);
@@ -68,7 +88,7 @@ static void *realloc_same(dm__thread_t *t, const dm__dispatch_slot_t *s, int r,
             atomic_fetch_add_explicit(&a->live, (uint64_t)dmje_sallocx(q, 0) - had - grow,
                                       memory_order_relaxed);
     }
-    return q;
+    return q ? q + c : NULL;
 }
 
 /* The block moves from `old` to the slot's arena: allocate there, copy, free
@@ -77,12 +97,13 @@ static void *realloc_move(dm__thread_t *t, const dm__dispatch_slot_t *s, int r,
                           dm__arena_je_t *old, void *p, size_t size) {
     void *q = dm__alloc_slot(t, s, size);
     if (q) {
-        size_t have = dmje_sallocx(p, 0);
+        char *b = dm__block_of(old, p);
+        size_t have = dmje_sallocx(b, 0) - (size_t)((char *)p - b);
         memcpy(q, p, have < size ? have : size);
         DM_CTR_ADD(t->ctrs[old->owner->id].nfree, 1);
         DM_CTR_ADD(t->ctrs[s->arena_id].nalloc, 1);
-        dm__alloc_untrack(old, p);
-        dmje_dallocx(p, (int)dm__alloc_tcache_flags(t, old));
+        dm__alloc_untrack(old, b);
+        dmje_dallocx(b, (int)dm__alloc_tcache_flags(t, old));
     } else if (t->limit_refused) {
         realloc_refused(t, s, r);
     }

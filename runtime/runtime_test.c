@@ -688,13 +688,14 @@ static void test_big_halves(void) {
     CHECK(jb->reuse_bytes > kept, "its free is kept in the big half: %zu -> %zu", kept,
           (size_t)jb->reuse_bytes);
     char *again = dm_alloc(root, 6 * MB, DM_DT_UNKNOWN);
-    CHECK(again == up, "and serves the next block of its size: %p %p", (void *)again, (void *)up);
+    CHECK(dm__block_of(jb, again) == dm__block_of(jb, up),
+          "and serves the next block of its size: %p %p", (void *)again, (void *)up);
     dm_free(shrunk), dm_free(again);
     /* A small half never keeps a big block: only the big half's allocations
      * look for kept blocks. */
     void *odd = dmje_mallocx(6 * MB, MALLOCX_ARENA(js->index) | MALLOCX_TCACHE_NONE);
     CHECK(odd, "a 6 MiB block from the small half");
-    if (odd && dm__bigblock_keep(js, odd, 6 * MB))
+    if (odd && dm__bigblock_keep(js, odd, 6 * MB, 0))
         CHECK(false, "the small half kept a big block (%zu bytes kept)", (size_t)js->reuse_bytes);
     else if (odd)
         dmje_dallocx(odd, MALLOCX_TCACHE_NONE);
@@ -730,10 +731,11 @@ static void test_big_tail_trimmed(void) {
     touch(a, 24 * MB);
     dm_free_hint(a, 24 * MB);
     char *b = dm_alloc(root, 20 * MB + 4096, DM_DT_UNKNOWN);
-    CHECK(b && dmje_sallocx(b, 0) == 24 * MB, "a 24 MiB size class: %zu",
-          b ? dmje_sallocx(b, 0) : 0);
+    char *blk = b ? dm__block_of(dm__arena_owner_of(b), b) : NULL; /* under its colour */
+    CHECK(b && dmje_sallocx(blk, 0) == 24 * MB, "a 24 MiB size class: %zu",
+          b ? dmje_sallocx(blk, 0) : 0);
     touch(b, 20 * MB + 4096);
-    size_t tail = resident_bytes(b + 21 * MB, 3 * MB);
+    size_t tail = resident_bytes(blk + 21 * MB, 3 * MB);
     CHECK(tail == 0, "the last 3 MiB of the class, past the request, are not resident: %zu "
           "bytes are (%s block)", tail, b == a ? "the same" : "another");
     dm_free(b);

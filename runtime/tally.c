@@ -528,7 +528,7 @@ bool dm__tally_charge_from(const struct dm_ctx *c, void *p, uint64_t n, uint64_t
 }
 
 void dm__tally_record(const struct dm_ctx *c, void *p, uint64_t n, bool exact) {
-    uint64_t usable = exact ? n : dmje_sallocx(p, 0);
+    uint64_t usable = exact ? n : dm__block_usable(p);
     uint16_t *sh = shadow_of(p);
     if (DM_UNLIKELY(!sh)) { /* no memory for the shadow: the block goes uncounted */
         dm__tally_unreserve(c, n);
@@ -567,7 +567,7 @@ void dm__tally_release_sized(const void *p, uint64_t usable) {
 void dm__tally_release_slow(const void *p) {
     const struct dm_ctx *c = release_entry(p);
     if (c) {
-        unreserve(c, dmje_sallocx((void *)p, 0));
+        unreserve(c, dm__block_usable(p));
         if (c->id >= ID_FIRST)
             dm__context_drop_made(c); /* last: c may be freed from here on */
     }

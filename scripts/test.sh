@@ -33,7 +33,7 @@ bazel test --config=tsan //runtime:runtime_test //runtime:stress_test //runtime:
 stage "valgrind memcheck (the C tests that fit the time budget)"
 bazel test --run_under='valgrind -q --error-exitcode=9 --leak-check=full --errors-for-leak-kinds=definite' \
   //policy:units_test //policy:parse_test //policy:corpus_test //policy:schema_test \
-  //runtime:runtime_test
+  //runtime:runtime_test //runtime:bigblock_test
 
 if [ -x policy/fuzz.sh ]; then
   stage "policy fuzzer (libFuzzer, bounded)"
