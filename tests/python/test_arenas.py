@@ -531,3 +531,35 @@ def test_an_address_space_limit_is_mostly_usable():
     r = subprocess.run([sys.executable, "-c", GROW.replace("20000", "300")], env=e,
                        capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert r.returncode == 0 and r.stdout.split()[2] == "2", (r.stdout, r.stderr)
+
+
+# The colour of big blocks (design.md): the arrays a sparse matvec streams at once
+# (a CSR matrix's data and indices, the vector) all started at 0 mod 2 MiB in a big
+# half, and shared cache sets (scipy_cg's matvecs 5-7x slower on this VM). Arrays
+# with room in their size class now start at offsets that vary, in steps of the
+# arena's alignment, resize and free as before, and an exact size class stays on
+# its frame.
+def test_big_arrays_start_at_varied_offsets(write_policy):
+    pol = write_policy("version: 1\ndefault: a\narenas:\n  a: {}\n  paged: {alignment: 4096}\n"
+                       "rules:\n  - {name: paged, match: {dtype: int32}, arena: paged}\n")
+    code = r"""
+import json, numpy as np, datamem
+F = 2 << 20
+out = {}
+for dt, unit in (("float64", 64), ("int32", 4096)):
+    held = [np.full((5 << 20) // np.dtype(dt).itemsize + 100, i, dt) for i in range(16)]
+    offs = [a.ctypes.data % F for a in held]
+    grown = [np.resize(a, a.size * 4) for a in held[:4]]     # copies: realloc'd blocks too
+    out[dt] = {"offsets": len(set(offs)), "steps": all(o % unit == 0 for o in offs),
+               "arena": {datamem.arena_of(a) for a in held} == {"a" if unit == 64 else "paged"},
+               "data": all(int(a[0]) == i and int(a[-1]) == i for i, a in enumerate(held))
+                       and all(int(g[-1]) == i for i, g in enumerate(grown))}
+whole = np.empty((8 << 20) // 8)                                  # an 8 MiB class exactly
+out["whole"] = whole.ctypes.data % F
+print(json.dumps(out))
+"""
+    out = last_json(run_py(code, config=pol))
+    for dt in ("float64", "int32"):
+        o = out[dt]
+        assert o["offsets"] >= 8 and o["steps"] and o["arena"] and o["data"], (dt, out)
+    assert out["whole"] == 0, out
