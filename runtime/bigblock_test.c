@@ -14,17 +14,7 @@
 #include "runtime/datamem.h"
 #include "runtime/internal.h"
 #include "runtime/test_policy.h"
-
-static int failures;
-#define CHECK(cond, ...)                                                       \
-    do {                                                                       \
-        if (!(cond)) {                                                         \
-            fprintf(stderr, "%s:%d: CHECK(%s) failed: ", __FILE__, __LINE__, #cond); \
-            fprintf(stderr, __VA_ARGS__);                                      \
-            fputc('\n', stderr);                                               \
-            failures++;                                                        \
-        }                                                                      \
-    } while (0)
+#include "testing/test.h"
 
 #define MB ((size_t)1 << 20)
 #define N 16
@@ -71,34 +61,34 @@ static void test_colours(const char *arena, size_t unit) {
     for (int i = 0; i < N; i++) {
         p[i] = dm_alloc(root, n, DM_DT_UNKNOWN);
         dm__arena_je_t *ja = dm__arena_owner_of(p[i]);
-        CHECK(ja && ja->is_big, "%s: block %d in the big half", arena, i);
-        CHECK(colour(p[i]) % unit == 0 && colour(p[i]) < 64 * unit,
+        EXPECT(ja && ja->is_big, "%s: block %d in the big half", arena, i);
+        EXPECT(colour(p[i]) % unit == 0 && colour(p[i]) < 64 * unit,
               "%s: colour %#lx a multiple of %zu below %zu", arena, (unsigned long)colour(p[i]),
               unit, 64 * unit);
-        CHECK(dmje_sallocx(dm__block_of(ja, p[i]), 0) >= n + colour(p[i]),
+        EXPECT(dmje_sallocx(dm__block_of(ja, p[i]), 0) >= n + colour(p[i]),
               "%s: the block holds its colour and the request", arena);
         fill(p[i], n, i);
     }
-    CHECK(distinct(p, N) >= 8, "%s: %d colours among %d blocks", arena, distinct(p, N), N);
+    EXPECT(distinct(p, N) >= 8, "%s: %d colours among %d blocks", arena, distinct(p, N), N);
     for (int i = 0; i < N; i += 2) {
         /* grown: to a new block (its own colour), the data copied */
         char *q = dm_realloc(root, p[i], 23 * MB + 77);
-        CHECK(q && colour(q) % unit == 0 && filled(q, n, i) && q[n - 1] == (char)i,
+        EXPECT(q && colour(q) % unit == 0 && filled(q, n, i) && q[n - 1] == (char)i,
               "%s: realloc up keeps the data", arena);
         fill(q, 23 * MB + 77, i);
         /* shrunk under 4 MiB: in place in the big half, data and colour stay */
         uintptr_t c = colour(q);
         char *r = dm_realloc(root, q, MB + 3);
-        CHECK(r && colour(r) == c && filled(r, MB, i), "%s: realloc down keeps data and colour "
+        EXPECT(r && colour(r) == c && filled(r, MB, i), "%s: realloc down keeps data and colour "
               "%#lx -> %#lx", arena, (unsigned long)c, r ? (unsigned long)colour(r) : 0ul);
-        CHECK(dm__arena_owner_of(r)->is_big, "%s: still in the big half", arena);
+        EXPECT(dm__arena_owner_of(r)->is_big, "%s: still in the big half", arena);
         p[i] = r;
     }
     for (int i = 0; i < N; i++)
         dm_free_hint(p[i], i % 2 ? n : MB + 3);
     /* a request that is its class exactly has no slack: no colour */
     char *whole = dm_alloc(root, 8 * MB, DM_DT_UNKNOWN);
-    CHECK(whole && colour(whole) == 0, "8 MiB: on its frame, %#lx",
+    EXPECT(whole && colour(whole) == 0, "8 MiB: on its frame, %#lx",
           whole ? (unsigned long)colour(whole) : 0ul);
     dm_free(whole);
 }
@@ -114,11 +104,11 @@ static void test_reuse(void) {
     char *blk = dm__block_of(dm__arena_owner_of(a), a);
     dm_free_hint(a, n);
     char *b = dm_calloc(root, n, DM_DT_UNKNOWN);
-    CHECK(b && dm__block_of(dm__arena_owner_of(b), b) == blk, "the kept block serves again");
+    EXPECT(b && dm__block_of(dm__arena_owner_of(b), b) == blk, "the kept block serves again");
     bool zero = b != NULL;
     for (size_t i = 0; b && i < n; i += 512)
         zero = zero && b[i] == 0;
-    CHECK(zero && b[n - 1] == 0, "calloc of a kept block: zeros from its colour on");
+    EXPECT(zero && b[n - 1] == 0, "calloc of a kept block: zeros from its colour on");
     dm_free_hint(b, n);
 }
 
@@ -148,16 +138,16 @@ static void test_tracked(void) {
         if (getenv("DBG"))
             fprintf(stderr, "i=%d got=%d p=%p live=%llu\n", i, got, got ? (void *)p[got - 1] : NULL, (unsigned long long)live());
     }
-    CHECK(got == 10, "ten 6 MiB classes fit 64 MiB: %d", got);
-    CHECK(distinct(p, got) >= 5, "%d colours among %d counted blocks", distinct(p, got), got);
-    CHECK(live() == (uint64_t)got * 6 * MB, "live %llu", (unsigned long long)live());
+    EXPECT(got == 10, "ten 6 MiB classes fit 64 MiB: %d", got);
+    EXPECT(distinct(p, got) >= 5, "%d colours among %d counted blocks", distinct(p, got), got);
+    EXPECT(live() == (uint64_t)got * 6 * MB, "live %llu", (unsigned long long)live());
     dm_free(p[--got]); /* room for realloc's new block before the old one goes */
     char *moved = dm_realloc(root, p[0], 4 * MB + 5);
-    CHECK(moved, "realloc within the limit");
+    EXPECT(moved, "realloc within the limit");
     p[0] = moved ? moved : p[0];
     for (int i = 0; i < got; i++)
         dm_free(p[i]);
-    CHECK(live() == 0, "every byte back: %llu", (unsigned long long)live());
+    EXPECT(live() == 0, "every byte back: %llu", (unsigned long long)live());
 }
 
 int main(void) {
@@ -166,10 +156,5 @@ int main(void) {
     test_colours("{alignment: 4096}", 4096);
     test_reuse();
     test_tracked();
-    if (failures) {
-        fprintf(stderr, "bigblock_test: %d check(s) failed\n", failures);
-        return 1;
-    }
-    printf("PASS\n");
-    return 0;
+    return TEST_EXIT();
 }

@@ -17,6 +17,16 @@ static int test_failures;
     (test_failures++,                                                          \
      fprintf(stderr, "%s:%d: FAIL: " fmt "\n", __FILE__, __LINE__, __VA_ARGS__))
 
+/* Any condition, with a printf-style account of what it was about. */
+#define EXPECT(cond, ...)                                                      \
+    do {                                                                       \
+        if (!(cond)) {                                                         \
+            TEST_FAIL_("%s is false", #cond);                                  \
+            fprintf(stderr, "  " __VA_ARGS__);                                 \
+            fputc('\n', stderr);                                               \
+        }                                                                      \
+    } while (0)
+
 /* Integers of any width, compared as intmax_t. */
 #define EXPECT_INT_EQ(a, b, why)                                               \
     do {                                                                       \
