@@ -46,7 +46,11 @@ def _activate():
                          for k in ("DATAMEM_CONFIG", "DATAMEM_PROFILE") if os.environ.get(k)) or \
             "DATAMEM_CONFIG_TEXT"
         sys.stderr.write("datamem: cannot activate (%s):\n%s: %s\n" % (what, type(e).__name__, e))
-        sys.stderr.flush()
+        for f in (sys.stdout, sys.stderr):  # what the job printed before stays (os._exit does not flush)
+            try:
+                f.flush()
+            except Exception:
+                pass
         os._exit(2)
 
 

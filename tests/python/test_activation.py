@@ -160,7 +160,12 @@ def test_broken_policy_stops_only_processes_that_import_numpy(write_policy):
     r = subprocess.run([sys.executable, "-m", "pip", "--version"], capture_output=True, text=True,
                        timeout=60, env=dict(os.environ, DATAMEM_CONFIG=bad))
     assert r.returncode == 0 and r.stdout.startswith("pip "), (r.returncode, r.stderr)
-    r = run_py("print('before'); import numpy; print('JOB RAN')", config=bad)
+    # what the job printed before stays, though stdout is a block-buffered pipe
+    # (os._exit does not flush; PYTHONUNBUFFERED, where this machine sets it, hid that)
+    e = dict(os.environ, DATAMEM_CONFIG=bad)
+    e.pop("PYTHONUNBUFFERED", None)
+    r = subprocess.run([sys.executable, "-c", "print('before'); import numpy; print('JOB RAN')"],
+                       env=e, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and r.stdout == "before\n", (r.returncode, r.stdout)
     assert bad + ":5:5: error: arenas.general: unknown key 'alignmnt'" in r.stderr, r.stderr
 
