@@ -50,11 +50,14 @@ DM_API int dm_runtime_load(const char *path, dm_diags_t *diags);
 DM_API int dm_runtime_install(dm_policy_t *p, dm_diags_t *diags);
 
 /* A reload of `path`: loads it like dm_runtime_load, but publishes it only while
- * the policy in force was itself loaded from `path`. An install of another
- * policy that lands while the file is read wins: this returns DM_ESUPERSEDED
- * and changes nothing (not counted as a failed reload). The file watcher reloads
- * through it, so a reload it started never undoes datamem.install(). */
-DM_API int dm_runtime_reload(const char *path, dm_diags_t *diags);
+ * the policy in force was itself loaded from `path` and, unless `over_hash` is 0,
+ * is the one whose content hash (dm_policy_t.hash) is `over_hash`. An install
+ * that lands while the file is read wins: this returns DM_ESUPERSEDED and changes
+ * nothing (not counted as a failed reload). The file watcher reloads through it
+ * over the policy whose settings it watches with, so a reload it started never
+ * undoes datamem.install() or datamem.reload(), nor acts on a debounce that a
+ * newer policy changed. */
+DM_API int dm_runtime_reload(const char *path, uint64_t over_hash, dm_diags_t *diags);
 
 /* True once a policy is in force. */
 DM_API bool dm_runtime_active(void);

@@ -214,17 +214,18 @@ static uint64_t publish(dm__dispatch_t *tab, dm__dispatch_t **old) {
 }
 
 /* Called with dm__runtime_mu held: whether the policy in force was loaded from
- * `path` (NULL: any policy may be replaced). */
-static bool in_force_from(const char *path) {
+ * `path` and, unless `hash` is 0, has that content hash (NULL: any policy may be
+ * replaced). */
+static bool in_force_from(const char *path, uint64_t hash) {
     if (!path)
         return true;
     dm__dispatch_t *cur = atomic_load_explicit(&dm__dispatch_current, memory_order_relaxed);
-    return cur && strcmp(cur->policy->path, path) == 0;
+    return cur && strcmp(cur->policy->path, path) == 0 && (!hash || cur->policy->hash == hash);
 }
 
 /* dm_runtime_install, or with `only_over` a reload that yields to any install
- * of another policy (dm_runtime_reload). */
-static int install(dm_policy_t *p, dm_diags_t *d, const char *only_over) {
+ * of another policy (dm_runtime_reload), or of other bytes than `over_hash`. */
+static int install(dm_policy_t *p, dm_diags_t *d, const char *only_over, uint64_t over_hash) {
     dm_runtime_init();
     int rc;
     dm__dispatch_t *tab = compile(p, d, &rc);
@@ -237,7 +238,7 @@ static int install(dm_policy_t *p, dm_diags_t *d, const char *only_over) {
     }
     dm__arena_t *byspec[DM_ARENAS_MAX];
     pthread_mutex_lock(&dm__runtime_mu);
-    if (!in_force_from(only_over)) { /* checked before any arena is made */
+    if (!in_force_from(only_over, over_hash)) { /* checked before any arena is made */
         pthread_mutex_unlock(&dm__runtime_mu);
         dm__dispatch_destroy(tab);
         return DM_ESUPERSEDED;
@@ -277,24 +278,26 @@ static int install(dm_policy_t *p, dm_diags_t *d, const char *only_over) {
     return 0;
 }
 
-int dm_runtime_install(dm_policy_t *p, dm_diags_t *d) { return install(p, d, NULL); }
+int dm_runtime_install(dm_policy_t *p, dm_diags_t *d) { return install(p, d, NULL, 0); }
 
-static int load(const char *path, dm_diags_t *d, bool reload) {
+static int load(const char *path, dm_diags_t *d, bool reload, uint64_t over_hash) {
     dm_runtime_init();
     dm_topology_t topo;
     dm_runtime_topology(&topo);
     dm_policy_t *p = NULL;
     int rc = dm_policy_load(path, &topo, &p, d);
     if (rc == 0)
-        rc = install(p, d, reload ? path : NULL);
+        rc = install(p, d, reload ? path : NULL, over_hash);
     if (rc && rc != DM_ESUPERSEDED)
         dm_runtime_note_reload_failure();
     return rc;
 }
 
-int dm_runtime_load(const char *path, dm_diags_t *d) { return load(path, d, false); }
+int dm_runtime_load(const char *path, dm_diags_t *d) { return load(path, d, false, 0); }
 
-int dm_runtime_reload(const char *path, dm_diags_t *d) { return load(path, d, true); }
+int dm_runtime_reload(const char *path, uint64_t over_hash, dm_diags_t *d) {
+    return load(path, d, true, over_hash);
+}
 
 void dm_runtime_note_reload_failure(void) {
     pthread_mutex_lock(&dm__runtime_mu);

@@ -428,7 +428,8 @@ static const char *owner_of_new(void) {
 
 /* The file watcher's reload must never undo an install of another policy that
  * landed while it read its file (a watcher reloading the previous file put that
- * policy back over datamem.install(), and then watched the old file). */
+ * policy back over datamem.install(), and then watched the old file), nor one of
+ * other bytes of its own file when it names the bytes it reloads over. */
 static void test_reload_yields_to_another_install(void) {
     char pa[512], pb[512];
     static dm_diags_t d;
@@ -439,19 +440,37 @@ static void test_reload_yields_to_another_install(void) {
     CHECK(dm_runtime_load(pa, &d) == 0, "load A");
     write_policy("version: 1\ndefault: ra2\narenas:\n  ra2: {}\n");
     dm_diags_init(&d, pa);
-    CHECK(dm_runtime_reload(pa, &d) == 0, "A reloads over itself");
+    CHECK(dm_runtime_reload(pa, 0, &d) == 0, "A reloads over itself");
     CHECK_STR(owner_of_new(), "ra2");
     dm_diags_init(&d, pb);
     CHECK(dm_runtime_load(pb, &d) == 0, "B installed");
     uint64_t failures_before = reload_failures();
     write_policy("version: 1\ndefault: ra\narenas:\n  ra: {}\n");
     dm_diags_init(&d, pa);
-    int rc = dm_runtime_reload(pa, &d);
+    int rc = dm_runtime_reload(pa, 0, &d);
     CHECK(rc == DM_ESUPERSEDED, "a reload of A over B: %s", dm_strerror(rc));
     CHECK_STR(owner_of_new(), "rb");
     CHECK(reload_failures() == failures_before, "not a failed reload");
     dm_diags_init(&d, pb);
-    CHECK(dm_runtime_reload(pb, &d) == 0, "B reloads over itself");
+    CHECK(dm_runtime_reload(pb, 0, &d) == 0, "B reloads over itself");
+    /* Over a named version of B: yields once other bytes of B are in force. */
+    dm_policy_t *b = dm_runtime_policy_copy();
+    uint64_t b_hash = b->hash;
+    dm_policy_free(b);
+    test_write_policy("runtime_test_b", "version: 1\ndefault: rb2\narenas:\n  rb2: {}\n");
+    dm_diags_init(&d, pb);
+    CHECK(dm_runtime_load(pb, &d) == 0, "B's new bytes installed");
+    test_write_policy("runtime_test_b", "version: 1\ndefault: rb3\narenas:\n  rb3: {}\n");
+    dm_diags_init(&d, pb);
+    rc = dm_runtime_reload(pb, b_hash, &d);
+    CHECK(rc == DM_ESUPERSEDED, "a reload over B's old bytes: %s", dm_strerror(rc));
+    CHECK_STR(owner_of_new(), "rb2");
+    b = dm_runtime_policy_copy();
+    b_hash = b->hash;
+    dm_policy_free(b);
+    dm_diags_init(&d, pb);
+    CHECK(dm_runtime_reload(pb, b_hash, &d) == 0, "a reload over the bytes in force");
+    CHECK_STR(owner_of_new(), "rb3");
     unlink(pb);
     load_ok(POLICY);
 }

@@ -21,9 +21,14 @@
  * The child watches as its parent did (dm__watch_on_fork_child) with its own.
  *
  * The engine tells us of installs in install order (dm_install_hook_t), so
- * the watcher follows the file of the policy in force. The reload goes through
- * dm_runtime_reload, which serialises with every other install and yields to
- * one of another policy that landed while the file was read.
+ * the watcher follows the file of the policy in force. The thread acts on a
+ * snapshot: the settings of one installed policy and that policy's hash. Its
+ * reload goes through dm_runtime_reload over that hash, so it lands only while
+ * the policy it took its settings from is still in force: an install that came
+ * first wins (DM_ESUPERSEDED), and the thread retries with the new settings
+ * once that install has told it of them. Without the hash, a watcher woken by
+ * a write just before `datamem.reload()` raised the debounce read the file
+ * later, and put a still later write in force under the old debounce.
  *
  * Thread safety: cfg is guarded by watch_mu.
  */
@@ -50,7 +55,8 @@ static struct {
     bool enabled;
     char path[PATH_MAX]; /* policy file to watch */
     int64_t debounce_ms;
-    unsigned gen;        /* bumped on every change, so the thread re-arms */
+    uint64_t over;       /* the hash of the policy these settings came from */
+    unsigned gen;        /* bumped on every change, so the thread takes a new snapshot */
     int wake_fd;         /* eventfd */
     int inotify_fd;      /* the thread's; closed in a fork child */
 } cfg = {.wake_fd = -1, .inotify_fd = -1};
@@ -131,7 +137,13 @@ static bool file_hash(const char *path, uint64_t *h, char *why, size_t wcap) {
     return ok;
 }
 
-static void reload_now(const char *path) {
+/* A test's seam (watch_test): called with true once a reload is decided, before
+ * the file is read, and with false after the attempt. NULL in the product. */
+void (*dm__watch_seam)(bool before);
+
+/* Reloads `path` over the policy whose hash is `over`; false if another install
+ * came first (the caller retries with the settings that install brings). */
+static bool reload_now(const char *path, uint64_t over) {
     uint64_t h;
     char why[512];
     if (!file_hash(path, &h, why, sizeof why)) {
@@ -139,23 +151,23 @@ static void reload_now(const char *path) {
         const char *w = strncmp(why, plain, sizeof plain - 1) == 0 ? why + sizeof plain - 1 : why;
         dm_log("datamem: policy %s cannot be read (%s); keeping the last good policy", path, w);
         dm_runtime_note_reload_failure(); /* after the log: a reader of the count sees both */
-        return;
+        return true;
     }
     dm_policy_t *cur = dm_runtime_policy_copy();
     bool same = cur && cur->hash == h;
     dm_policy_free(cur);
     if (same) {
         atomic_fetch_add(&watch_skipped, 1);
-        return;
+        return true;
     }
     dm_diags_t *d = malloc(sizeof(*d));
     if (!d)
-        return;
+        return true;
     dm_diags_init(d, path);
-    int rc = dm_runtime_reload(path, d); /* never over another install */
+    int rc = dm_runtime_reload(path, over, d); /* never over another install */
     if (rc == DM_ESUPERSEDED) {
         free(d);
-        return;
+        return false;
     }
     if (rc) {
         char *msg = malloc(16384);
@@ -173,6 +185,7 @@ static void reload_now(const char *path) {
             dm_log("datamem: reloaded %s with warnings:\n%s", path, msg);
     }
     free(d);
+    return true;
 }
 
 static bool event_names_us(const struct inotify_event *ev, const char *base) {
@@ -188,8 +201,9 @@ static void *watch_main(void *arg) {
     pthread_mutex_unlock(&watch_mu);
     int wd = -1;
     unsigned seen_gen = ~0u;
-    char path[PATH_MAX], dir[PATH_MAX], base[NAME_MAX + 1];
+    char path[PATH_MAX] = "", dir[PATH_MAX], base[NAME_MAX + 1];
     bool enabled = false;
+    uint64_t over = 0;
     int64_t debounce = 50, due = -1; /* due: when to reload, -1 = nothing pending */
     char evbuf[16 * (sizeof(struct inotify_event) + NAME_MAX + 1)]
         __attribute__((aligned(__alignof__(struct inotify_event))));
@@ -198,14 +212,18 @@ static void *watch_main(void *arg) {
         int wake = cfg.wake_fd;
         if (cfg.gen != seen_gen) {
             seen_gen = cfg.gen;
-            enabled = cfg.enabled;
-            debounce = cfg.debounce_ms;
-            copy_str(path, sizeof(path), cfg.path, strlen(cfg.path));
-            split_path(path, dir, sizeof(dir), base, sizeof(base));
-            if (wd >= 0)
-                inotify_rm_watch(in, wd);
-            wd = -1;
-            due = -1;
+            over = cfg.over;
+            if (enabled != cfg.enabled || debounce != cfg.debounce_ms ||
+                strcmp(path, cfg.path) != 0) { /* not a new hash alone: re-arm */
+                enabled = cfg.enabled;
+                debounce = cfg.debounce_ms;
+                copy_str(path, sizeof(path), cfg.path, strlen(cfg.path));
+                split_path(path, dir, sizeof(dir), base, sizeof(base));
+                if (wd >= 0)
+                    inotify_rm_watch(in, wd);
+                wd = -1;
+                due = -1;
+            }
         }
         pthread_mutex_unlock(&watch_mu);
         if (enabled && wd < 0 && in >= 0) {
@@ -241,20 +259,27 @@ static void *watch_main(void *arg) {
         }
         if (enabled && due >= 0 && now_ms() >= due) {
             due = -1;
-            reload_now(path);
+            if (dm__watch_seam)
+                dm__watch_seam(true);
+            if (!reload_now(path, over)) /* the newer install's settings come next */
+                due = now_ms() + (debounce > 10 ? debounce : 10);
+            if (dm__watch_seam)
+                dm__watch_seam(false);
         }
     }
     return arg;
 }
 
-static void watch_configure(const char *path, bool enabled, int64_t debounce_ms) {
+static void watch_configure(const char *path, bool enabled, int64_t debounce_ms,
+                            uint64_t over) {
     pthread_mutex_lock(&watch_mu);
     bool changed = cfg.enabled != enabled || strcmp(cfg.path, path) != 0 ||
-                   cfg.debounce_ms != debounce_ms;
+                   cfg.debounce_ms != debounce_ms || cfg.over != over;
     if (changed) {
         cfg.enabled = enabled;
         copy_str(cfg.path, sizeof(cfg.path), path, strlen(path));
         cfg.debounce_ms = debounce_ms;
+        cfg.over = over;
         cfg.gen++;
     }
     if (enabled && !cfg.started) {
@@ -293,7 +318,7 @@ static void watch_atfork_child(void) {
 /* After every install (the engine's observer), with the policy it published. */
 void dm__watch_on_install(const dm_policy_t *p) {
     if (p->path[0])
-        watch_configure(p->path, p->reload.watch, p->reload.debounce_ms);
+        watch_configure(p->path, p->reload.watch, p->reload.debounce_ms, p->hash);
 }
 
 /* dm_runtime_after_fork_child: the child watches as its parent did. */

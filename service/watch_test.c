@@ -2,10 +2,14 @@
  * watch_test.c: the policy file watcher (watch.c) in this process: a forked
  * child's watcher uses descriptors of its own, not the parent's eventfd and
  * inotify instance (a child's watcher on the parent's eventfd could read the
- * parent's wake-ups away), and both still reload. (That installs reach the
- * watcher in install order is the engine's seam: runtime_test.)
+ * parent's wake-ups away), and both still reload; and a reload the watcher
+ * decided on yields to an install that lands before it reads the file. (That
+ * installs reach the watcher in install order is the engine's seam:
+ * runtime_test.)
  */
 #include <dirent.h>
+#include <errno.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,15 +25,26 @@
 static char dir_b[] = "/tmp/dm_watch_test_XXXXXX";
 static char path_b[256];
 
-static void write_policy(const char *path, const char *arena) {
-    FILE *f = fopen(path, "w");
+/* Writes by temp + rename, as an editor does: the watcher never reads half a file. */
+static void write_policy_debounced(const char *path, const char *arena, const char *debounce) {
+    char tmp[300];
+    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
     if (!f) {
-        perror(path);
+        perror(tmp);
         exit(1);
     }
     fprintf(f, "version: 1\ndefault: %s\narenas:\n  %s: {}\n"
-               "reload: {watch: true, debounce: 10ms}\n", arena, arena);
+               "reload: {watch: true, debounce: %s}\n", arena, arena, debounce);
     fclose(f);
+    if (rename(tmp, path) != 0) {
+        perror(path);
+        exit(1);
+    }
+}
+
+static void write_policy(const char *path, const char *arena) {
+    write_policy_debounced(path, arena, "10ms");
 }
 
 static const char *arena_of_new(void) {
@@ -58,6 +73,71 @@ static void load(const char *path) {
         fprintf(stderr, "%s: %s\n", path, dm_strerror(rc));
         exit(1);
     }
+}
+
+/* The watcher's seam (watch.c): once armed, the next reload the watcher decides
+ * on is held before it reads the file until the test lets it go. */
+static pthread_mutex_t seam_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t seam_cv = PTHREAD_COND_INITIALIZER;
+typedef enum { SEAM_OFF, SEAM_ARMED, SEAM_HELD, SEAM_GO, SEAM_DONE } seam_state_t;
+static seam_state_t seam_state;
+
+static void seam(bool before) {
+    pthread_mutex_lock(&seam_mu);
+    if (before && seam_state == SEAM_ARMED) {
+        seam_state = SEAM_HELD;
+        pthread_cond_broadcast(&seam_cv);
+        while (seam_state != SEAM_GO)
+            pthread_cond_wait(&seam_cv, &seam_mu);
+    } else if (!before && seam_state == SEAM_GO) {
+        seam_state = SEAM_DONE;
+        pthread_cond_broadcast(&seam_cv);
+    }
+    pthread_mutex_unlock(&seam_mu);
+}
+
+static void seam_set(seam_state_t state) {
+    pthread_mutex_lock(&seam_mu);
+    seam_state = state;
+    pthread_cond_broadcast(&seam_cv);
+    pthread_mutex_unlock(&seam_mu);
+}
+
+/* Waits (at most `seconds`) for the seam to reach `state`. */
+static bool seam_reached(seam_state_t state, int seconds) {
+    struct timespec end;
+    clock_gettime(CLOCK_REALTIME, &end);
+    end.tv_sec += seconds;
+    pthread_mutex_lock(&seam_mu);
+    int rc = 0;
+    while (seam_state != state && rc != ETIMEDOUT)
+        rc = pthread_cond_timedwait(&seam_cv, &seam_mu, &end);
+    bool ok = seam_state == state;
+    pthread_mutex_unlock(&seam_mu);
+    return ok;
+}
+
+/* The watcher wakes for a write, decides to reload, and before it reads the file
+ * datamem.reload() (an install of the same file) puts in a policy that watches
+ * with a 60 s debounce, and the file is written once more. The watcher's reload
+ * must yield to that install: it read the later write, and put it in force under
+ * the debounce the install had replaced (tests/python/test_reload.py's
+ * reload.debounce probe saw this under load). */
+static void test_a_decided_reload_yields_to_an_install_before_its_read(void) {
+    write_policy_debounced(path_b, "c1", "0ms");
+    load(path_b);
+    seam_set(SEAM_ARMED);
+    write_policy_debounced(path_b, "c2", "0ms");
+    EXPECT_TRUE(seam_reached(SEAM_HELD, 10), "the watcher decides to reload c2");
+    write_policy_debounced(path_b, "c3", "60s");
+    load(path_b);
+    write_policy_debounced(path_b, "c4", "0ms");
+    seam_set(SEAM_GO);
+    EXPECT_TRUE(seam_reached(SEAM_DONE, 10), "the watcher's reload returns");
+    EXPECT_STR_EQ(arena_of_new(), "c3", "the install stays in force, not the later write");
+    seam_set(SEAM_OFF);
+    write_policy(path_b, "c5"); /* back to a 10 ms debounce for what follows */
+    load(path_b);
 }
 
 static int count_fds(const char *link) {
@@ -103,10 +183,12 @@ int main(void) {
     }
     snprintf(path_b, sizeof(path_b), "%s/policy.yaml", dir_b);
     dm_runtime_init();
+    dm__watch_seam = seam; /* before the watcher thread exists */
     write_policy(path_b, "b1");
     load(path_b);
     write_policy(path_b, "b2"); /* the watcher runs (and has its inotify instance) */
     EXPECT_TRUE(wait_for_arena("b2", 10), "the parent reloads");
+    test_a_decided_reload_yields_to_an_install_before_its_read();
     test_a_fork_child_watches_with_its_own_descriptors();
     unlink(path_b);
     rmdir(dir_b);
