@@ -33,9 +33,11 @@ class _Stream:
     order is kept: the writer appends under one lock, so it is a valid order of
     that process's allocations and frees) and follows the sum: its peak, and
     what each call site held at that peak; with `grid`, each layer's live bytes
-    at the grid's times (report --html)."""
+    at the grid's times (report --html); with `select` (a boolean per site
+    index + 1, and a size), the highest live bytes of the arrays of at least
+    that size from the selected sites (suggest --memory's replay)."""
 
-    def __init__(self, prof, grid=None, layers=None):
+    def __init__(self, prof, grid=None, layers=None, select=None):
         self.prof = prof
         self.live = 0.0
         self.peak = (0.0, None)  # (bytes, key)
@@ -52,6 +54,8 @@ class _Stream:
             self.grid_vals = np.zeros((int(layers.max()) + 1, len(grid)))
             self.layer_live = np.zeros(int(layers.max()) + 1)
             self.gi = 0
+        self.select = select
+        self.sel_live = self.sel_peak = 0.0
 
     def _grow(self, n):
         if len(self.site_b) < n:
@@ -109,6 +113,13 @@ class _Stream:
         self.site_w[u] += np.bincount(inv, dw, len(u))
         if self.grid is not None:
             self._sample(key, db, site)
+        if self.select is not None:
+            lut, min_size = self.select
+            # an event is one array, or a sample of |dw| arrays of one size
+            m = lut[np.minimum(site, len(lut) - 1)] & (np.abs(db) >= min_size * np.abs(dw))
+            c = self.sel_live + np.cumsum(np.where(m, db, 0.0))
+            self.sel_peak = max(self.sel_peak, float(c.max()))
+            self.sel_live = float(c[-1])
         self.live = float(live[-1])
 
     def _sample(self, key, db, site):
@@ -470,6 +481,20 @@ class Profile:
         lut = np.full(len(self.sites) + 2, len(site_indexes), np.int64)  # last: sites new since
         for n, i in enumerate(site_indexes):
             lut[i + 1] = n
+        grid_ns = np.asarray(grid, np.float64) * 1e9 + self.t_origin_ns
+        return self._again(lambda again: _Stream(again, grid_ns, lut)).grid_vals
+
+    def peak_of(self, site_indexes, min_size):
+        """The highest live bytes, at any time, of the arrays of at least
+        `min_size` bytes from the sites in `site_indexes` (all processes
+        together): a second pass over the files (suggest --memory)."""
+        lut = np.zeros(len(self.sites) + 2, bool)
+        lut[[i + 1 for i in site_indexes]] = True
+        return self._again(lambda again: _Stream(again, select=(lut, min_size))).sel_peak
+
+    def _again(self, make_stream):
+        """Reads the files again into the _Stream that make_stream(profile) makes,
+        with this profile's strings and sites and no sums; returns the stream."""
         again = Profile.__new__(Profile)
         again.__dict__.update({k: v for k, v in self.__dict__.items()
                                if k in ("directory", "paths", "sites", "_site_index", "labels",
@@ -477,8 +502,7 @@ class Profile:
                                         "_stack_index", "stack_site")})
         again.warnings = []
         again._add = lambda *a: None
-        grid_ns = np.asarray(grid, np.float64) * 1e9 + self.t_origin_ns
-        again.stream = _Stream(again, grid_ns, lut)
+        again.stream = make_stream(again)
         files = []
         try:
             for path in self.paths:
@@ -489,7 +513,7 @@ class Profile:
         finally:
             for f in files:
                 f.close()
-        return again.stream.grid_vals
+        return again.stream
 
 
 def load(directory, user_sites=False):

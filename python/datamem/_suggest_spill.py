@@ -13,15 +13,19 @@ arena (docs/operations.md, "When arrays outgrow RAM") and one of two ways into i
   docs/operations.md);
 - else `worker_limit` with `worker_spill`: whatever passes the limit, from any
   call site, is served from the file instead of raising MemoryError.
-The other one is offered in a comment. `backing.max` is twice what the arena
-holds at the peak (so a job that grows still fits, and a runaway cannot fill
-the disk): for a call-site rule, everything its sites held then (every array of
-theirs lives on disk, not only the bytes past the limit: a 71.5 MiB rule once
-got 64 MiB and the job died of MemoryError, issue 44), for worker_limit the
-bytes past the limit. The profile keeps what each site held at the peak of all
-live arrays, not each site's own highest, hence the margin; `datamem tune
---candidates policy.yaml -- CMD` runs the policy itself. `resident_max` 128 MiB as configs/spill.yaml, at most 1/16 of the
-memory. The directory is the user's to make (a comment says how: the command
+The other one is offered in a comment. `backing.max` is twice the most the
+arena will hold (so a job that grows still fits, and a runaway cannot fill the
+disk), replayed from the profile before it is printed: for a call-site rule,
+the highest its sites' arrays of BIG or more reach at any time, from a second
+pass over the profile (every array of theirs lives on disk, not only the bytes
+past the limit; and a site can hold more before the peak of all live arrays
+than at it: a rule sized by what its site held at that peak got 64 MiB for
+arrays that reached 200 MiB earlier, and the job died of MemoryError, issue
+44); for worker_limit, no less than the peak of live arrays (what passed the
+limit stays on disk while arrays in RAM are freed and made again, so the file
+can hold more than the bytes past the limit; never more than is live).
+`datamem tune --candidates policy.yaml -- CMD` runs the policy itself.
+`resident_max` 128 MiB as configs/spill.yaml, at most 1/16 of the memory. The directory is the user's to make (a comment says how: the command
 quotes it, _text.shell_arg, so a space, `;` or `$(...)` in DIR stays part of the
 name; and the policy names it as a YAML double-quoted string, yaml_str, so a
 `"`, `}` or `#` in it cannot end the value and add keys).
@@ -126,9 +130,13 @@ def spill(p, memory, spill_dir):
         return out
     excess = peak - limit
     sites = _sites(p, excess)
-    # what the arena holds at the peak: all the sites' arrays, or what passes the limit
-    held = sum(b for _, b in sites) if sites else excess
-    disk_max = _pow2(2 * held, up=True)
+    if sites:  # the most the rule's arrays hold at once, at any time
+        names = {fn for fn, _ in sites}
+        held = p.peak_of([i for i, s in enumerate(p.sites) if s[1] in names], BIG)
+        disk_max = _pow2(2 * held, up=True)
+    else:      # what passes the limit, at most what is live
+        held = excess
+        disk_max = _pow2(max(2 * excess, peak), up=True)
     resident_max = min(RESIDENT_MAX, _pow2(memory // 16, up=False))
     out["arenas"] = [
         "  # --memory %s: the peak of live arrays%s, %s at %s, passes %d%% of it"
@@ -138,10 +146,12 @@ def spill(p, memory, spill_dir):
         "  # -> a file-backed arena for what does not fit. Make its directory once, on local",
         "  #    disk (not tmpfs or a network filesystem), yours and not writable by others:",
         "  #      " + shell_command("mkdir", "-m", "700", "-p", spill_dir),
-        "  #    max: twice the %s at the peak (%s); resident_max: its pages kept in"
-        % ("bytes its rule's call sites held" if sites else "bytes past the limit",
-           fmt_bytes(held)),
-        "  #    memory (a datamem thread pages out the rest; docs/operations.md)",
+        ("  #    max: twice the most its rule's arrays hold at once in the profile (%s);"
+         % fmt_bytes(held)) if sites else
+        ("  #    max: twice the bytes past the limit (%s), no less than the peak of live arrays;"
+         % fmt_bytes(held)),
+        "  #    resident_max: its pages kept in memory (a datamem thread pages out the rest;",
+        "  #    docs/operations.md)",
         "  spill: {alignment: 64, decay: {dirty: 1s}, backing: {dir: %s, max: %s, resident_max: %s}}"
         % (yaml_str(spill_dir), _size_text(disk_max), _size_text(resident_max))]
     if nproc == 1:

@@ -666,6 +666,45 @@ def test_suggest_memory_backing_max_holds_what_its_rule_spills(tmp_path):
     assert float(r.stdout) == 31.0, r.stdout
 
 
+# Bug pinned (issue 44): a rule's backing.max was twice what its call site held at
+# the peak of all live arrays (24 MiB here), but the site reached 200 MiB a second
+# earlier, all of which the rule sends to disk: the job died of MemoryError. The
+# suggestion is now replayed from the profile: the rule's own highest, at any time.
+SPILL_EARLY_JOB = textwrap.dedent('''
+    import time
+    import numpy as np
+    KEEP = []
+
+    def load():
+        KEEP.extend(np.ones(1 << 20) for _ in range(25))   # 25 x 8 MiB
+        time.sleep(1.2)                                      # long-lived
+        del KEEP[3:]                                         # 3 stay, to the end
+
+    def burst():
+        ts = [np.ones(1 << 20) for _ in range(30)]   # 240 MiB of temporaries at once
+        return sum(float(t[0]) for t in ts)
+
+    load()
+    print(burst() + sum(float(k[0]) for k in KEEP))
+''')
+
+
+def test_suggest_memory_backing_max_holds_its_rules_highest_not_only_at_the_peak(tmp_path):
+    job = tmp_path / "early_job.py"
+    job.write_text(SPILL_EARLY_JOB)
+    text, spill = _suggest_spilling(tmp_path, job, "301MiB")  # peak 264, limit 240.8
+    lines = text.splitlines()
+    assert "  # what held the peak: __main__.load.<locals>.<genexpr> (24.0 MiB);" in lines, text
+    assert ("  #    max: twice the most its rule's arrays hold at once in the profile "
+            "(200.0 MiB);") in lines, text
+    assert ('  spill: {alignment: 64, decay: {dirty: 1s}, backing: {dir: "%s", max: 512MiB, '
+            'resident_max: 16MiB}}' % spill) in lines, text
+    path = tmp_path / "policy.yaml"
+    path.write_text(text)
+    r = _run([sys.executable, str(job)], env={"DATAMEM_CONFIG": str(path)})
+    assert float(r.stdout) == 33.0, r.stdout
+
+
 def test_suggest_memory_never_spills_a_scripts_top_level(tmp_path):
     """Bug pinned (issue 44): a module-level script got a spill rule matching
     `__main__.<module>`, which every array it makes matches: the whole job spilled.
