@@ -652,20 +652,6 @@ SPILL_PEAK_JOB = textwrap.dedent('''
 ''')
 
 
-def test_suggest_memory_backing_max_holds_what_its_rule_spills(tmp_path):
-    job = tmp_path / "peak_job.py"
-    job.write_text(SPILL_PEAK_JOB)
-    text, spill = _suggest_spilling(tmp_path, job, "280MiB")
-    lines = text.splitlines()
-    assert "  # what held the peak: __main__.load (72.0 MiB);" in lines, text
-    assert ('  spill: {alignment: 64, decay: {dirty: 1s}, backing: {dir: "%s", max: 256MiB, '
-            'resident_max: 16MiB}}' % spill) in lines, text
-    path = tmp_path / "policy.yaml"
-    path.write_text(text)
-    r = _run([sys.executable, str(job)], env={"DATAMEM_CONFIG": str(path)})
-    assert float(r.stdout) == 31.0, r.stdout
-
-
 # Bug pinned (issue 44): a rule's backing.max was twice what its call site held at
 # the peak of all live arrays (24 MiB here), but the site reached 200 MiB a second
 # earlier, all of which the rule sends to disk: the job died of MemoryError. The
@@ -689,20 +675,26 @@ SPILL_EARLY_JOB = textwrap.dedent('''
 ''')
 
 
-def test_suggest_memory_backing_max_holds_its_rules_highest_not_only_at_the_peak(tmp_path):
-    job = tmp_path / "early_job.py"
-    job.write_text(SPILL_EARLY_JOB)
-    text, spill = _suggest_spilling(tmp_path, job, "301MiB")  # peak 264, limit 240.8
+@pytest.mark.parametrize("job_text, memory, held, most, disk_max, result", [
+    (SPILL_PEAK_JOB, "280MiB", "__main__.load (72.0 MiB)", "72.0 MiB", "256MiB", 31.0),
+    # peak 264 MiB, limit 240.8
+    (SPILL_EARLY_JOB, "301MiB", "__main__.load.<locals>.<genexpr> (24.0 MiB)", "200.0 MiB",
+     "512MiB", 33.0)], ids=["peak", "early"])
+def test_suggest_memory_backing_max_holds_what_its_rule_spills(tmp_path, job_text, memory, held,
+                                                               most, disk_max, result):
+    job = tmp_path / "job.py"
+    job.write_text(job_text)
+    text, spill = _suggest_spilling(tmp_path, job, memory)
     lines = text.splitlines()
-    assert "  # what held the peak: __main__.load.<locals>.<genexpr> (24.0 MiB);" in lines, text
-    assert ("  #    max: twice the most its rule's arrays hold at once in the profile "
-            "(200.0 MiB);") in lines, text
-    assert ('  spill: {alignment: 64, decay: {dirty: 1s}, backing: {dir: "%s", max: 512MiB, '
-            'resident_max: 16MiB}}' % spill) in lines, text
+    assert "  # what held the peak: %s;" % held in lines, text
+    assert ("  #    max: twice the most its rule's arrays hold at once in the profile (%s);"
+            % most) in lines, text
+    assert ('  spill: {alignment: 64, decay: {dirty: 1s}, backing: {dir: "%s", max: %s, '
+            'resident_max: 16MiB}}' % (spill, disk_max)) in lines, text
     path = tmp_path / "policy.yaml"
     path.write_text(text)
     r = _run([sys.executable, str(job)], env={"DATAMEM_CONFIG": str(path)})
-    assert float(r.stdout) == 33.0, r.stdout
+    assert float(r.stdout) == result, r.stdout
 
 
 def test_suggest_memory_never_spills_a_scripts_top_level(tmp_path):
