@@ -21,14 +21,18 @@ pass over the profile (every array of theirs lives on disk, not only the bytes
 past the limit; and a site can hold more before the peak of all live arrays
 than at it: a rule sized by what its site held at that peak got 64 MiB for
 arrays that reached 200 MiB earlier, and the job died of MemoryError, issue
-44); for worker_limit, no less than the peak of live arrays (what passed the
-limit stays on disk while arrays in RAM are freed and made again, so the file
-can hold more than the bytes past the limit; never more than is live).
+44); for worker_limit, the bytes past a process's limit plus the largest array
+(an array that would pass the limit goes to disk whole: a 2 MiB file for the
+0.8 MiB past it could not take the first 8 MiB array; the arena never holds
+more than that, since the bytes in RAM stay above the limit less the array
+that spilled last), and never more than the peak of live arrays.
 `datamem tune --candidates policy.yaml -- CMD` runs the policy itself.
-`resident_max` 128 MiB as configs/spill.yaml, at most 1/16 of the memory. The directory is the user's to make (a comment says how: the command
-quotes it, _text.shell_arg, so a space, `;` or `$(...)` in DIR stays part of the
-name; and the policy names it as a YAML double-quoted string, yaml_str, so a
-`"`, `}` or `#` in it cannot end the value and add keys).
+`resident_max` 128 MiB as configs/spill.yaml, at most 1/16 of the memory.
+
+The directory is the user's to make (a comment says how: the command quotes
+it, _text.shell_arg, so a space, `;` or `$(...)` in DIR stays part of the name;
+and the policy names it as a YAML double-quoted string, yaml_str, so a `"`, `}`
+or `#` in it cannot end the value and add keys).
 
 Call-site names go into the rule's `function` globs only when they are plain
 dotted identifiers (letters, digits, `_`, `.`, `<>` as in `<lambda>`) of at most
@@ -84,6 +88,11 @@ def _pow2(n, up):
     return p
 
 
+def _worker_size(limit, nproc):
+    """worker_limit for each of nproc processes sharing `limit`: whole MiB."""
+    return max(1 << 20, (limit // nproc) >> 20 << 20)
+
+
 def _top_level(fn):
     """Whether call site `fn` (module.qualname) is a module's top level: its
     `<module>`, or a `<listcomp>`/`<lambda>`... not inside a function's `<locals>`."""
@@ -134,9 +143,10 @@ def spill(p, memory, spill_dir):
         names = {fn for fn, _ in sites}
         held = p.peak_of([i for i, s in enumerate(p.sites) if s[1] in names], BIG)
         disk_max = _pow2(2 * held, up=True)
-    else:      # what passes the limit, at most what is live
-        held = excess
-        disk_max = _pow2(max(2 * excess, peak), up=True)
+    else:      # what passes a process's limit, and the array that crossed it
+        own = limit if nproc == 1 else _worker_size(limit, nproc)
+        held = min(peak, peak - own + float(p.totals["max_size"]))
+        disk_max = _pow2(2 * held, up=True)
     resident_max = min(RESIDENT_MAX, _pow2(memory // 16, up=False))
     out["arenas"] = [
         "  # --memory %s: the peak of live arrays%s, %s at %s, passes %d%% of it"
@@ -148,7 +158,7 @@ def spill(p, memory, spill_dir):
         "  #      " + shell_command("mkdir", "-m", "700", "-p", spill_dir),
         ("  #    max: twice the most its rule's arrays hold at once in the profile (%s);"
          % fmt_bytes(held)) if sites else
-        ("  #    max: twice the bytes past the limit (%s), no less than the peak of live arrays;"
+        ("  #    max: twice the bytes past the limit and the largest array (%s);"
          % fmt_bytes(held)),
         "  #    resident_max: its pages kept in memory (a datamem thread pages out the rest;",
         "  #    docs/operations.md)",
@@ -159,7 +169,7 @@ def spill(p, memory, spill_dir):
         where = ["%d%% of the memory limit (DATAMEM_MEMORY_LIMIT, else the cgroup's," % SHARE,
                  "else RAM: %s where the job runs)" % fmt_bytes(memory)]
     else:  # worker_limit counts each process alone; the profile's peak is their sum
-        worker = _size_text(max(1 << 20, (limit // nproc) >> 20 << 20))
+        worker = _size_text(_worker_size(limit, nproc))
         where = ["%s in each of the %d processes" % (worker, nproc),
                  "(%d%% of %s shared among them)" % (SHARE, fmt_bytes(memory))]
     limit_lines = ["worker_limit: %s" % worker, "worker_spill: spill"]

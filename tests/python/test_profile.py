@@ -618,6 +618,19 @@ def test_suggest_memory_spills_what_does_not_fit(tmp_path):
     assert "spill" in out["burst"] and out["burst"][0] != "spill", out
     assert out["sum"] == float(12 << 20) and out["failure"] is None, out
 
+    # 0.8 MiB past 80% of 119 MiB, but the array that crosses the limit is 8 MiB and
+    # goes to disk whole: max is twice 0.8 + 8 MiB (it was twice 0.8: a 2 MiB file,
+    # and that array's allocation failed with MemoryError).
+    text, lines = suggest([], "119MiB")
+    assert "  #    max: twice the bytes past the limit and the largest array (8.8 MiB);" \
+        in lines, text
+    assert "max: 32MiB, resident_max: 4MiB}}" in text, text
+    out = json.loads(_run([sys.executable, str(job)],
+                          env={"DATAMEM_CONFIG": str(path),
+                               "DATAMEM_MEMORY_LIMIT": "119MiB"}).stdout)
+    assert out["burst"][-1] == "spill" and out["burst"][0] != "spill", out
+    assert out["sum"] == float(12 << 20) and out["failure"] is None, out
+
     # It fits: no spill arena, and the estimate says so.
     text, lines = suggest([], "16GiB")
     assert "spill:" not in text and "worker_limit" not in text, text
