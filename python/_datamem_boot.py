@@ -46,12 +46,21 @@ def _activate():
                          for k in ("DATAMEM_CONFIG", "DATAMEM_PROFILE") if os.environ.get(k)) or \
             "DATAMEM_CONFIG_TEXT"
         sys.stderr.write("datamem: cannot activate (%s):\n%s: %s\n" % (what, type(e).__name__, e))
-        for f in (sys.stdout, sys.stderr):  # what the job printed before stays (os._exit does not flush)
-            try:
-                f.flush()
-            except Exception:
-                pass
-        os._exit(2)
+        _flush_and_exit()
+
+
+def _flush_and_exit():
+    """Exit status 2 without running the job's atexit or finally blocks (it is
+    stopped at `import numpy`), but with what it printed before: os._exit does
+    not flush Python's buffers, and a pipe's stdout is block-buffered. Also
+    datamem._activate's way out."""
+    import os
+    for f in (sys.stdout, sys.stderr):
+        try:
+            f.flush()
+        except Exception:  # closed, or None under pythonw: nothing to keep
+            pass
+    os._exit(2)
 
 
 def _initializing(module):

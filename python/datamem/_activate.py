@@ -50,19 +50,8 @@ def _activate():
         if os.environ.get("DATAMEM_PROFILE"):
             what += ", DATAMEM_PROFILE=%s" % _shown(os.environ["DATAMEM_PROFILE"])
         sys.stderr.write("datamem: cannot activate (%s):\n%s\n" % (what, msg))
+        from _datamem_boot import _flush_and_exit  # our importer: already loaded
         _flush_and_exit()
-
-
-def _flush_and_exit():
-    """Exit status 2 without running the job's atexit or finally blocks (it is
-    stopped at `import numpy`), but with what it printed before: os._exit does
-    not flush Python's buffers, and a pipe's stdout is block-buffered."""
-    for f in (sys.stdout, sys.stderr):
-        try:
-            f.flush()
-        except Exception:  # closed, or None under pythonw: nothing to keep
-            pass
-    os._exit(2)
 
 
 _activate()
