@@ -122,6 +122,17 @@ def _sites(p, excess):
     return None
 
 
+def _arena_most(p, sites, peak, limit, nproc):
+    """The most the spill arena holds at once: for a rule on `sites`, the highest
+    their arrays of BIG or more reach at any time (replayed from the profile);
+    for worker_limit, what passes a process's limit and the array that crossed it."""
+    if sites:
+        names = {fn for fn, _ in sites}
+        return p.peak_of([i for i, s in enumerate(p.sites) if s[1] in names], BIG)
+    own = limit if nproc == 1 else _worker_size(limit, nproc)
+    return min(peak, peak - own + float(p.totals["max_size"]))
+
+
 def spill(p, memory, spill_dir):
     """The spill part of a suggested policy for a job with `memory` bytes:
     {"arenas": lines, "rules": lines, "tail": lines, "estimate": lines} (empty
@@ -139,14 +150,8 @@ def spill(p, memory, spill_dir):
         return out
     excess = peak - limit
     sites = _sites(p, excess)
-    if sites:  # the most the rule's arrays hold at once, at any time
-        names = {fn for fn, _ in sites}
-        held = p.peak_of([i for i, s in enumerate(p.sites) if s[1] in names], BIG)
-        disk_max = _pow2(2 * held, up=True)
-    else:      # what passes a process's limit, and the array that crossed it
-        own = limit if nproc == 1 else _worker_size(limit, nproc)
-        held = min(peak, peak - own + float(p.totals["max_size"]))
-        disk_max = _pow2(2 * held, up=True)
+    held = _arena_most(p, sites, peak, limit, nproc)
+    disk_max = _pow2(2 * held, up=True)
     resident_max = min(RESIDENT_MAX, _pow2(memory // 16, up=False))
     out["arenas"] = [
         "  # --memory %s: the peak of live arrays%s, %s at %s, passes %d%% of it"
