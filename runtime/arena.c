@@ -28,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "runtime/bigblock.h"
 #include "runtime/internal.h"
 #include "runtime/os.h"
 #include "runtime/spill.h"
@@ -492,6 +493,45 @@ void dm__arena_after_growth(dm__arena_je_t *ja) {
         dm__os_trim_libc();
     if (npurge)
         atomic_fetch_add_explicit(&ja->owner->growth_purges, 1, memory_order_relaxed);
+}
+
+/* The worker limit counts the process's resident memory (tally.c), in which
+ * the pages datamem keeps idle (kept big blocks, dirty pages waiting out
+ * decay) read as memory beside the arrays: before it refuses or spills, every
+ * arena gives them back, and glibc its free pages. Returns false (nothing
+ * done) when the runtime's lock is busy: an allocation never waits for an
+ * install or a stats reader. */
+bool dm__arena_give_back_idle(void) {
+    if (pthread_mutex_trylock(&dm__runtime_mu) != 0)
+        return false;
+    dm__arena_je_t *all[DM_JE_MAX];
+    int n = nje;
+    for (int j = 0; j < n; j++)
+        all[j] = dm__arena_by_slot[j];
+    pthread_mutex_unlock(&dm__runtime_mu); /* arenas are never freed: the list stays good */
+    for (int j = 0; j < n; j++) {
+        dm__bigblock_release(all[j]);
+        if (all[j]->purge_mib[0])
+            dmje_mallctlbymib(all[j]->purge_mib, 3, NULL, NULL, NULL, 0);
+    }
+    dm__os_trim_libc();
+    return true;
+}
+
+uint64_t dm__arena_idle_bytes(void) {
+    if (pthread_mutex_trylock(&dm__runtime_mu) != 0)
+        return UINT64_MAX;
+    uint64_t epoch = 1, page = je_page_size(), idle = 0;
+    dmje_mallctl("epoch", NULL, NULL, &epoch, sizeof(epoch)); /* refresh the stats */
+    for (int j = 0; j < nje; j++) {
+        dm__arena_je_t *x = dm__arena_by_slot[j];
+        if (x->spill)
+            continue; /* a file's pages: not anonymous memory */
+        idle += (stat_zu(x->index, "pdirty") + stat_zu(x->index, "pmuzzy")) * page +
+                atomic_load_explicit(&x->reuse_bytes, memory_order_relaxed);
+    }
+    pthread_mutex_unlock(&dm__runtime_mu);
+    return idle;
 }
 
 static void je_stats_add(dm__arena_je_t *ja, dm_arena_stats_t *o) {

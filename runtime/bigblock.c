@@ -355,6 +355,16 @@ void dm__bigblock_expire(dm__arena_je_t *ja) {
     give_back(out, nout);
 }
 
+void dm__bigblock_release(dm__arena_je_t *ja) {
+    if (atomic_load_explicit(&ja->reuse_bytes, memory_order_relaxed) == 0)
+        return;
+    void *out[DM_REUSE_MAX];
+    pthread_mutex_lock(&ja->reuse_mu);
+    int nout = take_expired(ja, 0, 0, true, out);
+    pthread_mutex_unlock(&ja->reuse_mu);
+    give_back(out, nout);
+}
+
 void dm__bigblock_expire_all(void) {
     for (int i = 0; i < DM_JE_MAX && dm__arena_by_slot[i]; i++)
         dm__bigblock_expire(dm__arena_by_slot[i]);

@@ -79,6 +79,9 @@ void dm__bigblock_expire_all(void);
 /* Any thread: ja hands back what waited longer than its decay.dirty (all it
  * keeps once it counts live bytes), as dm__bigblock_expire_all does for each. */
 void dm__bigblock_expire(struct dm__arena_je *ja);
+/* Any thread: every block ja keeps goes back to jemalloc now (the worker
+ * limit, near its edge, wants the pages: arena.c, dm__arena_give_back_idle). */
+void dm__bigblock_release(struct dm__arena_je *ja);
 void dm__bigblock_fork(int phase);
 
 /* What NumPy's default handler does (np._core.multiarray._get_madvise_hugepage();

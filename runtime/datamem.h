@@ -266,6 +266,10 @@ typedef struct dm_stats {
     uint64_t tally_live, tally_peak;  /* all counted blocks */
     uint64_t worker_limit;            /* UINT64_MAX = none */
     uint64_t worker_refused;
+    uint64_t worker_beside;           /* resident anonymous bytes beside the counted
+                                         arrays, as the worker limit last read them
+                                         (0 without a worker limit): they count
+                                         against it */
     char worker_limit_source[16];     /* "", "policy", "env", "cgroup", "ram" */
     int ntags;
     dm_tag_stats_t *tags;             /* malloc'ed by dm_stats_snapshot */

@@ -304,6 +304,14 @@ unsigned dm__arena_tcache_create(void);
 /* After an allocation outside the block cache: if the arena grew meanwhile
  * while holding dirty pages, those did not fit and are given back. */
 void dm__arena_after_growth(dm__arena_je_t *ja);
+/* Every arena's idle pages (kept big blocks, dirty pages) and glibc's free
+ * ones go back to the kernel now; false if the runtime's lock was busy and
+ * nothing was done (arena.c; the worker limit's relief, tally.c). */
+bool dm__arena_give_back_idle(void);
+/* The bytes every arena keeps idle now (dirty and muzzy pages, kept big
+ * blocks; jemalloc's stats refreshed), or UINT64_MAX if the runtime's lock was
+ * busy (arena.c; the worker limit's figure of memory beside the arrays). */
+uint64_t dm__arena_idle_bytes(void);
 static inline void dm__arena_check_growth(dm__arena_je_t *ja) {
     if (DM_UNLIKELY(atomic_load_explicit(&ja->grown, memory_order_relaxed) != 0))
         dm__arena_after_growth(ja);

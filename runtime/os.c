@@ -264,6 +264,22 @@ void dm__os_set_topology(uint64_t nodes) {
     atomic_store_explicit(&fake_nodes, nodes, memory_order_relaxed);
 }
 
+uint64_t dm__os_anon_resident(void) {
+    int fd = open("/proc/self/statm", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    char buf[128];
+    ssize_t n = read(fd, buf, sizeof(buf) - 1);
+    close(fd);
+    unsigned long long size, resident, shared;
+    if (n <= 0)
+        return 0;
+    buf[n] = 0;
+    if (sscanf(buf, "%llu %llu %llu", &size, &resident, &shared) != 3 || shared > resident)
+        return 0;
+    return (uint64_t)(resident - shared) * dm__os_page_size();
+}
+
 size_t dm__os_page_size(void) {
     static _Atomic size_t page;
     size_t p = atomic_load_explicit(&page, memory_order_relaxed);

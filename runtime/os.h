@@ -44,6 +44,11 @@ int dm__os_memory_limit(uint64_t *bytes, char *source, size_t cap, char *why, si
 uint64_t dm__cgroup_memory_limit(const char *root, int *version);
 /* RLIMIT_AS in bytes, 0 when unlimited. */
 uint64_t dm__os_as_limit(void);
+/* The process's resident anonymous bytes (/proc/self/statm: resident less
+ * shared, i.e. RssAnon: what a memory cgroup charges the process beyond page
+ * cache), 0 when it cannot be read. open, read, close: no allocation, no lock;
+ * about 10 us (tally.c reads it at most every DM_TALLY_BESIDE_STALE_MS). */
+uint64_t dm__os_anon_resident(void);
 /* mlock / munlock: 0 or -errno. */
 int dm__os_lock(void *p, size_t n);
 int dm__os_unlock(void *p, size_t n);

@@ -16,6 +16,11 @@
 #define DM_TALLY_TAGS_MAX 4096 /* tag rows; rows no context refers to are reused
                                   (unlimited first), and past that names count under
                                   "(other)" until one is free (tally.c) */
+#define DM_TALLY_BESIDE_STALE_MS 10 /* the worker limit's figure of memory beside the
+                                       arrays is read again once this old (tally.c) */
+#define DM_TALLY_BESIDE_WINDOW_MS 30000 /* and is the most it has been over this long */
+/* DM_TALLY_BESIDE_WINDOW_MS; tests shorten it */
+extern uint64_t dm__tally_beside_window_ms;
 #define DM_TALLY_GRAIN_SHIFT 4 /* shadow entry per 16 bytes: counted blocks are >= 16
                                   bytes and 16-aligned */
 

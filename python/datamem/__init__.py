@@ -391,8 +391,9 @@ def _mib(n):
 def _holders(kind, n=3):
     """"largest holders: tags 'load' 48.0 MiB, (untagged) 16.0 MiB; ..." from a
     stats snapshot: the tags that hold the most live bytes, and for the worker
-    limit (or when no tag is counted) the arenas; "" when there is nothing to
-    name or no snapshot to be had."""
+    limit (or when no tag is counted) the arenas, and for the worker limit the
+    memory beside the arrays it counts; "" when there is nothing to name or no
+    snapshot to be had."""
     try:
         s = _ext.stats()
     except Exception:  # an explanation never costs the error its own text
@@ -408,7 +409,11 @@ def _holders(kind, n=3):
     tags = top(((k, t.get("live") or 0) for k, t in (s.get("tags") or {}).items()), "tags")
     arenas = top(((k, a.get("allocated_bytes") or 0) for k, a in (s.get("arenas") or {}).items()),
                  "arenas")
-    parts = [p for p in ((arenas, tags) if kind == "worker" else (tags or arenas,)) if p]
+    # the worker limit counts what the process holds beside its arrays too
+    beside = (s.get("tag_bytes") or {}).get("worker_beside") if kind == "worker" else None
+    beside = "beside the arrays (malloc, Arrow, Python objects) %s" % _mib(beside) \
+        if beside else None
+    parts = [p for p in ((arenas, tags, beside) if kind == "worker" else (tags or arenas,)) if p]
     return "largest holders: %s" % "; ".join(parts) if parts else ""
 
 

@@ -1,6 +1,6 @@
 """`suggest --memory SIZE`: a spill rule for a job whose arrays outgrow RAM.
 
-When the profile's peak of live arrays passes SHARE (80%) of the memory the job
+When the profile's peak of live arrays passes SHARE (70%) of the memory the job
 will have (the rest is room for Python objects, pandas' hash tables, Arrow
 buffers: docs/operations.md, `worker_limit`), the policy gets a file-backed
 arena (docs/operations.md, "When arrays outgrow RAM") and one of two ways into it:
@@ -21,7 +21,8 @@ pass over the profile (every array of theirs lives on disk, not only the bytes
 past the limit; and a site can hold more before the peak of all live arrays
 than at it: a rule sized by what its site held at that peak got 64 MiB for
 arrays that reached 200 MiB earlier, and the job died of MemoryError, issue
-44); for worker_limit, the bytes past a process's limit plus the largest array
+44); for worker_limit, the bytes past a process's limit (its arrays and what it
+holds beside them, from its peak RSS: _beside) plus the largest array
 (an array that would pass the limit goes to disk whole: a 2 MiB file for the
 0.8 MiB past it could not take the first 8 MiB array; the arena never holds
 more than that, since the bytes in RAM stay above the limit less the array
@@ -50,7 +51,7 @@ from ._profile_read import BIG, SITE_COLUMNS
 from ._report import fmt_bytes, fmt_time
 from ._text import printable, shell_command
 
-SHARE = 80                       # worker_limit, in percent of the memory limit
+SHARE = 70                       # worker_limit, in percent of the memory limit (spill.yaml's)
 DEFAULT_DIR = "/var/tmp/datamem-spill"
 SITES_MAX = 3                    # call sites in a spill rule
 RESIDENT_MAX = 128 << 20         # configs/spill.yaml's
@@ -130,7 +131,16 @@ def _arena_most(p, sites, peak, limit, nproc):
         names = {fn for fn, _ in sites}
         return p.peak_of([i for i, s in enumerate(p.sites) if s[1] in names], BIG)
     own = limit if nproc == 1 else _worker_size(limit, nproc)
-    return min(peak, peak - own + float(p.totals["max_size"]))
+    return min(peak, peak - max(0.0, own - _beside(p, peak, nproc)) + float(p.totals["max_size"]))
+
+
+def _beside(p, peak, nproc):
+    """What a process held beside its arrays, which the runtime counts against
+    worker_limit too (docs/operations.md, "What `worker_limit` counts"): its
+    largest peak RSS less its share of the peak of live arrays. The profile
+    has no finer figure; a high one sizes the spill arena up, never down."""
+    rss = max([float(q["max_rss"] or 0) for q in p.processes] + [0.0])
+    return max(0.0, rss - peak / nproc)
 
 
 def spill(p, memory, spill_dir):

@@ -9,6 +9,7 @@ is needed to check the logic.
 """
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -256,12 +257,18 @@ try:
 except MemoryError as e:
     print(json.dumps({"caught": str(e)}))
 """
-    r = run_py(code, config=write_policy(FULL.replace("tag_bytes: true", "worker_limit: 40MiB")))
+    # 96 MiB: the 24 MiB in side and the interpreter's own memory fit under it
+    r = run_py(code, config=write_policy(FULL.replace("tag_bytes: true", "worker_limit: 96MiB")))
     caught = last_json(r)["caught"]
-    assert caught.startswith("datamem: the worker limit of 40.0 MiB is reached ("), caught
-    assert ("a request of 8 bytes was refused; largest holders: arenas 'side' 24.0 MiB, "
-            "'general' ") in caught, caught
+    assert caught.startswith("datamem: the worker limit of 96.0 MiB is reached ("), caught
+    holders = re.search(r"a request of 8 bytes was refused; largest holders: arenas ([^;]*);",
+                        caught)
+    assert holders and sorted(holders.group(1).split(", "))[1] == "'side' 24.0 MiB", caught
+    assert holders.group(1).count("'general' ") == 1, caught
     assert "; tags (untagged) " in caught and "; Unable to allocate 8 bytes" in caught, caught
+    # the interpreter's and NumPy's own memory counts against the limit too
+    assert re.search(r"; beside the arrays \(malloc, Arrow, Python objects\) [\d.]+ MiB; ",
+                     caught), caught
 
 
 def test_an_arena_without_a_limit_counts_nothing(write_policy):

@@ -134,13 +134,29 @@ def test_freed_spilled_arrays_give_their_disk_blocks_back_within_decay(write_pol
     assert out["after"] < 8 * MiB, out          # old code: 170 MiB, idle or churning
     assert job == "idle" or out["cycles"] > 0, out
 
+ANON_RESIDENT = r"""
+import os
+with open("/proc/self/statm") as f:
+    size, resident, shared = (int(v) for v in f.read().split()[:3])
+print((resident - shared) * os.sysconf("SC_PAGE_SIZE"))
+"""
+
+
 def test_limits_spill_instead_of_raising(write_policy, spill_dir):
+    # The worker limit counts the process's resident anonymous memory (the
+    # interpreter, NumPy: ~30 MiB here) beside its arrays: it is set to what a
+    # process of this policy holds after its first array, plus 96 MiB + 8 MiB
+    # of slack (half an array of the job's second half).
     pol = spill_policy(write_policy, spill_dir, textwrap.dedent("""\
-        worker_limit: 96MiB
+        worker_limit: 100%
         worker_spill: disk
         tag_limits:
           - {tag: "task-*", limit: 32MiB, spill: disk}
         """))
+    probe = run_py("import numpy as np, datamem; a = np.ones(1)\n" + ANON_RESIDENT, config=pol,
+                   env={"DATAMEM_MEMORY_LIMIT": "1GiB"})
+    assert probe.returncode == 0, probe.stderr
+    limit = int(probe.stdout) + 104 * MiB
     code = r"""
 import json, numpy as np, datamem
 out = {}
@@ -152,14 +168,16 @@ with datamem.tag("task-1"):
 big = [np.ones(16 << 20, np.uint8) for _ in range(8)]           # 128 MiB untagged
 out["worker"] = [datamem.arena_of(x) for x in big]
 out["failure"] = datamem.last_failure()
+out["beside"] = datamem.stats()["tag_bytes"]["worker_beside"]
 print(json.dumps(out))
 """
-    r = run_py(code, config=pol)
+    r = run_py(code, config=pol, env={"DATAMEM_MEMORY_LIMIT": str(limit)})
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["task"][:8] == ["general"] * 8 and out["task"][8:] == ["disk"] * 8, out
     assert out["task_sum"] == 64 * MiB and out["tag_live"] <= 32 * MiB, out
     # 32 MiB of the tag's in RAM, then 96 MiB of worker limit: 4 more in RAM
+    assert 0 < out["beside"] < limit - 96 * MiB, out
     assert out["worker"][:4] == ["general"] * 4 and out["worker"][4:] == ["disk"] * 4, out
     assert out["failure"] is None, out
     assert "MemoryError" not in r.stderr, r.stderr
