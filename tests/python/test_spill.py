@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from conftest import run_in_group, run_py, spill_policy
+from conftest import UNDER_ASAN, run_in_group, run_py, spill_policy
 
 MiB = 1 << 20
 
@@ -146,7 +146,8 @@ def test_limits_spill_instead_of_raising(write_policy, spill_dir):
     # The worker limit counts the process's resident anonymous memory (the
     # interpreter, NumPy: ~30 MiB here) beside its arrays: it is set to what a
     # process of this policy holds after its first array, plus 96 MiB + 8 MiB
-    # of slack (half an array of the job's second half).
+    # of slack (half an array of the job's second half). Under ASan its shadow of
+    # what the job writes (1/8 of it, resident) counts too: one array more or less.
     pol = spill_policy(write_policy, spill_dir, textwrap.dedent("""\
         worker_limit: 100%
         worker_spill: disk
@@ -178,7 +179,9 @@ print(json.dumps(out))
     assert out["task_sum"] == 64 * MiB and out["tag_live"] <= 32 * MiB, out
     # 32 MiB of the tag's in RAM, then 96 MiB of worker limit: 4 more in RAM
     assert 0 < out["beside"] < limit - 96 * MiB, out
-    assert out["worker"][:4] == ["general"] * 4 and out["worker"][4:] == ["disk"] * 4, out
+    k = out["worker"].count("general")
+    assert out["worker"] == ["general"] * k + ["disk"] * (8 - k), out
+    assert k == 4 or (UNDER_ASAN and 3 <= k <= 5), out
     assert out["failure"] is None, out
     assert "MemoryError" not in r.stderr, r.stderr
 
