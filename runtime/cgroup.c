@@ -19,12 +19,19 @@
  * other has no limit files. Every path is read under `root` so that tests can
  * hand in a fake tree.
  *
- * Thread safety: reentrant (reads files only). Never on an allocation path:
- * called at install.
+ * The limiting cgroup's charge (dm__cgroup_charge) makes `worker_limit: N%`
+ * of a cgroup's limit a budget for every process in that cgroup (tally.c,
+ * "Memory beside the arenas").
+ *
+ * Thread safety: reentrant (reads files only). dm__cgroup_memory_limit runs at
+ * install; dm__cgroup_charge on an allocation's slow path (open, read, close:
+ * no allocation, no lock), at most every DM_TALLY_BESIDE_STALE_MS.
  */
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "runtime/os.h"
 
@@ -187,8 +194,10 @@ static bool has_dot_component(const char *p) {
 }
 
 /* The smallest limit in hierarchy `version`, from the process's cgroup up to
- * the mount's root; UINT64_MAX when none. */
-static uint64_t hierarchy_limit(const char *root, int version) {
+ * the mount's root; UINT64_MAX when none. The directory of the cgroup that
+ * sets it into `at` (v1's hierarchical_memory_limit: the process's own, the
+ * nearest in view). */
+static uint64_t hierarchy_limit(const char *root, int version, char *at, size_t atcap) {
     hierarchy_t h;
     if (!find_line(root, "proc/self/cgroup", own_cgroup, version, &h) ||
         !find_line(root, "proc/self/mountinfo", find_mount, version, &h))
@@ -202,10 +211,14 @@ static uint64_t hierarchy_limit(const char *root, int version) {
     size_t top = strlen(root) + strlen(h.mount); /* dir's length at the mount point */
     const char *file = version == 2 ? "memory.max" : "memory.limit_in_bytes";
     uint64_t best = version == 1 ? v1_hierarchical(dir) : UINT64_MAX;
+    if (best != UINT64_MAX)
+        snprintf(at, atcap, "%s", dir);
     for (;;) {
         uint64_t v = read_limit(dir, file);
-        if (v < best)
+        if (v < best) {
             best = v;
+            snprintf(at, atcap, "%s", dir);
+        }
         char *slash = strrchr(dir, '/');
         if (strlen(dir) <= top || !slash || (size_t)(slash - dir) < top)
             break;
@@ -214,9 +227,48 @@ static uint64_t hierarchy_limit(const char *root, int version) {
     return best;
 }
 
-uint64_t dm__cgroup_memory_limit(const char *root, int *version) {
-    uint64_t v1 = hierarchy_limit(root, 1), v2 = hierarchy_limit(root, 2);
+uint64_t dm__cgroup_memory_limit(const char *root, int *version, char *at, size_t atcap) {
+    char at1[4096] = "", at2[4096] = "";
+    uint64_t v1 = hierarchy_limit(root, 1, at1, sizeof(at1)),
+             v2 = hierarchy_limit(root, 2, at2, sizeof(at2));
     *version = v2 <= v1 ? 2 : 1;
     uint64_t best = v2 <= v1 ? v2 : v1;
+    snprintf(at, atcap, "%s", best == UINT64_MAX ? "" : v2 <= v1 ? at2 : at1);
     return best == UINT64_MAX ? 0 : best;
+}
+
+/* The value of `key` (followed by a space) in memory.stat text `buf`, or -1. */
+static long long stat_value(const char *buf, const char *key) {
+    size_t n = strlen(key);
+    for (const char *line = buf; line && *line; line = strchr(line, '\n'), line += !!line) {
+        if (strncmp(line, key, n) == 0 && line[n] == ' ') {
+            char *end;
+            unsigned long long v = strtoull(line + n + 1, &end, 10);
+            return end > line + n + 1 && (*end == '\n' || !*end) && v < V1_UNLIMITED
+                       ? (long long)v
+                       : -1;
+        }
+    }
+    return -1;
+}
+
+uint64_t dm__cgroup_charge(const char *dir, int version) {
+    char path[4096], buf[8192];
+    if (snprintf(path, sizeof(path), "%s/memory.stat", dir) >= (int)sizeof(path))
+        return UINT64_MAX;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return UINT64_MAX;
+    size_t got = 0;
+    for (ssize_t n; got < sizeof(buf) - 1 && (n = read(fd, buf + got, sizeof(buf) - 1 - got)) > 0;)
+        got += (size_t)n;
+    close(fd);
+    buf[got] = 0;
+    /* v1's total_*: the cgroup and every cgroup below it (use_hierarchy); v2's
+     * memory.stat is hierarchical. Anonymous pages and shmem (tmpfs, /dev/shm):
+     * what reclaim cannot drop without swap. Page cache (spilled arrays'
+     * pages among it) is written back and dropped under the limit. */
+    long long anon = stat_value(buf, version == 2 ? "anon" : "total_rss"),
+              shmem = stat_value(buf, version == 2 ? "shmem" : "total_shmem");
+    return anon < 0 ? UINT64_MAX : (uint64_t)anon + (uint64_t)(shmem > 0 ? shmem : 0);
 }

@@ -137,10 +137,12 @@ void *dm__os_map_sparse(size_t size) {
     return p == MAP_FAILED ? NULL : p;
 }
 
-int dm__os_memory_limit(uint64_t *bytes, char *source, size_t cap, char *why, size_t whycap) {
+int dm__os_memory_limit(uint64_t *bytes, char *source, size_t cap, char *why, size_t whycap,
+                        char *group, size_t groupcap) {
     const char *env = getenv("DATAMEM_MEMORY_LIMIT"); /* at install, never hot */
     size_t v = 0;
     *bytes = 0;
+    group[0] = 0;
     if (env && *env) {
         int rc = dm_parse_size(env, &v);
         if (rc == 0 && v > 0) {
@@ -163,9 +165,11 @@ int dm__os_memory_limit(uint64_t *bytes, char *source, size_t cap, char *why, si
     long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
     uint64_t ram = pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz : 0;
     int version = 0;
-    uint64_t cg = dm__cgroup_memory_limit("", &version);
+    char at[4096];
+    uint64_t cg = dm__cgroup_memory_limit("", &version, at, sizeof(at));
     if (cg && (cg < ram || !ram)) {
         snprintf(source, cap, "cgroup v%d", version);
+        snprintf(group, groupcap, "%s", at);
         *bytes = cg;
     } else {
         snprintf(source, cap, "ram");

@@ -33,15 +33,23 @@ void *dm__os_map_sparse(size_t size);
  * whole number with a unit: 4GiB); else the smaller of the cgroup's limit
  * (dm__cgroup_memory_limit) and physical memory. A DATAMEM_MEMORY_LIMIT that
  * is not such a size is an error, never ignored: DM_EINVALID with one line in
- * `why`. Reads files: never on an allocation path. */
-int dm__os_memory_limit(uint64_t *bytes, char *source, size_t cap, char *why, size_t whycap);
+ * `why`. When the limit is a cgroup's, that cgroup's directory is in `group`
+ * (else ""). Reads files: never on an allocation path. */
+int dm__os_memory_limit(uint64_t *bytes, char *source, size_t cap, char *why, size_t whycap,
+                        char *group, size_t groupcap);
 /* cgroup.c: the smallest memory limit on this process's cgroup and its
  * ancestors up to its hierarchy's mount (v1 memory.limit_in_bytes and
- * hierarchical_memory_limit, v2 memory.max), in bytes, and the hierarchy's
- * version in *version; 0 when there is none. Every path read is prefixed by
- * `root` ("" for the real one; tests pass a fake tree holding
- * proc/self/cgroup, proc/self/mountinfo and the mounts). */
-uint64_t dm__cgroup_memory_limit(const char *root, int *version);
+ * hierarchical_memory_limit, v2 memory.max), in bytes, the hierarchy's
+ * version in *version and the directory of the cgroup that sets it in `at`
+ * ("" and 0 when there is none). Every path read is prefixed by `root` (""
+ * for the real one; tests pass a fake tree holding proc/self/cgroup,
+ * proc/self/mountinfo and the mounts). */
+uint64_t dm__cgroup_memory_limit(const char *root, int *version, char *at, size_t atcap);
+/* cgroup.c: what the cgroup at directory `dir` (hierarchy `version`) and the
+ * cgroups below it hold that reclaim cannot drop: anonymous pages and shmem
+ * (memory.stat: v1 total_rss + total_shmem, v2 anon + shmem), in bytes;
+ * UINT64_MAX when it cannot be read. open, read, close: no allocation, no lock. */
+uint64_t dm__cgroup_charge(const char *dir, int version);
 /* RLIMIT_AS in bytes, 0 when unlimited. */
 uint64_t dm__os_as_limit(void);
 /* The process's resident anonymous bytes (/proc/self/statm: resident less

@@ -77,9 +77,19 @@ static void fake_reset(const char *name) {
     mkdir(fake_root, 0755);
 }
 
+static char limit_at[4096]; /* the limiting cgroup of expect_limit's last call */
+
+/* The limiting cgroup of the last expect_limit is `rel` under the fake root. */
+static void expect_at(const char *rel, const char *why) {
+    char want[4096];
+    snprintf(want, sizeof(want), "%s/%s", fake_root, rel);
+    EXPECT_STR_EQ(limit_at, want, why);
+}
+
 static void expect_limit(uint64_t want, int want_version, const char *why) {
     int version = 0;
-    uint64_t got = dm__cgroup_memory_limit(fake_root, &version);
+    uint64_t got = dm__cgroup_memory_limit(fake_root, &version, limit_at, sizeof(limit_at));
+    EXPECT_TRUE(want ? strncmp(limit_at, fake_root, strlen(fake_root)) == 0 : !limit_at[0], why);
     EXPECT_UINT_EQ(got, want, why);
     if (want)
         EXPECT_INT_EQ(version, want_version, why);
@@ -100,8 +110,10 @@ static void test_cgroup_limit(void) {
     fake_file("sys/fs/cgroup/kubepods/pod1/memory.max", "max\n");
     fake_file("sys/fs/cgroup/kubepods/pod1/ctr/memory.max", "8589934592\n");
     expect_limit(UINT64_C(4) << 30, 2, "v2: an ancestor's smaller limit");
+    expect_at("sys/fs/cgroup/kubepods", "v2: the ancestor's charge is the budget's");
     fake_file("sys/fs/cgroup/kubepods/pod1/ctr/memory.max", "1073741824\n");
     expect_limit(UINT64_C(1) << 30, 2, "v2: the process's own, smaller");
+    expect_at("sys/fs/cgroup/kubepods/pod1/ctr", "v2: the process's own cgroup");
     fake_file("sys/fs/cgroup/kubepods/pod1/ctr/memory.max", "max\n");
     fake_file("sys/fs/cgroup/kubepods/memory.max", "max\n");
     expect_limit(0, 0, "v2: max everywhere is no limit");
@@ -134,6 +146,7 @@ static void test_cgroup_limit(void) {
     fake_file("sys/fs/cgroup/memory x/jobs/child/memory.stat",
               "cache 0\nhierarchical_memory_limit 3221225472\ntotal_cache 0\n");
     expect_limit(UINT64_C(3) << 30, 1, "v1: hierarchical_memory_limit (ancestors out of view)");
+    expect_at("sys/fs/cgroup/memory x/jobs/child", "v1: above the mount, the nearest in view");
     fake_file("proc/self/cgroup", "4:memory,hugetlb:/jobs/child\n0::/sub\n");
     fake_file("sys/fs/cgroup/unified/sub/memory.max", "1073741824\n");
     expect_limit(UINT64_C(1) << 30, 2, "both hierarchies: the smaller limit");
@@ -153,8 +166,35 @@ static void test_cgroup_limit(void) {
     expect_limit(UINT64_C(512) << 20, 1, "v1 at the mount's first level");
 }
 
+/* A cgroup's charge: what reclaim cannot drop, over the cgroup and those
+ * below it. v1: the total_ lines (the group's own rss and shmem lines are
+ * smaller); v2: anon and shmem, the format of a 6.x kernel's memory.stat
+ * (written here by hand: no v2 memory controller on this host). */
+static void test_cgroup_charge(void) {
+    fake_reset("charge");
+    char dir[1024];
+    snprintf(dir, sizeof(dir), "%s/g", fake_root);
+    EXPECT_UINT_EQ(dm__cgroup_charge(dir, 1), UINT64_MAX, "no memory.stat: unknown");
+    fake_file("g/memory.stat", "cache 609406976\nrss 3117056\nrss_huge 0\nshmem 9084928\n"
+                               "hierarchical_memory_limit 9223372036854771712\n"
+                               "total_cache 2859077632\ntotal_rss 487596032\n"
+                               "total_rss_huge 0\ntotal_shmem 9084928\ntotal_mapped_file 1\n");
+    EXPECT_UINT_EQ(dm__cgroup_charge(dir, 1), UINT64_C(487596032) + 9084928,
+                   "v1: total_rss + total_shmem");
+    fake_file("g/memory.stat", "anon 1048576000\nfile 2147483648\nkernel 33554432\n"
+                               "kernel_stack 245760\nsock 0\nshmem 4194304\n"
+                               "file_mapped 1048576\nanon_thp 0\n");
+    EXPECT_UINT_EQ(dm__cgroup_charge(dir, 2), UINT64_C(1048576000) + 4194304,
+                   "v2: anon + shmem (anon_thp is within anon)");
+    fake_file("g/memory.stat", "anon_thp 5\nfile 7\n");
+    EXPECT_UINT_EQ(dm__cgroup_charge(dir, 2), UINT64_MAX, "no anon line: unknown, not 0");
+    fake_file("g/memory.stat", "anon 12x\nshmem 1\n");
+    EXPECT_UINT_EQ(dm__cgroup_charge(dir, 2), UINT64_MAX, "not a number: unknown");
+}
+
 int main(void) {
     test_hugepage_primitives();
     test_cgroup_limit();
+    test_cgroup_charge();
     return TEST_EXIT();
 }

@@ -103,101 +103,7 @@ static char worker_source[16];
 static uint16_t root_rows[1] = {ROW_UNTAGGED}, other_rows[1] = {ROW_OTHER};
 static struct dm_ctx other_ctx = {.id = ID_OTHER, .ntally = 1, .tally = other_rows};
 
-/* ---- Memory beside the arenas ------------------------------------------------
- * worker_limit bounds what the process holds, not only its counted arrays: a
- * pandas job keeps a third of its memory in malloc (hash tables), Arrow's pool
- * and Python objects, and a cgroup charges all of it (issue 43: a pandas ETL
- * under spill.yaml was OOM-killed with its arrays at 80% of the limit). So the
- * worker total is compared with its limit less `beside`: the most the
- * process's memory beside its counted arrays has been over the last
- * DM_TALLY_BESIDE_WINDOW_MS (two half-window buckets: between one half and one
- * whole window). A reading is the process's resident anonymous bytes (os.c,
- * dm__os_anon_resident) less the counted live bytes, and, when that would be
- * a new high, less the pages the arenas keep idle (arena.c: jemalloc's stats
- * refreshed), which the next arrays reuse. Why the most and not the last:
- * pandas and Arrow grow their own memory between two arrays, by 100 MiB and
- * more in a merge, where no allocation of ours can say no; the arrays leave
- * room for the highs they have seen (bench/spill_pandas.py: pandas3_arrow in a
- * cgroup of 0.6x its peak was OOM-killed under spill.yaml with the last
- * reading, finished with the most).
- *
- * A reserve against the worker limit reads again when the last reading is
- * DM_TALLY_BESIDE_STALE_MS old (a coarse clock read; one thread wins a
- * compare-and-swap and reads /proc/self/statm, ~10 us, at most 100 times a
- * second): a process that makes no arrays pays nothing. Spilled blocks are file
- * pages, not anonymous: not beside. Counted blocks not yet written (np.empty)
- * are counted whole in `live` and are not resident, which reads as less
- * beside (never below 0): the sum is then what the process holds. */
-#define DM_TALLY_BESIDE_STALE_NS ((uint64_t)DM_TALLY_BESIDE_STALE_MS * 1000000)
-static _Atomic uint64_t beside;    /* bytes counted against the worker limit: the window's most */
-static _Atomic uint64_t beside_at; /* CLOCK_MONOTONIC_COARSE ns of the last reading, 0: never */
-static _Atomic uint64_t window_at; /* when the current bucket began */
-static _Atomic uint64_t most_now, most_before; /* the current and the previous bucket's most */
-uint64_t dm__tally_beside_window_ms = DM_TALLY_BESIDE_WINDOW_MS;
-
-static __attribute__((noinline)) void beside_read(uint64_t now, uint64_t at) {
-    if (!atomic_compare_exchange_strong_explicit(&beside_at, &at, now ? now : 1,
-                                                 memory_order_relaxed, memory_order_relaxed))
-        return; /* another thread reads it */
-    uint64_t half = dm__tally_beside_window_ms * 1000000 / 2;
-    uint64_t since = now - atomic_load_explicit(&window_at, memory_order_relaxed);
-    uint64_t cur = atomic_load_explicit(&most_now, memory_order_relaxed),
-             before = atomic_load_explicit(&most_before, memory_order_relaxed);
-    if (since >= half) { /* a new bucket; the one before is forgotten past a whole window */
-        before = since >= 2 * half ? 0 : cur;
-        cur = 0;
-        atomic_store_explicit(&window_at, now, memory_order_relaxed);
-    }
-    uint64_t anon = dm__os_anon_resident();
-    uint64_t live = atomic_load_explicit(&dm__tally_total.live, memory_order_relaxed);
-    uint64_t b = anon > live ? anon - live : 0;
-    if (b > cur && b > before) { /* a new high, unless it is the arenas' idle pages */
-        uint64_t kept = dm__arena_idle_bytes();
-        b = kept == UINT64_MAX ? b : b > kept ? b - kept : 0;
-    }
-    cur = b > cur ? b : cur;
-    atomic_store_explicit(&most_now, cur, memory_order_relaxed);
-    atomic_store_explicit(&most_before, before, memory_order_relaxed);
-    atomic_store_explicit(&beside, cur > before ? cur : before, memory_order_relaxed);
-}
-
 static inline uint64_t less(uint64_t a, uint64_t b) { return a > b ? a - b : 0; }
-
-/* Gives the arenas' idle pages back (arena.c) and reads `beside` again:
- * whether it was done. At most once per staleness bound, and only once the
- * counted bytes fell below what they were at the last relief (frees may have
- * left idle pages) or ten bounds have passed: a job spilling array after array
- * does not purge and trim for each. Not done while the runtime's lock is busy. */
-static __attribute__((noinline)) bool beside_relieved(void) {
-    static _Atomic uint64_t relieved_at, live_then;
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
-    uint64_t now = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec + 1;
-    uint64_t at = atomic_load_explicit(&relieved_at, memory_order_relaxed);
-    uint64_t live = atomic_load_explicit(&dm__tally_total.live, memory_order_relaxed);
-    bool freed = live < atomic_load_explicit(&live_then, memory_order_relaxed);
-    if (at && now - at < (freed ? 1 : 10) * DM_TALLY_BESIDE_STALE_NS)
-        return false;
-    if (!atomic_compare_exchange_strong_explicit(&relieved_at, &at, now, memory_order_relaxed,
-                                                 memory_order_relaxed))
-        return false; /* another thread relieves */
-    atomic_store_explicit(&live_then, live, memory_order_relaxed);
-    if (!dm__arena_give_back_idle())
-        return false;
-    atomic_store_explicit(&beside_at, 0, memory_order_relaxed); /* read at the next look */
-    return true;
-}
-
-/* `beside`, read again first when it is stale. */
-static uint64_t beside_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
-    uint64_t now = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-    uint64_t at = atomic_load_explicit(&beside_at, memory_order_relaxed);
-    if (DM_UNLIKELY(!at || now - at >= DM_TALLY_BESIDE_STALE_NS))
-        beside_read(now, at);
-    return atomic_load_explicit(&beside, memory_order_relaxed);
-}
 
 /* The limit of tag `name` under the policy in force. */
 static uint64_t limit_for(const char *name) {
@@ -421,7 +327,7 @@ int dm__tally_worker_limit(const dm_policy_t *p, dm__tally_worker_t *w, char *wh
     uint64_t bytes = 0;
     unsigned permille = 0;
     w->limit = UINT64_MAX;
-    w->source[0] = 0;
+    w->source[0] = w->group[0] = 0;
     if (!p->worker_limit[0] || dm_parse_share(p->worker_limit, &bytes, &permille) != 0)
         return 0; /* none (the validator refused any other value) */
     if (!permille) {
@@ -431,7 +337,8 @@ int dm__tally_worker_limit(const dm_policy_t *p, dm__tally_worker_t *w, char *wh
     }
     uint64_t base = 0;
     char reason[320] = "";
-    int rc = dm__os_memory_limit(&base, w->source, sizeof(w->source), reason, sizeof(reason));
+    int rc = dm__os_memory_limit(&base, w->source, sizeof(w->source), reason, sizeof(reason),
+                                 w->group, sizeof(w->group));
     if (rc == 0 && base == 0) {
         rc = DM_EINVALID;
         snprintf(reason, sizeof(reason), "no memory limit can be read here (no "
@@ -488,12 +395,7 @@ bool dm__tally_configure(const dm_policy_t *p, const dm__tally_worker_t *w) {
                 say_unenforced(c->tags[i], limit);
         }
     snprintf(worker_source, sizeof(worker_source), "%s", w->source);
-    /* the policy's limit starts afresh: read at the next reserve, a new window */
-    atomic_store_explicit(&most_now, 0, memory_order_relaxed);
-    atomic_store_explicit(&most_before, 0, memory_order_relaxed);
-    atomic_store_explicit(&window_at, 0, memory_order_relaxed);
-    atomic_store_explicit(&beside, 0, memory_order_relaxed);
-    atomic_store_explicit(&beside_at, 0, memory_order_relaxed);
+    dm__beside_configure(w->group, strcmp(w->source, "cgroup v2") == 0 ? 2 : 1);
     atomic_store_explicit(&dm__tally_total.limit, w->limit, memory_order_relaxed);
     return on;
 }
@@ -526,15 +428,15 @@ static bool add_within(tally_tag_t *t, uint64_t n, uint64_t limit) {
 
 /* A limited count: adds n unless that passes its limit. The worker total's
  * limit is less the memory beside the arenas; where that refuses, the arenas'
- * idle pages and glibc's free ones go back first (beside_relieved says how
+ * idle pages and glibc's free ones go back first (dm__beside_relieved says how
  * often) and the memory beside is read again. */
 static __attribute__((noinline)) bool add_limited(tally_tag_t *t, uint64_t n) {
     uint64_t limit = atomic_load_explicit(&t->limit, memory_order_relaxed);
     if (t != &dm__tally_total)
         return add_within(t, n, limit);
-    if (add_within(t, n, less(limit, beside_now())))
+    if (add_within(t, n, less(limit, dm__beside_now())))
         return true;
-    return beside_relieved() && add_within(t, n, less(limit, beside_now()));
+    return dm__beside_relieved() && add_within(t, n, less(limit, dm__beside_now()));
 }
 
 /* Adds n to a count unless that passes its limit; the peak follows. A count
@@ -568,7 +470,7 @@ static __attribute__((noinline)) bool refuse(const struct dm_ctx *c, int failed,
     uint64_t limit = atomic_load_explicit(&t->limit, memory_order_relaxed);
     uint64_t live = atomic_load_explicit(&t->live, memory_order_relaxed);
     if (failed < 0) /* what counted against the worker limit: arrays and beside */
-        live += atomic_load_explicit(&beside, memory_order_relaxed);
+        live += dm__beside_last();
     note_refusal(t, request, limit, live);
     if (failed < 0) {
         f->kind = DM_REFUSED_WORKER;
@@ -760,7 +662,7 @@ int dm__tally_snapshot(dm_stats_t *out) {
     out->worker_limit = atomic_load_explicit(&dm__tally_total.limit, memory_order_relaxed);
     out->worker_refused = atomic_load_explicit(&dm__tally_total.refused, memory_order_relaxed);
     out->worker_beside = out->worker_limit == UINT64_MAX
-                             ? 0 : atomic_load_explicit(&beside, memory_order_relaxed);
+                             ? 0 : dm__beside_last();
     snprintf(out->worker_limit_source, sizeof(out->worker_limit_source), "%s", worker_source);
     out->tags_overflowed = overflowed;
     out->ntags = 0;

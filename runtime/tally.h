@@ -20,7 +20,19 @@
                                        arrays is read again once this old (tally.c) */
 #define DM_TALLY_BESIDE_WINDOW_MS 30000 /* and is the most it has been over this long */
 /* DM_TALLY_BESIDE_WINDOW_MS; tests shorten it */
-extern uint64_t dm__tally_beside_window_ms;
+extern uint64_t dm__beside_window_ms;
+
+/* beside.c: the memory beside the arrays that counts against the worker limit
+ * (its "Memory beside the arenas"). dm__beside_now reads it again first when
+ * the last reading is DM_TALLY_BESIDE_STALE_MS old; dm__beside_last is the last
+ * figure; dm__beside_relieved gives the arenas' idle pages back before a
+ * refusal (whether it did: then the next look reads again);
+ * dm__beside_configure (under dm__runtime_mu, at install) starts a fresh window
+ * and names the cgroup directory whose charge is read ("": this process's). */
+uint64_t dm__beside_now(void);
+uint64_t dm__beside_last(void);
+bool dm__beside_relieved(void);
+void dm__beside_configure(const char *group, int version);
 #define DM_TALLY_GRAIN_SHIFT 4 /* shadow entry per 16 bytes: counted blocks are >= 16
                                   bytes and 16-aligned */
 
@@ -82,6 +94,9 @@ bool dm__tally_could_count(const struct dm_ctx *c);
 typedef struct dm__tally_worker {
     uint64_t limit;  /* UINT64_MAX = none */
     char source[16]; /* "", "policy", "env", "cgroup v1", "cgroup v2", "ram" */
+    /* A share of a cgroup's limit: that cgroup's directory, whose charge
+     * (every process in it) counts against the limit; "" otherwise. */
+    char group[4096];
 } dm__tally_worker_t;
 
 /* At install, before anything changes (no lock needed: reads the environment

@@ -349,7 +349,7 @@ static void let_beside_go_stale(void) {
  * rest, and fits again once it is gone. Fails if the limit counts only
  * arrays (tally.c, "Memory beside the arenas"). */
 static void test_worker_limit_counts_memory_beside_the_arenas(void) {
-    dm__tally_beside_window_ms = 0; /* the last reading, not the most of a window */
+    dm__beside_window_ms = 0; /* the last reading, not the most of a window */
     uint64_t limit = load_worker_limit_above_now(96);
     void *a = alloc_written(NULL, 32 << 20);
     EXPECT_TRUE(a != NULL, "32 MiB of arrays under a limit 96 MiB above the process");
@@ -382,7 +382,7 @@ static void test_worker_limit_counts_memory_beside_the_arenas(void) {
 #endif
     dm_free(b);
     dm_free(a);
-    dm__tally_beside_window_ms = DM_TALLY_BESIDE_WINDOW_MS;
+    dm__beside_window_ms = DM_TALLY_BESIDE_WINDOW_MS;
     load("version: 1\ndefault: general\narenas:\n  general: {}\n");
 }
 
@@ -391,7 +391,7 @@ static void test_worker_limit_counts_memory_beside_the_arenas(void) {
  * its next high must not find the room taken), then forgets it. Fails if the
  * limit counts the last reading only. */
 static void test_worker_limit_keeps_room_for_the_recent_most_beside(void) {
-    dm__tally_beside_window_ms = 2000;
+    dm__beside_window_ms = 2000;
     load_worker_limit_above_now(96);
     void *a = alloc_written(NULL, 32 << 20);
     EXPECT_TRUE(a != NULL, "32 MiB of arrays under a limit 96 MiB above the process");
@@ -417,7 +417,7 @@ static void test_worker_limit_keeps_room_for_the_recent_most_beside(void) {
 #endif
     dm_free(b);
     dm_free(a);
-    dm__tally_beside_window_ms = DM_TALLY_BESIDE_WINDOW_MS;
+    dm__beside_window_ms = DM_TALLY_BESIDE_WINDOW_MS;
     load("version: 1\ndefault: general\narenas:\n  general: {}\n");
 }
 

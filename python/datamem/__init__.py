@@ -409,10 +409,13 @@ def _holders(kind, n=3):
     tags = top(((k, t.get("live") or 0) for k, t in (s.get("tags") or {}).items()), "tags")
     arenas = top(((k, a.get("allocated_bytes") or 0) for k, a in (s.get("arenas") or {}).items()),
                  "arenas")
-    # the worker limit counts what the process holds beside its arrays too
-    beside = (s.get("tag_bytes") or {}).get("worker_beside") if kind == "worker" else None
-    beside = "beside the arrays (malloc, Arrow, Python objects) %s" % _mib(beside) \
-        if beside else None
+    # the worker limit counts what the process holds beside its arrays too, and
+    # with a share of a cgroup's limit what the group's other processes hold
+    tb = s.get("tag_bytes") or {}
+    beside = tb.get("worker_beside") if kind == "worker" else None
+    group = (tb.get("worker_limit_source") or "").startswith("cgroup")
+    beside = "beside the arrays (%smalloc, Arrow, Python objects) %s" % (
+        "the cgroup's other processes, " if group else "", _mib(beside)) if beside else None
     parts = [p for p in ((arenas, tags, beside) if kind == "worker" else (tags or arenas,)) if p]
     return "largest holders: %s" % "; ".join(parts) if parts else ""
 

@@ -5,6 +5,8 @@ and stats show the bytes on disk. The C side (hole punching, max, a full
 disk, reload) is //runtime:spill_test."""
 import json
 import os
+import subprocess
+import sys
 import textwrap
 
 import pytest
@@ -323,3 +325,56 @@ def test_a_worker_limit_share_spills_under_a_real_cgroup_limit(write_policy, spi
     assert 12 <= n_ram <= 16 and where == ["general"] * n_ram + ["spill"] * (40 - n_ram), out
     assert out["sums_ok"] and out["failure"] is None, out
     assert out["disk"] >= (40 - n_ram) * 16 * MiB, out
+
+
+NEIGHBOUR = r"""
+import sys
+held = b"\x01" * (400 << 20)                     # 400 MiB, written: the group is charged
+print("ready", flush=True)
+sys.stdin.read()                                 # held until the test closes stdin
+"""
+
+GROUP_BUDGET_JOB = r"""
+import json, numpy as np, datamem
+held = []
+try:
+    while len(held) < 64:
+        held.append(np.ones(4 << 20))            # 32 MiB each, written
+    caught = None
+except MemoryError as e:
+    caught = str(e)
+print(json.dumps({"n": len(held), "caught": caught,
+                  "source": datamem.stats()["tag_bytes"]["worker_limit_source"]}))
+"""
+
+
+def test_a_cgroup_share_is_one_budget_for_every_process_in_the_group(write_policy,
+                                                                    memory_groups):
+    """`worker_limit: 70%` of a real cgroup's limit (1 GiB) is a budget for
+    the group, not for each process: beside another process of the group that
+    holds 400 MiB, a job's arrays stop at what is left of the 70% (MemoryError,
+    no spill arena here), where counting its own memory alone it would take
+    about 680 MiB and the kernel would OOM-kill one of the two."""
+    version, make = memory_groups
+    group = make([1 << 30])
+    pol = write_policy("version: 1\ndefault: general\narenas:\n  general: {}\n"
+                       "worker_limit: 70%\n")
+
+    def join():
+        with open(os.path.join(group, "cgroup.procs"), "w") as f:
+            f.write(str(os.getpid()))
+    other = subprocess.Popen([sys.executable, "-c", NEIGHBOUR], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True, preexec_fn=join)
+    try:
+        assert other.stdout.readline().strip() == "ready"
+        r = run_in_group(group, GROUP_BUDGET_JOB, pol, timeout=300)
+        assert other.poll() is None, "the neighbour was killed"
+    finally:
+        other.stdin.close()
+        other.wait(timeout=60)
+    assert r.returncode == 0, (r.returncode, r.stderr[-2000:])  # -9: the OOM killer
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["source"] == "cgroup v%d" % version, out
+    # 70% of 1 GiB is 716.8 MiB; the neighbour's 400 MiB leave at most 316.8 MiB
+    assert 1 <= out["n"] <= 9, out
+    assert out["caught"] and "the cgroup's other processes" in out["caught"], out
