@@ -386,6 +386,26 @@ static void test_worker_limit_counts_memory_beside_the_arenas(void) {
     load("version: 1\ndefault: general\narenas:\n  general: {}\n");
 }
 
+/* Arrays freed leave pages the arenas keep idle (dirty pages, kept big
+ * blocks): the figure leaves them out, but a cgroup charges them. An
+ * allocation the worker limit refuses first hands them back (beside.c,
+ * dm__beside_relieved), so the process's resident memory falls. Fails if a
+ * refusal leaves them. */
+static void test_worker_limit_gives_idle_pages_back_before_it_refuses(void) {
+    load_worker_limit_above_now(96);
+    uint64_t start = dm__os_anon_resident();
+    void *a = alloc_written(NULL, 48 << 20);
+    EXPECT_TRUE(a != NULL, "48 MiB under a limit 96 MiB above the process");
+    dm_free(a);
+    uint64_t kept = dm__os_anon_resident();
+    EXPECT_TRUE(kept >= start + (40u << 20), "freed, its pages kept idle and resident");
+    let_beside_go_stale();
+    EXPECT_TRUE(dm_alloc(NULL, 128 << 20, DM_DT_UNKNOWN) == NULL, "128 MiB is refused");
+    uint64_t after = dm__os_anon_resident();
+    EXPECT_TRUE(after + (40u << 20) <= kept, "the refusal handed the idle pages back");
+    load("version: 1\ndefault: general\narenas:\n  general: {}\n");
+}
+
 /* 64 MiB mapped, written and gone again: the limit keeps room for it for a
  * window (pandas' and Arrow's memory rises and falls between two arrays, and
  * its next high must not find the room taken), then forgets it. Fails if the
@@ -758,6 +778,7 @@ int main(void) {
     test_worker_limit();
     test_worker_limit_counts_memory_beside_the_arenas();
     test_worker_limit_keeps_room_for_the_recent_most_beside();
+    test_worker_limit_gives_idle_pages_back_before_it_refuses();
     test_worker_limit_env();
     return TEST_EXIT();
 }
