@@ -57,6 +57,13 @@ static char group[4096];   /* the budget's cgroup directory, "" none (dm__runtim
 static int group_version;  /* its hierarchy: 1 or 2 (dm__runtime_mu) */
 uint64_t dm__beside_window_ms = DM_TALLY_BESIDE_WINDOW_MS;
 
+/* CLOCK_MONOTONIC_COARSE in ns: a vDSO read, no system call. */
+static inline uint64_t coarse_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
 /* What the budget's memory holds now: its cgroup's charge when the limit is a
  * share of a cgroup's (every process in the group counts), else this
  * process's resident anonymous bytes; UINT64_MAX while dm__runtime_mu is busy
@@ -104,9 +111,7 @@ static __attribute__((noinline)) void beside_read(uint64_t now, uint64_t at) {
  * does not purge and trim for each. Not done while the runtime's lock is busy. */
 bool dm__beside_relieved(void) {
     static _Atomic uint64_t relieved_at, live_then;
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
-    uint64_t now = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec + 1;
+    uint64_t now = coarse_ns() + 1; /* 0 is "never" */
     uint64_t at = atomic_load_explicit(&relieved_at, memory_order_relaxed);
     uint64_t live = atomic_load_explicit(&dm__tally_total.live, memory_order_relaxed);
     bool freed = live < atomic_load_explicit(&live_then, memory_order_relaxed);
@@ -123,9 +128,7 @@ bool dm__beside_relieved(void) {
 }
 
 uint64_t dm__beside_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
-    uint64_t now = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+    uint64_t now = coarse_ns();
     uint64_t at = atomic_load_explicit(&beside_at, memory_order_relaxed);
     if (DM_UNLIKELY(!at || now - at >= DM_TALLY_BESIDE_STALE_NS))
         beside_read(now, at);

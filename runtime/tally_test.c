@@ -343,6 +343,17 @@ static void let_beside_go_stale(void) {
     nanosleep(&ts, NULL);
 }
 
+/* n bytes mapped outside the arenas, every page written: memory beside the
+ * arrays, as glibc's malloc makes for a big block (malloc itself would keep
+ * it under the sanitizers' quarantine). */
+static char *map_written(size_t n) {
+    char *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    EXPECT_TRUE(p != MAP_FAILED, "mmap");
+    if (p != MAP_FAILED)
+        memset(p, 1, n);
+    return p;
+}
+
 /* Memory the process holds outside the arenas (a mapping here; pandas' hash
  * tables and Arrow's pool in a job) counts against worker_limit: an array
  * that fits beside the arrays alone is refused once the mapping holds the
@@ -353,12 +364,7 @@ static void test_worker_limit_counts_memory_beside_the_arenas(void) {
     uint64_t limit = load_worker_limit_above_now(96);
     void *a = alloc_written(NULL, 32 << 20);
     EXPECT_TRUE(a != NULL, "32 MiB of arrays under a limit 96 MiB above the process");
-    /* a mapping, as glibc's malloc makes for a big block (malloc itself would
-     * keep it under the sanitizers' quarantine) */
-    char *outside = mmap(NULL, 64 << 20, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-                         -1, 0);
-    EXPECT_TRUE(outside != MAP_FAILED, "mmap");
-    memset(outside, 1, 64 << 20);
+    char *outside = map_written(64 << 20);
     let_beside_go_stale();
     void *b = dm_alloc(NULL, 32 << 20, DM_DT_UNKNOWN);
     EXPECT_TRUE(b == NULL, "32 arrays + 64 beside + 32 more passes the 96 MiB of room");
@@ -415,10 +421,7 @@ static void test_worker_limit_keeps_room_for_the_recent_most_beside(void) {
     load_worker_limit_above_now(96);
     void *a = alloc_written(NULL, 32 << 20);
     EXPECT_TRUE(a != NULL, "32 MiB of arrays under a limit 96 MiB above the process");
-    char *outside = mmap(NULL, 64 << 20, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-                         -1, 0);
-    EXPECT_TRUE(outside != MAP_FAILED, "mmap");
-    memset(outside, 1, 64 << 20);
+    char *outside = map_written(64 << 20);
     let_beside_go_stale();
     EXPECT_TRUE(dm_alloc(NULL, 32 << 20, DM_DT_UNKNOWN) == NULL, "the mapping takes the room");
     munmap(outside, 64 << 20);
