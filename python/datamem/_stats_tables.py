@@ -187,10 +187,30 @@ def memory_line(cur, width=WIDTH):
     return fit(text, width)
 
 
+def budget_line(cur, width=WIDTH):
+    """The worker limit (`worker_limit`): where it comes from, what counts
+    against it (the arrays, and what is held beside them: with a share of a
+    cgroup's limit, by every process in the group), the share used and the
+    refusals; "" when no worker limit is set (docs/operations.md, "What
+    `worker_limit` counts")."""
+    tb = cur.get("tag_bytes") or {}
+    limit = tb.get("worker_limit")
+    if not limit or limit >= 2 ** 64 - 1:
+        return ""
+    source = printable(tb.get("worker_limit_source") or "?")
+    live, beside = tb.get("live") or 0, tb.get("worker_beside") or 0
+    group = source.startswith("cgroup")
+    text = "budget %s %s%s  arrays %s  beside %s  %d%%  %d refused" % (
+        short_bytes(limit), source, " group" if group else "", short_bytes(live),
+        short_bytes(beside), round(100.0 * (live + beside) / limit),
+        tb.get("worker_refused") or 0)
+    return fit(text, width)
+
+
 def top_text(cur, prev, target, width=WIDTH):
     """What `top TARGET` prints for one snapshot."""
     parts = [header(cur, target, width), table(cur, prev, width),
-             spill_table({None: cur}, width), memory_line(cur, width)]
+             spill_table({None: cur}, width), memory_line(cur, width), budget_line(cur, width)]
     return "\n".join(p for p in parts if p)
 
 

@@ -218,6 +218,27 @@ def _snap(**process):
     return s
 
 
+def test_top_shows_the_worker_budget_and_what_counts_against_it():
+    """`top` says where the worker limit comes from and what counts: the arrays
+    and what is held beside them, with a cgroup's limit by the whole group."""
+    tb = {"live": 512 * MIB, "worker_limit": 1792 * MIB, "worker_limit_source": "cgroup v1",
+          "worker_beside": 1434 * MIB, "worker_refused": 14}
+    last = _stats_cli.top_text(_snap(tag_bytes=tb), None, "x").splitlines()[-1]
+    assert last == ("budget 1.8GiB cgroup v1 group  arrays 512.0MiB  beside 1.4GiB  109%  "
+                    "14 refused"), last
+    tb.update(worker_limit_source="env", worker_beside=0, worker_refused=0)
+    last = _stats_cli.top_text(_snap(tag_bytes=tb), None, "x").splitlines()[-1]
+    assert last == "budget 1.8GiB env  arrays 512.0MiB  beside 0B  29%  0 refused", last
+    # no worker limit (none set: UINT64_MAX, or an older datamem): no line
+    tb["worker_limit"] = 2 ** 64 - 1
+    assert not _stats_cli.top_text(_snap(tag_bytes=tb), None, "x").splitlines()[-1].startswith(
+        "budget")
+    assert not _stats_cli.top_text(_snap(), None, "x").splitlines()[-1].startswith("budget")
+    tb.update(worker_limit=1, worker_limit_source="\x1b[31m" * 40, live=2 ** 60)
+    assert all(len(l) <= 80 and "\x1b" not in l
+               for l in _stats_cli.top_text(_snap(tag_bytes=tb), None, "x").splitlines())
+
+
 def test_top_shows_the_process_under_the_arenas():
     s = _snap(process_resident_bytes=1 << 30, outside_arenas_resident_bytes=768 * MIB)
     lines = _stats_cli.top_text(s, None, "x").splitlines()
