@@ -26,9 +26,9 @@
  * reload goes through dm_runtime_reload over that hash, so it lands only while
  * the policy it took its settings from is still in force: an install that came
  * first wins (DM_ESUPERSEDED), and the thread retries with the new settings
- * once that install has told it of them. Without the hash, a watcher woken by
- * a write just before `datamem.reload()` raised the debounce read the file
- * later, and put a still later write in force under the old debounce.
+ * once that install has told it of them. The hash is what keeps a watcher woken
+ * by a write just before `datamem.reload()` from putting a later write in force
+ * under the settings of the policy that reload replaced.
  *
  * Thread safety: cfg is guarded by watch_mu.
  */
