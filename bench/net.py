@@ -20,7 +20,10 @@ process, from a fixed seed:
                   callgrind instructions per operation (the whole process, the
                   Python loop included) of np.empty(64 B), np.empty(16 KiB) and a
                   loop of small NumPy operations, with per-tag counting off and on
-                  (DATAMEM_TAG_BYTES=1): `+count` figures (instr_per_op); and of
+                  (DATAMEM_TAG_BYTES=1): `+count` figures, and under the policy
+                  with `worker_limit: 100%` added (`+limit`: the limited reserve
+                  and the staleness check of the memory beside the arrays, never
+                  reached) (instr_per_op); and of
                   those, datamem's own share: the instructions inside the NEP 49
                   handler's functions, what they call included (own_instr_per_op,
                   a second callgrind run collecting only there). NumPy's default
@@ -53,6 +56,7 @@ from run import child_env  # noqa: E402  one environment discipline for every be
 
 POLICIES = {"minimal": "configs/minimal.yaml", "throughput": "configs/throughput.yaml"}
 PHASE_N = 20000  # operations per callgrind phase
+SUFFIX = {False: "", True: "+count", "limit": "+limit"}  # a callgrind figure's mode
 
 # One process per (policy, counting, what is collected): a warm-up, then each
 # loop between two os.getppid() calls, where callgrind dumps its counts
@@ -150,7 +154,9 @@ def figures_workloads(policy):
 def callgrind_totals(policy, count, own=False, n=PHASE_N):
     """Instructions per operation of each loop in LOOPS (one callgrind process):
     the whole process's, or with `own` only those inside the handler's functions
-    (what they call included). policy None: NumPy's default handler."""
+    (what they call included). policy None: NumPy's default handler. count:
+    False, True (DATAMEM_TAG_BYTES=1) or "limit" (the policy with
+    `worker_limit: 100%` added)."""
     expect = "datamem" if policy else "default_allocator"
     with tempfile.TemporaryDirectory() as d:
         script = os.path.join(d, "loops.py")
@@ -159,7 +165,12 @@ def callgrind_totals(policy, count, own=False, n=PHASE_N):
         env = policy_env(policy)
         env.pop("DATAMEM_TAG_BYTES", None)
         env["PYTHONHASHSEED"] = "0"  # the same dict layouts, run after run
-        if count:
+        if count == "limit":
+            limited = os.path.join(d, "limited.yaml")
+            with open(os.path.join(ROOT, POLICIES[policy])) as src, open(limited, "w") as dst:
+                dst.write(src.read() + "\nworker_limit: 100%\n")
+            env["DATAMEM_CONFIG"] = limited
+        elif count:
             env["DATAMEM_TAG_BYTES"] = "1"
         out = os.path.join(d, "cg.out")
         cmd = ["valgrind", "--tool=callgrind", "--dump-before=os_getppid",
@@ -194,11 +205,11 @@ def figures_callgrind(policy):
     """A policy's figures, counting off and on; policy None: NumPy's default
     handler's (counting is datamem's, so off only)."""
     f = {}
-    for count in (False, True) if policy else (False,):
+    for count in (False, True, "limit") if policy else (False,):
         for own in (False, True):
             metric = "own_instr_per_op" if own else "instr_per_op"
             for name, v in callgrind_totals(policy, count, own).items():
-                f["%s%s/%s" % (name, "+count" if count else "", metric)] = v
+                f["%s%s/%s" % (name, SUFFIX[count], metric)] = v
     return f
 
 
@@ -222,7 +233,7 @@ def figure_names():
     """Every figure a full run measures (bench/budgets.json holds one budget each)."""
     per = ["mixed/faults_per_op", "mixed/rss_over_live", "temp8/faults_per_iter",
            "temp64/faults_per_iter", "threads8/faults_per_iter", "pandas/rss_ratio"]
-    per += ["%s%s/%s" % (loop, c, m) for loop in LOOPS for c in ("", "+count")
+    per += ["%s%s/%s" % (loop, c, m) for loop in LOOPS for c in SUFFIX.values()
             for m in ("instr_per_op", "own_instr_per_op")]
     return sorted("%s/%s" % (p, f) for p in POLICIES for f in per)
 
