@@ -1,6 +1,7 @@
-"""Two Dask workers on one host in one memory cgroup whose tasks together hold
-more than it allows: NumPy's default against configs/spill.yaml as shipped
-(issue 43, "One budget per container, across processes").
+"""Two Dask workers (or joblib's loky workers, --engine loky) on one host in one
+memory cgroup whose tasks together hold more than it allows: NumPy's default
+against configs/spill.yaml as shipped (issue 43, "One budget per container,
+across processes").
 
 A LocalCluster of WORKERS worker processes (one thread each; Dask's own
 memory_limit from the cgroup, its nanny and spilling as they come) runs one
@@ -16,9 +17,12 @@ task lost to a killed worker, or timed out), wall time, the cgroup's peak and
 OOM kills, and per task the arrays the spill arena held.
 
 Needs root, distributed, SPILL_DIR (default /var/tmp/datamem-spill-bench).
+With --engine loky, joblib.Parallel(n_jobs=WORKERS, backend="loky") runs the
+same tasks instead; a killed worker fails the whole call (TerminatedWorkerError).
+
 Usage: python3 bench/spill_dask.py [--reps 1] [--workers 2] [--gib-per-task 1.5]
-           [--limit-gib 2.5]
-  writes bench/results/spill_dask.json and bench/results/spill_dask.md
+           [--limit-gib 2.5] [--engine dask|loky]
+  writes bench/results/spill_dask.{json,md} (loky: spill_loky.{json,md})
 """
 import argparse
 import json
@@ -56,9 +60,22 @@ def hold(i, arrays, mib):
             "on_spill": datamem_probe.on_spill(held)}
 
 
+def by_loky(workers, arrays, timeout):
+    from joblib import Parallel, delayed
+    try:
+        return Parallel(n_jobs=workers, backend="loky", timeout=timeout)(
+            delayed(hold)(i, arrays, 128) for i in range(workers))
+    except Exception as e:  # a killed worker: TerminatedWorkerError
+        return [{"task": i, "status": "lost", "error": repr(e)} for i in range(workers)]
+
+
 def main():
     workers, arrays, timeout = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
     t0 = time.monotonic()
+    if sys.argv[4] == "loky":
+        res = by_loky(workers, arrays, timeout)
+        print(json.dumps({"wall_s": round(time.monotonic() - t0, 2), "tasks": res}), flush=True)
+        return
     with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
                       dashboard_address=None) as cluster, Client(cluster) as client:
         futs = [client.submit(hold, i, arrays, 128, pure=False, key="hold-%d" % i)
@@ -99,8 +116,8 @@ def outcome(row, want):
         return "script exit %s" % row["returncode"]
     lost = [t for t in tasks if "sum" not in t]
     if lost:
-        return "%d of %d tasks lost (%s)" % (len(lost), len(tasks), "; ".join(
-            (t.get("error") or t.get("status") or "?")[:80] for t in lost))
+        why = sorted(set((t.get("error") or t.get("status") or "?")[:60] for t in lost))
+        return "%d of %d tasks lost (%s)" % (len(lost), len(tasks), "; ".join(why))
     ok = all(t["bad"] == 0 and t["sum"] == want[t["task"]] for t in tasks)
     text = "finished, right results" if ok else "finished, WRONG results"
     if row.get("oom_kills"):  # the nanny restarts a killed worker, the task runs again
@@ -110,7 +127,7 @@ def outcome(row, want):
 
 def run(cg, config, args, child_dir):
     argv = [sys.executable, os.path.join(child_dir, "dask_child.py"), str(args.workers),
-            str(args.arrays), str(TIMEOUT_S)]
+            str(args.arrays), str(TIMEOUT_S), args.engine]
     env = env_for(config)
     env["PYTHONPATH"] = os.pathsep.join([child_dir, env.get("PYTHONPATH", "")])
     cg.reset_peak()
@@ -126,10 +143,11 @@ def run(cg, config, args, child_dir):
 
 
 def md(result, rows):
-    text = ["# Two Dask workers in a memory cgroup smaller than their tasks' arrays", "",
-            "`python3 bench/spill_dask.py %s` (root), %d workers (processes, one thread "
-            "each), each task holding %d arrays of %d MiB (%.2f GiB), in a v1 memory "
-            "cgroup of %.2f GiB; no datamem Dask plugin (DATAMEM_CONFIG exported)." % (
+    what = ("Dask workers (a LocalCluster: processes, one thread each; no datamem Dask "
+            "plugin)" if result["engine"] == "dask" else "joblib loky workers")
+    text = ["# %s in a memory cgroup smaller than their tasks' arrays" % what, "",
+            "`python3 bench/spill_dask.py %s` (root), %d workers, each task holding %d arrays of %d MiB (%.2f GiB), in a v1 memory "
+            "cgroup of %.2f GiB, DATAMEM_CONFIG exported." % (
                 " ".join(sys.argv[1:]), result["workers"], result["arrays"], ARRAY_MIB,
                 result["gib_per_task"], result["limit_gib"]), "",
             "| policy | outcome | wall s | cgroup peak MiB | OOM kills | arrays on spill |",
@@ -150,14 +168,19 @@ def main():
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--gib-per-task", type=float, default=1.5)
     ap.add_argument("--limit-gib", type=float, default=2.5)
+    ap.add_argument("--engine", choices=("dask", "loky"), default="dask",
+                    help="dask: a LocalCluster; loky: joblib.Parallel(backend='loky')")
     args = ap.parse_args()
+    if args.engine == "loky":
+        global OUT, OUT_MD
+        OUT, OUT_MD = (p.replace("spill_dask", "spill_loky") for p in (OUT, OUT_MD))
     args.arrays = max(1, round(args.gib_per_task * 1024 / ARRAY_MIB))
     spill_dir = os.environ.get("SPILL_DIR", "/var/tmp/datamem-spill-bench")
     os.makedirs(spill_dir, mode=0o700, exist_ok=True)
     n = (ARRAY_MIB << 20) // 8
     want = [sum(n * (n - 1) / 2 * (i + k + 1) for k in range(args.arrays))
             for i in range(args.workers)]
-    result = {"workers": args.workers, "arrays": args.arrays, "gib_per_task": args.gib_per_task,
+    result = {"engine": args.engine, "workers": args.workers, "arrays": args.arrays, "gib_per_task": args.gib_per_task,
               "limit_gib": args.limit_gib, "runs": []}
     with tempfile.TemporaryDirectory() as tmp:
         for name, text in (("dask_child.py", CHILD), ("datamem_probe.py", PROBE)):
