@@ -930,6 +930,17 @@ def test_a_reload_does_what_the_reload_column_says(key, tmp_path, request):
         assert out["before"] == out["after"], "%s: a refused reload changed %s" % (key, out)
 
 
+def _expect_line(job, want):
+    """The job's next stdout line, split, is `want`; else the job is stopped and
+    the failure shows its stderr (what the watcher said)."""
+    got = job.stdout.readline().split()
+    if got != want:
+        job.kill()
+        job.wait()
+        pytest.fail("watch_reloads, reload_failures: %s, not %s; stderr:\n%s"
+                    % (got, want, job.stderr.read()[-3000:]))
+
+
 def test_datamem_quiet_keeps_the_watchers_warnings_off_never_its_errors(tmp_path):
     """DATAMEM_QUIET=1 (issue 44): a reload by the file watcher logs no warnings;
     a reload that fails still says so."""
@@ -957,11 +968,11 @@ for line in sys.stdin:   # "wait N": until the watcher has reloaded N times or f
         pol.write_text(base.replace("{a: {}}", "{a: {decay: {budget: 16MB}}}"))  # warns: decimal
         job.stdin.write("wait 1\n")
         job.stdin.flush()
-        assert job.stdout.readline().split() == ["1", "0"]
+        _expect_line(job, ["1", "0"])
         pol.write_text(base + "bogus: 1\n")                        # an error
         job.stdin.write("wait 2\n")
         job.stdin.flush()
-        assert job.stdout.readline().split() == ["1", "1"]
+        _expect_line(job, ["1", "1"])
         job.stdin.close()
         err = job.stderr.read()
         assert job.wait(timeout=30) == 0
