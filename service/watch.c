@@ -4,10 +4,14 @@
  * We watch the file's *directory*, not the file: editors replace files by
  * rename, `mv` swaps the inode, and Kubernetes ConfigMaps update by swapping a
  * `..data` symlink in the directory; a watch on the file itself sees only
- * IN_DELETE_SELF and dies. Any create / close-after-write / moved-to / delete /
- * attribute event naming the file or `..data` starts a debounce timer (editors
- * write in bursts); when it expires the file is read and its content hash is
- * compared with the policy in force, so no-op writes and touches do not reload.
+ * IN_DELETE_SELF and dies. Any create / modify / close-after-write / moved-to /
+ * delete / attribute event naming the file or `..data` (re)starts a debounce
+ * timer (editors write in bursts). Modify counts, truncation included, so a file
+ * written in place is read only once its writer has paused for the debounce, not
+ * when a timer from an earlier event runs out half-way through the write; the
+ * kernel merges a burst of identical events still unread into one. When the
+ * timer expires the file is read and its content hash is compared with the
+ * policy the thread watches for, so no-op writes and touches do not reload.
  * A file that is missing or broken keeps the last good policy: the diagnostics go
  * to the log and the failure is counted. If the directory itself goes away the
  * watch is re-armed every half second until it is back.
@@ -153,10 +157,7 @@ static bool reload_now(const char *path, uint64_t over) {
         dm_runtime_note_reload_failure(); /* after the log: a reader of the count sees both */
         return true;
     }
-    dm_policy_t *cur = dm_runtime_policy_copy();
-    bool same = cur && cur->hash == h;
-    dm_policy_free(cur);
-    if (same) {
+    if (h == over) { /* the bytes of the policy this thread watches for */
         atomic_fetch_add(&watch_skipped, 1);
         return true;
     }
@@ -227,9 +228,10 @@ static void *watch_main(void *arg) {
         }
         pthread_mutex_unlock(&watch_mu);
         if (enabled && wd < 0 && in >= 0) {
-            wd = inotify_add_watch(in, dir, IN_CREATE | IN_CLOSE_WRITE | IN_MOVED_TO |
-                                            IN_MOVED_FROM | IN_DELETE | IN_ATTRIB |
-                                            IN_DELETE_SELF | IN_MOVE_SELF | IN_ONLYDIR);
+            wd = inotify_add_watch(in, dir, IN_CREATE | IN_MODIFY | IN_CLOSE_WRITE |
+                                            IN_MOVED_TO | IN_MOVED_FROM | IN_DELETE |
+                                            IN_ATTRIB | IN_DELETE_SELF | IN_MOVE_SELF |
+                                            IN_ONLYDIR);
             if (wd >= 0 && due < 0)
                 due = now_ms() + debounce; /* re-armed: catch what changed meanwhile */
         }

@@ -3,7 +3,8 @@
  * child's watcher uses descriptors of its own, not the parent's eventfd and
  * inotify instance (a child's watcher on the parent's eventfd could read the
  * parent's wake-ups away), and both still reload; and a reload the watcher
- * decided on yields to an install that lands before it reads the file. (That
+ * decided on yields to an install that lands before it reads the file; and a
+ * file written in place is not read half-way through its write. (That
  * installs reach the watcher in install order is the engine's seam:
  * runtime_test.)
  */
@@ -140,6 +141,50 @@ static void test_a_decided_reload_yields_to_an_install_before_its_read(void) {
     load(path_b);
 }
 
+static uint64_t reload_failures(void) {
+    dm_stats_t s;
+    if (dm_stats_snapshot(&s) != 0)
+        return UINT64_MAX;
+    uint64_t n = s.reload_failures;
+    dm_stats_release(&s);
+    return n;
+}
+
+static void sleep_ms(long ms) {
+    struct timespec t = {ms / 1000, (ms % 1000) * 1000000L};
+    while (nanosleep(&t, &t) != 0 && errno == EINTR) {
+    }
+}
+
+/* A writer that writes the file in place (truncate, write, pause, write, close,
+ * as a script or `cat > policy.yaml` does) while a debounce from an earlier
+ * event is running. The pause passes that debounce's end: a watcher that counted
+ * only close-after-write read the half-written file then, failed the reload and
+ * logged it (test_reload.py's DATAMEM_QUIET test saw it once under load). Every
+ * write restarts the debounce, so the watcher reads the whole file once the
+ * writer has paused for a debounce. Debounce D = 1.6 s; the half write comes at
+ * D/2 after the earlier event and the pause is 3D/4: 400 ms of slack each way. */
+static void test_a_file_written_in_place_is_read_whole(void) {
+    write_policy_debounced(path_b, "w1", "1600ms");
+    load(path_b);
+    uint64_t failures = reload_failures();
+    FILE *f = fopen(path_b, "a"); /* an event: the debounce starts */
+    EXPECT_TRUE(f != NULL, "open the policy to append");
+    if (!f)
+        return;
+    fclose(f);
+    sleep_ms(800);
+    f = fopen(path_b, "w");
+    fputs("version: 1\ndefault: w2\narenas:\n", f);
+    fflush(f); /* half a policy: no arena named w2 yet */
+    sleep_ms(1200);
+    fputs("  w2: {}\nreload: {watch: true, debounce: 10ms}\n", f);
+    fclose(f);
+    EXPECT_TRUE(wait_for_arena("w2", 10), "the whole file is put in force");
+    EXPECT_INT_EQ((long long)(reload_failures() - failures), 0,
+                  "no reload read the half-written file");
+}
+
 static int count_fds(const char *link) {
     DIR *d = opendir("/proc/self/fd");
     int n = 0;
@@ -189,6 +234,7 @@ int main(void) {
     write_policy(path_b, "b2"); /* the watcher runs (and has its inotify instance) */
     EXPECT_TRUE(wait_for_arena("b2", 10), "the parent reloads");
     test_a_decided_reload_yields_to_an_install_before_its_read();
+    test_a_file_written_in_place_is_read_whole();
     test_a_fork_child_watches_with_its_own_descriptors();
     unlink(path_b);
     rmdir(dir_b);
