@@ -55,6 +55,7 @@ static _Atomic uint64_t window_at; /* when the current bucket began */
 static _Atomic uint64_t most_now, most_before; /* the current and the previous bucket's most */
 static char group[4096];   /* the budget's cgroup directory, "" none (dm__runtime_mu) */
 static int group_version;  /* its hierarchy: 1 or 2 (dm__runtime_mu) */
+static _Atomic bool grouped; /* group[0] != 0: a reader without one takes no lock */
 uint64_t dm__beside_window_ms = DM_TALLY_BESIDE_WINDOW_MS;
 
 /* CLOCK_MONOTONIC_COARSE in ns: a vDSO read, no system call. */
@@ -69,6 +70,8 @@ static inline uint64_t coarse_ns(void) {
  * process's resident anonymous bytes; UINT64_MAX while dm__runtime_mu is busy
  * (the group's directory is set under it). */
 static uint64_t held_now(void) {
+    if (!atomic_load_explicit(&grouped, memory_order_relaxed))
+        return dm__os_anon_resident();
     if (pthread_mutex_trylock(&dm__runtime_mu) != 0)
         return UINT64_MAX;
     uint64_t held = group[0] ? dm__cgroup_charge(group, group_version) : UINT64_MAX;
@@ -80,6 +83,9 @@ static __attribute__((noinline)) void beside_read(uint64_t now, uint64_t at) {
     if (!atomic_compare_exchange_strong_explicit(&beside_at, &at, now ? now : 1,
                                                  memory_order_relaxed, memory_order_relaxed))
         return; /* another thread reads it */
+    uint64_t anon = held_now();
+    if (anon == UINT64_MAX)
+        return; /* the policy is being installed: the next look reads */
     uint64_t half = dm__beside_window_ms * 1000000 / 2;
     uint64_t since = now - atomic_load_explicit(&window_at, memory_order_relaxed);
     uint64_t cur = atomic_load_explicit(&most_now, memory_order_relaxed),
@@ -89,9 +95,6 @@ static __attribute__((noinline)) void beside_read(uint64_t now, uint64_t at) {
         cur = 0;
         atomic_store_explicit(&window_at, now, memory_order_relaxed);
     }
-    uint64_t anon = held_now();
-    if (anon == UINT64_MAX)
-        return; /* the policy is being installed: the next look reads */
     uint64_t live = atomic_load_explicit(&dm__tally_total.live, memory_order_relaxed);
     uint64_t b = anon > live ? anon - live : 0;
     if (b > cur && b > before) { /* a new high, unless it is the arenas' idle pages */
@@ -140,6 +143,7 @@ uint64_t dm__beside_last(void) { return atomic_load_explicit(&beside, memory_ord
 void dm__beside_configure(const char *dir, int version) {
     snprintf(group, sizeof(group), "%s", dir);
     group_version = version;
+    atomic_store_explicit(&grouped, group[0] != 0, memory_order_relaxed);
     /* the policy's limit starts afresh: read at the next reserve, a new window */
     atomic_store_explicit(&most_now, 0, memory_order_relaxed);
     atomic_store_explicit(&most_before, 0, memory_order_relaxed);
