@@ -23,15 +23,13 @@
  * of a cgroup's limit a budget for every process in that cgroup (tally.c,
  * "Memory beside the arenas").
  *
- * Thread safety: reentrant (reads files only). dm__cgroup_memory_limit runs at
- * install; dm__cgroup_charge on an allocation's slow path (open, read, close:
- * no allocation, no lock), at most every DM_TALLY_BESIDE_STALE_MS.
+ * Every file is read through os.c. Thread safety: reentrant (reads files only). dm__cgroup_memory_limit runs at
+ * install; dm__cgroup_charge on an allocation's slow path (os.c's
+ * dm__os_read_small: no allocation, no lock), at most every DM_TALLY_BESIDE_STALE_MS.
  */
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "runtime/os.h"
 
@@ -74,25 +72,26 @@ static void unescape(char *s) {
 
 typedef bool line_fn(char *line, int version, hierarchy_t *h);
 
+typedef struct line_call {
+    line_fn *fn;
+    int version;
+    hierarchy_t *h;
+} line_call_t;
+
+static bool call_line(char *line, void *arg) {
+    line_call_t *c = arg;
+    return c->fn(line, c->version, c->h);
+}
+
 /* Calls fn on each line of `root`/`rel` (its newline cut) until one returns
  * true; whether one did. */
 static bool find_line(const char *root, const char *rel, line_fn *fn, int version,
                       hierarchy_t *h) {
     char path[4096];
-    snprintf(path, sizeof(path), "%s/%s", root, rel);
-    FILE *f = fopen(path, "re");
-    if (!f)
+    if (snprintf(path, sizeof(path), "%s/%s", root, rel) >= (int)sizeof(path))
         return false;
-    char *line = NULL;
-    size_t cap = 0;
-    bool found = false;
-    while (!found && getline(&line, &cap, f) > 0) {
-        line[strcspn(line, "\n")] = 0;
-        found = fn(line, version, h);
-    }
-    free(line);
-    fclose(f);
-    return found;
+    line_call_t c = {fn, version, h};
+    return dm__os_each_line(path, call_line, &c);
 }
 
 /* A line of /proc/self/cgroup, "ID:CONTROLLERS:PATH": the process's cgroup in
@@ -149,36 +148,42 @@ static bool find_mount(char *line, int version, hierarchy_t *h) {
  * unreadable, not a number, or v1's unlimited). */
 static uint64_t read_limit(const char *dir, const char *name) {
     char path[4096], val[64];
-    if (snprintf(path, sizeof(path), "%s/%s", dir, name) >= (int)sizeof(path))
+    if (snprintf(path, sizeof(path), "%s/%s", dir, name) >= (int)sizeof(path) ||
+        dm__os_read_small(path, val, sizeof(val)) <= 0 || val[0] < '0' || val[0] > '9')
         return UINT64_MAX;
-    FILE *f = fopen(path, "re");
-    if (!f)
-        return UINT64_MAX;
-    bool ok = fgets(val, sizeof(val), f) != NULL;
-    fclose(f);
     char *end;
-    unsigned long long v = ok && val[0] >= '0' && val[0] <= '9' ? strtoull(val, &end, 10) : 0;
-    return ok && val[0] >= '0' && val[0] <= '9' && (*end == '\n' || !*end) && v > 0 &&
-                   v < V1_UNLIMITED
-               ? (uint64_t)v
-               : UINT64_MAX;
+    unsigned long long v = strtoull(val, &end, 10);
+    return (*end == '\n' || !*end) && v > 0 && v < V1_UNLIMITED ? (uint64_t)v : UINT64_MAX;
+}
+
+/* The value of `key` (followed by a space) in memory.stat text `buf`, or -1. */
+static long long stat_value(const char *buf, const char *key) {
+    size_t n = strlen(key);
+    for (const char *line = buf; line && *line; line = strchr(line, '\n'), line += !!line) {
+        if (strncmp(line, key, n) == 0 && line[n] == ' ') {
+            char *end;
+            unsigned long long v = strtoull(line + n + 1, &end, 10);
+            return end > line + n + 1 && (*end == '\n' || !*end) && v < V1_UNLIMITED
+                       ? (long long)v
+                       : -1;
+        }
+    }
+    return -1;
+}
+
+/* `dir`/memory.stat read whole into buf (cap bytes): whether it was. */
+static bool read_stat(const char *dir, char *buf, size_t cap) {
+    char path[4096];
+    return snprintf(path, sizeof(path), "%s/memory.stat", dir) < (int)sizeof(path) &&
+           dm__os_read_small(path, buf, cap) > 0;
 }
 
 /* hierarchical_memory_limit from v1's memory.stat in `dir`, or UINT64_MAX. */
 static uint64_t v1_hierarchical(const char *dir) {
-    char path[4096];
-    if (snprintf(path, sizeof(path), "%s/memory.stat", dir) >= (int)sizeof(path))
-        return UINT64_MAX;
-    FILE *f = fopen(path, "re");
-    if (!f)
-        return UINT64_MAX;
-    char line[256];
-    unsigned long long v = 0;
-    bool found = false;
-    while (!found && fgets(line, sizeof(line), f))
-        found = sscanf(line, "hierarchical_memory_limit %llu", &v) == 1;
-    fclose(f);
-    return found && v > 0 && v < V1_UNLIMITED ? (uint64_t)v : UINT64_MAX;
+    char buf[8192];
+    long long v = read_stat(dir, buf, sizeof(buf)) ? stat_value(buf, "hierarchical_memory_limit")
+                                                   : -1;
+    return v > 0 ? (uint64_t)v : UINT64_MAX;
 }
 
 /* Whether path `p` has a component "." or "..". */
@@ -237,33 +242,10 @@ uint64_t dm__cgroup_memory_limit(const char *root, int *version, char *at, size_
     return best == UINT64_MAX ? 0 : best;
 }
 
-/* The value of `key` (followed by a space) in memory.stat text `buf`, or -1. */
-static long long stat_value(const char *buf, const char *key) {
-    size_t n = strlen(key);
-    for (const char *line = buf; line && *line; line = strchr(line, '\n'), line += !!line) {
-        if (strncmp(line, key, n) == 0 && line[n] == ' ') {
-            char *end;
-            unsigned long long v = strtoull(line + n + 1, &end, 10);
-            return end > line + n + 1 && (*end == '\n' || !*end) && v < V1_UNLIMITED
-                       ? (long long)v
-                       : -1;
-        }
-    }
-    return -1;
-}
-
 uint64_t dm__cgroup_charge(const char *dir, int version) {
-    char path[4096], buf[8192];
-    if (snprintf(path, sizeof(path), "%s/memory.stat", dir) >= (int)sizeof(path))
+    char buf[8192];
+    if (!read_stat(dir, buf, sizeof(buf)))
         return UINT64_MAX;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return UINT64_MAX;
-    size_t got = 0;
-    for (ssize_t n; got < sizeof(buf) - 1 && (n = read(fd, buf + got, sizeof(buf) - 1 - got)) > 0;)
-        got += (size_t)n;
-    close(fd);
-    buf[got] = 0;
     /* v1's total_*: the cgroup and every cgroup below it (use_hierarchy); v2's
      * memory.stat is hierarchical. Anonymous pages and shmem (tmpfs, /dev/shm):
      * what reclaim cannot drop without swap. Page cache (spilled arrays'

@@ -268,18 +268,40 @@ void dm__os_set_topology(uint64_t nodes) {
     atomic_store_explicit(&fake_nodes, nodes, memory_order_relaxed);
 }
 
-uint64_t dm__os_anon_resident(void) {
-    int fd = open("/proc/self/statm", O_RDONLY | O_CLOEXEC);
+ssize_t dm__os_read_small(const char *path, char *buf, size_t cap) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
-        return 0;
-    char buf[128];
-    ssize_t n = read(fd, buf, sizeof(buf) - 1);
+        return -errno;
+    size_t got = 0;
+    for (ssize_t n; got + 1 < cap && (n = read(fd, buf + got, cap - 1 - got)) > 0;)
+        got += (size_t)n;
     close(fd);
+    if (cap)
+        buf[got] = 0;
+    return (ssize_t)got;
+}
+
+bool dm__os_each_line(const char *path, bool (*fn)(char *line, void *arg), void *arg) {
+    FILE *f = fopen(path, "re");
+    if (!f)
+        return false;
+    char *line = NULL;
+    size_t cap = 0;
+    bool found = false;
+    while (!found && getline(&line, &cap, f) > 0) {
+        line[strcspn(line, "\n")] = 0;
+        found = fn(line, arg);
+    }
+    free(line);
+    fclose(f);
+    return found;
+}
+
+uint64_t dm__os_anon_resident(void) {
+    char buf[128];
     unsigned long long size, resident, shared;
-    if (n <= 0)
-        return 0;
-    buf[n] = 0;
-    if (sscanf(buf, "%llu %llu %llu", &size, &resident, &shared) != 3 || shared > resident)
+    if (dm__os_read_small("/proc/self/statm", buf, sizeof(buf)) <= 0 ||
+        sscanf(buf, "%llu %llu %llu", &size, &resident, &shared) != 3 || shared > resident)
         return 0;
     return (uint64_t)(resident - shared) * dm__os_page_size();
 }

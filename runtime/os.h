@@ -12,6 +12,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 /* Reserves `size` bytes of address space aligned to `align` (PROT_NONE, nothing
  * committed). Returns NULL on failure. Reservations, their release and the
@@ -50,6 +51,14 @@ uint64_t dm__cgroup_memory_limit(const char *root, int *version, char *at, size_
  * (memory.stat: v1 total_rss + total_shmem, v2 anon + shmem), in bytes;
  * UINT64_MAX when it cannot be read. open, read, close: no allocation, no lock. */
 uint64_t dm__cgroup_charge(const char *dir, int version);
+/* Reads the small file at `path` (/proc, cgroupfs) whole into `buf`, at most
+ * cap - 1 bytes, NUL-terminated: its length, or -errno. open, read, close: no
+ * allocation, no lock (an allocation's slow path may call it). */
+ssize_t dm__os_read_small(const char *path, char *buf, size_t cap);
+/* Calls fn(line, arg) on each line of the file at `path` (its newline cut)
+ * until one returns true; whether one did (false: none, or unreadable).
+ * Allocates (getline): never on an allocation path. */
+bool dm__os_each_line(const char *path, bool (*fn)(char *line, void *arg), void *arg);
 /* RLIMIT_AS in bytes, 0 when unlimited. */
 uint64_t dm__os_as_limit(void);
 /* The process's resident anonymous bytes (/proc/self/statm: resident less
