@@ -20,7 +20,7 @@ import sys
 import threading
 import weakref
 
-from . import _arrow, _ext
+from . import _arrow, _ext, _stats_tables
 from ._ext import PolicyError
 
 __all__ = ["install", "uninstall", "reload", "tag", "stats", "current_policy",
@@ -413,7 +413,7 @@ def _holders(kind, n=3):
     # with a share of a cgroup's limit what the group's other processes hold
     tb = s.get("tag_bytes") or {}
     beside = tb.get("worker_beside") if kind == "worker" else None
-    group = (tb.get("worker_limit_source") or "").startswith("cgroup")
+    group = _stats_tables.budget_is_shared(tb)
     beside = "beside the arrays (%smalloc, Arrow, Python objects) %s" % (
         "the cgroup's other processes, " if group else "", _mib(beside)) if beside else None
     parts = [p for p in ((arenas, tags, beside) if kind == "worker" else (tags or arenas,)) if p]

@@ -187,6 +187,13 @@ def memory_line(cur, width=WIDTH):
     return fit(text, width)
 
 
+def budget_is_shared(tag_bytes):
+    """Whether the worker limit of stats' `tag_bytes` is a share of a cgroup's
+    limit, and so one budget for every process in that cgroup (its `beside`
+    counts what the others hold)."""
+    return (tag_bytes.get("worker_limit_source") or "").startswith("cgroup")
+
+
 def budget_line(cur, width=WIDTH):
     """The worker limit (`worker_limit`): where it comes from, what counts
     against it (the arrays, and what is held beside them: with a share of a
@@ -199,7 +206,7 @@ def budget_line(cur, width=WIDTH):
         return ""
     source = printable(tb.get("worker_limit_source") or "?")
     live, beside = tb.get("live") or 0, tb.get("worker_beside") or 0
-    group = source.startswith("cgroup")
+    group = budget_is_shared(tb)
     text = "budget %s %s%s  arrays %s  beside %s  %d%%  %d refused" % (
         short_bytes(limit), source, " group" if group else "", short_bytes(live),
         short_bytes(beside), round(100.0 * (live + beside) / limit),
