@@ -152,6 +152,7 @@ static int set_tags(PyObject *d, const dm_stats_t *s) {
     SET_OBJ(tb, "worker_limit", u64_or_none(s->worker_limit));
     SET_OBJ(tb, "worker_limit_source", PyUnicode_FromString(s->worker_limit_source));
     SET_U64(tb, "worker_refused", s->worker_refused);
+    SET_U64(tb, "worker_spilled", s->worker_spilled);
     SET_U64(tb, "worker_beside", s->worker_beside);
     SET_U64(tb, "overflowed", s->tags_overflowed);
     SET_U64(tb, "unenforced", s->tags_unenforced);

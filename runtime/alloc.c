@@ -360,6 +360,8 @@ static __attribute__((noinline)) void *spill_instead(dm__thread_t *t, int r, siz
         return NULL;
     DM_CTR_ADD(t->ctrs[sp->arena_id].nfallback, 1);
     DM_CTR_ADD(t->rule_ctrs[r].nfallback, 1);
+    if (t->refusal.kind == DM_REFUSED_WORKER) /* the budget's spills, beside its refusals */
+        atomic_fetch_add_explicit(&dm__tally_total.spilled, 1, memory_order_relaxed);
     return p;
 }
 

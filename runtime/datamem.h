@@ -265,7 +265,9 @@ typedef struct dm_stats {
     bool tally_on;
     uint64_t tally_live, tally_peak;  /* all counted blocks */
     uint64_t worker_limit;            /* UINT64_MAX = none */
-    uint64_t worker_refused;
+    uint64_t worker_refused;          /* times the worker limit said no */
+    uint64_t worker_spilled;          /* of them, allocations worker_spill served
+                                         instead (the rest failed: MemoryError) */
     uint64_t worker_beside;           /* resident anonymous bytes beside the counted
                                          arrays, as the worker limit last read them
                                          (0 without a worker limit): they count

@@ -661,6 +661,7 @@ int dm__tally_snapshot(dm_stats_t *out) {
     out->tally_peak = atomic_load_explicit(&dm__tally_total.peak, memory_order_relaxed);
     out->worker_limit = atomic_load_explicit(&dm__tally_total.limit, memory_order_relaxed);
     out->worker_refused = atomic_load_explicit(&dm__tally_total.refused, memory_order_relaxed);
+    out->worker_spilled = atomic_load_explicit(&dm__tally_total.spilled, memory_order_relaxed);
     out->worker_beside = out->worker_limit == UINT64_MAX
                              ? 0 : dm__beside_last();
     snprintf(out->worker_limit_source, sizeof(out->worker_limit_source), "%s", worker_source);

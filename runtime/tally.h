@@ -43,6 +43,7 @@ typedef struct dm__tally_row {
     _Atomic uint64_t live, peak;
     _Atomic uint64_t limit;    /* UINT64_MAX = none */
     _Atomic uint64_t refused;
+    _Atomic uint64_t spilled;  /* refusals a spill arena then served (the worker total's) */
     /* the last refusal (dm_runtime_refusals): written after `refused` grows */
     _Atomic uint64_t last_request, last_limit, last_live;
     /* under dm__runtime_mu */

@@ -276,14 +276,19 @@ static void tags_text(const dm_stats_t *st, const char *cl, dm_buf_t *b) {
     process_u64(b, cl, "counted_peak_bytes", "gauge", "Most counted live bytes so far.",
                 st->tally_peak);
     process_u64(b, cl, "worker_limit_refusals_total", "counter",
-                "Allocations the worker limit refused.", st->worker_refused);
+                "Allocations the worker limit said no to (those worker_spill then served "
+                "included).", st->worker_refused);
+    process_u64(b, cl, "worker_limit_spills_total", "counter",
+                "Allocations the worker limit said no to that worker_spill served instead.",
+                st->worker_spilled);
     if (st->worker_limit != UINT64_MAX) {
         process_u64(b, cl, "worker_limit_bytes", "gauge",
                     "worker_limit: the most counted live bytes plus the bytes beside them.",
                     st->worker_limit);
         process_u64(b, cl, "worker_beside_bytes", "gauge",
                     "Resident anonymous bytes beside the counted arrays (malloc, Arrow, "
-                    "Python objects), as the worker limit last read them: they count "
+                    "Python objects; with a share of a cgroup's limit, the cgroup's other "
+                    "processes too), as the worker limit last read them: they count "
                     "against it.", st->worker_beside);
     }
     process_u64(b, cl, "tag_names_overflowed_total", "counter",
@@ -488,6 +493,7 @@ static void tags_json(const dm_stats_t *st, int *n, dm_buf_t *b) {
     json_limit(b, &k, "worker_limit", st->worker_limit);
     json_strv(b, &k, "worker_limit_source", st->worker_limit_source);
     json_u64(b, &k, "worker_refused", st->worker_refused);
+    json_u64(b, &k, "worker_spilled", st->worker_spilled);
     json_u64(b, &k, "worker_beside", st->worker_beside);
     json_u64(b, &k, "ntags", (uint64_t)st->ntags);
     json_u64(b, &k, "overflowed", st->tags_overflowed);

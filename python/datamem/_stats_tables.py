@@ -197,8 +197,8 @@ def budget_is_shared(tag_bytes):
 def budget_line(cur, width=WIDTH):
     """The worker limit (`worker_limit`): where it comes from, what counts
     against it (the arrays, and what is held beside them: with a share of a
-    cgroup's limit, by every process in the group), the share used and the
-    refusals; "" when no worker limit is set (docs/operations.md, "What
+    cgroup's limit, by every process in the group), the share used, the
+    allocations past it that worker_spill served and those that failed; "" when no worker limit is set (docs/operations.md, "What
     `worker_limit` counts")."""
     tb = cur.get("tag_bytes") or {}
     limit = tb.get("worker_limit")
@@ -207,11 +207,14 @@ def budget_line(cur, width=WIDTH):
     source = printable(tb.get("worker_limit_source") or "?")
     live, beside = tb.get("live") or 0, tb.get("worker_beside") or 0
     group = budget_is_shared(tb)
-    text = "budget %s %s%s  arrays %s  beside %s  %d%%  %d refused" % (
+    text = "budget %s %s%s  arrays %s  beside %s  %d%%" % (
         short_bytes(limit), source, " group" if group else "", short_bytes(live),
-        short_bytes(beside), round(100.0 * (live + beside) / limit),
-        tb.get("worker_refused") or 0)
-    return fit(text, width)
+        short_bytes(beside), round(100.0 * (live + beside) / limit))
+    said_no, spilled = tb.get("worker_refused") or 0, tb.get("worker_spilled") or 0
+    if said_no:
+        text += "\n  past it: %d spilled (worker_spill), %d MemoryError" % (
+            spilled, max(said_no - spilled, 0))
+    return "\n".join(fit(line, width) for line in text.split("\n"))
 
 
 def top_text(cur, prev, target, width=WIDTH):

@@ -222,13 +222,13 @@ def test_top_shows_the_worker_budget_and_what_counts_against_it():
     """`top` says where the worker limit comes from and what counts: the arrays
     and what is held beside them, with a cgroup's limit by the whole group."""
     tb = {"live": 512 * MIB, "worker_limit": 1792 * MIB, "worker_limit_source": "cgroup v1",
-          "worker_beside": 1434 * MIB, "worker_refused": 14}
+          "worker_beside": 1434 * MIB, "worker_refused": 14, "worker_spilled": 11}
+    last = _stats_cli.top_text(_snap(tag_bytes=tb), None, "x").splitlines()[-2:]
+    assert last == ["budget 1.8GiB cgroup v1 group  arrays 512.0MiB  beside 1.4GiB  109%",
+                    "  past it: 11 spilled (worker_spill), 3 MemoryError"], last
+    tb.update(worker_limit_source="env", worker_beside=0, worker_refused=0, worker_spilled=0)
     last = _stats_cli.top_text(_snap(tag_bytes=tb), None, "x").splitlines()[-1]
-    assert last == ("budget 1.8GiB cgroup v1 group  arrays 512.0MiB  beside 1.4GiB  109%  "
-                    "14 refused"), last
-    tb.update(worker_limit_source="env", worker_beside=0, worker_refused=0)
-    last = _stats_cli.top_text(_snap(tag_bytes=tb), None, "x").splitlines()[-1]
-    assert last == "budget 1.8GiB env  arrays 512.0MiB  beside 0B  29%  0 refused", last
+    assert last == "budget 1.8GiB env  arrays 512.0MiB  beside 0B  29%", last
     # no worker limit (none set: UINT64_MAX, or an older datamem): no line
     tb["worker_limit"] = 2 ** 64 - 1
     assert not _stats_cli.top_text(_snap(tag_bytes=tb), None, "x").splitlines()[-1].startswith(

@@ -172,6 +172,8 @@ big = [np.ones(16 << 20, np.uint8) for _ in range(8)]           # 128 MiB untagg
 out["worker"] = [datamem.arena_of(x) for x in big]
 out["failure"] = datamem.last_failure()
 out["beside"] = datamem.stats()["tag_bytes"]["worker_beside"]
+out["tb"] = datamem.stats()["tag_bytes"]
+out["metrics"] = [l for l in datamem.metrics().splitlines() if l.startswith("datamem_worker")]
 print(json.dumps(out))
 """
     r = run_py(code, config=pol, env={"DATAMEM_MEMORY_LIMIT": str(limit)})
@@ -184,6 +186,11 @@ print(json.dumps(out))
     k = out["worker"].count("general")
     assert out["worker"] == ["general"] * k + ["disk"] * (8 - k), out
     assert k == 4 or (UNDER_ASAN and 3 <= k <= 5), out
+    # the worker limit said no 8 - k times, and worker_spill served each (the
+    # tag's spills are its own, not the budget's)
+    assert out["tb"]["worker_refused"] == out["tb"]["worker_spilled"] == 8 - k, out["tb"]
+    assert "datamem_worker_limit_spills_total %d" % (8 - k) in out["metrics"], out["metrics"]
+    assert "datamem_worker_limit_refusals_total %d" % (8 - k) in out["metrics"], out["metrics"]
     assert out["failure"] is None, out
     assert "MemoryError" not in r.stderr, r.stderr
 

@@ -154,6 +154,7 @@ except MemoryError as e:
     out["error"] = str(e)
 out["held"] = len(held)
 out["beside"] = datamem.stats()["tag_bytes"]["worker_beside"]
+out["after"] = datamem.stats()["tag_bytes"]
 print(json.dumps(out))
 """
     out = last_json(run_py(code, config=pol, env={"DATAMEM_MEMORY_LIMIT": "256MiB"}))
@@ -164,6 +165,8 @@ print(json.dumps(out))
     assert 1 <= out["held"] < 8 and out["beside"] > 0, out
     assert (out["held"] + 1) * 16 * MiB + out["beside"] > 128 * MiB, out
     assert out["error"].startswith("datamem: the worker limit of 128.0 MiB is reached"), out
+    # no worker_spill: the limit said no once, and nothing spilled
+    assert (out["after"]["worker_refused"], out["after"]["worker_spilled"]) == (1, 0), out
 
 
 def test_memory_limit_takes_the_policys_sizes(write_policy):
