@@ -218,6 +218,49 @@ done:
     return res;
 }
 
+/* budget(path) -> None when the policy at `path` sets no worker_limit, else
+ * {limit, base, source, group, held} as dm_runtime_budget reads them now
+ * (held None: per process, or unreadable) and spill, the worker_spill arena's
+ * name or None; ValueError when a share's limit
+ * cannot be read here. */
+static PyObject *py_budget(PyObject *self, PyObject *args) {
+    PyObject *path_obj;
+    if (!PyArg_ParseTuple(args, "O&", PyUnicode_FSConverter, &path_obj))
+        return NULL;
+    aside_t a;
+    PyObject *res = NULL;
+    dm_budget_t *b = PyMem_RawMalloc(sizeof(*b)); /* 4 KiB of path: not on the stack */
+    if (!b) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (aside_read(&a, PyBytes_AS_STRING(path_obj), 0, 512) == 0 && a.rc) {
+        raise_diags(a.diags, a.rc);
+    } else if (a.policy) { /* NULL: aside_read failed, MemoryError set */
+        int rc;
+        Py_BEGIN_ALLOW_THREADS
+        rc = dm_runtime_budget(a.policy, b, a.text, a.cap);
+        Py_END_ALLOW_THREADS
+        if (rc)
+            PyErr_SetString(PyExc_ValueError, a.text);
+        else if (b->limit == UINT64_MAX)
+            res = Py_NewRef(Py_None);
+        else
+            res = Py_BuildValue(
+                "{sKsKsssNsNsz}", "limit", (unsigned long long)b->limit, "base",
+                (unsigned long long)b->base, "source", b->source, "group",
+                PyUnicode_DecodeFSDefault(b->group), "held",
+                b->held == UINT64_MAX ? Py_NewRef(Py_None) : PyLong_FromUnsignedLongLong(b->held),
+                "spill", a.policy->worker_spill >= 0 ? a.policy->arenas[a.policy->worker_spill].name
+                                                     : NULL);
+    }
+    aside_free(&a);
+done:
+    PyMem_RawFree(b);
+    Py_DECREF(path_obj);
+    return res;
+}
+
 /* trust_open(path, want, mode) -> (fd, code, why, errno): policy/trust.c's rule for
  * python/datamem/_files.py, so the Python side resolves and checks paths by
  * the very code the C side uses. `want`: 0 a policy file to read, 1 a
@@ -303,6 +346,7 @@ PyMethodDef dm__load_methods[] = {
     {"load", py_load, METH_VARARGS, "load(path) -> warnings: parse, compile and publish a policy"},
     {"check", py_check, METH_VARARGS, "check(path) -> (ok, diagnostics, summary)"},
     {"explain", py_explain, METH_VARARGS, "explain(path, size, dtype, thread, tags, table) -> text"},
+    {"budget", py_budget, METH_VARARGS, "budget(path) -> what the policy's worker_limit comes to here and now, or None"},
     {"policy_settings", py_policy_settings, METH_NOARGS, "process-level settings of the policy in force"},
     {"trust_open", py_trust_open, METH_VARARGS, "trust_open(path, want, mode) -> (fd, code, why, errno): the path rule of policy/trust.c"},
     {"warnings_changed", py_warnings_changed, METH_O, "warnings_changed(text) -> whether these policy warnings are new to this process"},

@@ -151,3 +151,16 @@ void dm__beside_configure(const char *dir, int version) {
     atomic_store_explicit(&beside, 0, memory_order_relaxed);
     atomic_store_explicit(&beside_at, 0, memory_order_relaxed);
 }
+
+int dm_runtime_budget(const dm_policy_t *p, dm_budget_t *out, char *why, size_t cap) {
+    dm__tally_worker_t w;
+    int rc = dm__tally_worker_limit(p, &w, why, cap);
+    *out = (dm_budget_t){.limit = rc ? UINT64_MAX : w.limit, .base = w.base, .held = UINT64_MAX};
+    if (rc)
+        return rc;
+    snprintf(out->source, sizeof(out->source), "%s", w.source);
+    snprintf(out->group, sizeof(out->group), "%s", w.group);
+    if (w.group[0])
+        out->held = dm__cgroup_charge(w.group, strcmp(w.source, "cgroup v2") == 0 ? 2 : 1);
+    return 0;
+}

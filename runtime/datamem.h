@@ -162,6 +162,23 @@ typedef struct dm_refusals {
 } dm_refusals_t;
 DM_API int dm_runtime_refusals(const char *name, dm_refusals_t *out);
 
+/* What policy `p`'s worker_limit comes to here and now (explain): its bytes,
+ * the memory limit a share is of and where that comes from (DATAMEM_MEMORY_LIMIT,
+ * the cgroup's limit, physical memory: read now, as an install would), and,
+ * for a share of a cgroup's limit (one budget for every process in that
+ * cgroup), that cgroup's directory and what it holds now: anonymous pages and
+ * shmem, what counts against the budget. 0, or an error with one line in
+ * `why` (a share of a limit that cannot be read). Reads files: never on an
+ * allocation path. */
+typedef struct dm_budget {
+    uint64_t limit;      /* UINT64_MAX: `p` sets no worker_limit */
+    uint64_t base;       /* the limit a share is of; 0 for a size */
+    char source[16];     /* "policy", "env", "cgroup v1", "cgroup v2", "ram" */
+    char group[4096];    /* the budget's cgroup directory, "" when per process */
+    uint64_t held;       /* what that cgroup holds now; UINT64_MAX: no group, unreadable */
+} dm_budget_t;
+DM_API int dm_runtime_budget(const dm_policy_t *p, dm_budget_t *out, char *why, size_t cap);
+
 /* Where the CUDA runtime is (`pinned: cuda`), e.g. from DATAMEM_CUDART; NULL or
  * "" tries libcudart.so and its usual versions. Takes effect at the next
  * install that needs it. */

@@ -327,6 +327,7 @@ int dm__tally_worker_limit(const dm_policy_t *p, dm__tally_worker_t *w, char *wh
     uint64_t bytes = 0;
     unsigned permille = 0;
     w->limit = UINT64_MAX;
+    w->base = 0;
     w->source[0] = w->group[0] = 0;
     if (!p->worker_limit[0] || dm_parse_share(p->worker_limit, &bytes, &permille) != 0)
         return 0; /* none (the validator refused any other value) */
@@ -350,6 +351,7 @@ int dm__tally_worker_limit(const dm_policy_t *p, dm__tally_worker_t *w, char *wh
         w->source[0] = 0;
         return rc;
     }
+    w->base = base;
     w->limit = base > UINT64_MAX / 1000 ? base / 1000 * permille : base * permille / 1000;
     return 0;
 }

@@ -94,6 +94,7 @@ bool dm__tally_could_count(const struct dm_ctx *c);
  * process's memory limit (os.h, dm__os_memory_limit) read now. */
 typedef struct dm__tally_worker {
     uint64_t limit;  /* UINT64_MAX = none */
+    uint64_t base;   /* the memory limit a share is of; 0 for a size */
     char source[16]; /* "", "policy", "env", "cgroup v1", "cgroup v2", "ram" */
     /* A share of a cgroup's limit: that cgroup's directory, whose charge
      * (every process in it) counts against the limit; "" otherwise. */

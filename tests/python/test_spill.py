@@ -5,6 +5,7 @@ and stats show the bytes on disk. The C side (hole punching, max, a full
 disk, reload) is //runtime:spill_test."""
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -138,6 +139,7 @@ def test_freed_spilled_arrays_give_their_disk_blocks_back_within_decay(write_pol
 
 ANON_RESIDENT = r"""
 import os
+import re
 with open("/proc/self/statm") as f:
     size, resident, shared = (int(v) for v in f.read().split()[:3])
 print((resident - shared) * os.sysconf("SC_PAGE_SIZE"))
@@ -223,6 +225,56 @@ def test_explain_says_when_an_allocation_would_spill(write_policy, spill_dir):
     assert "spills: arena 'disk' is a file in %s" % spill_dir in big, r.stdout
     assert "past tag 'task-7''s limit of 33554432 bytes: spills to arena 'disk'" in small, r.stdout
     assert "past worker_limit 1GiB: spills to arena 'disk'" in small, r.stdout
+
+
+EXPLAIN = r"""
+import sys, datamem
+for size in (64 << 20, 600 << 20):
+    print(datamem.explain(sys.argv[1], size))
+"""
+
+
+def test_explain_says_what_the_budget_would_do_now(write_policy, spill_dir, memory_groups):
+    """`explain` resolves worker_limit here and now: with a share of a
+    cgroup's limit, the group's budget, what the group holds now (a neighbour's
+    400 MiB) and whether an array of the size asked fits or spills; with
+    DATAMEM_MEMORY_LIMIT, a budget per process; a limit that cannot be read,
+    why."""
+    version, make = memory_groups
+    group = make([1 << 30])
+    pol = spill_policy(write_policy, spill_dir, "worker_limit: 70%\nworker_spill: disk\n")
+
+    def join():
+        with open(os.path.join(group, "cgroup.procs"), "w") as f:
+            f.write(str(os.getpid()))
+    other = subprocess.Popen([sys.executable, "-c", NEIGHBOUR], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True, preexec_fn=join)
+    try:
+        assert other.stdout.readline().strip() == "ready"
+        e = {k: v for k, v in os.environ.items() if k != "DATAMEM_MEMORY_LIMIT"}
+        r = subprocess.run([sys.executable, "-c", EXPLAIN, pol], env=e, capture_output=True,
+                           text=True, timeout=60, preexec_fn=join)
+    finally:
+        other.stdin.close()
+        other.wait(timeout=60)
+    assert r.returncode == 0, r.stderr
+    fits, past = r.stdout.split("-> default", 2)[1:]
+    assert ("budget now: 716.8MiB (70%% of the cgroup v%d limit 1.0GiB), one budget for every "
+            "process in\n     cgroup %s\n" % (version, group)) in fits, r.stdout
+    held = re.search(r"the cgroup holds (\S+) now \(anonymous and shmem pages\): (\S+) left",
+                     fits)
+    assert held and 400 << 20 <= _parse_size(held.group(1)) < 600 << 20, r.stdout
+    assert "an array of 64.0MiB now: fits" in fits, r.stdout
+    assert "an array of 600.0MiB now: spills to arena 'disk'" in past, r.stdout
+    # per process: what each process holds is its own, known only to `top PID`
+    r = run_py(EXPLAIN.replace("sys.argv[1]", repr(pol)), env={"DATAMEM_MEMORY_LIMIT": "2GiB"})
+    assert ("budget now: 1.4GiB (70% of DATAMEM_MEMORY_LIMIT 2.0GiB) per process: each "
+            "process's arrays and what it holds\n     beside them count against its own") in \
+        r.stdout, r.stdout + r.stderr
+    assert "an array past it: spills to arena 'disk'" in r.stdout, r.stdout
+    r = run_py(EXPLAIN.replace("sys.argv[1]", repr(pol)), env={"DATAMEM_MEMORY_LIMIT": "lots"})
+    assert "budget now: cannot be read here: 70% of the process's memory limit" in r.stdout, \
+        r.stdout + r.stderr
 
 
 def _parse_size(cell):
