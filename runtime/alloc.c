@@ -1,7 +1,7 @@
 /*
  * alloc.c: the allocation paths: the fast path, the block cache's pops and
  * pushes, the general (routed) path, limits and per-tag tallies, big blocks,
- * call-site rules and free (realloc: realloc.c). Everything the fast path (dm_alloc,
+ * call-site rules, free and realloc (refusals: refusal.c). Everything the fast path (dm_alloc,
  * dm_free_hint: alloc_impl, free_impl) inlines lives in this one file, so the
  * compiler sees it whole; the block cache's state and slow operations are in
  * bcache.c (bcache.h), binding in thread.c.
@@ -23,7 +23,6 @@
  * thread writes only its own state and relaxed counters, and reads the table
  * it holds a reference to.
  */
-#include <fnmatch.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,6 +32,7 @@
 #include "runtime/bigblock.h"
 #include "runtime/internal.h"
 #include "runtime/os.h"
+#include "runtime/refusal.h"
 #include "runtime/spill.h"
 #include "runtime/tally.h"
 
@@ -125,28 +125,24 @@ static inline void *je_alloc_flags(dm__thread_t *t, int flags, dm__arena_je_t *j
                                  (unsigned)MALLOCX_ARENA(ja->index) | tcache_flags(t, ja)));
 }
 
-static inline void *je_alloc(dm__thread_t *t, const dm__dispatch_slot_t *s, dm__arena_je_t *ja,
-                             size_t n, int zero) {
-    return je_alloc_flags(t, s->flags, ja, n, zero);
+/* A block below DM_BIG_THP_MIN from `ja`; past jemalloc's small classes the
+ * arena's growth check follows (arena.c). */
+static inline __attribute__((always_inline)) void *
+small_block(dm__thread_t *t, const dm__dispatch_slot_t *s, dm__arena_je_t *ja, size_t n,
+            int zero) {
+    void *p = je_alloc_flags(t, s->flags, ja, n, zero);
+    if (n > DM_SC_MAX)
+        dm__arena_check_growth(ja);
+    return p;
 }
 
-/* n >= 4 MiB: a block kept by dm__bigblock_keep if one of its size is there
- * (bigblock.c, "Reuse"), else jemalloc's, its pages past n trimmed
- * ("Trimming"), then the growth check. */
-static __attribute__((noinline)) void *slot_alloc_big(dm__thread_t *t, const dm__dispatch_slot_t *s,
-                                                      dm__arena_je_t *ja, size_t n, int zero) {
-    int flags = dm__bigblock_flags(ja, s->flags);
-    size_t c;
-    char *p = dm__bigblock_take(ja, n, flags, &c);
-    if (p) {
-        if (DM_UNLIKELY(ja->spill != NULL)) /* resident_max, before anyone writes */
-            dm__spill_catch_up(ja->spill, n);
-        if (zero)
-            memset(p + c, 0, n);
-        return p + c;
-    }
-    c = dm__bigblock_colour(ja, n, s->flags, flags);
-    p = je_alloc_flags(t, flags, ja, n + c, zero);
+/* A big block of n bytes fresh from jemalloc, handed out at colour c (n + c
+ * asked for, with big-block flags): its pages past n trimmed (bigblock.c,
+ * "Trimming"), the growth check, and a spill arena's resident bound kept
+ * before anyone writes. */
+static void *big_fresh(dm__thread_t *t, dm__arena_je_t *ja, int flags, size_t n, size_t c,
+                       int zero) {
+    char *p = je_alloc_flags(t, flags, ja, n + c, zero);
     if (!p)
         return NULL;
     dm__bigblock_trim(p, n + c, SIZE_MAX);
@@ -156,23 +152,36 @@ static __attribute__((noinline)) void *slot_alloc_big(dm__thread_t *t, const dm_
     return p + c;
 }
 
+/* n >= 4 MiB, untracked: a block kept by dm__bigblock_keep if one of its size
+ * is there (bigblock.c, "Reuse"), at the colour it had, else a fresh one at a
+ * new colour. */
+static __attribute__((noinline)) void *slot_alloc_big(dm__thread_t *t, const dm__dispatch_slot_t *s,
+                                                      dm__arena_je_t *ja, size_t n, int zero) {
+    int flags = dm__bigblock_flags(ja, s->flags);
+    size_t c;
+    char *p = dm__bigblock_take(ja, n, flags, &c);
+    if (!p)
+        return big_fresh(t, ja, flags, n, dm__bigblock_colour(ja, n, s->flags, flags), zero);
+    if (DM_UNLIKELY(ja->spill != NULL)) /* resident_max, before anyone writes */
+        dm__spill_catch_up(ja->spill, n);
+    if (zero)
+        memset(p + c, 0, n);
+    return p + c;
+}
+
 static inline __attribute__((always_inline)) void *
 slot_alloc(dm__thread_t *t, const dm__dispatch_slot_t *s, size_t size, int zero) {
     if (DM_UNLIKELY(s->tracked))
         return slot_alloc_tracked(t, s, size, zero);
-    size_t n = size ? size : 1; /* mallocx(0) is undefined */
-    n = (n + s->round) & ~s->round;
-    if (DM_UNLIKELY(n < size))
+    size_t n = dm__slot_size(s, size);
+    if (DM_UNLIKELY(n == 0))
         return NULL;
     dm__arena_je_t *ja = slot_je(s);
     if (DM_UNLIKELY(!ja))
         return NULL;
     if (DM_UNLIKELY(n >= DM_BIG_THP_MIN))
         return slot_alloc_big(t, s, big_half(ja), n, zero);
-    void *p = je_alloc(t, s, ja, n, zero);
-    if (n > DM_SC_MAX)
-        dm__arena_check_growth(ja);
-    return p;
+    return small_block(t, s, ja, n, zero);
 }
 
 /* Adds `usable` bytes to a tracked arena's live count unless that would pass
@@ -203,47 +212,33 @@ static bool live_reserve(dm__thread_t *t, dm__arena_t *a, size_t usable, size_t 
 
 /* An arena with a limit (`s->tracked`): the block's usable size is added to
  * the arena's live bytes (a compare-and-swap that refuses to pass the limit)
- * *before* it is allocated, and taken back if jemalloc then fails, so
- * concurrent threads can never take the arena past it. Frees (free_slow) subtract the same usable
- * size. No block cache: its blocks are never tagged. */
+ * *before* it is allocated, then it is allocated as an untracked one is (no
+ * kept big blocks: a tracked arena keeps none), and the reservation is taken
+ * back if that fails, so concurrent threads can never take the arena past its
+ * limit. Frees (free_slow) subtract the same usable size. No block cache: its
+ * blocks are never tagged. */
 static __attribute__((noinline)) void *slot_alloc_tracked(dm__thread_t *t,
                                                           const dm__dispatch_slot_t *s,
                                                           size_t size, int zero) {
-    size_t n = size ? size : 1;
-    n = (n + s->round) & ~s->round;
-    if (DM_UNLIKELY(n < size))
-        return NULL;
-    dm__arena_je_t *ja = slot_je(s);
+    size_t n = dm__slot_size(s, size);
+    dm__arena_je_t *ja = n ? slot_je(s) : NULL;
     if (DM_UNLIKELY(!ja))
         return NULL;
+    bool big = n >= DM_BIG_THP_MIN;
     int flags = s->flags;
     size_t c = 0; /* a big block's colour (bigblock.c) */
-    if (n >= DM_BIG_THP_MIN) {
+    if (big) {
         ja = big_half(ja);
         flags = dm__bigblock_flags(ja, flags);
         c = dm__bigblock_colour(ja, n, s->flags, flags);
     }
-    flags = (int)((unsigned)flags | (unsigned)MALLOCX_ARENA(ja->index));
-    size_t usable = dmje_nallocx(n + c, flags);
-    if (DM_UNLIKELY(usable == 0))
+    size_t usable = dmje_nallocx(n + c, (int)((unsigned)flags | MALLOCX_ARENA(ja->index)));
+    if (DM_UNLIKELY(usable == 0) || !live_reserve(t, s->arena, usable, size))
         return NULL;
-    dm__arena_t *a = s->arena;
-    if (!live_reserve(t, a, usable, size))
-        return NULL;
-    DM_TSAN_ACQUIRE();
-    char *p = dmje_mallocx(n + c, (int)((unsigned)flags | (unsigned)zero | tcache_flags(t, ja)));
-    if (DM_UNLIKELY(!p)) {
-        atomic_fetch_sub_explicit(&a->live, usable, memory_order_relaxed);
-        return NULL;
-    }
-    if (n > DM_SC_MAX) {
-        if (n >= DM_BIG_THP_MIN)
-            dm__bigblock_trim(p, n + c, SIZE_MAX);
-        dm__arena_check_growth(ja);
-        if (n >= DM_BIG_THP_MIN && ja->spill) /* resident_max, before the caller writes */
-            dm__spill_catch_up(ja->spill, n);
-    }
-    return p + c;
+    void *p = big ? big_fresh(t, ja, flags, n, c, zero) : small_block(t, s, ja, n, zero);
+    if (DM_UNLIKELY(!p))
+        atomic_fetch_sub_explicit(&s->arena->live, usable, memory_order_relaxed);
+    return p;
 }
 
 /* A tracked arena's block goes: its usable size leaves the arena's count. */
@@ -254,49 +249,6 @@ static __attribute__((noinline)) void untrack_slow(dm__arena_je_t *ja, const voi
 static inline void untrack(dm__arena_je_t *ja, const void *p) {
     if (DM_UNLIKELY(atomic_load_explicit(&ja->tracked, memory_order_relaxed)))
         untrack_slow(ja, p);
-}
-
-static __attribute__((noinline)) void *alloc_failed(dm__thread_t *t, dm__dispatch_t *tab,
-                                                    const dm__dispatch_slot_t *s, int rule,
-                                                    size_t size, int zero) {
-    bool limited = t->limit_refused;
-    t->limit_refused = false;
-    const dm_policy_t *pol = tab->policy;
-    const char *rule_name = rule < pol->nrules ? pol->rules[rule].name : "default";
-    DM_CTR_ADD(t->ctrs[s->arena_id].nfail, 1);
-    DM_CTR_ADD(t->rule_ctrs[rule].nfail, 1);
-    if (limited) {
-        snprintf(t->last_failure.rule, sizeof(t->last_failure.rule), "%s", rule_name);
-        DM_CTR_ADD(t->ctrs[s->arena_id].nlimit, 1);
-        DM_CTR_ADD(t->rule_ctrs[rule].nlimit, 1);
-    }
-    if (tab->fallback < 0 || tab->fallback_slot.arena == s->arena) {
-        if (limited)
-            dm__failure_log(&t->last_failure);
-        return NULL;
-    }
-    const dm__dispatch_slot_t *f = &tab->fallback_slot;
-    dm_failure_t first = t->last_failure;
-    void *p = slot_alloc(t, f, size, zero);
-    if (p) {
-        DM_CTR_ADD(t->ctrs[f->arena_id].nfallback, 1);
-        DM_CTR_ADD(t->rule_ctrs[rule].nfallback, 1);
-        return p;
-    }
-    DM_CTR_ADD(t->ctrs[f->arena_id].nfail, 1);
-    if (t->limit_refused) { /* the fallback's own limit */
-        t->limit_refused = false;
-        DM_CTR_ADD(t->ctrs[f->arena_id].nlimit, 1);
-        snprintf(t->last_failure.rule, sizeof(t->last_failure.rule), "%s", rule_name);
-    }
-    if (limited) { /* report the rule's own arena, noting the fallback had no room */
-        first.seq = t->last_failure.seq;
-        first.fallback_tried = true;
-        t->last_failure = first;
-    }
-    if (limited || t->last_failure.seq != first.seq)
-        dm__failure_log(&t->last_failure);
-    return NULL;
 }
 
 /* Returns the slot for (size, dt) in the caller's context, binding if needed. */
@@ -310,12 +262,12 @@ static inline const dm__dispatch_slot_t *route(dm__thread_t *t, const dm_ctx_t *
     return &t->table->slots[r];
 }
 
-/* Serves slot `s` (rule `r`) and counts it; a failure goes to alloc_failed. */
+/* Serves slot `s` (rule `r`) and counts it; a failure goes to refusal.c. */
 static inline __attribute__((always_inline)) void *
 alloc_counted(dm__thread_t *t, const dm__dispatch_slot_t *s, int r, size_t size, int dt, int zero) {
     void *p = slot_alloc(t, s, size, zero);
     if (DM_UNLIKELY(!p))
-        return alloc_failed(t, t->table, s, r, size, zero);
+        return dm__refusal_failed(t, s, r, size, zero);
     dm__ctrs_t *ac = &t->ctrs[s->arena_id], *rc = &t->rule_ctrs[r];
     DM_CTR_ADD(ac->nalloc, 1);
     DM_CTR_ADD(ac->bytes, size);
@@ -324,69 +276,6 @@ alloc_counted(dm__thread_t *t, const dm__dispatch_slot_t *s, int r, size_t size,
     DM_CTR_ADD(rc->bytes, size);
     DM_CTR_ADD(rc->ndtype_known, dt != DM_DT_UNKNOWN);
     return p;
-}
-
-/* The spill arena the limit that refused names (tag_limits[].spill for a tag's,
- * worker_spill for the worker's), or NULL. */
-static const dm__dispatch_slot_t *spill_target(const dm__dispatch_t *tab, const dm_failure_t *f) {
-    const dm_policy_t *p = tab->policy;
-    int a = -1;
-    if (f->kind == DM_REFUSED_WORKER) {
-        a = p->worker_spill;
-    } else if (f->kind == DM_REFUSED_TAG) {
-        for (int i = 0; i < p->ntag_limits; i++) /* the entry that gave the tag its limit */
-            if (fnmatch(p->tag_limits[i].tag, f->tag, 0) == 0) {
-                a = p->tag_limits[i].spill;
-                break;
-            }
-    }
-    return a >= 0 ? &tab->spill_slots[a] : NULL;
-}
-
-/* A tag's or the worker's limit refused the allocation (t->refusal says which)
- * and names an arena to spill to (tag_limits[].spill, worker_spill): that arena
- * serves it instead, uncounted (those limits count RAM), and it is no failure:
- * the thread's last_failure stays as it was. Its own failure (max, a full disk)
- * is the original refusal's; no `fallback` is tried, which could be RAM.
- * Counted as a fallback of the rule and the spill arena. */
-static __attribute__((noinline)) void *spill_instead(dm__thread_t *t, int r, size_t size,
-                                                     int zero) {
-    const dm__dispatch_slot_t *sp = spill_target(t->table, &t->refusal);
-    if (!sp)
-        return NULL;
-    void *p = slot_alloc(t, sp, size, zero);
-    t->limit_refused = false; /* the spill arena's own limit: the refusal stands */
-    if (!p)
-        return NULL;
-    DM_CTR_ADD(t->ctrs[sp->arena_id].nfallback, 1);
-    DM_CTR_ADD(t->rule_ctrs[r].nfallback, 1);
-    if (t->refusal.kind == DM_REFUSED_WORKER) /* the budget's spills, beside its refusals */
-        atomic_fetch_add_explicit(&dm__tally_total.spilled, 1, memory_order_relaxed);
-    return p;
-}
-
-/* A reservation against a tag or the worker limit was refused (t->refusal):
- * served from the spill arena the limit names, if any (spill_instead), else
- * the refusal becomes the thread's last failure, counted for slot `s` and rule
- * `r`, logged. */
-static __attribute__((noinline)) void *tally_refused(dm__thread_t *t, const dm__dispatch_slot_t *s,
-                                                     int r, size_t size, int zero) {
-    void *q = spill_instead(t, r, size, zero);
-    if (q)
-        return q;
-    uint64_t seq = t->last_failure.seq;
-    t->last_failure = t->refusal;
-    t->last_failure.seq = seq + 1;
-    DM_CTR_ADD(t->ctrs[s->arena_id].nfail, 1);
-    DM_CTR_ADD(t->rule_ctrs[r].nfail, 1);
-    DM_CTR_ADD(t->ctrs[s->arena_id].nlimit, 1);
-    DM_CTR_ADD(t->rule_ctrs[r].nlimit, 1);
-    const dm_policy_t *pol = t->table->policy;
-    snprintf(t->last_failure.rule, sizeof(t->last_failure.rule), "%s",
-             r < pol->nrules ? pol->rules[r].name : "default");
-    snprintf(t->last_failure.arena, sizeof(t->last_failure.arena), "%s", s->arena->name);
-    dm__failure_log(&t->last_failure);
-    return NULL;
 }
 
 /* Bytes per tag are counted (tally.c): the block's usable size is reserved
@@ -398,9 +287,8 @@ static __attribute__((noinline)) void *alloc_tallied(dm__thread_t *t, const dm_c
                                                      const dm__dispatch_slot_t *s, int r,
                                                      size_t size, int dt, int zero) {
     const dm_ctx_t *cx = c ? c : &dm__context_root;
-    size_t n = size ? size : 1;
-    n = (n + s->round) & ~s->round;
-    if (DM_UNLIKELY(n < size))
+    size_t n = dm__slot_size(s, size);
+    if (DM_UNLIKELY(n == 0))
         return alloc_counted(t, s, r, size, dt, zero); /* fails as it would untallied */
     /* The usable size: jemalloc's class, from our table when no alignment
      * flag changes it (sizeclass.h), else jemalloc's answer. */
@@ -409,7 +297,7 @@ static __attribute__((noinline)) void *alloc_tallied(dm__thread_t *t, const dm_c
     if (DM_UNLIKELY(est == 0))
         return alloc_counted(t, s, r, size, dt, zero);
     if (DM_UNLIKELY(!dm__tally_reserve(cx, est, size, &t->refusal)))
-        return tally_refused(t, s, r, size, zero);
+        return dm__refusal_tallied(t, s, r, size, zero);
     void *p = alloc_counted(t, s, r, size, dt, zero);
     if (DM_UNLIKELY(!p)) {
         dm__tally_unreserve(cx, est);
@@ -503,7 +391,7 @@ static __attribute__((noinline)) void *bcache_refused(dm__thread_t *t, const dm_
         dm__bcache_set_count(m->bin, n);
     else
         dmje_dallocx(p, MALLOCX_TCACHE_NONE);
-    return tally_refused(t, &t->table->slots[m->rule], m->rule, size, zero);
+    return dm__refusal_tallied(t, &t->table->slots[m->rule], m->rule, size, zero);
 }
 
 /* The cached path's general case, out of line so that a cache hit makes no
@@ -735,29 +623,140 @@ void dm_free(void *p) { free_impl(p, 0); }
 
 void dm_free_hint(void *p, size_t size_hint) { free_impl(p, size_hint); }
 
-/* ---- for realloc.c: the slot paths it shares -------------------------------- */
+/* ---- realloc ----------------------------------------------------------------
+ * The block follows the rules for its new size (a growing array can move to
+ * the arena its new size selects). Same arena: rallocx, which may resize in
+ * place. Another arena: allocate there, copy, free here; never rallocx across
+ * arenas, which would free the old block into the new arena's thread cache.
+ * NumPy calls this with or without the GIL. A big half's block keeps its
+ * colour (bigblock.c): it is resized as its colour plus the new size from its
+ * start, which stays on a 2 MiB frame, and its data stays at the same offset
+ * from that start. */
 
-dm__thread_t *dm__alloc_thread(void) { return tls_self(); }
-
-const dm__dispatch_slot_t *dm__alloc_route(dm__thread_t *t, const dm_ctx_t *c, size_t size,
-                                           int dt, int *rule) {
-    return route(t, c, size, dt, rule);
+/* How far p is from the start of its block: its colour in a big half. */
+static size_t colour_of(const void *p) {
+    return (size_t)((const char *)p - (const char *)dm__block_of(dm__arena_owner_of(p), p));
 }
 
-void *dm__alloc_slot(dm__thread_t *t, const dm__dispatch_slot_t *s, size_t size) {
-    return slot_alloc(t, s, size, 0);
+/* realloc while bytes are counted per tag: a new block in the caller's
+ * context, the bytes copied, the old block freed (its tags give its bytes
+ * back). Never in place: the block may change tags. */
+static __attribute__((noinline)) void *realloc_tallied(const dm_ctx_t *c, void *p, size_t size) {
+    void *q = dm_alloc(c, size, DM_DT_UNKNOWN);
+    if (!q)
+        return NULL; /* the old block stays valid */
+    size_t have = dm__block_usable(p) - colour_of(p);
+    memcpy(q, p, have < size ? have : size);
+    dm_free(p);
+    return q;
 }
 
-dm__arena_je_t *dm__alloc_slot_je(const dm__dispatch_slot_t *s) { return slot_je(s); }
-
-bool dm__alloc_live_reserve(dm__thread_t *t, dm__arena_t *a, size_t usable, size_t request) {
-    return live_reserve(t, a, usable, request);
+/* The block stays in its arena `ja`: rallocx, which may resize in place. A
+ * tracked arena reserves what the block grows by first, and settles after. */
+static void *realloc_same(dm__thread_t *t, const dm__dispatch_slot_t *s, int r,
+                          dm__arena_je_t *ja, void *p, size_t size) {
+    size_t n = dm__slot_size(s, size);
+    bool fits = n != 0; /* the rounding did not wrap */
+    int flags = s->flags;
+    char *b = dm__block_of(ja, p);
+    size_t c = (size_t)((char *)p - b);
+    if (ja->is_big) { /* the block stays on a frame, its data at its colour */
+        flags = dm__bigblock_flags(ja, flags);
+        fits = fits && n + c >= n;
+        n += c;
+    }
+    flags = (int)((unsigned)flags | (unsigned)MALLOCX_ARENA(ja->index));
+    dm__arena_t *a = ja->owner;
+    bool tracked = atomic_load_explicit(&a->tracked, memory_order_relaxed);
+    size_t had = 0, grow = 0;
+    char *q = NULL;
+    if (!fits)
+        n = 0;
+    if (DM_UNLIKELY(tracked) && n != 0) {
+        had = dmje_sallocx(b, 0);
+        size_t want = dmje_nallocx(n, flags);
+        grow = want > had ? want - had : 0;
+        if (grow && !live_reserve(t, a, grow, size)) {
+            n = 0; /* refused: fails below, the old block stays */
+            dm__refusal_realloc(t, s, r);
+        }
+    }
+    if (n != 0)
+        q = dmje_rallocx(b, n, (int)((unsigned)flags | tcache_flags(t, ja)));
+    if (DM_UNLIKELY(tracked) && n != 0) {
+        if (!q) /* the old block stays as it was */
+            atomic_fetch_sub_explicit(&a->live, grow, memory_order_relaxed);
+        else /* settle: the count now holds had + grow; make it the new size */
+            atomic_fetch_add_explicit(&a->live, (uint64_t)dmje_sallocx(q, 0) - had - grow,
+                                      memory_order_relaxed);
+    }
+    return q ? q + c : NULL;
 }
 
-void dm__alloc_untrack(dm__arena_je_t *ja, const void *p) { untrack(ja, p); }
+/* The block moves from `old` to the slot's arena: allocate there, copy, free
+ * here. */
+static void *realloc_move(dm__thread_t *t, const dm__dispatch_slot_t *s, int r,
+                          dm__arena_je_t *old, void *p, size_t size) {
+    void *q = slot_alloc(t, s, size, 0);
+    if (q) {
+        char *b = dm__block_of(old, p);
+        size_t have = dmje_sallocx(b, 0) - (size_t)((char *)p - b);
+        memcpy(q, p, have < size ? have : size);
+        DM_CTR_ADD(t->ctrs[old->owner->id].nfree, 1);
+        DM_CTR_ADD(t->ctrs[s->arena_id].nalloc, 1);
+        untrack(old, b);
+        dmje_dallocx(b, (int)tcache_flags(t, old));
+    } else if (t->limit_refused) {
+        dm__refusal_realloc(t, s, r);
+    }
+    return q;
+}
 
-unsigned dm__alloc_tcache_flags(dm__thread_t *t, dm__arena_je_t *ja) {
-    return tcache_flags(t, ja);
+void *dm_realloc(const dm_ctx_t *c, void *p, size_t size) {
+    if (!p)
+        return dm_alloc(c, size, DM_DT_UNKNOWN);
+    dm__arena_je_t *old = dm__arena_owner_of(p);
+    if (DM_UNLIKELY(!old))
+        return NULL;
+    dm__bcache_tag_drop(p); /* the block leaves the cached path: resized, moved or freed */
+    dm__thread_t *t = tls_self();
+    int r;
+    const dm__dispatch_slot_t *s = route(t, c, size, DM_DT_UNKNOWN, &r);
+    if (DM_UNLIKELY(!s))
+        return NULL;
+    if (DM_UNLIKELY(t->table->tally)) /* the bound table: route() holds a reference */
+        return realloc_tallied(c, p, size);
+    dm__arena_je_t *ja = slot_je(s);
+    dm__arena_je_t *big = ja ? atomic_load_explicit(&ja->big, memory_order_acquire) : NULL;
+    if (big && old == big)
+        ja = old; /* a big block stays in the big half, resized in place if it can */
+    /* A block growing to 4 MiB or more moves from the small half to the big
+     * one, where the arena's other big blocks are and where its free can be
+     * reused. pandas' hash tables grow their vectors by realloc (1 -> 4 -> 16
+     * -> 64 MiB); left in the small half, such blocks are served by nothing
+     * once freed, while the big half grows for the next big arrays (1.10x
+     * NumPy's default peak RSS on pandas3_etl, bench/results/issue28.md). */
+    size_t rounded = dm__slot_size(s, size);
+    bool up = big && ja == old && rounded >= DM_BIG_THP_MIN;
+    DM_TSAN_RELEASE();
+    DM_TSAN_ACQUIRE();
+    void *q = ja == old && !up ? realloc_same(t, s, r, ja, p, size)
+                               : realloc_move(t, s, r, old, p, size);
+    if (DM_UNLIKELY(!q)) {
+        DM_CTR_ADD(t->ctrs[s->arena_id].nfail, 1);
+        DM_CTR_ADD(t->rule_ctrs[r].nfail, 1);
+        return NULL; /* the old block stays valid, as realloc promises */
+    }
+    DM_CTR_ADD(t->ctrs[s->arena_id].nrealloc, 1);
+    DM_CTR_ADD(t->ctrs[s->arena_id].bytes, size);
+    DM_CTR_ADD(t->rule_ctrs[r].nrealloc, 1);
+    DM_CTR_ADD(t->rule_ctrs[r].bytes, size);
+    return q;
+}
+
+/* For refusal.c: a block from slot s (a fallback or a spill arena). */
+void *dm__alloc_slot(dm__thread_t *t, const dm__dispatch_slot_t *s, size_t size, int zero) {
+    return slot_alloc(t, s, size, zero);
 }
 
 void dm_runtime_last_failure(dm_failure_t *out) { *out = tls_self()->last_failure; }

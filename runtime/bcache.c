@@ -64,9 +64,8 @@ void dm__bcache_learn(dm__thread_t *t, unsigned k) {
         return;
     int r = v->slots[row * v->row_width];
     const dm__dispatch_slot_t *s = &t->table->slots[r];
-    unsigned bin = dm_sc_index((hi + s->round) & ~s->round);
-    if (!s->je || s->flags != 0 || s->tracked ||
-        bin != dm_sc_index((lo + s->round) & ~s->round))
+    unsigned bin = dm_sc_index(dm__slot_size(s, hi));
+    if (!s->je || s->flags != 0 || s->tracked || bin != dm_sc_index(dm__slot_size(s, lo)))
         return;
     m->bin = &t->bins[bin];
     m->tag = (uint32_t)s->je->slot + 1;

@@ -173,6 +173,12 @@ typedef struct dm__dispatch_slot {
     bool tracked;       /* the arena counts live bytes (a limit): never cached */
 } dm__dispatch_slot_t;
 
+/* What slot `s` asks jemalloc for to serve `size` bytes: at least 1 (mallocx(0)
+ * is undefined), rounded up to the slot's alignment; 0 when that wraps. */
+static inline size_t dm__slot_size(const dm__dispatch_slot_t *s, size_t size) {
+    return ((size ? size : 1) + s->round) & ~s->round;
+}
+
 typedef struct dm__dispatch_view {
     struct dm__dispatch_view *next;
     dm_view_t *view;
@@ -419,19 +425,9 @@ void dm__thread_fork_release(dm__thread_t *gone);
 
 /* alloc.c: frees of blocks that were not ours (stats). */
 uint64_t dm__alloc_foreign_frees(void);
-/* alloc.c, for realloc.c: the calling thread; the slot for (size, dt) in
- * context c, binding if needed (NULL: no table); a block from slot s, counted
- * against a tracked arena's limit; the slot's jemalloc arena for this thread's
- * node; a tracked arena's reservation (false: refused, noted for the thread);
- * a block leaving a tracked arena; the cache flags for arena ja. */
-dm__thread_t *dm__alloc_thread(void);
-const dm__dispatch_slot_t *dm__alloc_route(dm__thread_t *t, const dm_ctx_t *c, size_t size,
-                                           int dt, int *rule);
-void *dm__alloc_slot(dm__thread_t *t, const dm__dispatch_slot_t *s, size_t size);
-dm__arena_je_t *dm__alloc_slot_je(const dm__dispatch_slot_t *s);
-bool dm__alloc_live_reserve(dm__thread_t *t, dm__arena_t *a, size_t usable, size_t request);
-void dm__alloc_untrack(dm__arena_je_t *ja, const void *p);
-unsigned dm__alloc_tcache_flags(dm__thread_t *t, dm__arena_je_t *ja);
+/* alloc.c, for refusal.c: a block from slot s, counted against a tracked
+ * arena's limit (a refusal sets t->limit_refused). */
+void *dm__alloc_slot(dm__thread_t *t, const dm__dispatch_slot_t *s, size_t size, int zero);
 
 /* install.c (under dm__runtime_mu): the reload counts, into a snapshot. */
 void dm__install_stats(dm_stats_t *out);

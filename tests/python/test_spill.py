@@ -3,6 +3,7 @@ their contents are right, a fork child gets a copy (multiprocessing's fork
 start method), tag and worker limits spill instead of raising MemoryError,
 and stats show the bytes on disk. The C side (hole punching, max, a full
 disk, reload) is //runtime:spill_test."""
+import contextlib
 import json
 import os
 import re
@@ -243,20 +244,10 @@ def test_explain_says_what_the_budget_would_do_now(write_policy, spill_dir, memo
     version, make = memory_groups
     group = make([1 << 30])
     pol = spill_policy(write_policy, spill_dir, "worker_limit: 70%\nworker_spill: disk\n")
-
-    def join():
-        with open(os.path.join(group, "cgroup.procs"), "w") as f:
-            f.write(str(os.getpid()))
-    other = subprocess.Popen([sys.executable, "-c", NEIGHBOUR], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, text=True, preexec_fn=join)
-    try:
-        assert other.stdout.readline().strip() == "ready"
+    with neighbour(group):
         e = {k: v for k, v in os.environ.items() if k != "DATAMEM_MEMORY_LIMIT"}
         r = subprocess.run([sys.executable, "-c", EXPLAIN, pol], env=e, capture_output=True,
-                           text=True, timeout=60, preexec_fn=join)
-    finally:
-        other.stdin.close()
-        other.wait(timeout=60)
+                           text=True, timeout=60, preexec_fn=lambda: join(group))
     assert r.returncode == 0, r.stderr
     fits, past = r.stdout.split("-> default", 2)[1:]
     assert ("budget now: 716.8MiB (70%% of the cgroup v%d limit 1.0GiB), one budget for every "
@@ -393,6 +384,26 @@ print("ready", flush=True)
 sys.stdin.read()                                 # held until the test closes stdin
 """
 
+
+def join(group):
+    """Moves the calling process into cgroup `group` (a preexec_fn)."""
+    with open(os.path.join(group, "cgroup.procs"), "w") as f:
+        f.write(str(os.getpid()))
+
+
+@contextlib.contextmanager
+def neighbour(group):
+    """Another process of cgroup `group` holding 400 MiB, written, while the
+    block runs (the Popen is yielded)."""
+    other = subprocess.Popen([sys.executable, "-c", NEIGHBOUR], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True, preexec_fn=lambda: join(group))
+    try:
+        assert other.stdout.readline().strip() == "ready"
+        yield other
+    finally:
+        other.stdin.close()
+        other.wait(timeout=60)
+
 GROUP_BUDGET_JOB = r"""
 import json, numpy as np, datamem
 held = []
@@ -418,19 +429,9 @@ def test_a_cgroup_share_is_one_budget_for_every_process_in_the_group(write_polic
     group = make([1 << 30])
     pol = write_policy("version: 1\ndefault: general\narenas:\n  general: {}\n"
                        "worker_limit: 70%\n")
-
-    def join():
-        with open(os.path.join(group, "cgroup.procs"), "w") as f:
-            f.write(str(os.getpid()))
-    other = subprocess.Popen([sys.executable, "-c", NEIGHBOUR], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, text=True, preexec_fn=join)
-    try:
-        assert other.stdout.readline().strip() == "ready"
+    with neighbour(group) as other:
         r = run_in_group(group, GROUP_BUDGET_JOB, pol, timeout=300)
         assert other.poll() is None, "the neighbour was killed"
-    finally:
-        other.stdin.close()
-        other.wait(timeout=60)
     assert r.returncode == 0, (r.returncode, r.stderr[-2000:])  # -9: the OOM killer
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["source"] == "cgroup v%d" % version, out

@@ -1,0 +1,130 @@
+/*
+ * refusal.c: what an allocation does when its arena fails it or a limit says
+ * no. An arena's own failure or limit (`limit`, `backing.max`, a full disk)
+ * tries the table's `fallback` arena; a tag's or the worker limit's refusal
+ * goes to the spill arena that limit names (tag_limits[].spill, worker_spill),
+ * never to `fallback`, which could be RAM. What is not served becomes the
+ * thread's last failure (dm_runtime_last_failure: the limit, the rule, the
+ * arena, the bytes live), counted per arena and per rule, and logged at most
+ * once a second (failure.c). alloc.c calls here only once an allocation has
+ * failed: nothing on this path is on the fast one.
+ *
+ * Thread safety: the calling thread's state and relaxed counters, and the
+ * table it holds a reference to (t->table).
+ */
+#include "runtime/refusal.h"
+
+#include <fnmatch.h>
+#include <stdio.h>
+
+#include "runtime/tally.h"
+
+/* The rule's name as failures say it: its own, or "default". */
+static const char *rule_name(const dm__thread_t *t, int rule) {
+    const dm_policy_t *pol = t->table->policy;
+    return rule < pol->nrules ? pol->rules[rule].name : "default";
+}
+
+/* A limit's refusal is counted for slot `s` and rule `rule`, which it names. */
+static void count_limit(dm__thread_t *t, const dm__dispatch_slot_t *s, int rule) {
+    snprintf(t->last_failure.rule, sizeof(t->last_failure.rule), "%s", rule_name(t, rule));
+    DM_CTR_ADD(t->ctrs[s->arena_id].nlimit, 1);
+    DM_CTR_ADD(t->rule_ctrs[rule].nlimit, 1);
+}
+
+void *dm__refusal_failed(dm__thread_t *t, const dm__dispatch_slot_t *s, int rule, size_t size,
+                         int zero) {
+    bool limited = t->limit_refused;
+    t->limit_refused = false;
+    const dm__dispatch_t *tab = t->table;
+    DM_CTR_ADD(t->ctrs[s->arena_id].nfail, 1);
+    DM_CTR_ADD(t->rule_ctrs[rule].nfail, 1);
+    if (limited)
+        count_limit(t, s, rule);
+    if (tab->fallback < 0 || tab->fallback_slot.arena == s->arena) {
+        if (limited)
+            dm__failure_log(&t->last_failure);
+        return NULL;
+    }
+    const dm__dispatch_slot_t *f = &tab->fallback_slot;
+    dm_failure_t first = t->last_failure;
+    void *p = dm__alloc_slot(t, f, size, zero);
+    if (p) {
+        DM_CTR_ADD(t->ctrs[f->arena_id].nfallback, 1);
+        DM_CTR_ADD(t->rule_ctrs[rule].nfallback, 1);
+        return p;
+    }
+    DM_CTR_ADD(t->ctrs[f->arena_id].nfail, 1);
+    if (t->limit_refused) { /* the fallback's own limit */
+        t->limit_refused = false;
+        DM_CTR_ADD(t->ctrs[f->arena_id].nlimit, 1);
+        snprintf(t->last_failure.rule, sizeof(t->last_failure.rule), "%s", rule_name(t, rule));
+    }
+    if (limited) { /* report the rule's own arena, noting the fallback had no room */
+        first.seq = t->last_failure.seq;
+        first.fallback_tried = true;
+        t->last_failure = first;
+    }
+    if (limited || t->last_failure.seq != first.seq)
+        dm__failure_log(&t->last_failure);
+    return NULL;
+}
+
+/* The spill arena the limit that refused names (tag_limits[].spill for a tag's,
+ * worker_spill for the worker's), or NULL. */
+static const dm__dispatch_slot_t *spill_target(const dm__dispatch_t *tab, const dm_failure_t *f) {
+    const dm_policy_t *p = tab->policy;
+    int a = -1;
+    if (f->kind == DM_REFUSED_WORKER) {
+        a = p->worker_spill;
+    } else if (f->kind == DM_REFUSED_TAG) {
+        for (int i = 0; i < p->ntag_limits; i++) /* the entry that gave the tag its limit */
+            if (fnmatch(p->tag_limits[i].tag, f->tag, 0) == 0) {
+                a = p->tag_limits[i].spill;
+                break;
+            }
+    }
+    return a >= 0 ? &tab->spill_slots[a] : NULL;
+}
+
+/* The spill arena serves the refused allocation instead, uncounted (those
+ * limits count RAM), and it is no failure: the thread's last_failure stays as
+ * it was. Its own failure (max, a full disk) is the original refusal's.
+ * Counted as a fallback of the rule and the spill arena, and for the worker
+ * limit as one of its spills (worker_spilled). */
+static void *spill_instead(dm__thread_t *t, int rule, size_t size, int zero) {
+    const dm__dispatch_slot_t *sp = spill_target(t->table, &t->refusal);
+    if (!sp)
+        return NULL;
+    void *p = dm__alloc_slot(t, sp, size, zero);
+    t->limit_refused = false; /* the spill arena's own limit: the refusal stands */
+    if (!p)
+        return NULL;
+    DM_CTR_ADD(t->ctrs[sp->arena_id].nfallback, 1);
+    DM_CTR_ADD(t->rule_ctrs[rule].nfallback, 1);
+    if (t->refusal.kind == DM_REFUSED_WORKER)
+        atomic_fetch_add_explicit(&dm__tally_total.spilled, 1, memory_order_relaxed);
+    return p;
+}
+
+void *dm__refusal_tallied(dm__thread_t *t, const dm__dispatch_slot_t *s, int rule, size_t size,
+                          int zero) {
+    void *q = spill_instead(t, rule, size, zero);
+    if (q)
+        return q;
+    uint64_t seq = t->last_failure.seq;
+    t->last_failure = t->refusal;
+    t->last_failure.seq = seq + 1;
+    DM_CTR_ADD(t->ctrs[s->arena_id].nfail, 1);
+    DM_CTR_ADD(t->rule_ctrs[rule].nfail, 1);
+    count_limit(t, s, rule);
+    snprintf(t->last_failure.arena, sizeof(t->last_failure.arena), "%s", s->arena->name);
+    dm__failure_log(&t->last_failure);
+    return NULL;
+}
+
+void dm__refusal_realloc(dm__thread_t *t, const dm__dispatch_slot_t *s, int rule) {
+    t->limit_refused = false;
+    count_limit(t, s, rule);
+    dm__failure_log(&t->last_failure);
+}
