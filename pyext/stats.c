@@ -1,6 +1,6 @@
 /*
- * stats.c: the numbers from Python: stats() (a snapshot as a dict, the shape
- * of /stats.json), last_failure() and refusals(), and thin wrappers over the
+ * stats.c: the numbers from Python: stats() (a snapshot as /stats.json's
+ * text, every tag's row in it), last_failure() and refusals(), and thin wrappers over the
  * stats export (service/datamem_service.h: metrics text, the HTTP endpoint and
  * unix socket, textfiles and what the exporter reports about the process).
  * Runs with the GIL, released around snapshots, renders and file writes.
@@ -13,264 +13,27 @@
 #include "runtime/datamem.h"
 #include "service/datamem_service.h"
 
-/* ---- stats() ---------------------------------------------------------------------- */
+/* ---- stats() and metrics() ------------------------------------------------------- */
 
-static const char *thp_name(int m) {
-    return m == DM_THP_ON ? "on" : m == DM_THP_OFF ? "off" : "system";
-}
-
-static const char *numa_name(int m) {
-    static const char *const names[] = {"none", "local", "bind", "interleave", "preferred"};
-    return m >= 0 && m < 5 ? names[m] : "?";
-}
-
-/* d[k] = expr (a new reference, or NULL on error: then goto fail). */
-#define SET_OBJ(d, k, expr)                                                    \
-    do {                                                                       \
-        PyObject *_o = (expr);                                                 \
-        if (!_o || PyDict_SetItemString(d, k, _o) < 0) {                       \
-            Py_XDECREF(_o);                                                    \
-            goto fail;                                                         \
-        }                                                                      \
-        Py_DECREF(_o);                                                         \
-    } while (0)
-#define SET_U64(d, k, v) SET_OBJ(d, k, PyLong_FromUnsignedLongLong((unsigned long long)(v)))
-
-static PyObject *nodes_list(uint64_t nodes) {
-    PyObject *l = PyList_New(0);
-    for (int i = 0; l && i < 64; i++) {
-        if (!(nodes & (UINT64_C(1) << i)))
-            continue;
-        PyObject *n = PyLong_FromLong(i);
-        if (!n || PyList_Append(l, n) < 0) {
-            Py_XDECREF(n);
-            Py_CLEAR(l);
-            break;
-        }
-        Py_DECREF(n);
-    }
-    return l;
-}
-
-/* The counters of an arena (with frees) or a rule (without) into `d`. */
-static int set_counts(PyObject *d, const dm_counts_t *c, bool frees) {
-    SET_U64(d, "allocations", c->nalloc);
-    if (frees)
-        SET_U64(d, "frees", c->nfree);
-    SET_U64(d, "reallocs", c->nrealloc);
-    SET_U64(d, "failures", c->nfail);
-    SET_U64(d, "fallbacks", c->nfallback);
-    SET_U64(d, "dtype_known", c->ndtype_known);
-    SET_U64(d, "bytes_requested", c->bytes_requested);
-    SET_U64(d, "limit_hits", c->nlimit);
-    return 0;
-fail:
-    return -1;
-}
-
-static PyObject *u64_or_none(uint64_t v) {
-    return v == UINT64_MAX ? Py_NewRef(Py_None) : PyLong_FromUnsignedLongLong(v);
-}
-
-static PyObject *arena_dict(const dm_arena_stats_t *a) {
-    PyObject *d = PyDict_New();
-    if (!d)
-        return NULL;
-    SET_OBJ(d, "in_policy", PyBool_FromLong(a->in_policy));
-    SET_U64(d, "alignment", a->alignment);
-    SET_OBJ(d, "hugepages", PyUnicode_FromString(thp_name(a->hugepages)));
-    SET_OBJ(d, "numa", PyUnicode_FromString(numa_name(a->numa)));
-    SET_OBJ(d, "numa_nodes", nodes_list(a->numa_nodes));
-    SET_OBJ(d, "per_node", PyBool_FromLong(a->per_node));
-    SET_U64(d, "jemalloc_arenas", a->njemalloc);
-    if (set_counts(d, &a->counts, true) < 0)
-        goto fail;
-    SET_U64(d, "placement_errors", a->nplacement_errors);
-    SET_U64(d, "growth_purges", a->ngrowth_purges);
-    SET_U64(d, "reuse_bytes", a->reuse_bytes);
-    SET_U64(d, "allocated_bytes", a->allocated);
-    SET_U64(d, "active_bytes", a->active);
-    SET_U64(d, "resident_bytes", a->resident);
-    SET_U64(d, "mapped_bytes", a->mapped);
-    SET_U64(d, "retained_bytes", a->retained);
-    SET_U64(d, "dirty_bytes", a->dirty);
-    SET_U64(d, "muzzy_bytes", a->muzzy);
-    SET_U64(d, "jemalloc_allocations", a->je_nmalloc);
-    SET_U64(d, "jemalloc_frees", a->je_ndalloc);
-    SET_U64(d, "reserved_bytes", a->reserved);
-    SET_U64(d, "hugepage_bytes", a->hugepage_bytes);
-    if (a->limit == UINT64_MAX) {
-        Py_INCREF(Py_None);
-        SET_OBJ(d, "limit_bytes", Py_None);
-    } else {
-        SET_U64(d, "limit_bytes", a->limit);
-    }
-    SET_U64(d, "live_bytes", a->live);
-    SET_OBJ(d, "decay_dirty_ms", PyLong_FromLongLong(a->dirty_decay_ms));
-    SET_OBJ(d, "decay_muzzy_ms", PyLong_FromLongLong(a->muzzy_decay_ms));
-    SET_OBJ(d, "lock", PyBool_FromLong(a->lock));
-    SET_OBJ(d, "pinned", PyUnicode_FromString(a->pinned == DM_PIN_CUDA ? "cuda" : "none"));
-    SET_U64(d, "locked_bytes", a->locked_bytes);
-    SET_U64(d, "pinned_bytes", a->pinned_bytes);
-    SET_OBJ(d, "backed", PyBool_FromLong(a->backed));
-    SET_OBJ(d, "backing_max", u64_or_none(a->backed ? a->backing_max : UINT64_MAX));
-    SET_U64(d, "backing_reserved_bytes", a->backing_reserved_bytes);
-    SET_U64(d, "backing_disk_bytes", a->backing_disk_bytes);
-    SET_U64(d, "backing_full", a->backing_full);
-    SET_OBJ(d, "backing_resident_max", u64_or_none(a->backed ? a->backing_resident_max : UINT64_MAX));
-    SET_U64(d, "backing_resident_bytes", a->backing_resident_bytes);
-    SET_U64(d, "backing_paged_out_bytes", a->backing_paged_out_bytes);
-    SET_U64(d, "backing_fork_copies", a->backing_fork_copies);
-    SET_U64(d, "backing_fork_failures", a->backing_fork_failures);
-    return d;
-fail:
-    Py_DECREF(d);
-    return NULL;
-}
-
-/* stats()["tags"] (biggest live first) and stats()["tag_bytes"]. */
-static int set_tags(PyObject *d, const dm_stats_t *s) {
-    PyObject *tags = PyDict_New(), *tb = PyDict_New();
-    if (!tags || !tb)
-        goto fail;
-    for (int i = 0; i < s->ntags; i++) {
-        const dm_tag_stats_t *t = &s->tags[i];
-        PyObject *r = PyDict_New();
-        if (!r || PyDict_SetItemString(tags, t->name, r) < 0) {
-            Py_XDECREF(r);
-            goto fail;
-        }
-        Py_DECREF(r);
-        SET_U64(r, "live", t->live);
-        SET_U64(r, "peak", t->peak);
-        SET_OBJ(r, "limit", u64_or_none(t->limit));
-        SET_U64(r, "refused", t->refused);
-    }
-    SET_OBJ(tb, "on", PyBool_FromLong(s->tally_on));
-    SET_U64(tb, "live", s->tally_live);
-    SET_U64(tb, "peak", s->tally_peak);
-    SET_OBJ(tb, "worker_limit", u64_or_none(s->worker_limit));
-    SET_OBJ(tb, "worker_limit_source", PyUnicode_FromString(s->worker_limit_source));
-    SET_U64(tb, "worker_refused", s->worker_refused);
-    SET_U64(tb, "worker_spilled", s->worker_spilled);
-    SET_U64(tb, "worker_beside", s->worker_beside);
-    SET_U64(tb, "overflowed", s->tags_overflowed);
-    SET_U64(tb, "unenforced", s->tags_unenforced);
-    PyObject *names = PyList_New(s->nunenforced);
-    if (!names)
-        goto fail;
-    for (int i = 0; i < s->nunenforced; i++) {
-        PyObject *u = PyUnicode_FromString(s->unenforced[i]);
-        if (!u) {
-            Py_DECREF(names);
-            goto fail;
-        }
-        PyList_SET_ITEM(names, i, u);
-    }
-    SET_OBJ(tb, "unenforced_tags", names);
-    SET_OBJ(d, "tags", Py_NewRef(tags));
-    SET_OBJ(d, "tag_bytes", Py_NewRef(tb));
-    Py_DECREF(tags);
-    Py_DECREF(tb);
-    return 0;
-fail:
-    Py_XDECREF(tags);
-    Py_XDECREF(tb);
-    return -1;
-}
-
-/* stats()["arenas"]: one dict per arena, by name. */
-static PyObject *arenas_dict(const dm_stats_t *s) {
-    PyObject *arenas = PyDict_New();
-    for (int i = 0; arenas && i < s->narenas; i++) {
-        PyObject *a = arena_dict(&s->arenas[i]);
-        if (!a || PyDict_SetItemString(arenas, s->arenas[i].name, a) < 0) {
-            Py_XDECREF(a);
-            Py_CLEAR(arenas);
-            break;
-        }
-        Py_DECREF(a);
-    }
-    return arenas;
-}
-
-/* stats()["rules"]: one dict per rule, by name. */
-static PyObject *rules_dict(const dm_stats_t *s) {
-    PyObject *rules = PyDict_New();
-    if (!rules)
-        return NULL;
-    for (int i = 0; i < s->nrules && s->rules; i++) {
-        PyObject *r = PyDict_New();
-        if (!r)
-            goto fail;
-        if (PyDict_SetItemString(rules, s->rules[i].name, r) < 0) {
-            Py_DECREF(r);
-            goto fail;
-        }
-        Py_DECREF(r);
-        SET_OBJ(r, "arena", PyUnicode_FromString(s->rules[i].arena));
-        if (set_counts(r, &s->rules[i].counts, false) < 0)
-            goto fail;
-    }
-    return rules;
-fail:
-    Py_DECREF(rules);
-    return NULL;
-}
-
-/* The dict stats() returns, from a snapshot (the shape of /stats.json). */
-static PyObject *stats_dict(const dm_stats_t *s, const dm_process_stats_t *proc) {
-    PyObject *d = PyDict_New();
-    if (!d)
-        return NULL;
-    SET_OBJ(d, "arenas", arenas_dict(s));
-    SET_OBJ(d, "rules", rules_dict(s));
-    SET_OBJ(d, "policy_path", PyUnicode_DecodeFSDefault(s->policy_path));
-    char hash[17];
-    snprintf(hash, sizeof(hash), "%016llx", (unsigned long long)s->policy_hash);
-    SET_OBJ(d, "policy_hash", PyUnicode_FromString(hash));
-    SET_U64(d, "reloads", s->reloads);
-    SET_U64(d, "reload_failures", s->reload_failures);
-    SET_OBJ(d, "last_reload_time", PyFloat_FromDouble(s->last_reload_time));
-    SET_U64(d, "foreign_frees", s->foreign_frees);
-    SET_U64(d, "thread_cache_bytes", s->cached_bytes);
-    SET_U64(d, "threads", (uint64_t)s->nthreads);
-    SET_U64(d, "contexts", (uint64_t)s->ncontexts);
-    SET_U64(d, "tables_live", (uint64_t)s->tables_live);
-    SET_OBJ(d, "version", PyUnicode_FromString(DM_VERSION_STRING));
-    SET_OBJ(d, "last_reload_successful", PyBool_FromLong(!s->last_reload_failed));
-    SET_OBJ(d, "time", PyFloat_FromDouble(s->snapshot_time));
-    uint64_t wr, ws;
-    dm_watch_counts(&wr, &ws);
-    SET_U64(d, "watch_reloads", wr);
-    SET_U64(d, "watch_unchanged", ws);
-    if (proc->resident) { /* pyarrow_allocated_bytes: datamem.stats() reads it live */
-        SET_U64(d, "process_resident_bytes", proc->resident);
-        SET_U64(d, "outside_arenas_resident_bytes", proc->outside_arenas);
-    }
-    if (set_tags(d, s) < 0)
-        goto fail;
-    return d;
-fail:
-    Py_DECREF(d);
-    return NULL;
-}
-
-static PyObject *py_stats(PyObject *self, PyObject *unused) {
-    dm_stats_t *s = PyMem_RawMalloc(sizeof(*s));
-    if (!s)
-        return PyErr_NoMemory();
-    dm_process_stats_t proc;
+/* A fresh snapshot rendered in `format` (datamem_service.h), as str. */
+static PyObject *render(int format) {
+    char *text = NULL;
+    size_t len = 0;
+    int rc;
     Py_BEGIN_ALLOW_THREADS
-    dm_stats_snapshot(s);
-    dm_stats_hugepages(s);
-    dm_stats_process(s, &proc);
+    rc = dm_stats_render_current(format, &text, &len);
     Py_END_ALLOW_THREADS
-    PyObject *d = stats_dict(s, &proc);
-    dm_stats_release(s);
-    PyMem_RawFree(s);
-    return d;
+    if (rc)
+        return PyErr_NoMemory();
+    PyObject *res = PyUnicode_DecodeUTF8(text, (Py_ssize_t)len, "replace");
+    free(text);
+    return res;
 }
+
+/* stats() -> /stats.json's text with every tag's row, which datamem.stats()
+ * parses: one renderer (service/metrics.c), so the dict and the endpoint's
+ * JSON have one shape. */
+static PyObject *py_stats(PyObject *self, PyObject *unused) { return render(DM_STATS_JSON_ALL); }
 
 /* last_failure() -> dict of the calling thread's last allocation refused by an
  * arena's limit, or None */
@@ -313,17 +76,7 @@ static PyObject *py_metrics(PyObject *self, PyObject *args) {
     int json = 0;
     if (!PyArg_ParseTuple(args, "|p", &json))
         return NULL;
-    char *text = NULL;
-    size_t len = 0;
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = dm_stats_render_current(json ? DM_STATS_JSON : DM_STATS_PROMETHEUS, &text, &len);
-    Py_END_ALLOW_THREADS
-    if (rc)
-        return PyErr_NoMemory();
-    PyObject *res = PyUnicode_DecodeUTF8(text, (Py_ssize_t)len, "replace");
-    free(text);
-    return res;
+    return render(json ? DM_STATS_JSON : DM_STATS_PROMETHEUS);
 }
 
 /* stats_serve(http, unix_socket) -> 0 or a negative code (logged); None keeps
@@ -423,7 +176,7 @@ static PyObject *py_stats_textfile_sweep(PyObject *self, PyObject *args) {
 
 
 PyMethodDef dm__stats_methods[] = {
-    {"stats", py_stats, METH_NOARGS, "stats() -> dict of per-arena and per-rule numbers"},
+    {"stats", py_stats, METH_NOARGS, "stats() -> JSON text of every number (all tags)"},
     {"last_failure", py_last_failure, METH_NOARGS, "last_failure() -> the thread's last limit refusal, or None"},
     {"refusals", py_refusals, METH_O, "refusals(tag or None) -> (count, request, limit, live) or None"},
     {"metrics", py_metrics, METH_VARARGS, "metrics(json=False) -> Prometheus text (or JSON)"},

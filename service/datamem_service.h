@@ -19,10 +19,15 @@ extern "C" {
 
 /* ---- stats export (metrics.c, render.c, export.c, http.c, textfile.c) ------ */
 
-enum { DM_STATS_PROMETHEUS = 0, DM_STATS_JSON = 1 };
+/* DM_STATS_JSON: /stats.json, its "tags" the DM_STATS_JSON_TAGS biggest plus
+ * "(other)"; DM_STATS_JSON_ALL: the same with every tag (datamem.stats(), in
+ * the process). */
+enum { DM_STATS_PROMETHEUS = 0, DM_STATS_JSON = 1, DM_STATS_JSON_ALL = 2 };
+#define DM_STATS_JSON_TAGS 50
 
 /* Renders `s` as Prometheus text exposition 0.0.4 or as JSON (the keys of
- * datamem.stats()) into a malloc'ed, NUL-terminated buffer: free(*out). */
+ * datamem.stats(), which is this JSON) into a malloc'ed, NUL-terminated
+ * buffer: free(*out). */
 DM_API int dm_stats_render(const dm_stats_t *s, int format, char **out, size_t *len);
 /* A fresh snapshot, with hugepage bytes, rendered. */
 DM_API int dm_stats_render_current(int format, char **out, size_t *len);

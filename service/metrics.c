@@ -226,7 +226,6 @@ static void process_u64(dm_buf_t *b, const char *cl, const char *name, const cha
  * biggest by live bytes (the snapshot comes sorted) and fold the rest into one
  * row "(other)": live and refusals summed, peak the largest of theirs. */
 #define TAGS_TEXT_MAX 20
-#define TAGS_JSON_MAX 50
 
 /* The rows shown: the first `max` by live bytes (the snapshot's order) but
  * the runtime's own "(other)" (names that found no row in its table: tally.c),
@@ -483,7 +482,21 @@ static void json_limit(dm_buf_t *b, int *n, const char *key, uint64_t v) {
         dm__buf_printf(b, "%llu", (unsigned long long)v);
 }
 
-static void tags_json(const dm_stats_t *st, int *n, dm_buf_t *b) {
+/* One tag's row of "tags", the i-th. */
+static void tag_json(dm_buf_t *b, const dm_tag_stats_t *t, int i) {
+    int k = 0;
+    if (i)
+        dm__buf_put(b, ",", 1);
+    dm__buf_json_str(b, t->name);
+    dm__buf_put(b, ":{", 2);
+    json_u64(b, &k, "live", t->live);
+    json_u64(b, &k, "peak", t->peak);
+    json_limit(b, &k, "limit", t->limit);
+    json_u64(b, &k, "refused", t->refused);
+    dm__buf_put(b, "}", 1);
+}
+
+static void tags_json(const dm_stats_t *st, int tags_max, int *n, dm_buf_t *b) {
     json_key(b, n, "tag_bytes");
     int k = 0;
     dm__buf_put(b, "{", 1);
@@ -507,24 +520,29 @@ static void tags_json(const dm_stats_t *st, int *n, dm_buf_t *b) {
     }
     dm__buf_put(b, "]", 1);
     dm__buf_put(b, "}", 1);
+    /* "tags": {name: {live, peak, limit, refused}}, biggest live first (the
+     * object keeps the order): the first `tags_max` but the runtime's own
+     * "(other)", the rest folded into "(other)" as tags_pick folds them */
     json_key(b, n, "tags");
-    dm__buf_put(b, "[", 1);
-    int idx[TAGS_JSON_MAX];
-    dm_tag_stats_t other;
-    bool folded;
-    int shown = tags_pick(st, TAGS_JSON_MAX, idx, &other, &folded);
-    for (int i = 0; i < shown + folded; i++) {
-        const dm_tag_stats_t *t = i < shown ? &st->tags[idx[i]] : &other;
-        k = 0;
-        dm__buf_puts(b, i ? ",{" : "{");
-        json_strv(b, &k, "tag", t->name);
-        json_u64(b, &k, "live", t->live);
-        json_u64(b, &k, "peak", t->peak);
-        json_limit(b, &k, "limit", t->limit);
-        json_u64(b, &k, "refused", t->refused);
-        dm__buf_put(b, "}", 1);
+    dm__buf_put(b, "{", 1);
+    dm_tag_stats_t other = {.limit = UINT64_MAX};
+    snprintf(other.name, sizeof(other.name), "(other)");
+    bool folded = false;
+    int shown = 0;
+    for (int i = 0; i < st->ntags; i++) {
+        const dm_tag_stats_t *t = &st->tags[i];
+        if (shown < tags_max && strcmp(t->name, "(other)") != 0) {
+            tag_json(b, t, shown++);
+            continue;
+        }
+        folded = true;
+        other.live += t->live;
+        other.refused += t->refused;
+        other.peak = t->peak > other.peak ? t->peak : other.peak;
     }
-    dm__buf_put(b, "]", 1);
+    if (folded)
+        tag_json(b, &other, shown);
+    dm__buf_put(b, "}", 1);
 }
 
 /* The process's keys: version, pid, time, policy, reloads, caches, threads. */
@@ -546,6 +564,7 @@ static void json_process(const dm_stats_t *st, int *n, dm_buf_t *b) {
     json_u64(b, n, "thread_cache_bytes", st->cached_bytes);
     json_u64(b, n, "threads", (uint64_t)st->nthreads);
     json_u64(b, n, "contexts", (uint64_t)st->ncontexts);
+    json_u64(b, n, "tables_live", (uint64_t)st->tables_live);
 }
 
 /* One arena's object: its settings, then the per-arena table. */
@@ -611,7 +630,7 @@ static void json_rules(const dm_stats_t *st, int *n, dm_buf_t *b) {
 }
 
 /* What the services add: the endpoint's counters, the threads not covered,
- * the process around the arenas. */
+ * the watcher's reloads, the process around the arenas. */
 static void json_service(const dm_svc_stats_t *svc, int *n, dm_buf_t *b) {
     json_key(b, n, "http");
     metrics_http_json(&svc->http, b);
@@ -626,16 +645,18 @@ static void json_service(const dm_svc_stats_t *svc, int *n, dm_buf_t *b) {
     }
     dm__buf_put(b, "]", 1);
     json_u64(b, n, "threads_not_covered_count", (uint64_t)svc->threads_not_covered);
+    json_u64(b, n, "watch_reloads", svc->watch_reloads);
+    json_u64(b, n, "watch_unchanged", svc->watch_unchanged);
     metrics_process_json(&svc->process, b, n);
 }
 
-void dm__metrics_json(const dm_stats_t *st, const dm_svc_stats_t *svc, dm_buf_t *b) {
+void dm__metrics_json(const dm_stats_t *st, const dm_svc_stats_t *svc, int tags_max, dm_buf_t *b) {
     int n = 0;
     dm__buf_put(b, "{", 1);
     json_process(st, &n, b);
     json_arenas(st, &n, b);
     json_rules(st, &n, b);
-    tags_json(st, &n, b);
+    tags_json(st, tags_max, &n, b);
     if (svc)
         json_service(svc, &n, b);
     dm__buf_put(b, "}\n", 2);
@@ -735,7 +756,7 @@ static void metrics_http_json(const dm_http_counters_t *c, dm_buf_t *b) {
 int dm_stats_render(const dm_stats_t *s, int format, char **out, size_t *len) {
     dm_buf_t b = {0};
     if (format == DM_STATS_JSON)
-        dm__metrics_json(s, NULL, &b);
+        dm__metrics_json(s, NULL, DM_STATS_JSON_TAGS, &b);
     else if (format == DM_STATS_PROMETHEUS)
         dm__metrics_text(s, NULL, &b);
     else

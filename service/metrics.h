@@ -16,8 +16,11 @@
  * sample: the textfile uses it when several processes write next to each other. */
 void dm__metrics_text(const dm_stats_t *s, const char *const_labels, dm_buf_t *out);
 /* `svc` (or NULL) adds what the services know: "http" (the endpoint's
- * counters), "threads_not_covered" and the process's numbers. */
-void dm__metrics_json(const dm_stats_t *s, const dm_svc_stats_t *svc, dm_buf_t *out);
+ * counters), "threads_not_covered" and the process's numbers. "tags" holds
+ * the `tags_max` biggest and "(other)" (DM_STATS_JSON_TAGS for /stats.json,
+ * INT_MAX for datamem.stats(): every row). */
+void dm__metrics_json(const dm_stats_t *s, const dm_svc_stats_t *svc, int tags_max,
+                      dm_buf_t *out);
 /* Families datamem_http_*, datamem_threads_not_covered and the process's
  * (datamem_process_resident_bytes, datamem_outside_arenas_resident_bytes,
  * datamem_pyarrow_allocated_bytes). */

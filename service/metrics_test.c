@@ -9,6 +9,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <iconv.h>
+#include <limits.h>
 #include <netinet/in.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -257,6 +258,43 @@ static void test_json(void) {
     free(j);
 }
 
+/* "tags" is an object by name in both JSONs: /stats.json's holds the 50
+ * biggest and "(other)" (the rest and the runtime's own "(other)" summed, the
+ * peak the largest), datamem.stats()'s every row: 100x the cut, 5000 rows. */
+static void test_json_tags(void) {
+    enum { N = 100 * DM_STATS_JSON_TAGS };
+    static dm_tag_stats_t tags[N + 1];
+    for (int i = 0; i < N; i++) { /* biggest live first, as the snapshot comes */
+        tags[i] = (dm_tag_stats_t){.live = (uint64_t)(N - i), .peak = 7, .limit = UINT64_MAX,
+                                   .refused = 1};
+        snprintf(tags[i].name, sizeof(tags[i].name), "t%d", i);
+    }
+    tags[N] = (dm_tag_stats_t){.live = 1000, .peak = 9, .limit = UINT64_MAX, .refused = 2};
+    snprintf(tags[N].name, sizeof(tags[N].name), "(other)");
+    dm_stats_t *s = sample_stats();
+    s->tally_on = true;
+    s->ntags = N + 1;
+    s->tags = tags;
+    for (int all = 0; all < 2; all++) {
+        dm_buf_t b = {0};
+        dm__metrics_json(s, NULL, all ? INT_MAX : DM_STATS_JSON_TAGS, &b);
+        char *j = NULL;
+        size_t len = 0;
+        if (dm__buf_finish(&b, &j, &len) != 0 || !j)
+            return;
+        int rows = 0;
+        for (const char *p = strstr(j, "\"tags\":{"); p && (p = strstr(p, ":{\"live\":")); p++)
+            rows++;
+        EXPECT_INT_EQ(rows, (all ? N : DM_STATS_JSON_TAGS) + 1, "rows, \"(other)\" last");
+        EXPECT_CONTAINS(j, "\"tags\":{\"t0\":{\"live\":5000,\"peak\":7,\"limit\":null,", "first");
+        /* folded: t50..t4999 live 4950..1 (4950 * 4951 / 2 = 12253725) + 1000 */
+        EXPECT_CONTAINS(j, all ? "\"(other)\":{\"live\":1000,\"peak\":9,\"limit\":null,\"refused\":2}"
+                               : "\"(other)\":{\"live\":12254725,\"peak\":9,\"limit\":null,"
+                                 "\"refused\":4952}", "(other)");
+        free(j);
+    }
+}
+
 /* ---- text from outside: always valid UTF-8 -------------------------------------- */
 
 /* Whether `s` (n bytes) is valid UTF-8, by glibc's decoder (not buf.c's). */
@@ -328,7 +366,7 @@ static void test_text_not_utf8(void) {
     svc.process.pyarrow_allocated = -1;
 
     dm_buf_t b = {0};
-    dm__metrics_json(s, &svc, &b);
+    dm__metrics_json(s, &svc, DM_STATS_JSON_TAGS, &b);
     char *j = NULL;
     size_t len = 0;
     EXPECT_INT_EQ(dm__buf_finish(&b, &j, &len), 0, "render");
@@ -341,7 +379,7 @@ static void test_text_not_utf8(void) {
     EXPECT_CONTAINS(j, needle, "arena name");
     snprintf(needle, sizeof(needle), "\"rules\":{\"%s\":{\"arena\":\"%s\",", want_json, want_json);
     EXPECT_CONTAINS(j, needle, "rule and its arena");
-    snprintf(needle, sizeof(needle), "{\"tag\":\"%s\",", want_json);
+    snprintf(needle, sizeof(needle), "\"tags\":{\"%s\":{\"live\":", want_json);
     EXPECT_CONTAINS(j, needle, "tag name");
     EXPECT_CONTAINS(j, "\"worker_limit_source\":\"\\\\xff\"", "worker limit source");
     EXPECT_CONTAINS(j, "\"threads_not_covered\":[\"t\\\\xe9\",\"\\\\xe2\\\\x82\"]", "threads");
@@ -412,7 +450,7 @@ static void test_process(void) {
     EXPECT_LINE(t, "datamem_pyarrow_allocated_bytes 104857600");
     free(t);
     b = (dm_buf_t){0};
-    dm__metrics_json(sample_stats(), &svc, &b);
+    dm__metrics_json(sample_stats(), &svc, DM_STATS_JSON_TAGS, &b);
     EXPECT_INT_EQ(dm__buf_finish(&b, &t, NULL), 0, "render");
     EXPECT_CONTAINS(t, ",\"process_resident_bytes\":1073741824,"
                        "\"outside_arenas_resident_bytes\":268435456,"
@@ -428,7 +466,7 @@ static void test_process(void) {
     EXPECT_TRUE(!strstr(t, "\ndatamem_pyarrow_allocated_bytes"), t);
     free(t);
     b = (dm_buf_t){0};
-    dm__metrics_json(sample_stats(), &svc, &b);
+    dm__metrics_json(sample_stats(), &svc, DM_STATS_JSON_TAGS, &b);
     EXPECT_INT_EQ(dm__buf_finish(&b, &t, NULL), 0, "render");
     EXPECT_TRUE(!strstr(t, "process_resident_bytes") && !strstr(t, "pyarrow"), t);
     free(t);
@@ -643,6 +681,7 @@ static void test_endpoint(void) {
 int main(void) {
     test_text();
     test_json();
+    test_json_tags();
     test_text_not_utf8();
     test_process();
     test_endpoint();

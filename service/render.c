@@ -9,6 +9,7 @@
  * Thread safety: any thread. The hugepage cache is guarded by `hp_mu`, reset
  * in a fork child (dm__render_atfork_child: a scrape may have held it).
  */
+#include <limits.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -73,8 +74,9 @@ int dm__render_current(int format, const char *const_labels, char **out, size_t 
         dm_svc_stats_t svc;
         dm__svc_stats_read(&svc);
         dm_stats_process(s, &svc.process);
-        if (format == DM_STATS_JSON) {
-            dm__metrics_json(s, &svc, &b);
+        if (format != DM_STATS_PROMETHEUS) {
+            dm__metrics_json(s, &svc, format == DM_STATS_JSON_ALL ? INT_MAX : DM_STATS_JSON_TAGS,
+                             &b);
         } else {
             dm__metrics_text(s, const_labels, &b);
             dm__metrics_service_text(&svc, const_labels, &b);
@@ -87,7 +89,7 @@ int dm__render_current(int format, const char *const_labels, char **out, size_t 
 }
 
 int dm_stats_render_current(int format, char **out, size_t *len) {
-    if (format != DM_STATS_JSON && format != DM_STATS_PROMETHEUS)
+    if (format != DM_STATS_JSON && format != DM_STATS_JSON_ALL && format != DM_STATS_PROMETHEUS)
         return DM_ERANGE;
     return dm__render_current(format, NULL, out, len);
 }

@@ -42,6 +42,7 @@ void dm__svc_stats_read(dm_svc_stats_t *out) {
     out->threads_not_covered = uncovered_n;
     memcpy(out->uncovered_names, uncovered_names, sizeof(uncovered_names));
     pthread_mutex_unlock(&uncovered_mu);
+    dm_watch_counts(&out->watch_reloads, &out->watch_unchanged);
 }
 
 void dm__svc_stats_atfork_child(void) { pthread_mutex_init(&uncovered_mu, NULL); }

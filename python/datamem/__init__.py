@@ -14,6 +14,7 @@ or explicitly::
         ...
 """
 import contextlib
+import json
 import os
 import re
 import sys
@@ -156,15 +157,18 @@ def explain(policy, size, dtype="unknown", thread="MainThread", tags=(), table=F
 
 
 def stats():
-    """Per-arena and per-rule numbers as a plain dict. `threads_not_covered`
+    """Every number as a plain dict: /stats.json's own JSON (one renderer, the
+    same keys and types at every depth), with every tag's row in "tags"
+    (/stats.json keeps the 50 biggest plus "(other)"). `threads_not_covered`
     names live Python threads that do not allocate through datamem (started
     before datamem was installed, or created outside `threading`).
     `process_resident_bytes` is the process's resident set and
     `outside_arenas_resident_bytes` the part of it no arena holds (what a policy
     does not govern); `pyarrow_allocated_bytes`, present while pyarrow is
     loaded, is its pool's total (docs/what-a-policy-governs.md)."""
-    s = _ext.stats()
+    s = json.loads(_ext.stats())  # /stats.json's renderer: one shape for both
     s["threads_not_covered"] = _publish_uncovered()
+    s["threads_not_covered_count"] = len(s["threads_not_covered"])
     arrow = _arrow.publish()
     if arrow is not None:
         s["pyarrow_allocated_bytes"] = arrow
@@ -395,7 +399,7 @@ def _holders(kind, n=3):
     memory beside the arrays it counts; "" when there is nothing to name or no
     snapshot to be had."""
     try:
-        s = _ext.stats()
+        s = json.loads(_ext.stats())
     except Exception:  # an explanation never costs the error its own text
         return ""
 

@@ -29,13 +29,6 @@ def task_tag(name):
     return s[:63]
 
 
-def _tag_items(tags):
-    """(tag, numbers) pairs of a stats snapshot's "tags": datamem.stats() holds
-    {tag: {live, peak, limit, refused}}, /stats.json a list of {tag, live, peak,
-    limit, refused} (the 50 biggest, then "(other)")."""
-    if isinstance(tags, dict):
-        return tags.items()
-    return [(t.get("tag"), t) for t in tags]
 
 
 class TaskTag:
@@ -88,7 +81,7 @@ def tag_rows(per_worker):
     none. A worker without per-tag counting gives no rows."""
     rows = []
     for w, s in per_worker.items():
-        for tag, t in _tag_items((s or {}).get("tags") or {}):
+        for tag, t in ((s or {}).get("tags") or {}).items():
             rows.append((str(w), str(tag), int(t.get("live", 0)), int(t.get("peak", 0)),
                          t.get("limit"), int(t.get("refused", 0))))
     rows.sort(key=lambda r: (-r[2], -r[3], r[0], r[1]))

@@ -65,17 +65,16 @@ def test_tag_rows_and_table():
 
 
 def test_tag_rows_reads_a_workers_stats_json(tmp_path):
-    # datamem.ray.tag_table() reads each worker's /stats.json, whose "tags" is a list
-    # of {tag, live, ...}; tag_rows() took only stats()'s {tag: {...}} and failed with
-    # AttributeError: 'list' object has no attribute 'items'.
+    # datamem.ray.tag_table() reads each worker's /stats.json, whose "tags" has
+    # stats()'s shape: {tag: {live, peak, limit, refused}}, biggest live first.
     with job(tmp_path, extra={"DATAMEM_TAG_BYTES": "1"}) as (_, info):
         status, _, body = get(info["url"].replace("/metrics", "/stats.json"))
     assert status == 200
     snap = json.loads(body)
-    assert isinstance(snap["tags"], list)
+    assert isinstance(snap["tags"], dict)
     rows = tag_rows({"w1": snap})
-    assert sorted(rows) == sorted(("w1", t["tag"], t["live"], t["peak"], t["limit"], t["refused"])
-                                  for t in snap["tags"])
+    assert sorted(rows) == sorted(("w1", k, t["live"], t["peak"], t["limit"], t["refused"])
+                                  for k, t in snap["tags"].items())
     ingest = [r for r in rows if r[1] == "ingest"]
     assert len(ingest) == 1 and ingest[0][2] >= 8000, rows  # np.ones(1000), kept
     assert "ingest" in format_table(rows)

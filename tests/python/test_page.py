@@ -303,13 +303,13 @@ def test_page_in_headless_chromium(tmp_path):
     assert re.fullmatch(r"\(\d+% of resident\)", ids["process-arenas-share"]), ids
     assert ids["pyarrow"] == "not loaded"  # the job never imports pyarrow
     assert after["tag_bytes"]["on"]
-    for t in after["tags"]:
-        k = "tag:%s:" % t["tag"]
-        assert close_bytes(cells[k + "live"], [{x["tag"]: x for x in s["tags"]}[t["tag"]]["live"]
-                                               for s in both]), (t, cells[k + "live"])
+    for name, t in after["tags"].items():
+        k = "tag:%s:" % name
+        assert close_bytes(cells[k + "live"], [s["tags"][name]["live"] for s in both]), \
+            (t, cells[k + "live"])
         assert close_bytes(cells[k + "peak"], [t["peak"]]), (t, cells[k + "peak"])
         assert cells[k + "limit"] == ("-" if t["limit"] is None else cells[k + "limit"])
-    ingest = {x["tag"]: x for x in after["tags"]}["ingest"]
+    ingest = after["tags"]["ingest"]
     assert ingest["limit"] == 64 << 20 and ingest["live"] >= 8000, ingest
     assert close_bytes(cells["tag:ingest:limit"], [64 << 20]), cells["tag:ingest:limit"]
     # The spill card: bytes on disk and in memory of the file-backed arena.

@@ -69,25 +69,54 @@ def test_metrics_parse_with_prometheus_client(tmp_path):
     assert bi["version"] == datamem.__version__
 
 
-def test_metrics_function_and_stats_json_agree(tmp_path):
-    code = r"""
-import json, numpy as np, datamem
+SHAPES = r"""
+import json, threading, urllib.request, numpy as np, datamem
 a = np.ones(1 << 20)
+with datamem.tag("ingest"):
+    b = np.ones(1 << 16)
 text = datamem.metrics()
 from prometheus_client.parser import text_string_to_metric_families
 names = [f.name for f in text_string_to_metric_families(text)]
-d = datamem.stats()
-j = json.loads(datamem._ext.metrics(True))
-print(json.dumps({"names": names, "dict_keys": sorted(d["arenas"]["big"]),
-                  "json_keys": sorted(j["arenas"]["big"]), "url": datamem.stats_url(),
-                  "huge": d["arenas"]["big"]["hugepage_bytes"]}))
+url = datamem.serve_stats()
+served = json.load(urllib.request.urlopen(url.replace("/metrics", "/stats.json")))
+
+
+def shape(v):
+    # keys all the way down, with each value's JSON type (None: a limit not set)
+    if isinstance(v, dict):
+        return {k: shape(x) for k, x in v.items()}
+    return "null" if v is None else type(v).__name__
+print(json.dumps({"names": names, "stats": shape(datamem.stats()), "served": shape(served),
+                  "tags": list(datamem.stats()["tags"]), "served_tags": list(served["tags"])}))
 """
-    r = run_py(code, config=DEMO, env={"DATAMEM_STATS_DIR": str(tmp_path)})
+
+
+def test_stats_and_stats_json_have_one_shape():
+    """datamem.stats() is /stats.json's own JSON (one renderer): the same keys at
+    every depth with the same types, "tags" a dict by name in both, biggest
+    live first. Before, "tags" was a dict in one and a list in the other, and
+    each had keys the other lacked (watch_reloads, tables_live, pid, http)."""
+    r = run_py(SHAPES, config=DEMO, env={"DATAMEM_TAG_BYTES": "1"})
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout.splitlines()[-1])
     assert "datamem_arena_resident_bytes" in out["names"]
-    assert out["dict_keys"] == out["json_keys"]  # /stats.json and stats() have one shape
-    assert out["url"] is None  # no endpoint unless asked for
+    st, sv = out["stats"], out["served"]
+    # the endpoint's own request counters move between the two reads; the rest
+    # is the same, key for key and type for type
+    assert st == sv, [k for k in set(st) | set(sv) if st.get(k) != sv.get(k)]
+    for key in ("watch_reloads", "tables_live", "pid", "http", "threads_not_covered_count",
+                "process_resident_bytes"):
+        assert key in st, key
+    assert out["tags"][:2] == out["served_tags"][:2] == ["(untagged)", "ingest"], out
+    assert st["tags"]["ingest"] == {"live": "int", "peak": "int", "limit": "null",
+                                    "refused": "int"}, st["tags"]
+
+
+def test_metrics_function_needs_no_endpoint(tmp_path):
+    r = run_py("import datamem, numpy; print(datamem.stats_url())", config=DEMO,
+               env={"DATAMEM_STATS_DIR": str(tmp_path)})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split()[-1] == "None"  # no endpoint unless asked for
 
 
 # ---- the endpoint answers while Python holds the GIL ----------------------------------
