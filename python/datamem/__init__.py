@@ -21,7 +21,7 @@ import sys
 import threading
 import weakref
 
-from . import _arrow, _ext, _stats_tables
+from . import _arrow, _ext, _stats_tables, _text
 from ._ext import PolicyError
 
 __all__ = ["install", "uninstall", "reload", "tag", "stats", "current_policy",
@@ -143,7 +143,7 @@ def current_policy():
 
 def check(policy):
     """Validates a policy file without installing it: (ok, diagnostics, summary)."""
-    from .__main__ import check as _check
+    from ._explain import check as _check
     return _check(os.fsdecode(policy))
 
 
@@ -152,7 +152,7 @@ def explain(policy, size, dtype="unknown", thread="MainThread", tags=(), table=F
     """Which rule and arena would serve an allocation, and why earlier rules did not.
     `module` and `function` ("module.qualname") name the call site for rules with
     match.module / match.function; None: unknown, as for a realloc."""
-    from .__main__ import explain as _explain
+    from ._explain import explain as _explain
     return _explain(os.fsdecode(policy), size, dtype, thread, tags, table, module, function)
 
 
@@ -380,18 +380,6 @@ def _thread_refusals():
     return f["count"] if f else 0
 
 
-def _mib(n):
-    """8 bytes, 1.5 KiB, 64.0 MiB (as the C side's stderr line says it)."""
-    if n < 1024:
-        return "%d bytes" % n
-    x = n / 1024.0
-    for unit in ("KiB", "MiB", "GiB"):
-        if x < 1024.0:
-            return "%.1f %s" % (x, unit)
-        x /= 1024.0
-    return "%.1f TiB" % x
-
-
 def _holders(kind, n=3):
     """"largest holders: tags 'load' 48.0 MiB, (untagged) 16.0 MiB; ..." from a
     stats snapshot: the tags that hold the most live bytes, and for the worker
@@ -408,7 +396,8 @@ def _holders(kind, n=3):
         if not rows:
             return None
         return "%s %s" % (label, ", ".join(
-            "%s %s" % (k if k.startswith("(") else repr(k), _mib(v)) for v, k in rows))
+            "%s %s" % (k if k.startswith("(") else repr(k), _text.human_bytes(v, "bytes"))
+            for v, k in rows))
 
     tags = top(((k, t.get("live") or 0) for k, t in (s.get("tags") or {}).items()), "tags")
     arenas = top(((k, a.get("allocated_bytes") or 0) for k, a in (s.get("arenas") or {}).items()),
@@ -419,21 +408,23 @@ def _holders(kind, n=3):
     beside = tb.get("worker_beside") if kind == "worker" else None
     group = _stats_tables.budget_is_shared(tb)
     beside = "beside the arrays (%smalloc, Arrow, Python objects) %s" % (
-        "the cgroup's other processes, " if group else "", _mib(beside)) if beside else None
+        "the cgroup's other processes, " if group else "",
+        _text.human_bytes(beside, "bytes")) if beside else None
     parts = [p for p in ((arenas, tags, beside) if kind == "worker" else (tags or arenas,)) if p]
     return "largest holders: %s" % "; ".join(parts) if parts else ""
 
 
 def _explain(kind, who, request, limit, live):
     if kind == "tag":
-        what = "tag %r is at its limit of %s" % (who, _mib(limit))
+        what = "tag %r is at its limit of %s" % (who, _text.human_bytes(limit, "bytes"))
     elif kind == "worker":
-        what = "the worker limit of %s is reached" % _mib(limit)
+        what = "the worker limit of %s is reached" % _text.human_bytes(limit, "bytes")
     else:
-        what = "arena %r is at its limit of %s" % (who, _mib(limit))
+        what = "arena %r is at its limit of %s" % (who, _text.human_bytes(limit, "bytes"))
     held = _holders(kind)
     return ("datamem: %s (%s live): a request of %s was refused%s"
-            % (what, _mib(live), _mib(request), "; " + held if held else ""))
+            % (what, _text.human_bytes(live, "bytes"), _text.human_bytes(request, "bytes"),
+               "; " + held if held else ""))
 
 
 # NumPy raises its own MemoryError (_ArrayMemoryError) for an array it could

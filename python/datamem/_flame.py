@@ -61,12 +61,13 @@ def _tree(p, column):
 
 
 def _svg(p, column, unit, width=1200, row=17):
-    from ._report import fmt_bytes, fmt_count
+    from ._report import fmt_count
+    from ._text import human_bytes
     root = _tree(p, column)
     total = root[0]
     if total <= 0:
         return "<p>Nothing was recorded.</p>"
-    fmt = fmt_bytes if unit == "bytes" else (lambda v: fmt_count(v) + " allocations")
+    fmt = human_bytes if unit == "bytes" else (lambda v: fmt_count(v) + " allocations")
     rects = []
     depth_max = [0]
 

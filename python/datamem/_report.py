@@ -23,22 +23,13 @@ import math
 
 import numpy as np
 
-from ._text import printable
+from ._text import human_bytes, printable
 from ._profile_read import is_library
 from ._profile_read import LIFE_EDGES, LONG, SHORT, SITE_COLUMNS, SIZE_EDGES  # noqa: F401
 
 # C0 and C1 controls (ESC, CR, NEL...), DEL, the line and paragraph separators
 # (line breaks to YAML), bidirectional overrides, and lone surrogates (bytes that
 # were not UTF-8: they cannot be written to a UTF-8 stream).
-def fmt_bytes(n):
-    n = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return ("%.0f %s" if unit == "B" else "%.1f %s") % (n, unit)
-        n /= 1024
-    return "%.1f TiB" % n
-
-
 def fmt_size_edge(n):
     for unit, k in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if n >= k and n % k == 0:
@@ -244,7 +235,7 @@ def text(s):
     else:
         lines.append("mode: sampled, one sample per %s allocated on average (%s samples); "
                      "counts and bytes are unbiased estimates"
-                     % (fmt_bytes(s["sample_bytes"]), fmt_count(s["records"])))
+                     % (human_bytes(s["sample_bytes"]), fmt_count(s["records"])))
     for q in s["processes"]:
         if q.get("limit"):
             lines.append("warning: %s: profile truncated at %d bytes (cap) after %s records"
@@ -253,26 +244,26 @@ def text(s):
         lines.append("process %d (parent %s): %s  [%s records, %.2f s, max RSS %s]"
                      % (q["pid"], q["ppid"], printable(" ".join(q["argv"])[:100]),
                         fmt_count(q["records"]),
-                        q["end"] - q["start"], fmt_bytes(q["max_rss"])))
+                        q["end"] - q["start"], human_bytes(q["max_rss"])))
     tb = s["bytes"] or 1.0
     lines.append("")
     lines.append("allocated%s: %s in %s allocations over %.2f s"
-                 % (est, fmt_bytes(s["bytes"]), fmt_count(s["allocations"]), s["duration"]))
+                 % (est, human_bytes(s["bytes"]), fmt_count(s["allocations"]), s["duration"]))
     lines.append("  short-lived (< %s): %s (%.0f%%); long-lived (>= %s or live at exit): %s "
                  "(%.0f%%); live at exit: %s"
-                 % (fmt_time(s["thresholds"]["short"]), fmt_bytes(s["short_bytes"]),
+                 % (fmt_time(s["thresholds"]["short"]), human_bytes(s["short_bytes"]),
                     100 * s["short_bytes"] / tb, fmt_time(s["thresholds"]["long"]),
-                    fmt_bytes(s["long_bytes"]), 100 * s["long_bytes"] / tb,
-                    fmt_bytes(s["live_at_end_bytes"])))
+                    human_bytes(s["long_bytes"]), 100 * s["long_bytes"] / tb,
+                    human_bytes(s["live_at_end_bytes"])))
     lines.append("peak live NumPy bytes%s: %s at %.3f s (max RSS of any process: %s)"
-                 % (est, fmt_bytes(s["peak"]["bytes"]), s["peak"]["time"], fmt_bytes(s["max_rss"])))
+                 % (est, human_bytes(s["peak"]["bytes"]), s["peak"]["time"], human_bytes(s["max_rss"])))
     if s["no_gil_records"]:
         lines.append("  %d records without the GIL (NumPy's realloc in fromfile/fromstring): "
                      "no call site" % s["no_gil_records"])
 
     def site_rows(lst):
-        return [[fmt_bytes(x["bytes"]), "%.0f%%" % (100 * x["bytes"] / tb),
-                 fmt_count(x["allocations"]), fmt_bytes(x["median_size"]),
+        return [[human_bytes(x["bytes"]), "%.0f%%" % (100 * x["bytes"] / tb),
+                 fmt_count(x["allocations"]), human_bytes(x["median_size"]),
                  fmt_time(x["median_lifetime"]), printable(x["site"])] for x in lst]
     head = ["bytes", "%", "count", "median size", "median life", "call site"]
     lines += ["", "top call sites by bytes:"] + _table(site_rows(s["sites_by_bytes"]), head)
@@ -283,23 +274,23 @@ def text(s):
                   "library); record with `profile --stacks` to see the frames of your code "
                   "behind them"]
     lines += ["", "sizes:"] + _table(
-        [[h["label"], fmt_count(h["allocations"]), fmt_bytes(h["bytes"]),
+        [[h["label"], fmt_count(h["allocations"]), human_bytes(h["bytes"]),
           "%.0f%%" % (100 * h["bytes"] / tb), fmt_time(h["median_lifetime"])]
          for h in s["size_histogram"]], ["size", "count", "bytes", "%", "median life"])
     lines += ["", "lifetimes:"] + _table(
-        [[h["label"], fmt_count(h["allocations"]), fmt_bytes(h["bytes"]),
+        [[h["label"], fmt_count(h["allocations"]), human_bytes(h["bytes"]),
           "%.0f%%" % (100 * h["bytes"] / tb)] for h in s["lifetime_histogram"]],
         ["lifetime", "count", "bytes", "%"])
     pk = s["peak"]["bytes"] or 1.0
-    lines += ["", "what made up the peak (%s):" % fmt_bytes(s["peak"]["bytes"])] + _table(
-        [[fmt_bytes(x["bytes"]), "%.0f%%" % (100 * x["bytes"] / pk), fmt_count(x["allocations"]),
+    lines += ["", "what made up the peak (%s):" % human_bytes(s["peak"]["bytes"])] + _table(
+        [[human_bytes(x["bytes"]), "%.0f%%" % (100 * x["bytes"] / pk), fmt_count(x["allocations"]),
           printable(x["name"])] for x in s["peak"]["sites"]],
         ["bytes", "%", "live arrays", "call site"])
     for title, key in (("by thread", "by_thread"), ("by tag", "by_tag"),
                        ("by arena", "by_arena"), ("by rule", "by_rule"),
                        ("by dtype", "by_dtype")):
         lines += ["", title + ":"] + _table(
-            [[fmt_bytes(g["bytes"]), "%.0f%%" % (100 * g["bytes"] / tb),
+            [[human_bytes(g["bytes"]), "%.0f%%" % (100 * g["bytes"] / tb),
               fmt_count(g["allocations"]), printable(g["name"])] for g in s[key][:10]],
             ["bytes", "%", "count", key[3:]])
     return "\n".join(lines) + "\n"
@@ -321,7 +312,7 @@ def _stack_lines(sites, tb):
         lines.append("  %s" % printable(x["site"]))
         for st in x["stacks"]:
             lines.append("    %s (%.0f%%) in %s allocation%s:"
-                         % (fmt_bytes(st["bytes"]), 100 * st["bytes"] / tb,
+                         % (human_bytes(st["bytes"]), 100 * st["bytes"] / tb,
                             fmt_count(st["allocations"]),
                             "" if fmt_count(st["allocations"]) == "1" else "s"))
             fr = st["frames"]
@@ -378,7 +369,7 @@ def _scatter_svg(p, sites, width=760, height=380):
     for e in range(int(ly0), int(ly1) + 1, 4):
         yy = pad_t + H - (e - ly0) / (ly1 - ly0) * H
         out.append('<text x="%d" y="%.1f" font-size="10" text-anchor="end">%s</text>'
-                   % (pad_l - 4, yy + 3, _html.escape(fmt_bytes(2 ** e))))
+                   % (pad_l - 4, yy + 3, _html.escape(human_bytes(2 ** e))))
     out.append('<text x="%d" y="%d" font-size="11" text-anchor="middle">lifetime '
                '(live at exit: to the end of the process)</text>' % (pad_l + W // 2, height - 4))
     for i in range(len(life)):
@@ -419,7 +410,7 @@ def _live_svg(p, sites, width=760, height=300):
                       _html.escape(printable(s["site"]) if s else "other sites")))
         base = hi
     out.append('<text x="%d" y="%d" font-size="10" text-anchor="end">%s</text>'
-               % (pad_l - 4, pad_t + 8, _html.escape(fmt_bytes(top))))
+               % (pad_l - 4, pad_t + 8, _html.escape(human_bytes(top))))
     out.append('<text x="%d" y="%d" font-size="10" text-anchor="end">0</text>'
                % (pad_l - 4, pad_t + H))
     out.append('<text x="%d" y="%d" font-size="10" text-anchor="end">%.2f s</text>'
@@ -436,8 +427,8 @@ def html(p, s):
                      % (PALETTE[i % len(PALETTE)], esc(x["site"]))
                      for i, x in enumerate(s["sites"][:8]))
     rows = "".join("<tr><td>%s</td><td>%.0f%%</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td></tr>"
-                   % (esc(fmt_bytes(x["bytes"])), 100 * x["bytes"] / tb,
-                      esc(fmt_count(x["allocations"])), esc(fmt_bytes(x["median_size"])),
+                   % (esc(human_bytes(x["bytes"])), 100 * x["bytes"] / tb,
+                      esc(fmt_count(x["allocations"])), esc(human_bytes(x["median_size"])),
                       esc(fmt_time(x["median_lifetime"])), esc(x["site"]))
                    for x in s["sites"][:30])
     return """<!DOCTYPE html>

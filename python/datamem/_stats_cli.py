@@ -13,26 +13,16 @@ This module is the command glue (cmd_*, add_commands, run); the work lives in
   _stats_sd.py         `ls --prometheus-sd`: sd_targets, write_sd
   _stats_reload.py     `reload`: not_ours, datamem_pids, reload_pid, reload_all
   _stats_record.py     `record` and `plot`
-and its names are imported here, so `_stats_cli.NAME` keeps working.
 """
 import json
 import sys
 import time
 
-from ._stats_client import (  # noqa: F401
-    MAX_REPLY, _Deadline, _UnixHTTPConnection, _snapshot_problem, _strip_endpoint, fetch,
-    fetch_json, resolve, scrape_all)
-from ._stats_discovery import (  # noqa: F401
-    TargetError, _alive, _boot_time, _entry_problem, _is_number, _open_stats_dir,
-    _proc_start_time, _read_entry, _warn, list_processes, registered, stats_dir)
-from ._stats_record import cmd_plot, cmd_record, load_snapshots  # noqa: F401
-from ._stats_reload import (  # noqa: F401
-    _cmdline, _maps_datamem, _pidfd, _reload_one, _sighup, _uids, catches_sighup,
-    datamem_pids, not_ours, reload_all, reload_pid)
-from ._stats_sd import cmd_prometheus_sd, sd_targets, threading_main, write_sd  # noqa: F401
-from ._stats_tables import (  # noqa: F401
-    WIDTH, fit, fit_left, header, header_all, human_bytes, human_rate, memory_line,
-    reload_label, render, short_bytes, spill_table, table, table_all, top_text)
+from ._stats_client import fetch, fetch_json, resolve, scrape_all
+from ._stats_discovery import TargetError, list_processes, stats_dir
+from ._stats_record import cmd_plot, cmd_record
+from ._stats_sd import cmd_prometheus_sd
+from ._stats_tables import header_all, spill_table, table, table_all, top_text
 from ._text import printable
 
 

@@ -4,26 +4,11 @@ Pure functions of parsed /stats.json snapshots; no I/O.
 """
 import time
 
-from ._text import printable
+from ._text import human_bytes, printable, short_bytes
 
 # ---- formatting ------------------------------------------------------------------------
 
 WIDTH = 80  # every line `top` prints fits a classic terminal
-
-
-def human_bytes(n):
-    """1536 -> "1.5 KiB" (the long form, for messages)."""
-    n = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return ("%d %s" % (n, unit)) if unit == "B" else ("%.1f %s" % (n, unit))
-        n /= 1024
-    return "%.1f TiB" % n
-
-
-def short_bytes(n):
-    """1536 -> "1.5KiB": at most 9 characters up to 1023.9 TiB (table cells)."""
-    return human_bytes(n).replace(" ", "")
 
 
 def human_rate(n):

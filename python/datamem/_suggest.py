@@ -39,8 +39,8 @@ import numpy as np
 
 from . import _suggest_spill
 from ._profile_read import BIG, SITE_COLUMNS
-from ._report import LONG, SHORT, fmt_bytes, fmt_count, fmt_time
-from ._text import printable, shell_command
+from ._report import LONG, SHORT, fmt_count, fmt_time
+from ._text import human_bytes, printable, shell_command
 
 def _pow2_ceil(n):
     p = 1
@@ -98,8 +98,8 @@ def _head(p):
     return ["# Suggested by: " + shell_command("python", "-m", "datamem", "suggest", p.directory),
             "# from %s%s: %s allocated in %s arrays over %.2f s, %d process%s."
             % ("every allocation" if p.full else
-               "%s samples (one per %s allocated)" % (fmt_count(len(p)), fmt_bytes(p.sample_bytes)),
-               est, fmt_bytes(T["bytes"]), fmt_count(T["allocations"]),
+               "%s samples (one per %s allocated)" % (fmt_count(len(p)), human_bytes(p.sample_bytes)),
+               est, human_bytes(T["bytes"]), fmt_count(T["allocations"]),
                p.end, len(p.processes),
                "" if len(p.processes) == 1 else "es"),
             "# Check it: python -m datamem check policy.yaml; see where an array goes:",
@@ -142,7 +142,7 @@ def _resident(p, call_site_rules, resident_arena, arenas, rules, estimate):
     sep = _separating_bound(p)
     sites, nsites = _top_sites(p, "resident_bytes")
     comment = ["  # long-lived big arrays: sizes >= %s freed after %s or never: %s (%s of bytes),"
-               % (fmt_bytes(BIG), fmt_time(LONG), fmt_bytes(res_b), _pct(res_b, T["bytes"] or 1.0)),
+               % (human_bytes(BIG), fmt_time(LONG), human_bytes(res_b), _pct(res_b, T["bytes"] or 1.0)),
                "  # %s arrays, from %d site%s: %s"
                % (fmt_count(T["resident_allocations"]), nsites, "" if nsites == 1 else "s",
                   ", ".join(sites))]
@@ -177,7 +177,7 @@ def _resident(p, call_site_rules, resident_arena, arenas, rules, estimate):
                         "    arena: resident"]
     estimate.append("#   resident: %s of long-lived arrays on hugepages (random access: "
                     "0.92x the default's time in the benchmark's gather)"
-                    % fmt_bytes(res_b))
+                    % human_bytes(res_b))
 
 
 def _temporaries(p, arenas, rules, estimate):
@@ -186,7 +186,7 @@ def _temporaries(p, arenas, rules, estimate):
     temp_b = T["temp_bytes"]
     if temp_b <= 0:
         rules.append("  # no big temporaries (>= %s freed within %s): no reuse arena"
-                     % (fmt_bytes(BIG), fmt_time(LONG)))
+                     % (human_bytes(BIG), fmt_time(LONG)))
         return
     peak_t = p.temp_peak
     # throughput.yaml's decay: on the real-job benchmark (python3 -m bench.jobs,
@@ -197,12 +197,12 @@ def _temporaries(p, arenas, rules, estimate):
     arenas.append("  reuse: {alignment: 4096, decay: {dirty: 30s, muzzy: 0ms}}")
     rules += ["  # big temporaries: sizes >= %s freed within %s: %s (%s of bytes), "
               "median lifetime %s,"
-              % (fmt_bytes(BIG), fmt_time(LONG), fmt_bytes(temp_b),
+              % (human_bytes(BIG), fmt_time(LONG), human_bytes(temp_b),
                  _pct(temp_b, T["bytes"] or 1.0), fmt_time(med)),
               "  # %s arrays (%s freed within %s), peak %s live at once, from %d site%s: %s"
               % (fmt_count(T["temp_allocations"]),
                  "%.0f%%" % (100.0 * T["temp_short_bytes"] / temp_b), fmt_time(SHORT),
-                 fmt_bytes(peak_t), nsites, "" if nsites == 1 else "s", ", ".join(sites)),
+                 human_bytes(peak_t), nsites, "" if nsites == 1 else "s", ", ".join(sites)),
               "  # -> reuse arena: freed pages kept 30 s for the next iteration, at most",
               "  #    1/64 of its active bytes of them when it grows (a steady loop that",
               "  #    still faults: dirty: never, budget >= %s, the peak above)"
@@ -214,7 +214,7 @@ def _temporaries(p, arenas, rules, estimate):
     # count of the temporaries' pages as "faults avoided" promised 12x an fft
     # job's whole count and made a pandas job's faults double (issue 44).
     estimate += ["#   temporaries: %s in %s arrays go to the reuse arena; what that saves"
-                 % (fmt_bytes(temp_b), fmt_count(T["temp_allocations"])),
+                 % (human_bytes(temp_b), fmt_count(T["temp_allocations"])),
                  "#     (faults, CPU, peak RSS) is measured, not estimated: " + _tune_hint(p),
                  "#   memory: freed temporaries kept when the arena grows: at most 1/64 "
                  "of its active bytes"]
@@ -230,7 +230,7 @@ def _tiny(p, arenas, rules):
     rules += ["  # tiny arrays <= 1 KiB: %s arrays (%.0f%% of the count), %s; from %d site%s: %s"
               % (fmt_count(T["tiny_allocations"]),
                  100.0 * T["tiny_allocations"] / (T["allocations"] or 1),
-                 fmt_bytes(T["tiny_bytes"]), nsites, "" if nsites == 1 else "s",
+                 human_bytes(T["tiny_bytes"]), nsites, "" if nsites == 1 else "s",
                  ", ".join(sites)),
               "  # -> 16-byte alignment, NumPy's own (throughput.yaml's `tiny`)",
               "  - name: tiny",
@@ -262,7 +262,7 @@ def suggest(p, call_site_rules=False, resident_arena=False, memory=None,
     rest = max(0.0, T["bytes"] - T["tiny_bytes"] - T["big_bytes"])
     estimate.append("#   everything else (%s, %s of bytes): the 64-byte-aligned default arena, "
                     "served by datamem's block cache up to 256 KiB"
-                    % (fmt_bytes(rest), _pct(rest, total)))
+                    % (human_bytes(rest), _pct(rest, total)))
     policies = sorted({q["policy"] for q in p.processes if q["policy"]})
     if policies:
         estimate.append("#   recorded under: %s" % printable(", ".join(policies)))

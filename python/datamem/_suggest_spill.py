@@ -48,8 +48,8 @@ import json
 import re
 
 from ._profile_read import BIG, SITE_COLUMNS
-from ._report import fmt_bytes, fmt_time
-from ._text import printable, shell_command
+from ._report import fmt_time
+from ._text import human_bytes, printable, shell_command
 
 SHARE = 70                       # worker_limit, in percent of the memory limit (spill.yaml's)
 DEFAULT_DIR = "/var/tmp/datamem-spill"
@@ -154,8 +154,8 @@ def spill(p, memory, spill_dir):
     procs = "" if nproc == 1 else " (%d processes together)" % nproc
     if peak <= limit:
         out["estimate"].append("#   --memory %s: the peak of live arrays%s, %s at %s, is within "
-                               "%d%% of it: nothing to spill" % (fmt_bytes(memory), procs,
-                                                                 fmt_bytes(peak), fmt_time(at),
+                               "%d%% of it: nothing to spill" % (human_bytes(memory), procs,
+                                                                 human_bytes(peak), fmt_time(at),
                                                                  SHARE))
         return out
     excess = peak - limit
@@ -165,16 +165,16 @@ def spill(p, memory, spill_dir):
     resident_max = min(RESIDENT_MAX, _pow2(memory // 16, up=False))
     out["arenas"] = [
         "  # --memory %s: the peak of live arrays%s, %s at %s, passes %d%% of it"
-        % (fmt_bytes(memory), procs, fmt_bytes(peak), fmt_time(at), SHARE),
+        % (human_bytes(memory), procs, human_bytes(peak), fmt_time(at), SHARE),
         "  # (%s; the rest is room for Python objects, pandas, Arrow...) by %s."
-        % (fmt_bytes(limit), fmt_bytes(excess)),
+        % (human_bytes(limit), human_bytes(excess)),
         "  # -> a file-backed arena for what does not fit. Make its directory once, on local",
         "  #    disk (not tmpfs or a network filesystem), yours and not writable by others:",
         "  #      " + shell_command("mkdir", "-m", "700", "-p", spill_dir),
         ("  #    max: twice the most its rule's arrays hold at once in the profile (%s);"
-         % fmt_bytes(held)) if sites else
+         % human_bytes(held)) if sites else
         ("  #    max: twice the bytes past the limit and the largest array (%s);"
-         % fmt_bytes(held)),
+         % human_bytes(held)),
         "  #    resident_max: its pages kept in memory (a datamem thread pages out the rest;",
         "  #    docs/operations.md)",
         "  spill: {alignment: 64, decay: {dirty: 1s}, backing: {dir: %s, max: %s, resident_max: %s}}"
@@ -182,19 +182,19 @@ def spill(p, memory, spill_dir):
     if nproc == 1:
         worker = "%d%%" % SHARE
         where = ["%d%% of the memory limit (DATAMEM_MEMORY_LIMIT, else the cgroup's," % SHARE,
-                 "else RAM: %s where the job runs)" % fmt_bytes(memory)]
+                 "else RAM: %s where the job runs)" % human_bytes(memory)]
     else:  # worker_limit counts each process alone; the profile's peak is their sum
         worker = _size_text(_worker_size(limit, nproc))
         where = ["%s in each of the %d processes" % (worker, nproc),
-                 "(%d%% of %s shared among them)" % (SHARE, fmt_bytes(memory))]
+                 "(%d%% of %s shared among them)" % (SHARE, human_bytes(memory))]
     limit_lines = ["worker_limit: %s" % worker, "worker_spill: spill"]
     if sites:
-        names = ", ".join("%s (%s)" % (fn, fmt_bytes(b)) for fn, b in sites)
+        names = ", ".join("%s (%s)" % (fn, human_bytes(b)) for fn, b in sites)
         out["rules"] = [
             "  # what held the peak: %s;" % names,
-            "  # together at least the %s past the limit" % fmt_bytes(excess),
+            "  # together at least the %s past the limit" % human_bytes(excess),
             "  # -> their arrays >= %s live on disk, everything else in RAM (a call-site"
-            % fmt_bytes(BIG),
+            % human_bytes(BIG),
             "  #    rule costs each allocation less than counting live bytes would)",
             "  - name: spill",
             "    match: {function: [%s], size: {min: %s}}"
@@ -205,7 +205,7 @@ def spill(p, memory, spill_dir):
                        "# " + where[1] + " (counting live bytes takes every allocation",
                        "# off the fast path):"] + ["# " + line for line in limit_lines]
         out["estimate"].append("#   spill: %s at the peak from %d call site%s in a file in %s "
-                               "(disk speed, not RAM's)" % (fmt_bytes(sum(b for _, b in sites)),
+                               "(disk speed, not RAM's)" % (human_bytes(sum(b for _, b in sites)),
                                                             len(sites),
                                                             "" if len(sites) == 1 else "s",
                                                             spill_dir))
@@ -213,8 +213,8 @@ def spill(p, memory, spill_dir):
     out["tail"] = ["# Every array past " + where[0],
                    "# " + where[1] + " is served from the spill arena instead of RAM.",
                    "# No %d call sites of long-lived big arrays hold the %s past it, for a rule"
-                   % (SITES_MAX, fmt_bytes(excess)),
+                   % (SITES_MAX, human_bytes(excess)),
                    "# (counting live bytes takes every allocation off the fast path)."] + limit_lines
     out["estimate"].append("#   spill: about %s at the peak, whichever arrays pass the limit, in "
-                           "a file in %s (disk speed, not RAM's)" % (fmt_bytes(excess), spill_dir))
+                           "a file in %s (disk speed, not RAM's)" % (human_bytes(excess), spill_dir))
     return out

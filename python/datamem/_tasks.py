@@ -92,7 +92,7 @@ def format_table(rows):
     """tag_rows() as an aligned text table, then one total line per tag over
     all workers (live and peak summed: the peaks of different workers need not
     have been at the same time)."""
-    from datamem._stats_cli import human_bytes
+    from datamem._text import human_bytes
 
     def size(n):
         return "-" if n is None else human_bytes(n)

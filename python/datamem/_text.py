@@ -1,7 +1,8 @@
 """Text rules every command shares. Text from outside (a target's names and
 paths, a profile's call sites, argv) made safe to print: the one rule every
 command uses before writing to a terminal, a YAML comment or a log line. And
-sizes as commands and environment variables take them (parse_size). And the
+sizes as commands and environment variables take them (parse_size), and as every
+command and message writes them (human_bytes, short_bytes). And the
 one rule for a path or name inside a command printed for a shell to run
 (shell_arg): quoted, so a space, `;`, `$(...)` or a quote in it is part of the
 name, never more words or another command.
@@ -65,3 +66,19 @@ def parse_size(text):
     if scaled % 10 ** len(frac):
         raise ValueError("bad size %r: not a whole number of bytes" % text)
     return scaled // 10 ** len(frac)
+
+
+def human_bytes(n, b="B"):
+    """1536 -> "1.5 KiB", 8 -> "8 B" (or "8 bytes" with b="bytes", as the C
+    side's refusal line says it): the one way sizes are written."""
+    n = float(n)
+    for unit in (b, "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return ("%d %s" % (n, unit)) if unit == b else ("%.1f %s" % (n, unit))
+        n /= 1024
+    return "%.1f TiB" % n
+
+
+def short_bytes(n):
+    """1536 -> "1.5KiB": at most 9 characters up to 1023.9 TiB (table cells)."""
+    return human_bytes(n).replace(" ", "")

@@ -11,7 +11,7 @@ import uuid
 
 from conftest import CONFIGS, ROOT
 
-from datamem import _stats_cli
+from datamem import _stats_cli, _stats_tables
 
 DEMO = os.path.join(CONFIGS, "demo.yaml")
 
@@ -110,8 +110,8 @@ def _worst_snapshot(t):
 
 def test_top_rendering_fits_80_columns_at_worst():
     prev, cur = _worst_snapshot(1.0), _worst_snapshot(2.0)
-    text = _stats_cli.header(cur, "http://127.0.0.1:65535" + "/x" * 40) + "\n" + \
-        _stats_cli.table(cur, prev)
+    text = _stats_tables.header(cur, "http://127.0.0.1:65535" + "/x" * 40) + "\n" + \
+        _stats_tables.table(cur, prev)
     lines = text.splitlines()
     assert all(len(l) <= 80 for l in lines), "\n".join("%3d %s" % (len(l), l) for l in lines)
     # Too much for one line: the policy's path gets a line of its own.
@@ -265,7 +265,7 @@ def test_top_shows_limits_in_80_columns():
     for snap in (prev, cur):
         arenas = snap["arenas"]
         arenas["b"] = dict(arenas["b"], limit_bytes=8 << 30, live_bytes=6 << 30)
-    lines = _stats_cli.table(cur, prev).splitlines()
+    lines = _stats_tables.table(cur, prev).splitlines()
     assert all(len(l) <= 80 for l in lines), "\n".join(lines)
     head = lines[0].split()
     assert "LIMIT" in head and "ACTIVE" not in head, head
@@ -275,7 +275,7 @@ def test_top_shows_limits_in_80_columns():
     other = next(r for n, r in rows.items() if n != "b")
     assert other[col] == "-", other
     # No limit anywhere: the usual columns.
-    assert "LIMIT" not in _stats_cli.table(_worst_snapshot(2.0), _worst_snapshot(1.0))
+    assert "LIMIT" not in _stats_tables.table(_worst_snapshot(2.0), _worst_snapshot(1.0))
 
 
 def test_top_shows_spill_arenas_in_80_columns():
@@ -288,7 +288,7 @@ def test_top_shows_spill_arenas_in_80_columns():
                                    backing_max=big, backing_resident_bytes=big,
                                    backing_resident_max=None, backing_paged_out_bytes=big,
                                    backing_full=999_999_999)
-    lines = _stats_cli.top_text(cur, prev, "x").splitlines()
+    lines = _stats_tables.top_text(cur, prev, "x").splitlines()
     assert all(len(l) <= 80 for l in lines), "\n".join(lines)
     at = next(i for i, l in enumerate(lines) if l.startswith("SPILL ARENA"))
     assert lines[at].split() == ["SPILL", "ARENA", "ON", "DISK", "DISK", "MAX", "RESIDENT", "RES",
@@ -303,7 +303,7 @@ def test_top_shows_spill_arenas_in_80_columns():
     at = next(i for i, l in enumerate(lines) if l.startswith("PID") and "SPILL ARENA" in l)
     assert [l.split()[:2] for l in lines[at + 1:]] == [["41", "b*"], ["42", "b*"]], text
     # No file-backed arena: no spill table.
-    assert "SPILL" not in _stats_cli.top_text(_worst_snapshot(2.0), _worst_snapshot(1.0), "x")
+    assert "SPILL" not in _stats_tables.top_text(_worst_snapshot(2.0), _worst_snapshot(1.0), "x")
 
 
 def _subparsers(ap):

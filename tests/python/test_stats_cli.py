@@ -23,7 +23,7 @@ import pytest
 
 from conftest import ROOT, UNDER_ASAN
 
-from datamem import _stats_cli
+from datamem import _stats_discovery, _stats_sd, _text
 
 NOBODY = 65534
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="SKIP: needs root, to play another "
@@ -200,7 +200,7 @@ def test_prometheus_sd_never_writes_through_a_planted_link(tmp_path):
     victim.write_text("precious\n")
     sd = tmp_path / "targets.json"
     (tmp_path / ("targets.json.tmp.%d" % os.getpid())).symlink_to(victim)
-    text = _stats_cli.write_sd(str(sd), [{"targets": ["127.0.0.1:1"], "labels": {}}])
+    text = _stats_sd.write_sd(str(sd), [{"targets": ["127.0.0.1:1"], "labels": {}}])
     assert victim.read_text() == "precious\n"
     assert json.loads(sd.read_text()) == json.loads(text)
     assert not sd.is_symlink()
@@ -527,8 +527,8 @@ def test_reload_all_signals_a_datamem_process_that_serves_nothing(tmp_path):
 
 
 def test_printable_escapes_controls():
-    assert _stats_cli.printable("a\x1b[2Jb\nc\u202e") == "a\\x1b[2Jb\\x0ac\\u202e"
-    assert _stats_cli.printable("a\tb\nc\x07", keep="\n\t") == "a\tb\nc\\x07"
+    assert _text.printable("a\x1b[2Jb\nc\u202e") == "a\\x1b[2Jb\\x0ac\\u202e"
+    assert _text.printable("a\tb\nc\x07", keep="\n\t") == "a\tb\nc\\x07"
 
 
 
@@ -537,10 +537,9 @@ def test_discovery_entry_check_fuzz():
     # any JSON value (and any mutation of a real entry) is accepted or given a
     # reason, never an exception.
     from hypothesis import given, settings, strategies as st
-    from datamem import _stats_cli
     good = {"datamem": 1, "pid": 4242, "url": "http://127.0.0.1:1/metrics", "unix_socket": "",
             "argv0": "python", "cmdline": "python job.py", "started": 1.0, "version": "0.1.0"}
-    assert _stats_cli._entry_problem(good, 4242) is None
+    assert _stats_discovery._entry_problem(good, 4242) is None
     json_values = st.recursive(
         st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
         lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
@@ -551,7 +550,7 @@ def test_discovery_entry_check_fuzz():
     @given(json_values, st.dictionaries(st.sampled_from(sorted(good)), json_values, max_size=3))
     def check(value, overrides):
         for entry in (value, dict(good, **overrides)):
-            problem = _stats_cli._entry_problem(entry, 4242)
+            problem = _stats_discovery._entry_problem(entry, 4242)
             assert problem is None or isinstance(problem, str)
 
     check()
