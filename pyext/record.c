@@ -40,8 +40,8 @@
  * bytes give a tiny array a chance of about 1 / PROF_COUNT_SHARE: by bytes
  * alone an 8-byte array at 512 KiB is sampled once in 65,536, so a job's
  * thousands of 0-d temporaries were almost never seen and its estimated
- * count was the big arrays' alone (issue 44: 107 allocations against 865; a
- * job of 1,000 64 KiB arrays and 3,000 tiny ones read 1,123 against 4,000).
+ * count was the big arrays' alone (107 allocations against 865; a job of
+ * 1,000 64 KiB arrays and 3,000 tiny ones read 1,123 against 4,000).
  * Full mode records everything with weight 1. */
 #define PROF_COUNT_SHARE 16.0
 

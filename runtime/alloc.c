@@ -735,7 +735,7 @@ void *dm_realloc(const dm_ctx_t *c, void *p, size_t size) {
      * reused. pandas' hash tables grow their vectors by realloc (1 -> 4 -> 16
      * -> 64 MiB); left in the small half, such blocks are served by nothing
      * once freed, while the big half grows for the next big arrays (1.10x
-     * NumPy's default peak RSS on pandas3_etl, bench/results/issue28.md). */
+     * NumPy's default peak RSS on pandas3_etl, bench/results/jobs-size-class-trim.md). */
     size_t rounded = dm__slot_size(s, size);
     bool up = big && ja == old && rounded >= DM_BIG_THP_MIN;
     DM_TSAN_RELEASE();

@@ -429,7 +429,7 @@ static uint64_t stat_u64(unsigned idx, const char *leaf) {
  * never trimmed) while the arenas take new pages. At pandas_etl's peak glibc
  * held 17 MiB free: 1.020x NumPy's default peak RSS, 1.002x with the trim;
  * pandas3_etl 1.018x, 1.010x. 4 to 23 calls per job, 4.4 ms in
- * all at most (bench/results/issue28.md). */
+ * all at most (bench/results/jobs-size-class-trim.md). */
 static uint64_t peak_footprint; /* under dm__runtime_mu */
 static uint64_t trimmed_at;     /* the footprint at the last malloc_trim, under dm__runtime_mu */
 

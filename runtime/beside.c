@@ -4,8 +4,9 @@
  *
  * worker_limit bounds what the process holds, not only its counted arrays: a
  * pandas job keeps a third of its memory in malloc (hash tables), Arrow's pool
- * and Python objects, and a cgroup charges all of it (issue 43: a pandas ETL
- * under spill.yaml was OOM-killed with its arrays at 80% of the limit). So the
+ * and Python objects, and a cgroup charges all of it (counting arrays alone, a
+ * pandas ETL under spill.yaml was OOM-killed with its arrays at 80% of the
+ * limit). So the
  * worker total is compared with its limit less `beside`: the most the
  * process's memory beside its counted arrays has been over the last
  * DM_TALLY_BESIDE_WINDOW_MS (two half-window buckets: between one half and one

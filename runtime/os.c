@@ -49,8 +49,8 @@ static _Atomic uintptr_t reserve_hint;
  * memory profilers hook those symbols (memray patches them in every loaded
  * library's GOT, ours included; Fil and Scalene interpose them) and count each
  * mapping as an allocation of its whole length, so a 1 GiB PROT_NONE segment
- * read as 1 GiB of the job's peak (issue 44: memray's 3.85 GB against 343 MB
- * without a policy on an fft job). Memory an arena takes to serve arrays
+ * read as 1 GiB of the job's peak (memray: 3.85 GB against 343 MB without a
+ * policy on an fft job). Memory an arena takes to serve arrays
  * (dm__os_commit, a spill file's pages) still goes through mmap, which is how
  * such profilers see datamem's arrays (docs/operations.md, "Profilers"); so
  * does jemalloc's own metadata (its pages.c calls mmap: 6 MiB for its radix

@@ -13,7 +13,7 @@ their uniques in vectors that grow by ndarray.resize (realloc, x4 each step):
 a million distinct customers realloc a block from 1 MiB through 4 MiB to
 16 MiB and trim it to 8.4 MiB, and the two-key groupby's 2.7 million groups
 one up to 64 MiB, trimmed to 20.7 MiB. That pattern made a one-arena policy peak
-1.10x NumPy's default here (bench/results/issue28.md).
+1.10x NumPy's default here (bench/results/jobs-size-class-trim.md).
 """
 import numpy as np
 import pandas as pd

@@ -25,7 +25,7 @@ class TargetError(Exception):
 
 # C0 and C1 controls, DEL, and the Unicode line separators and bidirectional
 # overrides: a path, arena or thread name that holds them could move the cursor,
-# retitle the terminal or hide text (issue 24).
+# retitle the terminal or hide text.
 _warned = set()
 
 
@@ -55,7 +55,8 @@ def _open_stats_dir():
     C side's (service/discovery.c, stats_dir_open: files.h's dm__files_dir_open_owned)
     and _files.owned_dir's: a real directory, owned by this user, not writable by
     others; the C side does not announce a process in any other, so whatever is
-    there is not ours (issue 24: fake targets reached root's file_sd output)."""
+    there is not ours (another user's fake targets would reach root's file_sd
+    output)."""
     d = stats_dir()
     try:
         return _files.owned_dir(d)
@@ -166,8 +167,8 @@ def list_processes(prune=True):
     removed when `prune` (pool workers killed by SIGTERM cannot clean up). Only
     files the C side wrote are removed: <pid>.json, a regular file of this
     user's, holding a whole discovery entry with the mark ("datamem": 1) and its
-    own pid: the test service/discovery.c's prune applies (issue 24: `ls` deleted
-    any <number>.json that parsed as JSON). Raises TargetError when the
+    own pid: the test service/discovery.c's prune applies (any <number>.json that
+    parses as JSON is not enough: it may be someone else's file). Raises TargetError when the
     directory is refused."""
     fd = _open_stats_dir()
     if fd is None:

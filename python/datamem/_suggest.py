@@ -212,7 +212,7 @@ def _temporaries(p, arenas, rules, estimate):
               "    arena: reuse"]
     # What reusing them saves is the job's to measure (`datamem tune`): a
     # count of the temporaries' pages as "faults avoided" promised 12x an fft
-    # job's whole count and made a pandas job's faults double (issue 44).
+    # job's whole count and made a pandas job's faults double.
     estimate += ["#   temporaries: %s in %s arrays go to the reuse arena; what that saves"
                  % (human_bytes(temp_b), fmt_count(T["temp_allocations"])),
                  "#     (faults, CPU, peak RSS) is measured, not estimated: " + _tune_hint(p),

@@ -41,7 +41,7 @@ dotted identifiers (letters, digits, `_`, `.`, `<>` as in `<lambda>`) of at most
 with another name is never chosen (its bytes count as not covered). Nor is a
 module's top level (`__main__.<module>`, and a comprehension or lambda there,
 `__main__.<listcomp>`): every array a script makes outside a function matches
-the first, so such a rule spilled the whole job (issue 44); `f.<locals>.<listcomp>`
+the first, so such a rule would spill the whole job; `f.<locals>.<listcomp>`
 is f's and stays a site.
 """
 import json

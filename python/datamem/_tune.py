@@ -1,9 +1,9 @@
 """`python -m datamem tune [--out FILE] [--reps N] -- CMD ...`: the policy that
 measured best on the job itself.
 
-A suggestion is a measurement, not an estimate (issue 44: suggest's "faults
-avoided" promised twelve times an fft job's whole count, and its policy
-doubled a pandas job's faults). tune runs CMD, one child process per run, under
+A suggestion is a measurement, not an estimate (an estimate of "faults
+avoided" promised twelve times an fft job's whole count, and the policy it
+went with doubled a pandas job's faults). tune runs CMD, one child process per run, under
 NumPy's default allocator (DATAMEM_CONFIG unset), the presets minimal.yaml and
 throughput.yaml (shipped in the package) and the policy `suggest` makes from a
 profile of a first run of CMD (that run is not measured), N times each in
