@@ -363,8 +363,6 @@ extern pthread_mutex_t dm__runtime_mu;
 void dm__runtime_notify_install(const dm_policy_t *p, uint64_t seq);
 /* At most one line a second per `last_s`: whether this one may go out. */
 bool dm__runtime_log_due(_Atomic int64_t *last_s);
-/* failure.c: the refusal `f` on stderr, at most one line a second. */
-void dm__failure_log(const dm_failure_t *f);
 
 /* context.c: the root context (what NULL means) and one never handed out,
  * which forces the next allocation to bind. */

@@ -6,7 +6,7 @@
  * never to `fallback`, which could be RAM. What is not served becomes the
  * thread's last failure (dm_runtime_last_failure: the limit, the rule, the
  * arena, the bytes live), counted per arena and per rule, and logged at most
- * once a second (failure.c). alloc.c calls here only once an allocation has
+ * once a second (log_refusal). alloc.c calls here only once an allocation has
  * failed: nothing on this path is on the fast one.
  *
  * Thread safety: the calling thread's state and relaxed counters, and the
@@ -15,9 +15,57 @@
 #include "runtime/refusal.h"
 
 #include <fnmatch.h>
+#include <stdatomic.h>
 #include <stdio.h>
 
 #include "runtime/tally.h"
+
+/* "8 bytes", "1.5 KiB", "64.0 MiB", "2.0 GiB" */
+static void fmt_bytes(char *buf, size_t cap, uint64_t v) {
+    static const char *const units[] = {"KiB", "MiB", "GiB", "TiB"};
+    if (v < 1024) {
+        snprintf(buf, cap, "%llu bytes", (unsigned long long)v);
+        return;
+    }
+    double x = (double)v / 1024.0;
+    int u = 0;
+    while (x >= 1024.0 && u < 3)
+        x /= 1024.0, u++;
+    snprintf(buf, cap, "%.1f %s", x, units[u]);
+}
+
+/* The refusal's line on stderr. NumPy's MemoryError text is fixed ("Unable to
+ * allocate ... for an array with shape ..."), so a refusal by a limit also says
+ * which arena, rule, limit and request it was: at most one line a second (a job
+ * that catches MemoryError in a loop is not flooded), with the number not shown.
+ * datamem.last_failure() gives the same for the calling thread. */
+static void log_refusal(const dm_failure_t *f) {
+    static _Atomic int64_t last_s;
+    static _Atomic uint64_t quiet;
+    if (!dm__runtime_log_due(&last_s)) {
+        atomic_fetch_add_explicit(&quiet, 1, memory_order_relaxed);
+        return;
+    }
+    uint64_t more = atomic_exchange_explicit(&quiet, 0, memory_order_relaxed);
+    char more_text[64] = "";
+    if (more)
+        snprintf(more_text, sizeof(more_text), " (%llu more refusals not shown)",
+                 (unsigned long long)more);
+    char lim[32], live[32], req[32];
+    fmt_bytes(lim, sizeof(lim), f->limit);
+    fmt_bytes(live, sizeof(live), f->live);
+    fmt_bytes(req, sizeof(req), f->request);
+    if (f->kind == DM_REFUSED_TAG)
+        dm__log("datamem: MemoryError: tag '%s' is at its limit of %s with %s live: a "
+                "request of %s was refused%s", f->tag, lim, live, req, more_text);
+    else if (f->kind == DM_REFUSED_WORKER)
+        dm__log("datamem: MemoryError: the worker limit of %s is reached with %s live: a "
+                "request of %s was refused%s", lim, live, req, more_text);
+    else
+        dm__log("datamem: MemoryError: arena '%s' (rule '%s') is at its limit of %s with %s "
+                "live: a request of %s was refused%s%s", f->arena, f->rule, lim, live, req,
+                f->fallback_tried ? "; the fallback arena had no room either" : "", more_text);
+}
 
 /* The rule's name as failures say it: its own, or "default". */
 static const char *rule_name(const dm__thread_t *t, int rule) {
@@ -43,7 +91,7 @@ void *dm__refusal_failed(dm__thread_t *t, const dm__dispatch_slot_t *s, int rule
         count_limit(t, s, rule);
     if (tab->fallback < 0 || tab->fallback_slot.arena == s->arena) {
         if (limited)
-            dm__failure_log(&t->last_failure);
+            log_refusal(&t->last_failure);
         return NULL;
     }
     const dm__dispatch_slot_t *f = &tab->fallback_slot;
@@ -66,7 +114,7 @@ void *dm__refusal_failed(dm__thread_t *t, const dm__dispatch_slot_t *s, int rule
         t->last_failure = first;
     }
     if (limited || t->last_failure.seq != first.seq)
-        dm__failure_log(&t->last_failure);
+        log_refusal(&t->last_failure);
     return NULL;
 }
 
@@ -119,12 +167,12 @@ void *dm__refusal_tallied(dm__thread_t *t, const dm__dispatch_slot_t *s, int rul
     DM_CTR_ADD(t->rule_ctrs[rule].nfail, 1);
     count_limit(t, s, rule);
     snprintf(t->last_failure.arena, sizeof(t->last_failure.arena), "%s", s->arena->name);
-    dm__failure_log(&t->last_failure);
+    log_refusal(&t->last_failure);
     return NULL;
 }
 
 void dm__refusal_realloc(dm__thread_t *t, const dm__dispatch_slot_t *s, int rule) {
     t->limit_refused = false;
     count_limit(t, s, rule);
-    dm__failure_log(&t->last_failure);
+    log_refusal(&t->last_failure);
 }

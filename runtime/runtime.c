@@ -5,6 +5,7 @@
  *
  * The engine's files, one concern each (internal.h has the objects):
  *   alloc.c     the allocation paths: the fast path, tallied, big, realloc, free
+ *   refusal.c   a failed or refused allocation: fallback, spill, the record, the log
  *   bcache.c/h  the block cache (per-thread bins of freed small blocks, tags)
  *   thread.c    per-thread state, the registry, binding a thread to the table
  *   context.c   contexts (interned tag sets)
@@ -13,8 +14,11 @@
  *   stats.c     dm_stats_snapshot
  *   arena.c     policy arenas and the jemalloc arenas behind them
  *   extent.c    those arenas' extent hooks (placement, lock, pinned)
- *   bigblock.c  blocks of 4 MiB and more; tally.c bytes per tag; os.c the kernel
+ *   bigblock.c  blocks of 4 MiB and more
+ *   tally.c     bytes per tag and the worker limit; beside.c what counts beside them
  *   spill.c     file-backed arenas: their file, regions, fork copies
+ *   os.c        the kernel, and cgroup.c its cgroup files: the floor below
+ *               (//runtime:os), which cannot include the engine's headers
  *
  * Thread safety: dm__runtime_mu guards the engine's shared state (arenas,
  * publication, the thread registry, stats); it is never taken on the fast
