@@ -1,7 +1,7 @@
 """Two Dask workers (or joblib's loky workers, --engine loky) on one host in one
 memory cgroup whose tasks together hold more than it allows: NumPy's default
-against configs/spill.yaml as shipped (issue 43, "One budget per container,
-across processes").
+against configs/spill.yaml as shipped, which gives a container one budget
+across its processes.
 
 A LocalCluster of WORKERS worker processes (one thread each; Dask's own
 memory_limit from the cgroup, its nanny and spilling as they come) runs one

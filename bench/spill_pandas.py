@@ -1,6 +1,6 @@
 """A pandas 3 job in a memory cgroup smaller than its peak: NumPy's default
-against configs/spill.yaml as shipped (issue 43, "A limit on the whole job's
-memory"), and the same job with room to spare against minimal.yaml.
+against configs/spill.yaml as shipped (a limit on the whole job's
+memory), and the same job with room to spare against minimal.yaml.
 
 The job is bench/jobs' pandas3_arrow (3M rows, groupby/merge/sort, pandas 3
 with pyarrow: its strings live in Arrow's pool, its hash tables in malloc,

@@ -1,6 +1,6 @@
 """A 4-worker multiprocessing.Pool whose workers together hold more than their
 memory cgroup allows: NumPy's default against configs/spill.yaml as shipped
-(issue 43, "A limit on the whole job's memory"), and the same job with room to
+(a limit on the whole job's memory), and the same job with room to
 spare against minimal.yaml and spill.yaml.
 
 Each of WORKERS Pool workers holds GIB_PER_WORKER of written float64 arrays

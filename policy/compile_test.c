@@ -290,7 +290,7 @@ static void test_views(void) {
     EXPECT_TRUE(t2 == NULL, "*out = NULL");
 }
 
-/* Issue 11: "1 rules" / "1 arenas" in the dump. */
+/* The dump says "1 rule" / "1 arena", never "1 rules" / "1 arenas". */
 static void test_dump_plurals(void) {
     char buf[4096];
     dm_table_t *t = compile_yaml("version: 1\ndefault: a\narenas: {a: {}}\n"

@@ -94,7 +94,7 @@ static void test_defaults(void) {
     EXPECT_TRUE(!a->per_node && !a->numa_all, "bools");
     EXPECT_INT_EQ(a->dirty_decay_ms, 10000, "dirty");
     EXPECT_INT_EQ(a->muzzy_decay_ms, 0, "muzzy");
-    EXPECT_UINT_EQ(a->dirty_budget, 0, "budget 0: purge on growth (issue 12)");
+    EXPECT_UINT_EQ(a->dirty_budget, 0, "budget 0: purge on growth");
     EXPECT_INT_EQ(p->fallback_arena, -1, "no fallback");
     EXPECT_UINT_EQ(p->rules[0].size_min, 0, "min");
     EXPECT_UINT_EQ(p->rules[0].size_max, SIZE_MAX, "max");
@@ -262,7 +262,7 @@ static void test_load(void) {
     EXPECT_INT_EQ(dm_policy_load("/tmp", NULL, &p, &d), DM_EIO, "a directory");
 }
 
-/* Issue 11: one cause at many places is one diagnostic with a count, and the
+/* One cause at many places is one diagnostic with a count, and the
  * notes of the folded repeats go with them; different causes stay apart. */
 static void test_folding(void) {
     dm_policy_t *p;
@@ -278,7 +278,7 @@ static void test_folding(void) {
     EXPECT_TRUE(!strstr(text, "... and"), "nothing dropped: the count says it all");
 }
 
-/* Issue 11: a FIFO as the policy hung the open forever. alarm() turns a
+/* Bug pinned: a FIFO as the policy hung the open forever. alarm() turns a
  * regression into a failure (SIGALRM ends the test) rather than a timeout. */
 static void test_not_regular(void) {
     dm_policy_t *p;
@@ -338,7 +338,7 @@ static void test_not_regular(void) {
     unlink(flink), unlink(link), unlink(file), unlink(fifo), rmdir(dir);
 }
 
-/* Issue 44: only the first diagnostic got its source line. A job's report
+/* Before, only the first diagnostic got its source line. A job's report
  * keeps to one quoted line (docs/security.md); the checker quotes each. */
 static void test_quoted_each(void) {
     dm_policy_t *p;
@@ -353,8 +353,8 @@ static void test_quoted_each(void) {
     EXPECT_CONTAINS(text, "backing\n    bad2: 2\n    ^\n", "and the second's under the second");
 }
 
-/* Issue 44: `hugepages: yes` got no "did you mean 'on'" where a misspelt key
- * gets its nearest name: YAML 1.1 booleans map to on/off, others to the
+/* `hugepages: yes` gets a "did you mean 'on'" as a misspelt key gets
+ * its nearest name: YAML 1.1 booleans map to on/off, others to the
  * nearest spelling, nothing when none is close. */
 static void test_enum_suggestion(void) {
     dm_policy_t *p;

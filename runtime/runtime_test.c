@@ -697,8 +697,8 @@ static void test_big_halves(void) {
     char *grown = dm_realloc(root, big, 16 * MB), *shrunk = dm_realloc(root, grown, 1 * MB);
     CHECK(dm__arena_owner_of(shrunk) == jb, "a big block stays in the big half through realloc");
     /* Grown past 4 MiB, a block moves to the big half, where its free is kept
-     * for the next big array (issue 28: pandas' hash-table vectors grow by
-     * realloc; kept in the small half, they waited out their decay unused). */
+     * for the next big array (pandas' hash-table vectors grow by realloc;
+     * kept in the small half, they would wait out their decay unused). */
     memset(small, 0x5a, 64 << 10);
     char *up = dm_realloc(root, small, 6 * MB);
     CHECK(dm__arena_owner_of(up) == jb, "a block grown past 4 MiB moves to the big half");
@@ -954,9 +954,9 @@ static void test_exit_hands_caches_back_before_count(void) {
 }
 
 /* fork() from a process whose other threads allocate: the child must retire
- * those threads (issue 24: their per-thread blocks stayed in the registry; a
- * new thread in the child reused one's address, the registry became a cycle,
- * and the next stats snapshot spun forever holding the runtime mutex). Each
+ * those threads (otherwise their per-thread blocks stay in the registry; a
+ * new thread in the child reuses one's address, the registry becomes a cycle,
+ * and the next stats snapshot spins forever holding the runtime mutex). Each
  * child starts a thread, joins it, takes a snapshot, and does that again; the
  * parent waits for each child with a bound and kills a hung one. */
 #define FORK_BUSY 3

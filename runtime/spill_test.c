@@ -168,9 +168,9 @@ static uint64_t st_blocks_bytes(int fd) {
 }
 
 /* Freed spilled memory goes back to the disk within its decay.dirty while
- * the process makes no allocation at all (issue 40: jemalloc decays an arena
- * only from its own allocations and frees, and 170 MiB of freed arrays stayed
- * in the file for good; the spill thread drives decay now, and its sweep
+ * the process makes no allocation at all (jemalloc decays an arena only
+ * from its own allocations and frees, so without the spill thread driving
+ * decay 170 MiB of freed arrays stay in the file for good; its sweep also
  * punches the blocks ext4 leaves past a reserved range). The file's blocks
  * are read with fstat, and no stats snapshot runs meanwhile (one hands kept
  * big blocks back to jemalloc). */
@@ -381,7 +381,7 @@ static void test_directory_rule(void) {
     EXPECT_INT_EQ(rc, DM_EUNSAFE, "a directory others can write to");
     EXPECT_CONTAINS(err, "directory writable by other users (mode 0777)", "said why");
     EXPECT_CONTAINS(err, "arenas.other.backing.dir", "at the key");
-    /* Issue 44: a missing directory says what to run, quoted for a shell,
+    /* A missing directory says what to run, quoted for a shell,
      * and points at the dir: key (line 7, column 7), not at the arena's. */
     char text[1024], want[1024];
     snprintf(text, sizeof(text),

@@ -643,7 +643,7 @@ static const dm_ctx_t *lookup_until_counted(const char *name, int tries, int *to
     return NULL;
 }
 
-/* Issue 40: a tag set made while the tables were full kept the "(other)" id
+/* Bug pinned: a tag set made while the tables were full kept the "(other)" id
  * for as long as anything held it (a Python capsule, an array), so a limited
  * tag stayed unlimited for good, and the one stderr line named another tag.
  * Now: while it cannot be counted, the stats list it and stderr names it once;

@@ -1,5 +1,5 @@
 /*
- * files_test.c: the services' file rules (files.h, issue 24): which existing
+ * files_test.c: the services' file rules (files.h): which existing
  * directories are refused, with which one-line reason, and that a file is
  * never created through a planted symbolic link.
  */

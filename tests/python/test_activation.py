@@ -73,7 +73,7 @@ def test_hook_imports_nothing_heavy_without_config():
     assert r.stdout.split() == ["False", "False"]
 
 
-# Issue 44: the hook imported NumPy and datamem at start-up, so an exported
+# Bug pinned: the hook imported NumPy and datamem at start-up, so an exported
 # DATAMEM_CONFIG cost every Python process (`python -c pass` 26 -> 128 ms CPU),
 # `python -m datamem ls` listed itself and a broken policy stopped pip. It now
 # activates at the end of the process's `import numpy` (_datamem_boot.py). On a
@@ -282,7 +282,7 @@ print(out[0])
     assert r.stdout.strip() == "datamem"
 
 
-# ---- paths are bytes (issue 24) ---------------------------------------------------
+# ---- paths are bytes --------------------------------------------------------------
 # Bug pinned: a policy path that is not UTF-8 made start-up exit 2 with a codec
 # error and `python -m datamem check PATH` end in a traceback.
 

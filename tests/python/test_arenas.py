@@ -188,7 +188,7 @@ print(json.dumps({"peak": peak[0], "refused": refused[0], "hits": s["limit_hits"
     assert out["live_end"] == 0, out  # every block freed: the count comes back to zero
 
 
-# Issue 44: a limit's MemoryError named only the 8-byte scalar that came after the
+# Bug pinned: a limit's MemoryError named only the 8-byte scalar that came after the
 # 64 MiB of arrays that filled it ("Unable to allocate 8 bytes for an array with
 # shape ()"). NumPy's own error now names the limit that refused, live against
 # limit and the largest holders, caught or not.

@@ -1,5 +1,5 @@
-"""Many processes, one view: `top` at 80 columns (issue 11), `top --all`,
-`ls --prometheus-sd` and `reload --all` (issue 14), against real processes."""
+"""Many processes, one view: `top` at 80 columns, `top --all`,
+`ls --prometheus-sd` and `reload --all`, against real processes."""
 import contextlib
 import json
 import os
@@ -95,7 +95,7 @@ def long_policy(tmp_path, extra=""):
     return p
 
 
-# ---- top at 80 columns (issue 11) -------------------------------------------------------
+# ---- top at 80 columns ------------------------------------------------------------------
 
 def _worst_snapshot(t):
     big = 1023.9 * 2 ** 40  # the widest size cell: "1023.9TiB"
@@ -260,7 +260,7 @@ def test_reload_all_signals_every_process_that_opted_in(tmp_path):
 
 
 def test_top_shows_limits_in_80_columns():
-    """Issue 16: an arena with a limit shows its live bytes as a share of it."""
+    """An arena with a limit shows its live bytes as a share of it."""
     prev, cur = _worst_snapshot(1.0), _worst_snapshot(2.0)
     for snap in (prev, cur):
         arenas = snap["arenas"]
@@ -315,10 +315,10 @@ def _subparsers(ap):
 
 
 def test_every_command_and_option_has_help():
-    """Issue 44: `python -m datamem` alone, `check -h`, `explain --dtype/--tag` and
-    `record --out` showed no help. Walks the CLI's own parser: every subcommand
-    has a help line, every option and argument of each has a help text, and
-    `-h` exits 0 for each."""
+    """`python -m datamem` alone, `check -h`, `explain --dtype/--tag` and
+    `record --out` each print help (they once printed none). Walks the CLI's
+    own parser: every subcommand has a help line, every option and argument of
+    each has a help text, and `-h` exits 0 for each."""
     from datamem import __main__ as cli_main
     ap = cli_main.parser()[0]
     subs = _subparsers(ap)

@@ -1,4 +1,4 @@
-"""Per-task memory on a cluster (issue 25): datamem.dask and datamem.ray run each
+"""Per-task memory on a cluster: datamem.dask and datamem.ray run each
 task under a tag named after it, count live and peak bytes per tag on each
 worker, and a task that passes its tag's limit fails alone with a MemoryError
 that names the tag, the limit and the request. The engines run in a fresh

@@ -1,5 +1,5 @@
-"""datamem under the engines people move to when one process is not enough
-(issue 14): Dask (`distributed`, a real LocalCluster of worker processes), Ray (a
+"""datamem under the engines people move to when one process is not enough:
+Dask (`distributed`, a real LocalCluster of worker processes), Ray (a
 local cluster) and joblib/loky. Each test runs its engine in a fresh interpreter,
 as a user would, and skips with the reason when the engine is not installed
 (scripts/test.sh installs them in its "Dask, Ray and joblib workers" stage)."""
@@ -145,9 +145,9 @@ def test_dask_policy_refuses_a_bad_policy_on_the_client(tmp_path):
     assert "refused:" in r.stdout and "bad.yaml:2:" in r.stdout
 
 
-# datamem.dask.policy_file: where each nanny writes the policy its workers load
-# (issue 24, item 5). It needs nothing from `distributed`, so it is tested in
-# every environment: without distributed, datamem.dask imports against a stub.
+# datamem.dask.policy_file: where each nanny writes the policy its workers
+# load. It needs nothing from `distributed`, so it is tested in every
+# environment: without distributed, datamem.dask imports against a stub.
 
 NOBODY = 65534
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="SKIP: needs root, to play another "

@@ -1,4 +1,4 @@
-"""House rules a newcomer can rely on (issue 27), checked by
+"""House rules a newcomer can rely on, checked by
 tools/check_house.py: no source file outside the tests is over 800 lines and
 no function in one over 80, in C (policy/, runtime/, service/, pyext/,
 testing/) as in Python (python/, tools/). A file that grows past them is split

@@ -157,8 +157,8 @@ def _syncookies_sent():
 @pytest.mark.skipif(_syncookies() == 0, reason="SKIP: SYN cookies are off on this machine "
                     "(net.ipv4.tcp_syncookies=0), so a full SYN queue delays, never cookies")
 def test_a_scraper_behind_a_full_syn_queue_is_not_evicted_by_a_flood(tmp_path):
-    """The race behind the slowloris test's RemoteDisconnected under CPU load
-    (issue 24): slow clients overflow the listen queue, so the kernel completes
+    """The race behind the slowloris test's RemoteDisconnected under CPU load:
+    slow clients overflow the listen queue, so the kernel completes
     new handshakes with SYN cookies, and a connection completed by a cookie
     reaches accept() at its bare ACK, TCP_DEFER_ACCEPT or not. A scraper
     descheduled between its handshake and its request was then accepted empty

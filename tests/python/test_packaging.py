@@ -1,4 +1,4 @@
-"""Packaging (issue #18): what the installed extension asks of the machine, and
+"""Packaging: what the installed extension asks of the machine, and
 `python -m datamem --version`."""
 import os
 import platform

@@ -200,7 +200,7 @@ def test_the_references_example_passes_check_without_a_warning(tmp_path):
 
 
 def test_check_quotes_the_source_line_under_every_diagnostic(tmp_path):
-    """Issue 44: only the first diagnostic got its source line. `check` (the user
+    """Before, only the first diagnostic got its source line. `check` (the user
     named the file) quotes each one's line with its caret; a job's own report
     keeps to one (test_activation.py, docs/security.md)."""
     pol = tmp_path / "policy.yaml"
@@ -218,7 +218,7 @@ def test_check_quotes_the_source_line_under_every_diagnostic(tmp_path):
 
 
 def test_datamem_quiet_silences_warnings_never_errors(tmp_path):
-    """Issue 44: a way to silence the start-up warnings. DATAMEM_QUIET=1 drops a
+    """A way to silence the start-up warnings: DATAMEM_QUIET=1 drops a
     policy's warnings; a bad policy's errors are printed all the same, and a
     value other than 0 or 1 is reported, not taken as either."""
     warn = os.path.join(ROOT, "tests", "policies", "warn", "decimal_size.yaml")

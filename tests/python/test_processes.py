@@ -157,8 +157,8 @@ def test_fork_while_threads_grow_arenas():
 
 # A fork storm with every service on: threads allocating, a full-mode profile,
 # the HTTP endpoint and the policy watcher. Each child starts a thread, joins
-# it, reads stats (which walk the thread registry), and does it again. Pins
-# issue 24: the parent's dead threads stayed in the child's registry, a new
+# it, reads stats (which walk the thread registry), and does it again. Bug
+# pinned: the parent's dead threads stayed in the child's registry, a new
 # thread reused one's address, the registry became a cycle and the child spun
 # forever in a stats snapshot holding the runtime lock (5 of 5 children hung).
 FORK_STORM = r"""

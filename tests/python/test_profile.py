@@ -1,5 +1,5 @@
-"""Allocation profiles (issue 13): recording (full and sampled, DATAMEM_PROFILE
-and `python -m datamem profile`, multiprocessing children), report, suggest.
+"""Allocation profiles: recording (full and sampled, DATAMEM_PROFILE and
+`python -m datamem profile`, multiprocessing children), report, suggest.
 
 Every job runs in a fresh interpreter: recording starts at interpreter start.
 """
@@ -355,7 +355,7 @@ def test_bad_profile_directory_stops_at_start(tmp_path):
     assert "DATAMEM_PROFILE=" in r.stderr
 
 
-# ---- the writer's files (issue 24, "Trust") ------------------------------------------
+# ---- the writer's files --------------------------------------------------------------
 
 MINIMAL = os.path.join(ROOT, "configs", "minimal.yaml")
 
@@ -650,7 +650,7 @@ def test_suggest_memory_spills_what_does_not_fit(tmp_path):
         assert r.returncode == 2 and says in r.stderr, (bad, r.stderr)
 
 
-# Bug pinned (issue 44): `suggest --memory 280MiB` wrote `backing.max: 64MiB` (twice
+# Bug pinned: `suggest --memory 280MiB` wrote `backing.max: 64MiB` (twice
 # the 24 MiB past the limit) for a rule whose call site held 72 MiB at the peak, all
 # of which the rule sends to disk: the job, fine without a policy, died of MemoryError.
 SPILL_PEAK_JOB = textwrap.dedent('''
@@ -670,7 +670,7 @@ SPILL_PEAK_JOB = textwrap.dedent('''
 ''')
 
 
-# Bug pinned (issue 44): a rule's backing.max was twice what its call site held at
+# Bug pinned: a rule's backing.max was twice what its call site held at
 # the peak of all live arrays (24 MiB here), but the site reached 200 MiB a second
 # earlier, all of which the rule sends to disk: the job died of MemoryError. The
 # suggestion is now replayed from the profile: the rule's own highest, at any time.
@@ -716,7 +716,7 @@ def test_suggest_memory_backing_max_holds_what_its_rule_spills(tmp_path, job_tex
 
 
 def test_suggest_memory_never_spills_a_scripts_top_level(tmp_path):
-    """Bug pinned (issue 44): a module-level script got a spill rule matching
+    """Bug pinned: a module-level script got a spill rule matching
     `__main__.<module>`, which every array it makes matches: the whole job spilled.
     A comprehension at the top level (`__main__.<listcomp>`) is no site either."""
     job = tmp_path / "flat.py"
@@ -736,7 +736,7 @@ def test_suggest_memory_never_spills_a_scripts_top_level(tmp_path):
 
 
 def test_suggest_names_only_arenas_it_has_and_promises_no_fault_counts(tmp_path):
-    """Bugs pinned (issue 44): a job with no big temporaries got a comment saying its
+    """Bugs pinned: a job with no big temporaries got a comment saying its
     long-lived arrays "share the reuse arena", an arena the policy did not have; and
     every policy with temporaries promised "up to N minor page faults avoided" (12x
     an fft job's whole count; a pandas job's faults doubled): suggest now points to
@@ -888,7 +888,7 @@ def test_every_printed_shell_command_splits_into_its_words(spill_profile, tmp_pa
                  "job.py"], r.stderr
 
 
-# Pool workers (issue 44 item 3): `with Pool()` ends with terminate(), SIGTERM to
+# Pool workers: `with Pool()` ends with terminate(), SIGTERM to
 # every worker, and no atexit runs; a worker may also leave by _exit. Every
 # worker's file used to be empty ("skipped: empty"): its records sat in the
 # writer's buffer. Now the header is written at once, a flusher thread writes what

@@ -28,7 +28,7 @@ pytestmark = pytest.mark.skipif(
 
 THROUGHPUT = os.path.join(CONFIGS, "throughput.yaml")
 
-# An fft job (issue 44's report): a 2048x2048 image, a few round trips. Its
+# A user's fft job: a 2048x2048 image, a few round trips. Its
 # arrays are 32-64 MiB, served by throughput.yaml's `big` arena. At the end it
 # writes what datamem's arenas hold from the kernel (committed: mapped and
 # retained), 0 without a policy.

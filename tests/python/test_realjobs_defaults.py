@@ -1,5 +1,5 @@
 """Defaults that keep real jobs as fast and as small as under NumPy's own allocator
-(issue 12; docs/performance.md, "Real jobs"). Each case runs in a fresh
+(docs/performance.md, "Real jobs"). Each case runs in a fresh
 interpreter, since the policy and NumPy's hugepage setting are read at start-up.
 
 What is pinned here is behaviour, not time: which memory is advised for
@@ -267,8 +267,8 @@ def test_growth_past_the_peak_trims_glibc():
     """With NumPy's arrays in datamem's arenas, memory the rest of the process
     frees (pandas' hash tables, Python objects) stays in glibc's heap, where
     NumPy's default would have put the next arrays. When datamem's footprint
-    passes its peak, glibc gives its free pages back (issue 28: pandas_etl's
-    peak had 17 MiB of them, 1.020x NumPy's default peak RSS; 1.002x)."""
+    passes its peak, glibc gives its free pages back (without that, pandas_etl's
+    peak held 17 MiB of them, 1.020x NumPy's default peak RSS; with it, 1.002x)."""
     r = run_py(GLIBC_HOLE, config=MINIMAL)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout.strip().splitlines()[-1])
@@ -394,7 +394,7 @@ def test_blocks_grown_by_realloc_are_reused():
     a one-arena policy a block grown past 4 MiB stayed in the arena's small
     half, and its free was kept there for 10 s (decay.dirty), where no
     allocation ever looks, while the next big arrays took fresh memory: eight
-    rounds of 24 MB held 226 MB (issue 28: a pandas 3 job at 1.10x-1.17x NumPy's
+    rounds of 24 MB held 226 MB (a pandas 3 job ran at 1.10x-1.17x NumPy's
     default peak RSS). Now the grown block moves to the big half and its free
     serves the next big array."""
     r = run_py(r"""

@@ -390,7 +390,7 @@ def test_a_policy_swapped_for_a_link_to_a_root_only_file_is_refused_unread(watch
     assert not any(line in capfd.readouterr().err for line in SHADOW.splitlines())
 
 
-# Bug pinned (issue 24): a policy's warnings were printed again on every reload
+# Bug pinned: a policy's warnings were printed again on every reload
 # (2000 reloads: 6003 lines of stderr). A set is printed once per process, by
 # datamem.reload() and the file watcher alike (they share the record); a
 # changed set is printed again.
@@ -942,7 +942,7 @@ def _expect_line(job, want):
 
 
 def test_datamem_quiet_keeps_the_watchers_warnings_off_never_its_errors(tmp_path):
-    """DATAMEM_QUIET=1 (issue 44): a reload by the file watcher logs no warnings;
+    """DATAMEM_QUIET=1: a reload by the file watcher logs no warnings;
     a reload that fails still says so."""
     pol = tmp_path / "policy.yaml"
     base = "version: 1\ndefault: a\narenas: {a: {}}\nreload: {watch: true, debounce: 10ms}\n"

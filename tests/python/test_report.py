@@ -1,5 +1,5 @@
 """Reading profiles (python/datamem/_profile.py's reader, _report.py, _suggest.py)
-against files written byte by byte: cut short, hostile, large (issue 24).
+against files written byte by byte: cut short, hostile, large.
 
 Recording real jobs is tested in test_profile.py; here every .dmprof is built
 with _Dmprof, which follows the format in service/datamem_profile.h.
@@ -133,7 +133,7 @@ def test_report_reads_a_written_profile(tmp_path):
     assert rep["warnings"] == []
 
 
-# ---- a process killed (issue 24, item 8) ------------------------------------------
+# ---- a process killed -------------------------------------------------------------
 
 def test_report_and_suggest_skip_files_cut_short(tmp_path):
     # Bug pinned: a worker killed with SIGKILL (the OOM killer's way) leaves a
@@ -177,7 +177,7 @@ def test_report_warns_of_a_profile_stopped_at_its_size_cap(tmp_path):
     assert "warning:" in r.stdout and "profile truncated at 1048576 bytes (cap)" in r.stdout
 
 
-# ---- hostile files (issue 24, item 9) --------------------------------------------------
+# ---- hostile files ---------------------------------------------------------------------
 
 NESTED = b"[" * 100000 + b"]" * 100000
 
@@ -256,7 +256,7 @@ def test_report_html_never_writes_through_a_planted_link(tmp_path):
     assert not out.is_symlink() and "No arrays were recorded" in out.read_text()
 
 
-# ---- names from the profiled job (issue 24, items 10 and 15) -------------------------
+# ---- names from the profiled job -----------------------------------------------------
 
 # A call site whose function name ends the YAML comment it is copied into and
 # adds a rule of its own, first in the list, sending every array to `general`.
@@ -311,7 +311,7 @@ def test_report_escapes_control_characters_from_the_job(tmp_path):
     assert rep["by_thread"][0]["name"] == "t\x1b[5m\r"
 
 
-# ---- large profiles (issue 24, item 11) ------------------------------------------------
+# ---- large profiles --------------------------------------------------------------------
 
 GEN = r'''
 import json, struct, sys
@@ -479,7 +479,7 @@ def test_suggest_memory_names_only_plain_call_sites_in_a_rule(tmp_path, name):
 
 # ---- estimates from a sampled profile ----------------------------------------------
 
-# Bug pinned (issue 44: a sampled report counted 107 allocations against 865):
+# Bug pinned (a sampled report counted 107 allocations against 865):
 # sampling by bytes alone gives an 8-byte array one chance in 65,536 at 512 KiB,
 # so a job's many small arrays were almost never sampled and the estimated count
 # was the big arrays' alone (about 2,000 against 10,000 for this job). Each allocation
@@ -504,7 +504,7 @@ def test_report_sampled_count_estimates_small_arrays(tmp_path):
         assert 2000 * 65536 * 0.8 <= nbytes <= 2000 * 65536 * 1.25, counts
 
 
-# ---- stacks: the user's frames, flame graphs (issue 44 item 4) ------------------------
+# ---- stacks: the user's frames, flame graphs ------------------------------------------
 
 # Bug pinned: with --stacks the report still named each site by the innermost
 # frame outside numpy/pandas/scipy/sklearn, so arrays made through a library

@@ -1,4 +1,4 @@
-"""Call-site rules (issue 13): `match: {module: ...}` and `match: {function: ...}`
+"""Call-site rules: `match: {module: ...}` and `match: {function: ...}`
 route an array by the code that made it: the innermost Python frame outside
 NumPy, pandas, SciPy, scikit-learn and datamem (the frame a profile records).
 """

@@ -86,7 +86,7 @@ print(json.dumps({"parent_saw": seen_by_parent, "child": child_saw, "parent_now"
     assert out["parent_now"] == 3.0 and out["copies"] >= 1, out
 
 
-# Issue 40: freed spilled arrays kept their disk blocks. jemalloc decays an
+# Bug pinned: freed spilled arrays kept their disk blocks. jemalloc decays an
 # arena only from its own allocations and frees, so once the spill arena's
 # arrays were freed nothing purged them: 20 arrays of 8 MiB left 170 MiB in the
 # file 10 s later with `decay.dirty: 1s`, and through 13 M create/free cycles of

@@ -1,5 +1,5 @@
 """The stats client (python/datamem/_stats_cli.py: `stats`, `ls`, `top`, `reload`)
-against hostile input (issue 24, "Trust"): a discovery directory or entries it
+against hostile input: a discovery directory or entries it
 must not trust, files it must not delete or write through, endless or malformed
 replies, escape sequences meant for the terminal, and processes it must not
 signal. CI runs as root: "another user" is uid 65534 (files chowned to it, a
@@ -68,7 +68,7 @@ def dead_pid():
     return int(p.stdout)
 
 
-# ---- the discovery directory (items 6 and 7) --------------------------------------------------
+# ---- the discovery directory ------------------------------------------------------------------
 
 @as_root
 @pytest.mark.parametrize("how", ["other-owner", "world-writable", "symlink"])
@@ -191,7 +191,7 @@ def test_ls_does_not_delete_another_users_entry(tmp_path):
     assert p.exists()
 
 
-# ---- --prometheus-sd (item 4) -------------------------------------------------------------
+# ---- --prometheus-sd ----------------------------------------------------------------------
 
 def test_prometheus_sd_never_writes_through_a_planted_link(tmp_path):
     # Attack: `ls --prometheus-sd FILE` wrote FILE.tmp.<pid> with open("w"): a
@@ -234,7 +234,7 @@ def test_record_and_plot_never_write_through_a_planted_link(tmp_path):
     assert not png.is_symlink() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-# ---- replies (item 12) ------------------------------------------------------------------------
+# ---- replies ----------------------------------------------------------------------------------
 
 class _Handler(socketserver.BaseRequestHandler):
     def handle(self):
@@ -356,7 +356,7 @@ def test_a_broken_http_reply_is_one_line_error(raw):
         assert "cannot reach" in one_line_error(cli("stats", url))
 
 
-# ---- the terminal (item 15) -----------------------------------------------------------------
+# ---- the terminal ---------------------------------------------------------------------------
 
 HOSTILE = "\x1b]0;owned\x07\x1b[2J\nfake line\r\u202eevil\x9b31m"
 
@@ -403,7 +403,7 @@ def test_stats_and_ls_escape_what_they_print(tmp_path):
     assert len(r.stdout.splitlines()) == 2
 
 
-# ---- reload (item 14) -------------------------------------------------------------------------
+# ---- reload -----------------------------------------------------------------------------------
 
 # Maps a file (any name: here one called libdatamem_tls.so), handles SIGHUP by
 # printing "hup" and SIGUSR1 by printing "usr1". argv: the file, a token.
@@ -557,7 +557,7 @@ def test_discovery_entry_check_fuzz():
 
 
 def test_top_of_a_job_without_an_endpoint_says_how_to_get_one(tmp_path):
-    """Issue 44: `top PID` on a job that serves no stats said only that it serves
+    """Bug pinned: `top PID` on a job that serves no stats said only that it serves
     none. It says how to make it serve them (the environment variable, the
     policy key) and where to list those that do; a pid with no process says so."""
     env = {"DATAMEM_STATS_DIR": str(tmp_path)}

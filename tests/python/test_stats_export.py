@@ -531,7 +531,7 @@ def test_textfile_pid_template_adds_a_pid_label_and_goes_at_exit(tmp_path, write
     assert all(l["pid"] == pid for l, _ in samples(fams, "datamem_arena_allocated_bytes"))
     _, err = p.communicate("\n", timeout=30)
     assert p.returncode == 0, err
-    # A per-process file is that process's: it goes with it (issue 11).
+    # A per-process file is that process's: it goes with it.
     assert not prom.exists() and not list(tmp_path.glob("dm-*"))
 
 
@@ -786,7 +786,7 @@ def test_threads_not_covered_reach_the_endpoint(write_policy):
     assert out["after"] == ["0", []], out  # it ended; the next thread's end said so
 
 
-# ---- the discovery directory (issue 24, "Trust") ------------------------------------
+# ---- the discovery directory --------------------------------------------------------
 
 def _dead_pids(n):
     """n process ids that no process has now."""
@@ -885,7 +885,7 @@ def test_stats_dir_rule_is_the_c_sides(tmp_path, value):
 
 
 def test_sigterm_removes_the_files_this_process_made(tmp_path):
-    """Issue 44: a job ended by SIGTERM (default action: no atexit) left its
+    """Bug pinned: a job ended by SIGTERM (default action: no atexit) left its
     `{pid}.sock`, `{pid}` textfile and discovery file behind. They go at SIGTERM
     too, and only they (a file beside them stays); the job still dies by
     SIGTERM."""

@@ -308,9 +308,9 @@ print(json.dumps({"msg": str(err), "none": none is None}))
 
 
 # ---- thread pools: a tag follows work into ThreadPoolExecutor.submit/map and
-# loop.run_in_executor (issue 44 item 6: `with tag("ingest"): list(ex.map(load, ...))`
-# counted 32 MiB as (untagged) and 0 under `ingest`, and a tag_limits entry around
-# a pool limited nothing).
+# loop.run_in_executor (without that, `with tag("ingest"): list(ex.map(load, ...))`
+# counts 32 MiB as (untagged) and 0 under `ingest`, and a tag_limits entry around
+# a pool limits nothing).
 
 POOL_POLICY = """\
 version: 1
@@ -627,7 +627,7 @@ print(json.dumps({"overflowed": s["tag_bytes"]["overflowed"], "counted": counted
     assert r.stderr.count("from now on count there too") == 1, r.stderr
 
 
-# Issue 40: a tag set made while the tables were full got the "(other)" id and
+# Bug pinned: a tag set made while the tables were full got the "(other)" id and
 # kept it as long as anything held it (here an array; in a Dask worker the
 # handler cache), so its limit stayed off for good, and the one stderr line
 # named another tag. Now the stats list the limited tag while it is off,
@@ -672,7 +672,7 @@ print(json.dumps(out))
     assert len(said) == 1 and "tag 'victim' counts under '(other)'" in said[0], r.stderr
 
 
-# Issue 40, the handler cache: pyext/handler.c keeps the capsules of the last
+# The handler cache: pyext/handler.c keeps the capsules of the last
 # 128 tag sets (`recent`), and a capsule holds its set. It kept the set made
 # while the tables were full after a counted one replaced it, listed as a limit
 # not applied for as long as no other set took its slot. Making the counted
