@@ -229,7 +229,7 @@ def add_profile_commands(sub):
 
 def parser():
     """The CLI's parser, every subcommand and option with its help; returns
-    (parser, the profile subcommand's parser, explain's, tune's) for their errors."""
+    (parser, {command: its subparser}) (a command's errors are its parser's)."""
     ap = argparse.ArgumentParser(prog="python -m datamem", description=__doc__ + _stats_cli.USAGE,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--version", action="version", version=version_text())
@@ -257,38 +257,27 @@ def parser():
                    help="every datamem process of this user that handles SIGHUP")
     r.add_argument("--match", metavar="TEXT",
                    help="with --all: only processes whose command line contains TEXT")
-    pr = add_profile_commands(sub)
-    tp = add_tune_command(sub)
+    add_profile_commands(sub)
+    add_tune_command(sub)
     _stats_cli.add_commands(sub)
-    return ap, pr, e, tp
+    return ap, sub.choices
 
 
-def main(argv=None):
-    ap, pr, e, tp = parser()
-    a = ap.parse_args(argv)
-    if a.cmd is None:  # no command: the whole help, not only "cmd is required"
-        sys.stderr.write(ap.format_help())
-        return 2
-    if a.cmd in ("profile", "report", "suggest"):
-        return profile_commands(a, pr)
-    if a.cmd == "tune":
-        return tune_command(a, tp)
-    if a.cmd in _stats_cli.COMMANDS:
-        return _stats_cli.run(a)
-    if a.cmd == "reload":
-        if a.all == (a.pid is not None):
-            ap.error("reload needs a PID or --all (not both)")
-        return _stats_reload.reload_all(a.match) if a.all else reload_pid(a.pid)
-    if a.cmd == "check":
-        ok, text, summary = check(a.policy)
-        if text:
-            sys.stderr.write(text if text.endswith("\n") else text + "\n")
-        if ok:
-            from . import _shown
-            print("%s: ok: %s" % (_shown(a.policy), summary))
-        return 0 if ok else 1
+def cmd_check(a, p):
+    """`check POLICY`: the diagnostics, and ok with a summary."""
+    ok, text, summary = check(a.policy)
+    if text:
+        sys.stderr.write(text if text.endswith("\n") else text + "\n")
+    if ok:
+        from . import _shown
+        print("%s: ok: %s" % (_shown(a.policy), summary))
+    return 0 if ok else 1
+
+
+def cmd_explain(a, p):
+    """`explain POLICY --size N ...` (or --table): check's diagnostics first."""
     if a.size is None and not a.table:  # explaining size 0 by default misled
-        e.error("the following arguments are required: --size (or --table for the whole table)")
+        p.error("the following arguments are required: --size (or --table for the whole table)")
     ok, text, _ = check(a.policy)  # the same diagnostics as check, warnings included
     if text:
         sys.stderr.write(text if text.endswith("\n") else text + "\n")
@@ -301,6 +290,34 @@ def main(argv=None):
         sys.stderr.write(str(err) + "\n")
         return 1
     return 0
+
+
+def cmd_reload(a, p):
+    """`reload PID` or `reload --all [--match TEXT]`."""
+    if a.all == (a.pid is not None):
+        p.error("reload needs a PID or --all (not both)")
+    return _stats_reload.reload_all(a.match) if a.all else reload_pid(a.pid)
+
+
+def cmd_stats(a, p):
+    """stats, ls, top, record, plot (_stats_cli.py)."""
+    return _stats_cli.run(a)
+
+
+# Every command, one way: run(args, its parser) -> exit status.
+RUN = (("check", cmd_check), ("explain", cmd_explain), ("reload", cmd_reload),
+       ("profile", profile_commands), ("report", profile_commands),
+       ("suggest", profile_commands), ("tune", tune_command)) + tuple(
+           (name, cmd_stats) for name in _stats_cli.COMMANDS)
+
+
+def main(argv=None):
+    ap, parsers = parser()
+    a = ap.parse_args(argv)
+    if a.cmd is None:  # no command: the whole help, not only "cmd is required"
+        sys.stderr.write(ap.format_help())
+        return 2
+    return dict(RUN)[a.cmd](a, parsers[a.cmd])
 
 
 if __name__ == "__main__":
