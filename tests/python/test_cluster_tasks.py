@@ -369,7 +369,7 @@ if __name__ == "__main__":
     s = Store.remote()
     out["actor"] = ray.get(s.put.remote())
     out["actor_live"] = ray.get(s.tags.remote())
-    out["stats"] = sorted(isinstance(v.get("tags"), list) for v in datamem.ray.stats().values())
+    out["stats"] = sorted(isinstance(v.get("tags"), dict) for v in datamem.ray.stats().values())
     rows = datamem.ray.tag_table()
     out["table"] = [r for r in rows if r[1] == "Store"]
     out["text"] = datamem.ray.format_table(rows)
@@ -394,8 +394,8 @@ def test_ray_tasks_and_actors_are_tagged_and_a_runaway_fails_alone(tmp_path):
     out = last_json(r)
     assert out["plain"] == ["plain"] and out["named"] == ["my_loader"]
     assert out["actor"] == ["Store"] and out["actor_live"] >= 10 << 20
-    # The cluster-wide table (it failed with AttributeError: /stats.json's "tags" is a
-    # list): the actor's 10 MiB, under its class's tag, in its worker's row.
+    # The cluster-wide table, read from each worker's /stats.json ("tags" by name, as in
+    # stats()): the actor's 10 MiB, under its class's tag, in its worker's row.
     assert out["stats"] and all(out["stats"]), out["stats"]
     assert len(out["table"]) == 1 and out["table"][0][2] >= 10 << 20, out["text"]
     assert "Store" in out["text"] and "(all workers)" in out["text"]
