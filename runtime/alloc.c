@@ -13,7 +13,7 @@
  * same checks, a view lookup (binary search over size bounds), a slot read and
  * one jemalloc call with the thread's cache for that arena. Only when the
  * table or the context changed does a thread bind (thread.c), under
- * dm__runtime_mu. Neither path takes a lock, logs, allocates outside jemalloc
+ * dm__mem_mu. Neither path takes a lock, logs, allocates outside jemalloc
  * or touches Python; refusals by a limit log at most one line a second.
  *
  * Free never consults the policy: a block's tag (cached path) or its address's
@@ -83,9 +83,9 @@ static __attribute__((noinline)) unsigned tcache_slow(dm__thread_t *t, dm__arena
         return t->tcache[ja->slot] = (unsigned)MALLOCX_TCACHE_NONE;
     if (t->exiting)
         return (unsigned)MALLOCX_TCACHE_NONE;
-    pthread_mutex_lock(&dm__runtime_mu);
+    pthread_mutex_lock(&dm__mem_mu);
     dm__thread_register(t);
-    pthread_mutex_unlock(&dm__runtime_mu);
+    pthread_mutex_unlock(&dm__mem_mu);
     unsigned tc = dm__arena_tcache_create();
     /* Out of explicit caches (jemalloc has 4096): correct but uncached. */
     t->tcache[ja->slot] = tc ? (unsigned)MALLOCX_TCACHE(tc - 1)
@@ -304,7 +304,7 @@ static __attribute__((noinline)) void *alloc_tallied(dm__thread_t *t, const dm_c
         return NULL;
     }
     /* the block's size is the one reserved unless the fallback arena served it */
-    dm__arena_je_t *owner = dm__arena_owner_of(p);
+    dm__arena_je_t *owner = dm__mem_owner_of(p);
     dm__tally_record(cx, p, est, small && owner && owner->owner == s->arena);
     return p;
 }
@@ -540,7 +540,7 @@ static __attribute__((noinline)) void free_slow(dm__thread_t *t, void *p, _Atomi
         return;
     if ((v & DM_BCACHE_TAG_PMASK) == (uintptr_t)p) /* tagged, but not for this thread's cache */
         atomic_store_explicit(w, 0, memory_order_relaxed);
-    dm__arena_je_t *ja = dm__arena_owner_of(p);
+    dm__arena_je_t *ja = dm__mem_owner_of(p);
     if (DM_UNLIKELY(!ja)) { /* not ours: never hand it to jemalloc */
         atomic_fetch_add_explicit(&foreign_frees, 1, memory_order_relaxed);
         return;
@@ -597,7 +597,7 @@ static inline __attribute__((always_inline)) void free_impl(void *p, size_t hint
         if (DM_LIKELY(n < dm__bcache_cap[k]) && (DM_LIKELY(b->tag == tag) || n == 0)) {
             if (DM_UNLIKELY(b->tag != tag)) { /* an empty bin changes arena */
                 b->tag = tag;
-                b->nfree = &t->ctrs[dm__arena_by_slot[tag - 1]->owner->id].nfree;
+                b->nfree = &t->ctrs[dm__mem_by_slot[tag - 1]->owner->id].nfree;
             }
             DM_CTR_ADD(*b->nfree, 1);
             b->items[n] = p;
@@ -635,7 +635,7 @@ void dm_free_hint(void *p, size_t size_hint) { free_impl(p, size_hint); }
 
 /* How far p is from the start of its block: its colour in a big half. */
 static size_t colour_of(const void *p) {
-    return (size_t)((const char *)p - (const char *)dm__block_of(dm__arena_owner_of(p), p));
+    return (size_t)((const char *)p - (const char *)dm__block_of(dm__mem_owner_of(p), p));
 }
 
 /* realloc while bytes are counted per tag: a new block in the caller's
@@ -715,7 +715,7 @@ static void *realloc_move(dm__thread_t *t, const dm__dispatch_slot_t *s, int r,
 void *dm_realloc(const dm_ctx_t *c, void *p, size_t size) {
     if (!p)
         return dm_alloc(c, size, DM_DT_UNKNOWN);
-    dm__arena_je_t *old = dm__arena_owner_of(p);
+    dm__arena_je_t *old = dm__mem_owner_of(p);
     if (DM_UNLIKELY(!old))
         return NULL;
     dm__bcache_tag_drop(p); /* the block leaves the cached path: resized, moved or freed */
@@ -762,7 +762,7 @@ void *dm__alloc_slot(dm__thread_t *t, const dm__dispatch_slot_t *s, size_t size,
 void dm_runtime_last_failure(dm_failure_t *out) { *out = tls_self()->last_failure; }
 
 const char *dm_owner_arena(const void *p) {
-    dm__arena_je_t *ja = p ? dm__arena_owner_of(p) : NULL;
+    dm__arena_je_t *ja = p ? dm__mem_owner_of(p) : NULL;
     return ja ? ja->owner->name : NULL;
 }
 

@@ -10,7 +10,7 @@
  *   - placement: NUMA policy (mbind) and hugepage advice (madvise) are applied to
  *     whole extents as they are created, so they never split a mapping per array;
  *   - ownership: every 1 GiB segment of address space maps to one arena in
- *     dm__arena_seg_owner, so free() learns the owning arena with one load and can use
+ *     dm__mem_seg_owner, so free() learns the owning arena with one load and can use
  *     that arena's explicit thread cache (jemalloc's thread caches ignore arenas:
  *     a shared cache would hand one arena's memory out as another's);
  *   - zeroing: with non-default hooks jemalloc zeroes reused memory for calloc
@@ -22,7 +22,7 @@
  * Arenas live for the process: arrays outlive every policy that named them.
  *
  * Thread safety: arena creation and settings changes run under
- * dm__runtime_mu; the hooks read the settings with relaxed atomics.
+ * dm__mem_mu; the hooks read the settings with relaxed atomics.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,9 +32,6 @@
 #include "runtime/internal.h"
 #include "runtime/os.h"
 #include "runtime/spill.h"
-
-_Atomic uint16_t dm__arena_seg_owner[1u << (DM_VA_BITS - DM_SEG_SHIFT)];
-dm__arena_je_t *dm__arena_by_slot[DM_JE_MAX];
 
 static dm__arena_t *arenas[DM_RT_ARENAS_MAX];
 static int narenas;
@@ -80,17 +77,18 @@ static dm__arena_je_t *je_create(dm__arena_t *owner, int node, const dm_arena_sp
     ja->spill = spill;
     ja->node = node;
     ja->owner = owner;
+    ja->place = &owner->place;
     ja->slot = (uint16_t)nje;
     ja->tracked = atomic_load_explicit(&owner->tracked, memory_order_relaxed);
-    pthread_mutex_init(&ja->mu, NULL);
-    pthread_mutex_init(&ja->reuse_mu, NULL);
+    pthread_mutex_init(&ja->region.mu, NULL);
+    pthread_mutex_init(&ja->reuse.mu, NULL);
     /* Publish before jemalloc can call the hooks (arenas.create may allocate). */
-    dm__arena_by_slot[nje] = ja;
+    dm__mem_by_slot[nje] = ja;
     extent_hooks_t *hp = &ja->hooks;
     size_t sz = sizeof(ja->index);
-    ja->creating = true; /* under dm__runtime_mu: no other arena is being created */
+    ja->region.creating = true; /* under dm__mem_mu: no other arena is being created */
     int rc = dmje_mallctl("arenas.create", &ja->index, &sz, &hp, sizeof(hp));
-    ja->creating = false;
+    ja->region.creating = false;
     if (rc != 0) {
         uint64_t lim = dm__os_as_limit();
         if (lim)
@@ -100,7 +98,7 @@ static dm__arena_je_t *je_create(dm__arena_t *owner, int node, const dm_arena_sp
         else
             dm__log("datamem: arena '%s': jemalloc cannot create an arena (%s)", owner->name,
                     strerror(rc));
-        dm__arena_by_slot[nje] = NULL;
+        dm__mem_by_slot[nje] = NULL;
         dmje_dallocx(ja, MALLOCX_TCACHE_NONE);
         return NULL;
     }
@@ -126,18 +124,18 @@ static dm__arena_je_t *je_create(dm__arena_t *owner, int node, const dm_arena_sp
 }
 
 static void store_settings(dm__arena_t *a, const dm_arena_spec_t *spec) {
-    atomic_store_explicit(&a->thp, spec->hugepages, memory_order_relaxed);
-    atomic_store_explicit(&a->numa, spec->numa, memory_order_relaxed);
+    atomic_store_explicit(&a->place.thp, spec->hugepages, memory_order_relaxed);
+    atomic_store_explicit(&a->place.numa, spec->numa, memory_order_relaxed);
     uint64_t nodes = spec->numa_all ? dm__os_numa_nodes() : spec->numa_nodes;
-    atomic_store_explicit(&a->numa_nodes, nodes, memory_order_relaxed);
+    atomic_store_explicit(&a->place.numa_nodes, nodes, memory_order_relaxed);
     atomic_store_explicit(&a->alignment, spec->alignment, memory_order_relaxed);
     atomic_store_explicit(&a->per_node, spec->per_node, memory_order_relaxed);
     atomic_store_explicit(&a->dirty_budget, spec->dirty_budget, memory_order_relaxed);
-    atomic_store_explicit(&a->reuse_ms, spec->pinned != DM_PIN_NONE ? -1 : spec->dirty_decay_ms,
+    atomic_store_explicit(&a->place.reuse_ms, spec->pinned != DM_PIN_NONE ? -1 : spec->dirty_decay_ms,
                           memory_order_relaxed);
     atomic_store_explicit(&a->limit, spec->limit, memory_order_relaxed);
-    atomic_store_explicit(&a->lock, spec->lock, memory_order_relaxed);
-    atomic_store_explicit(&a->pinned, (int)spec->pinned, memory_order_relaxed);
+    atomic_store_explicit(&a->place.lock, spec->lock, memory_order_relaxed);
+    atomic_store_explicit(&a->place.pinned, (int)spec->pinned, memory_order_relaxed);
     atomic_store_explicit(&a->in_policy, true, memory_order_relaxed);
     dm__arena_je_t *ja = atomic_load_explicit(&a->single, memory_order_acquire);
     if (ja && ja->spill) { /* backing.max and resident_max: reloadable */
@@ -182,7 +180,7 @@ static void ensure_big_half(dm__arena_t *a, dm__arena_je_t *ja, const dm_arena_s
     atomic_store_explicit(&ja->big, big, memory_order_release);
 }
 
-/* Called with dm__runtime_mu held: creates the jemalloc arenas `spec` needs. Nothing
+/* Called with dm__mem_mu held: creates the jemalloc arenas `spec` needs. Nothing
  * visible changes for the policy in force: the new arenas serve no slot yet. */
 int dm__arena_ensure(dm__arena_t *a, const dm_arena_spec_t *spec) {
     if (!spec->per_node) {
@@ -223,7 +221,7 @@ int dm__arena_ensure(dm__arena_t *a, const dm_arena_spec_t *spec) {
 
 static uint64_t stat_zu(unsigned idx, const char *leaf);
 
-/* Called with dm__runtime_mu held, before a table with a limit on `a` is published:
+/* Called with dm__mem_mu held, before a table with a limit on `a` is published:
  * from now on the arena counts its live bytes. Blocks made before are counted
  * from jemalloc's "allocated" (which also counts blocks sitting in threads'
  * caches, so the count may err high by what those hold: at most 2.3 MiB of
@@ -235,27 +233,27 @@ static void track_start(dm__arena_t *a) {
     size_t esz = sizeof(epoch);
     dmje_mallctl("epoch", &epoch, &esz, &epoch, esz);
     for (int j = 0; j < nje; j++)
-        if (dm__arena_by_slot[j]->owner == a)
-            sum += stat_zu(dm__arena_by_slot[j]->index, "small.allocated") +
-                   stat_zu(dm__arena_by_slot[j]->index, "large.allocated");
+        if (dm__mem_by_slot[j]->owner == a)
+            sum += stat_zu(dm__mem_by_slot[j]->index, "small.allocated") +
+                   stat_zu(dm__mem_by_slot[j]->index, "large.allocated");
     atomic_store_explicit(&a->live, sum, memory_order_relaxed);
     atomic_store_explicit(&a->tracked, true, memory_order_release);
     for (int j = 0; j < nje; j++)
-        if (dm__arena_by_slot[j]->owner == a)
-            atomic_store_explicit(&dm__arena_by_slot[j]->tracked, true, memory_order_release);
+        if (dm__mem_by_slot[j]->owner == a)
+            atomic_store_explicit(&dm__mem_by_slot[j]->tracked, true, memory_order_release);
 }
 
-/* Called with dm__runtime_mu held: new settings for new extents and decay. */
+/* Called with dm__mem_mu held: new settings for new extents and decay. */
 void dm__arena_apply(dm__arena_t *a, const dm_arena_spec_t *spec) {
     store_settings(a, spec);
     if (spec->limit != SIZE_MAX)
         track_start(a);
     for (int j = 0; j < nje; j++)
-        if (dm__arena_by_slot[j]->owner == a && je_settings(dm__arena_by_slot[j], spec) != 0)
+        if (dm__mem_by_slot[j]->owner == a && je_settings(dm__mem_by_slot[j], spec) != 0)
             dm__log("datamem: arena '%s': cannot apply decay settings", a->name);
 }
 
-/* Called with dm__runtime_mu held: the arena called `name`, or NULL. */
+/* Called with dm__mem_mu held: the arena called `name`, or NULL. */
 dm__arena_t *dm__arena_find(const char *name) {
     for (int i = 0; i < narenas; i++)
         if (strcmp(arenas[i]->name, name) == 0)
@@ -263,7 +261,7 @@ dm__arena_t *dm__arena_find(const char *name) {
     return NULL;
 }
 
-/* Called with dm__runtime_mu held: finds the arena by name, creating it if new. */
+/* Called with dm__mem_mu held: finds the arena by name, creating it if new. */
 dm__arena_t *dm__arena_get(const char *name, const dm_arena_spec_t *spec) {
     dm__arena_t *found = dm__arena_find(name);
     if (found)
@@ -275,6 +273,7 @@ dm__arena_t *dm__arena_get(const char *name, const dm_arena_spec_t *spec) {
     if (!a)
         return NULL;
     snprintf(a->name, sizeof(a->name), "%s", name);
+    a->place.name = a->name;
     a->id = narenas;
     store_settings(a, spec); /* hooks of arenas created next read these */
     atomic_store_explicit(&a->in_policy, false, memory_order_relaxed);
@@ -320,11 +319,11 @@ void dm__arena_tcache_destroy(unsigned tc) {
 /* A thread inside an extent hook holds its arena's bump lock and none of
  * ours; fork must not copy it held. */
 void dm__arena_fork(int phase) {
-    for (int i = 0; i < DM_JE_MAX && dm__arena_by_slot[i]; i++) {
+    for (int i = 0; i < DM_JE_MAX && dm__mem_by_slot[i]; i++) {
         if (phase == 0)
-            pthread_mutex_lock(&dm__arena_by_slot[i]->mu);
+            pthread_mutex_lock(&dm__mem_by_slot[i]->region.mu);
         else
-            pthread_mutex_unlock(&dm__arena_by_slot[i]->mu);
+            pthread_mutex_unlock(&dm__mem_by_slot[i]->region.mu);
     }
 }
 
@@ -333,7 +332,7 @@ void dm__arena_fork(int phase) {
 /* "stats.arenas.<i>.<leaf>" by cached MIB: the name is translated once
  * (mallctlnametomib, ~170 ns like any by-name call), then each read is a
  * mallctlbymib with mib[2] = the arena index (~20 ns; notes/jemalloc.md). With
- * 16 arenas that is 208 reads per snapshot. Guarded by dm__runtime_mu, which every
+ * 16 arenas that is 208 reads per snapshot. Guarded by dm__mem_mu, which every
  * caller (dm_stats_snapshot, dm__arena_after_growth) holds. */
 #define STAT_MIBS_MAX 16
 #define STAT_MIB_LEN 8
@@ -417,7 +416,7 @@ static uint64_t stat_u64(unsigned idx, const char *leaf) {
  * default's time instead of 0.91x, the same peak RSS; real jobs: the same
  * peak RSS to the megabyte, sklearn_pipeline 7.6k faults instead of 11k).
  * The check runs after allocations above the block cache's sizes, outside
- * jemalloc, and reads jemalloc's stats (under dm__runtime_mu like every stats reader)
+ * jemalloc, and reads jemalloc's stats (under dm__mem_mu like every stats reader)
  * only when the arena did grow. docs/performance.md has the numbers.
  *
  * Past the peak, glibc's malloc is also asked to give back its free pages
@@ -430,18 +429,18 @@ static uint64_t stat_u64(unsigned idx, const char *leaf) {
  * held 17 MiB free: 1.020x NumPy's default peak RSS, 1.002x with the trim;
  * pandas3_etl 1.018x, 1.010x. 4 to 23 calls per job, 4.4 ms in
  * all at most (bench/results/jobs-size-class-trim.md). */
-static uint64_t peak_footprint; /* under dm__runtime_mu */
-static uint64_t trimmed_at;     /* the footprint at the last malloc_trim, under dm__runtime_mu */
+static uint64_t peak_footprint; /* under dm__mem_mu */
+static uint64_t trimmed_at;     /* the footprint at the last malloc_trim, under dm__mem_mu */
 
 void dm__arena_after_growth(dm__arena_je_t *ja) {
-    if (atomic_exchange_explicit(&ja->grown, 0, memory_order_relaxed) == 0)
+    if (atomic_exchange_explicit(&ja->region.grown, 0, memory_order_relaxed) == 0)
         return;
     size_t budget = atomic_load_explicit(&ja->owner->dirty_budget, memory_order_relaxed);
     if (budget == SIZE_MAX || !ja->purge_mib[0])
         return;
-    /* Growth is rare: the stats readers' lock (dm__runtime_mu) is affordable here. */
+    /* Growth is rare: the stats readers' lock (dm__mem_mu) is affordable here. */
     uint64_t epoch = 1, page = je_page_size();
-    pthread_mutex_lock(&dm__runtime_mu);
+    pthread_mutex_lock(&dm__mem_mu);
     dmje_mallctl("epoch", NULL, NULL, &epoch, sizeof(epoch)); /* refresh the stats */
     /* Past the peak, the jemalloc arena that grew is purged if it holds dirty
      * pages over its budget plus 1/64 of its active ones; so is, on the same
@@ -457,7 +456,7 @@ void dm__arena_after_growth(dm__arena_je_t *ja) {
     int nmine = 0;
     uint64_t footprint = 0, purged = 0;
     for (int j = 0; j < nje; j++) { /* one read of each arena's stats */
-        dm__arena_je_t *x = dm__arena_by_slot[j];
+        dm__arena_je_t *x = dm__mem_by_slot[j];
         uint64_t d = stat_zu(x->index, "pdirty") * page, a = stat_zu(x->index, "pactive") * page;
         footprint += d + a;
         if (x->owner != ja->owner || nmine == 2 * DM_NODES_MAX)
@@ -465,7 +464,7 @@ void dm__arena_after_growth(dm__arena_je_t *ja) {
         bool due = x == ja;
         if (x->is_big) {
             uint64_t ops = stat_u64(x->index, "large.nmalloc") +
-                           atomic_load_explicit(&x->reused, memory_order_relaxed);
+                           atomic_load_explicit(&x->reuse.reused, memory_order_relaxed);
             due = due || ops == x->ops_seen;
             x->ops_seen = ops;
         }
@@ -486,7 +485,7 @@ void dm__arena_after_growth(dm__arena_je_t *ja) {
     bool trim = past && footprint > trimmed_at + (trimmed_at >> 4);
     if (trim)
         trimmed_at = footprint;
-    pthread_mutex_unlock(&dm__runtime_mu);
+    pthread_mutex_unlock(&dm__mem_mu);
     for (int k = 0; k < npurge; k++)
         dmje_mallctlbymib(mine[k].x->purge_mib, 3, NULL, NULL, NULL, 0);
     if (trim)
@@ -502,13 +501,13 @@ void dm__arena_after_growth(dm__arena_je_t *ja) {
  * done) when the runtime's lock is busy: an allocation never waits for an
  * install or a stats reader. */
 bool dm__arena_give_back_idle(void) {
-    if (pthread_mutex_trylock(&dm__runtime_mu) != 0)
+    if (pthread_mutex_trylock(&dm__mem_mu) != 0)
         return false;
     dm__arena_je_t *all[DM_JE_MAX];
     int n = nje;
     for (int j = 0; j < n; j++)
-        all[j] = dm__arena_by_slot[j];
-    pthread_mutex_unlock(&dm__runtime_mu); /* arenas are never freed: the list stays good */
+        all[j] = dm__mem_by_slot[j];
+    pthread_mutex_unlock(&dm__mem_mu); /* arenas are never freed: the list stays good */
     for (int j = 0; j < n; j++) {
         dm__bigblock_release(all[j]);
         if (all[j]->purge_mib[0])
@@ -519,18 +518,18 @@ bool dm__arena_give_back_idle(void) {
 }
 
 uint64_t dm__arena_idle_bytes(void) {
-    if (pthread_mutex_trylock(&dm__runtime_mu) != 0)
+    if (pthread_mutex_trylock(&dm__mem_mu) != 0)
         return UINT64_MAX;
     uint64_t epoch = 1, page = je_page_size(), idle = 0;
     dmje_mallctl("epoch", NULL, NULL, &epoch, sizeof(epoch)); /* refresh the stats */
     for (int j = 0; j < nje; j++) {
-        dm__arena_je_t *x = dm__arena_by_slot[j];
+        dm__arena_je_t *x = dm__mem_by_slot[j];
         if (x->spill)
             continue; /* a file's pages: not anonymous memory */
         idle += (stat_zu(x->index, "pdirty") + stat_zu(x->index, "pmuzzy")) * page +
-                atomic_load_explicit(&x->reuse_bytes, memory_order_relaxed);
+                atomic_load_explicit(&x->reuse.bytes, memory_order_relaxed);
     }
-    pthread_mutex_unlock(&dm__runtime_mu);
+    pthread_mutex_unlock(&dm__mem_mu);
     return idle;
 }
 
@@ -549,12 +548,12 @@ static void je_stats_add(dm__arena_je_t *ja, dm_arena_stats_t *o) {
     o->resident += sp ? spill_resident : stat_zu(i, "resident");
     o->mapped += stat_zu(i, "mapped");
     o->retained += stat_zu(i, "retained");
-    o->reuse_bytes += atomic_load_explicit(&ja->reuse_bytes, memory_order_relaxed);
+    o->reuse_bytes += atomic_load_explicit(&ja->reuse.bytes, memory_order_relaxed);
     o->je_nmalloc += stat_u64(i, "small.nmalloc") + stat_u64(i, "large.nmalloc");
     o->je_ndalloc += stat_u64(i, "small.ndalloc") + stat_u64(i, "large.ndalloc");
-    pthread_mutex_lock(&ja->mu);
-    o->reserved += ja->reserved;
-    pthread_mutex_unlock(&ja->mu);
+    pthread_mutex_lock(&ja->region.mu);
+    o->reserved += ja->region.reserved;
+    pthread_mutex_unlock(&ja->region.mu);
     o->njemalloc++;
     if (sp) {
         o->backed = true;
@@ -570,20 +569,20 @@ static void je_stats_add(dm__arena_je_t *ja, dm_arena_stats_t *o) {
     }
 }
 
-/* Called with dm__runtime_mu held, after an "epoch" refresh. */
+/* Called with dm__mem_mu held, after an "epoch" refresh. */
 void dm__arena_je_stats(dm__arena_t *a, dm_arena_stats_t *out) {
     bool first = true;
     for (int j = 0; j < nje; j++) {
-        if (dm__arena_by_slot[j]->owner != a)
+        if (dm__mem_by_slot[j]->owner != a)
             continue;
-        je_stats_add(dm__arena_by_slot[j], out);
+        je_stats_add(dm__mem_by_slot[j], out);
         if (first) { /* the decay times jemalloc holds (all of an arena's are set alike) */
             ssize_t v[2] = {0, 0};
             const char *leaf[2] = {"dirty_decay_ms", "muzzy_decay_ms"};
             for (int k = 0; k < 2; k++) {
                 char name[96];
                 size_t sz = sizeof(v[k]);
-                snprintf(name, sizeof(name), "arena.%u.%s", dm__arena_by_slot[j]->index, leaf[k]);
+                snprintf(name, sizeof(name), "arena.%u.%s", dm__mem_by_slot[j]->index, leaf[k]);
                 if (dmje_mallctl(name, &v[k], &sz, NULL, 0) != 0)
                     v[k] = 0;
             }
@@ -607,8 +606,8 @@ static void huge_add(void *arg, uintptr_t start, uintptr_t end, uint64_t huge) {
         return;
     for (uintptr_t seg = start >> DM_SEG_SHIFT; seg <= (end - 1) >> DM_SEG_SHIFT && seg < nseg;
          seg++) {
-        uint16_t s = atomic_load_explicit(&dm__arena_seg_owner[seg], memory_order_acquire);
-        dm__arena_je_t *ja = s ? dm__arena_by_slot[s - 1] : NULL;
+        uint16_t s = atomic_load_explicit(&dm__mem_seg_owner[seg], memory_order_acquire);
+        dm__arena_je_t *ja = s ? dm__mem_by_slot[s - 1] : NULL;
         if (!ja)
             continue;
         uintptr_t lo = seg << DM_SEG_SHIFT, hi = lo + DM_SEG_SIZE;
@@ -630,7 +629,7 @@ static void huge_add(void *arg, uintptr_t start, uintptr_t end, uint64_t huge) {
 /* Adds each policy arena's THP-backed bytes to out[arena id] (cap entries):
  * PAGEMAP_SCAN over the committed part of every region (exact; the PROT_NONE
  * rest of a reservation is not walked), else /proc/self/smaps. The ranges are
- * copied under dm__runtime_mu (then each arena's bump mutex); the scan runs unlocked. */
+ * copied under dm__mem_mu (then each arena's bump mutex); the scan runs unlocked. */
 int dm__arena_hugepages(uint64_t *out, int cap) {
     if (cap < DM_RT_ARENAS_MAX)
         return DM_ERANGE;
@@ -640,23 +639,23 @@ int dm__arena_hugepages(uint64_t *out, int cap) {
     uint64_t *bytes = calloc(MAXR, sizeof(*bytes));
     int n = 0, rc = 0;
     bool whole = !r || !id || !bytes; /* some ranges unknown: use smaps */
-    pthread_mutex_lock(&dm__runtime_mu);
+    pthread_mutex_lock(&dm__mem_mu);
     for (int j = 0; j < nje && !whole; j++) {
-        dm__arena_je_t *ja = dm__arena_by_slot[j];
-        pthread_mutex_lock(&ja->mu);
-        if (ja->nold > DM_JE_OLD_MAX || n + ja->nold + 1 > MAXR)
+        dm__arena_je_t *ja = dm__mem_by_slot[j];
+        pthread_mutex_lock(&ja->region.mu);
+        if (ja->region.nold > DM_JE_OLD_MAX || n + ja->region.nold + 1 > MAXR)
             whole = true;
-        for (int k = 0; k < ja->nold && !whole; k++, n++) {
-            r[n][0] = (uintptr_t)ja->old[k][0], r[n][1] = (uintptr_t)ja->old[k][1];
+        for (int k = 0; k < ja->region.nold && !whole; k++, n++) {
+            r[n][0] = (uintptr_t)ja->region.old[k][0], r[n][1] = (uintptr_t)ja->region.old[k][1];
             id[n] = ja->owner->id;
         }
-        if (ja->cur && !whole) {
-            r[n][0] = (uintptr_t)ja->base, r[n][1] = (uintptr_t)ja->cur;
+        if (ja->region.cur && !whole) {
+            r[n][0] = (uintptr_t)ja->region.base, r[n][1] = (uintptr_t)ja->region.cur;
             id[n++] = ja->owner->id;
         }
-        pthread_mutex_unlock(&ja->mu);
+        pthread_mutex_unlock(&ja->region.mu);
     }
-    pthread_mutex_unlock(&dm__runtime_mu);
+    pthread_mutex_unlock(&dm__mem_mu);
     if (!whole && dm__os_huge_bytes((const uintptr_t(*)[2])r, n, bytes) == 0) {
         for (int i = 0; i < n; i++)
             out[id[i]] += bytes[i];

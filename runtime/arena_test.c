@@ -74,24 +74,24 @@ static void test_big_halves(void) {
     const size_t MB = (size_t)1 << 20;
     load_ok("version: 1\ndefault: halves\narenas:\n  halves: {}\n");
     char *small = dm_alloc(root, 64 << 10, DM_DT_UNKNOWN), *big = dm_alloc(root, 8 * MB, DM_DT_UNKNOWN);
-    dm__arena_je_t *js = dm__arena_owner_of(small), *jb = dm__arena_owner_of(big);
+    dm__arena_je_t *js = dm__mem_owner_of(small), *jb = dm__mem_owner_of(big);
     CHECK(js && jb && js != jb && js->big == jb && jb->is_big && !js->is_big,
           "small and big blocks in the two halves: %p %p", (void *)js, (void *)jb);
     CHECK_STR(dm_owner_arena(big), "halves");
     CHECK(njemalloc("halves") == 2, "two jemalloc arenas, got %d", njemalloc("halves"));
     char *grown = dm_realloc(root, big, 16 * MB), *shrunk = dm_realloc(root, grown, 1 * MB);
-    CHECK(dm__arena_owner_of(shrunk) == jb, "a big block stays in the big half through realloc");
+    CHECK(dm__mem_owner_of(shrunk) == jb, "a big block stays in the big half through realloc");
     /* Grown past 4 MiB, a block moves to the big half, where its free is kept
      * for the next big array (pandas' hash-table vectors grow by realloc;
      * kept in the small half, they would wait out their decay unused). */
     memset(small, 0x5a, 64 << 10);
     char *up = dm_realloc(root, small, 6 * MB);
-    CHECK(dm__arena_owner_of(up) == jb, "a block grown past 4 MiB moves to the big half");
+    CHECK(dm__mem_owner_of(up) == jb, "a block grown past 4 MiB moves to the big half");
     CHECK(up[0] == 0x5a && up[(64 << 10) - 1] == 0x5a, "realloc keeps the contents");
-    size_t kept = jb->reuse_bytes;
+    size_t kept = jb->reuse.bytes;
     dm_free_hint(up, 6 * MB);
-    CHECK(jb->reuse_bytes > kept, "its free is kept in the big half: %zu -> %zu", kept,
-          (size_t)jb->reuse_bytes);
+    CHECK(jb->reuse.bytes > kept, "its free is kept in the big half: %zu -> %zu", kept,
+          (size_t)jb->reuse.bytes);
     char *again = dm_alloc(root, 6 * MB, DM_DT_UNKNOWN);
     CHECK(dm__block_of(jb, again) == dm__block_of(jb, up),
           "and serves the next block of its size: %p %p", (void *)again, (void *)up);
@@ -101,13 +101,13 @@ static void test_big_halves(void) {
     void *odd = dmje_mallocx(6 * MB, MALLOCX_ARENA(js->index) | MALLOCX_TCACHE_NONE);
     CHECK(odd, "a 6 MiB block from the small half");
     if (odd && dm__bigblock_keep(js, odd, 6 * MB, 0))
-        CHECK(false, "the small half kept a big block (%zu bytes kept)", (size_t)js->reuse_bytes);
+        CHECK(false, "the small half kept a big block (%zu bytes kept)", (size_t)js->reuse.bytes);
     else if (odd)
         dmje_dallocx(odd, MALLOCX_TCACHE_NONE);
 
     load_ok("version: 1\ndefault: whole\narenas:\n  whole: {hugepages: off}\n");
     small = dm_alloc(root, 64 << 10, DM_DT_UNKNOWN), big = dm_alloc(root, 8 * MB, DM_DT_UNKNOWN);
-    CHECK(dm__arena_owner_of(small) == dm__arena_owner_of(big),
+    CHECK(dm__mem_owner_of(small) == dm__mem_owner_of(big),
           "hugepages: off: one jemalloc arena");
     CHECK(njemalloc("whole") == 1, "one jemalloc arena, got %d", njemalloc("whole"));
     dm_free(small), dm_free(big);
@@ -136,7 +136,7 @@ static void test_big_tail_trimmed(void) {
     touch(a, 24 * MB);
     dm_free_hint(a, 24 * MB);
     char *b = dm_alloc(root, 20 * MB + 4096, DM_DT_UNKNOWN);
-    char *blk = b ? dm__block_of(dm__arena_owner_of(b), b) : NULL; /* under its colour */
+    char *blk = b ? dm__block_of(dm__mem_owner_of(b), b) : NULL; /* under its colour */
     CHECK(b && dmje_sallocx(blk, 0) == 24 * MB, "a 24 MiB size class: %zu",
           b ? dmje_sallocx(blk, 0) : 0);
     touch(b, 20 * MB + 4096);

@@ -40,7 +40,7 @@
  * DATAMEM_MEMORY_LIMIT or a size in the policy stays this process's own.
  *
  * Thread safety: relaxed atomics (design.md's concurrency table); the
- * group's directory under dm__runtime_mu, which a reader only tries.
+ * group's directory under dm__mem_mu, which a reader only tries.
  */
 #include <stdio.h>
 #include <string.h>
@@ -54,8 +54,8 @@ static _Atomic uint64_t beside;    /* bytes counted against the worker limit: th
 static _Atomic uint64_t beside_at; /* CLOCK_MONOTONIC_COARSE ns of the last reading, 0: never */
 static _Atomic uint64_t window_at; /* when the current bucket began */
 static _Atomic uint64_t most_now, most_before; /* the current and the previous bucket's most */
-static char group[4096];   /* the budget's cgroup directory, "" none (dm__runtime_mu) */
-static int group_version;  /* its hierarchy: 1 or 2 (dm__runtime_mu) */
+static char group[4096];   /* the budget's cgroup directory, "" none (dm__mem_mu) */
+static int group_version;  /* its hierarchy: 1 or 2 (dm__mem_mu) */
 static _Atomic bool grouped; /* group[0] != 0: a reader without one takes no lock */
 uint64_t dm__beside_window_ms = DM_TALLY_BESIDE_WINDOW_MS;
 
@@ -68,15 +68,15 @@ static inline uint64_t coarse_ns(void) {
 
 /* What the budget's memory holds now: its cgroup's charge when the limit is a
  * share of a cgroup's (every process in the group counts), else this
- * process's resident anonymous bytes; UINT64_MAX while dm__runtime_mu is busy
+ * process's resident anonymous bytes; UINT64_MAX while dm__mem_mu is busy
  * (the group's directory is set under it). */
 static uint64_t held_now(void) {
     if (!atomic_load_explicit(&grouped, memory_order_relaxed))
         return dm__os_anon_resident();
-    if (pthread_mutex_trylock(&dm__runtime_mu) != 0)
+    if (pthread_mutex_trylock(&dm__mem_mu) != 0)
         return UINT64_MAX;
     uint64_t held = group[0] ? dm__cgroup_charge(group, group_version) : UINT64_MAX;
-    pthread_mutex_unlock(&dm__runtime_mu);
+    pthread_mutex_unlock(&dm__mem_mu);
     return held != UINT64_MAX ? held : dm__os_anon_resident();
 }
 

@@ -103,7 +103,7 @@
 #include <time.h>
 
 #include "runtime/datamem.h"
-#include "runtime/internal.h"
+#include "runtime/mem.h"
 #include "runtime/os.h"
 #include "runtime/spill.h"
 
@@ -137,11 +137,11 @@ static bool frames_advised(uintptr_t f0, uintptr_t f1) {
 /* Whether ja's big blocks get NumPy's advice (and so the 2 MiB alignment). */
 static bool takes_numpy_advice(const dm__arena_je_t *ja) {
     return atomic_load_explicit(&numpy_thp, memory_order_relaxed) && !ja->spill &&
-           atomic_load_explicit(&ja->owner->thp, memory_order_relaxed) == DM_THP_SYSTEM;
+           atomic_load_explicit(&ja->place->thp, memory_order_relaxed) == DM_THP_SYSTEM;
 }
 
 void dm__bigblock_advise(void *p, size_t n) {
-    dm__arena_je_t *ja = dm__arena_owner_of(p);
+    dm__arena_je_t *ja = dm__mem_owner_of(p);
     if (!ja || !takes_numpy_advice(ja))
         return;
     void *b = dm__block_of(ja, p); /* the block's frames, from its start: its colour too */
@@ -154,7 +154,7 @@ void dm__bigblock_advise(void *p, size_t n) {
     if (frames_advised(f0, f1))
         return;
     if (dm__os_thp((void *)lo, hi - lo, DM_THP_ON) != 0) {
-        atomic_fetch_add_explicit(&ja->owner->placement_errors, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&ja->place->placement_errors, 1, memory_order_relaxed);
         return;
     }
     for (uintptr_t f = f0; f < f1; f++)
@@ -199,7 +199,7 @@ void *dm__bigblock_zero(void *p, size_t n) {
     uintptr_t lo = (b + page - 1) & ~(page - 1), hi = e & ~(page - 1);
     /* Memory registered with the CUDA runtime (`pinned: cuda`) must keep its
      * pages: MADV_DONTNEED would swap them under the GPU's mapping. */
-    dm__arena_je_t *ja = dm__arena_owner_of(p);
+    dm__arena_je_t *ja = dm__mem_owner_of(p);
     if (ja && ja->spill) { /* a file's pages: MADV_DONTNEED would not zero them */
         dm__spill_zero(ja, p, n);
         return p;
@@ -228,7 +228,7 @@ void dm__bigblock_trim(void *p, size_t n, size_t touched) {
                                     : ((uintptr_t)p + usable) & ~(page - 1);
     if (hi <= lo || hi - lo < DM_BIG_TRIM_MIN)
         return;
-    dm__arena_je_t *ja = dm__arena_owner_of(p);
+    dm__arena_je_t *ja = dm__mem_owner_of(p);
     if (!ja || ja->spill || atomic_load_explicit(&ja->ever_pinned, memory_order_relaxed) ||
         atomic_load_explicit(&ja->ever_locked, memory_order_relaxed))
         return; /* registered or locked pages stay as they are; a file's are the page cache's */
@@ -247,20 +247,20 @@ static int64_t now_ms(void) {
 
 /* Removes entry i (under reuse_mu). */
 static void drop_at(dm__arena_je_t *ja, int i) {
-    atomic_store_explicit(&ja->reuse_bytes,
-                          atomic_load_explicit(&ja->reuse_bytes, memory_order_relaxed) -
-                              ja->reuse[i].usable,
+    atomic_store_explicit(&ja->reuse.bytes,
+                          atomic_load_explicit(&ja->reuse.bytes, memory_order_relaxed) -
+                              ja->reuse.blocks[i].usable,
                           memory_order_relaxed);
-    memmove(&ja->reuse[i], &ja->reuse[i + 1], (size_t)(ja->nreuse - i - 1) * sizeof(ja->reuse[0]));
-    ja->nreuse--;
+    memmove(&ja->reuse.blocks[i], &ja->reuse.blocks[i + 1], (size_t)(ja->reuse.n - i - 1) * sizeof(ja->reuse.blocks[0]));
+    ja->reuse.n--;
 }
 
 /* Moves the entries that waited ttl ms or longer into out[] (under reuse_mu);
  * returns how many. all: every entry. */
 static int take_expired(dm__arena_je_t *ja, int64_t ttl, int64_t now, bool all, void **out) {
     int n = 0;
-    while (ja->nreuse > 0 && (all || now - ja->reuse[0].at_ms >= ttl)) {
-        out[n++] = ja->reuse[0].p;
+    while (ja->reuse.n > 0 && (all || now - ja->reuse.blocks[0].at_ms >= ttl)) {
+        out[n++] = ja->reuse.blocks[0].p;
         drop_at(ja, 0);
     }
     return n;
@@ -272,33 +272,33 @@ static void give_back(void **blocks, int n) {
 }
 
 static int64_t ttl_of(const dm__arena_je_t *ja) {
-    int64_t ms = atomic_load_explicit(&ja->owner->reuse_ms, memory_order_relaxed);
+    int64_t ms = atomic_load_explicit(&ja->place->reuse_ms, memory_order_relaxed);
     return ms < 0 ? INT64_MAX : ms;
 }
 
 void *dm__bigblock_take(dm__arena_je_t *ja, size_t n, int flags, size_t *colour) {
     *colour = 0;
-    if (atomic_load_explicit(&ja->reuse_bytes, memory_order_relaxed) == 0)
+    if (atomic_load_explicit(&ja->reuse.bytes, memory_order_relaxed) == 0)
         return NULL; /* a racy peek: a miss here only costs a jemalloc call */
     size_t want = dmje_nallocx(n, flags & LG_ALIGN_MASK);
     uintptr_t align = (uintptr_t)1 << (flags & LG_ALIGN_MASK);
     void *out[DM_REUSE_MAX], *p = NULL;
     size_t touched = 0, c = 0;
     int nout = 0;
-    pthread_mutex_lock(&ja->reuse_mu);
-    for (int i = ja->nreuse - 1; i >= 0; i--) { /* the newest: its pages are warmest */
-        if (ja->reuse[i].usable == want && ((uintptr_t)ja->reuse[i].p & (align - 1)) == 0) {
-            p = ja->reuse[i].p;
-            touched = ja->reuse[i].touched;
-            c = n + ja->reuse[i].colour <= want ? ja->reuse[i].colour : 0;
+    pthread_mutex_lock(&ja->reuse.mu);
+    for (int i = ja->reuse.n - 1; i >= 0; i--) { /* the newest: its pages are warmest */
+        if (ja->reuse.blocks[i].usable == want && ((uintptr_t)ja->reuse.blocks[i].p & (align - 1)) == 0) {
+            p = ja->reuse.blocks[i].p;
+            touched = ja->reuse.blocks[i].touched;
+            c = n + ja->reuse.blocks[i].colour <= want ? ja->reuse.blocks[i].colour : 0;
             drop_at(ja, i);
-            atomic_fetch_add_explicit(&ja->reused, 1, memory_order_relaxed);
+            atomic_fetch_add_explicit(&ja->reuse.reused, 1, memory_order_relaxed);
             break;
         }
     }
     if (!p) /* no block of this size: jemalloc gets them all back to split or merge */
         nout = take_expired(ja, 0, 0, true, out);
-    pthread_mutex_unlock(&ja->reuse_mu);
+    pthread_mutex_unlock(&ja->reuse.mu);
     give_back(out, nout);
     if (p) /* a block that served a bigger array: its pages past n go */
         dm__bigblock_trim(p, n + c, touched);
@@ -318,63 +318,63 @@ bool dm__bigblock_keep(dm__arena_je_t *ja, void *p, size_t hint, size_t colour) 
         return false;
     void *out[DM_REUSE_MAX + 1];
     int64_t now = now_ms();
-    pthread_mutex_lock(&ja->reuse_mu);
+    pthread_mutex_lock(&ja->reuse.mu);
     int nout = take_expired(ja, ttl, now, false, out);
-    while (ja->nreuse > 0 &&
-           (ja->nreuse == DM_REUSE_MAX ||
-            atomic_load_explicit(&ja->reuse_bytes, memory_order_relaxed) + usable >
+    while (ja->reuse.n > 0 &&
+           (ja->reuse.n == DM_REUSE_MAX ||
+            atomic_load_explicit(&ja->reuse.bytes, memory_order_relaxed) + usable >
                 REUSE_BYTES_MAX)) { /* room: the oldest goes */
-        out[nout++] = ja->reuse[0].p;
+        out[nout++] = ja->reuse.blocks[0].p;
         drop_at(ja, 0);
     }
-    ja->reuse[ja->nreuse].p = p;
-    ja->reuse[ja->nreuse].usable = usable;
-    ja->reuse[ja->nreuse].touched = hint + colour;
-    ja->reuse[ja->nreuse].colour = colour;
-    ja->reuse[ja->nreuse].at_ms = now;
-    ja->nreuse++;
-    atomic_store_explicit(&ja->reuse_bytes,
-                          atomic_load_explicit(&ja->reuse_bytes, memory_order_relaxed) + usable,
+    ja->reuse.blocks[ja->reuse.n].p = p;
+    ja->reuse.blocks[ja->reuse.n].usable = usable;
+    ja->reuse.blocks[ja->reuse.n].touched = hint + colour;
+    ja->reuse.blocks[ja->reuse.n].colour = colour;
+    ja->reuse.blocks[ja->reuse.n].at_ms = now;
+    ja->reuse.n++;
+    atomic_store_explicit(&ja->reuse.bytes,
+                          atomic_load_explicit(&ja->reuse.bytes, memory_order_relaxed) + usable,
                           memory_order_relaxed);
-    pthread_mutex_unlock(&ja->reuse_mu);
+    pthread_mutex_unlock(&ja->reuse.mu);
     give_back(out, nout);
     return true;
 }
 
 void dm__bigblock_expire(dm__arena_je_t *ja) {
-    if (atomic_load_explicit(&ja->reuse_bytes, memory_order_relaxed) == 0)
+    if (atomic_load_explicit(&ja->reuse.bytes, memory_order_relaxed) == 0)
         return;
     void *out[DM_REUSE_MAX];
     int64_t now = now_ms();
     /* An arena that has started counting live bytes (a reload gave it a
      * limit) takes no kept block back: they all go now. */
     bool all = atomic_load_explicit(&ja->tracked, memory_order_relaxed);
-    pthread_mutex_lock(&ja->reuse_mu);
+    pthread_mutex_lock(&ja->reuse.mu);
     int nout = take_expired(ja, ttl_of(ja), now, all, out);
-    pthread_mutex_unlock(&ja->reuse_mu);
+    pthread_mutex_unlock(&ja->reuse.mu);
     give_back(out, nout);
 }
 
 void dm__bigblock_release(dm__arena_je_t *ja) {
-    if (atomic_load_explicit(&ja->reuse_bytes, memory_order_relaxed) == 0)
+    if (atomic_load_explicit(&ja->reuse.bytes, memory_order_relaxed) == 0)
         return;
     void *out[DM_REUSE_MAX];
-    pthread_mutex_lock(&ja->reuse_mu);
+    pthread_mutex_lock(&ja->reuse.mu);
     int nout = take_expired(ja, 0, 0, true, out);
-    pthread_mutex_unlock(&ja->reuse_mu);
+    pthread_mutex_unlock(&ja->reuse.mu);
     give_back(out, nout);
 }
 
 void dm__bigblock_expire_all(void) {
-    for (int i = 0; i < DM_JE_MAX && dm__arena_by_slot[i]; i++)
-        dm__bigblock_expire(dm__arena_by_slot[i]);
+    for (int i = 0; i < DM_JE_MAX && dm__mem_by_slot[i]; i++)
+        dm__bigblock_expire(dm__mem_by_slot[i]);
 }
 
 void dm__bigblock_fork(int phase) {
-    for (int i = 0; i < DM_JE_MAX && dm__arena_by_slot[i]; i++) {
+    for (int i = 0; i < DM_JE_MAX && dm__mem_by_slot[i]; i++) {
         if (phase == 0)
-            pthread_mutex_lock(&dm__arena_by_slot[i]->reuse_mu);
+            pthread_mutex_lock(&dm__mem_by_slot[i]->reuse.mu);
         else
-            pthread_mutex_unlock(&dm__arena_by_slot[i]->reuse_mu);
+            pthread_mutex_unlock(&dm__mem_by_slot[i]->reuse.mu);
     }
 }

@@ -12,8 +12,11 @@
 #ifndef DM_RUNTIME_BIGBLOCK_H
 #define DM_RUNTIME_BIGBLOCK_H
 
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 /* NumPy advises MADV_HUGEPAGE on every array of this size or more
  * (numpy/_core/src/multiarray/alloc.c). */
@@ -43,6 +46,26 @@ void *dm__bigblock_zero(void *p, size_t n);
 #define DM_BIG_TRIM_MIN ((size_t)64 << 10)
 void dm__bigblock_trim(void *p, size_t n, size_t touched);
 
+#define DM_REUSE_MAX 8 /* freed big blocks kept per je arena */
+
+/* One jemalloc arena's kept big blocks (bigblock.c, "Reuse"), oldest first,
+ * under `mu`, which is never held across a jemalloc call. */
+typedef struct dm__reuse {
+    pthread_mutex_t mu;
+    int n;
+    struct {
+        void *p;
+        size_t usable;
+        size_t touched;      /* its last user's end: the pages past it are not resident */
+        size_t colour;       /* its last user's offset in it, the next user's too */
+        int64_t at_ms;
+    } blocks[DM_REUSE_MAX];
+    _Atomic size_t bytes;    /* their usable bytes */
+    /* Kept blocks handed out again, which jemalloc does not count (the floor
+     * above reads it: an arena that reuses is not idle). */
+    _Atomic uint64_t reused;
+} dm__reuse_t;
+
 struct dm__arena_je;
 
 /* The jemalloc flags for a block of n >= DM_BIG_THP_MIN bytes from ja: 2 MiB
@@ -69,7 +92,7 @@ size_t dm__bigblock_colour(const struct dm__arena_je *ja, size_t n, int rule_fla
  * `colour`) for the next allocation of its size; false if it is not kept (the
  * caller frees it). A block reused at the offset it had keeps the pages its
  * last user had resident: a colour of its own would trim them.
- * dm__bigblock_expire_all (under dm__runtime_mu): every arena hands back what waited longer
+ * dm__bigblock_expire_all (under dm__mem_mu): every arena hands back what waited longer
  * than its decay.dirty, and all it keeps once it counts live bytes (`limit`).
  * dm__bigblock_fork: 0 before fork() (takes every arena's lock), 1 after it, in
  * both processes. */

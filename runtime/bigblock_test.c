@@ -60,7 +60,7 @@ static void test_colours(const char *arena, size_t unit) {
     size_t n = 5 * MB + 1000;
     for (int i = 0; i < N; i++) {
         p[i] = dm_alloc(root, n, DM_DT_UNKNOWN);
-        dm__arena_je_t *ja = dm__arena_owner_of(p[i]);
+        dm__arena_je_t *ja = dm__mem_owner_of(p[i]);
         EXPECT(ja && ja->is_big, "%s: block %d in the big half", arena, i);
         EXPECT(colour(p[i]) % unit == 0 && colour(p[i]) < 64 * unit,
               "%s: colour %#lx a multiple of %zu below %zu", arena, (unsigned long)colour(p[i]),
@@ -81,7 +81,7 @@ static void test_colours(const char *arena, size_t unit) {
         char *r = dm_realloc(root, q, MB + 3);
         EXPECT(r && colour(r) == c && filled(r, MB, i), "%s: realloc down keeps data and colour "
               "%#lx -> %#lx", arena, (unsigned long)c, r ? (unsigned long)colour(r) : 0ul);
-        EXPECT(dm__arena_owner_of(r)->is_big, "%s: still in the big half", arena);
+        EXPECT(dm__mem_owner_of(r)->is_big, "%s: still in the big half", arena);
         p[i] = r;
     }
     for (int i = 0; i < N; i++)
@@ -101,10 +101,10 @@ static void test_reuse(void) {
     size_t n = 5 * MB + 1000;
     char *a = dm_alloc(root, n, DM_DT_UNKNOWN);
     memset(a, 0x7f, n);
-    char *blk = dm__block_of(dm__arena_owner_of(a), a);
+    char *blk = dm__block_of(dm__mem_owner_of(a), a);
     dm_free_hint(a, n);
     char *b = dm_calloc(root, n, DM_DT_UNKNOWN);
-    EXPECT(b && dm__block_of(dm__arena_owner_of(b), b) == blk, "the kept block serves again");
+    EXPECT(b && dm__block_of(dm__mem_owner_of(b), b) == blk, "the kept block serves again");
     bool zero = b != NULL;
     for (size_t i = 0; b && i < n; i += 512)
         zero = zero && b[i] == 0;

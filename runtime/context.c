@@ -20,7 +20,7 @@
  * pointer compare stays exact; and a free needs the tags behind an id, which
  * a generation would not keep alive.
  *
- * A count goes from 0 to 1 only here, under dm__runtime_mu, when a lookup finds
+ * A count goes from 0 to 1 only here, under dm__mem_mu, when a lookup finds
  * an idle context; every other increment is made by someone already holding
  * one, and decrements never lock (release). A context at 0 stays interned,
  * idle, for the next lookup of its tags; sweep() frees the idle ones under the
@@ -41,7 +41,7 @@
  * sweep once they let go. Its tags' counts move over with no race: blocks
  * counted under "(other)" are uncounted from "(other)" at their free.
  *
- * Thread safety: interning and sweeping under dm__runtime_mu; `refs` atomic; a
+ * Thread safety: interning and sweeping under dm__mem_mu; `refs` atomic; a
  * context's tags never change.
  */
 #include <stdlib.h>
@@ -55,7 +55,7 @@
 
 struct dm_ctx dm__context_root;
 struct dm_ctx dm__context_stale;
-static struct dm_ctx *buckets[BUCKETS]; /* under dm__runtime_mu, as below */
+static struct dm_ctx *buckets[BUCKETS]; /* under dm__mem_mu, as below */
 static int ninterned;                   /* contexts in buckets */
 static int sweep_at = DM_CTX_MAX;
 static int made_since_sweep;
@@ -192,7 +192,7 @@ const dm_ctx_t *dm_ctx_with_tag(const dm_ctx_t *base, const char *tag) {
     qsort(want, (size_t)n, sizeof(want[0]), cmp_str);
     uint64_t h = dm__context_hash(want, n);
 
-    pthread_mutex_lock(&dm__runtime_mu);
+    pthread_mutex_lock(&dm__mem_mu);
     dm__context_root_tally_init();
     struct dm_ctx *c = find(h, want, n);
     if (c && c->uncounted && retire_uncounted(c))
@@ -201,7 +201,7 @@ const dm_ctx_t *dm_ctx_with_tag(const dm_ctx_t *base, const char *tag) {
         atomic_fetch_add_explicit(&c->refs, 1, memory_order_relaxed);
     else
         c = make(h, want, n);
-    pthread_mutex_unlock(&dm__runtime_mu);
+    pthread_mutex_unlock(&dm__mem_mu);
     return c;
 }
 

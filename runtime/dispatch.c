@@ -19,7 +19,7 @@
  * life.
  *
  * Thread safety: publication, view building and reading the table in force
- * for the services run under dm__runtime_mu; references are atomic.
+ * for the services run under dm__mem_mu; references are atomic.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -89,7 +89,7 @@ void dm__dispatch_slot_init(dm__dispatch_slot_t *s, dm__arena_t *a, const dm_are
     }
 }
 
-/* Called with dm__runtime_mu held: frees the views of `tab` that no thread is
+/* Called with dm__mem_mu held: frees the views of `tab` that no thread is
  * bound to (a thread's `view` is written only under that mutex; threads bound
  * to `tab` are all in the registry, thread.c). */
 static void views_sweep(dm__dispatch_t *tab) {
@@ -116,7 +116,7 @@ static void views_sweep(dm__dispatch_t *tab) {
     tab->views_sweep_at = tab->nviews * 2 > DM_VIEWS_MAX ? tab->nviews * 2 : DM_VIEWS_MAX;
 }
 
-/* Called with dm__runtime_mu held: the view of `tab` for the thread's context,
+/* Called with dm__mem_mu held: the view of `tab` for the thread's context,
  * built once per (table, context key) and kept with the table while a thread
  * is bound to it or there are fewer than views_sweep_at. */
 const dm_view_t *dm__dispatch_view(dm__dispatch_t *tab, const dm_ctx_t *c, const char *thread) {
@@ -172,12 +172,12 @@ dm__dispatch_t *dm__dispatch_publish(dm__dispatch_t *tab) {
 
 uint64_t dm_runtime_site_mask(const char *module, const char *function, uint64_t *gen) {
     uint64_t m = 0;
-    pthread_mutex_lock(&dm__runtime_mu); /* the table in force cannot be retired meanwhile */
+    pthread_mutex_lock(&dm__mem_mu); /* the table in force cannot be retired meanwhile */
     dm__dispatch_t *tab = atomic_load_explicit(&dm__dispatch_current, memory_order_relaxed);
     if (tab)
         m = dm_table_site_mask(tab->table, module, function);
     *gen = tab ? tab->seq : 0;
-    pthread_mutex_unlock(&dm__runtime_mu);
+    pthread_mutex_unlock(&dm__mem_mu);
     return m;
 }
 
@@ -191,7 +191,7 @@ bool dm_runtime_wants_dtype(void) { return atomic_load_explicit(&wants_dtype, me
 
 dm_policy_t *dm_runtime_policy_copy(void) {
     dm_policy_t *copy = NULL;
-    pthread_mutex_lock(&dm__runtime_mu);
+    pthread_mutex_lock(&dm__mem_mu);
     dm__dispatch_t *tab = atomic_load_explicit(&dm__dispatch_current, memory_order_relaxed);
     if (tab && (copy = malloc(sizeof(*copy)))) {
         *copy = *tab->policy;
@@ -201,6 +201,6 @@ dm_policy_t *dm_runtime_policy_copy(void) {
         else if (!copy->rules)
             free(copy), copy = NULL;
     }
-    pthread_mutex_unlock(&dm__runtime_mu);
+    pthread_mutex_unlock(&dm__mem_mu);
     return copy;
 }

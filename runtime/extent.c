@@ -3,7 +3,7 @@
  * the arenas; internal.h, dm__extent_hooks). They hand out memory from
  * address-space regions reserved for that arena alone (a bump pointer over
  * PROT_NONE reservations, committed on demand), mark each region's 1 GiB
- * segments in dm__arena_seg_owner (so free() finds the owner from the
+ * segments in dm__mem_seg_owner (so free() finds the owner from the
  * address), apply the arena's placement (NUMA policy, hugepage advice) to
  * whole extents as they are created, page-lock or register them (`lock`,
  * `pinned`), and purge, decommit and count growth (dm__arena_after_growth) as
@@ -21,7 +21,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "runtime/internal.h"
+#include "runtime/extent.h"
+#include "runtime/mem.h"
 #include "runtime/os.h"
 #include "runtime/spill.h"
 
@@ -51,7 +52,7 @@ static bool fault_fire(_Atomic int64_t *budget) {
 static size_t align_up(size_t x, size_t a) { return (x + a - 1) & ~(a - 1); }
 
 /* Once per process: why address space ran out, naming RLIMIT_AS when set. */
-static void log_reserve_failure(const dm__arena_t *a, size_t len) {
+static void log_reserve_failure(const dm__place_t *a, size_t len) {
     static _Atomic bool said;
     if (atomic_exchange_explicit(&said, true, memory_order_relaxed))
         return;
@@ -74,7 +75,7 @@ static bool region_grow(dm__arena_je_t *ja, size_t need) {
     size_t len = align_up(need > DM_SEG_SIZE ? need : DM_SEG_SIZE, DM_SEG_SIZE);
     char *base = dm__os_reserve(len, DM_SEG_SIZE);
     if (!base) {
-        log_reserve_failure(ja->owner, len);
+        log_reserve_failure(ja->place, len);
         return false;
     }
     if (ja->spill && !dm__spill_region_add(ja->spill, base, len)) { /* its stretch of file */
@@ -86,27 +87,27 @@ static bool region_grow(dm__arena_je_t *ja, size_t need) {
     if (last >= (1u << (DM_VA_BITS - DM_SEG_SHIFT)))
         return false; /* outside the map: leave it reserved but unused */
     for (uintptr_t s = first; s <= last; s++)
-        atomic_store_explicit(&dm__arena_seg_owner[s], (uint16_t)(ja->slot + 1),
+        atomic_store_explicit(&dm__mem_seg_owner[s], (uint16_t)(ja->slot + 1),
                               memory_order_release);
-    if (ja->cur) { /* remember the old region's committed part (stats) */
-        if (ja->nold < DM_JE_OLD_MAX) {
-            ja->old[ja->nold][0] = ja->base;
-            ja->old[ja->nold][1] = ja->cur;
+    if (ja->region.cur) { /* remember the old region's committed part (stats) */
+        if (ja->region.nold < DM_JE_OLD_MAX) {
+            ja->region.old[ja->region.nold][0] = ja->region.base;
+            ja->region.old[ja->region.nold][1] = ja->region.cur;
         }
-        ja->nold++;
-        char *unused = (char *)align_up((size_t)ja->cur, DM_SEG_SIZE);
-        if (unused < ja->end) {
+        ja->region.nold++;
+        char *unused = (char *)align_up((size_t)ja->region.cur, DM_SEG_SIZE);
+        if (unused < ja->region.end) {
             for (uintptr_t s = (uintptr_t)unused >> DM_SEG_SHIFT;
-                 s <= ((uintptr_t)ja->end - 1) >> DM_SEG_SHIFT; s++)
-                atomic_store_explicit(&dm__arena_seg_owner[s], 0, memory_order_release);
-            dm__os_release(unused, (size_t)(ja->end - unused));
-            ja->reserved -= (size_t)(ja->end - unused);
+                 s <= ((uintptr_t)ja->region.end - 1) >> DM_SEG_SHIFT; s++)
+                atomic_store_explicit(&dm__mem_seg_owner[s], 0, memory_order_release);
+            dm__os_release(unused, (size_t)(ja->region.end - unused));
+            ja->region.reserved -= (size_t)(ja->region.end - unused);
         }
     }
-    ja->base = base;
-    ja->cur = base;
-    ja->end = base + len;
-    ja->reserved += len;
+    ja->region.base = base;
+    ja->region.cur = base;
+    ja->region.end = base + len;
+    ja->region.reserved += len;
     return true;
 }
 
@@ -122,7 +123,7 @@ static void *meta_alloc(size_t size, size_t alignment) {
 }
 
 static void place(dm__arena_je_t *ja, void *p, size_t size) {
-    dm__arena_t *a = ja->owner;
+    dm__place_t *a = ja->place;
     int thp = atomic_load_explicit(&a->thp, memory_order_relaxed);
     int numa = atomic_load_explicit(&a->numa, memory_order_relaxed);
     uint64_t nodes = atomic_load_explicit(&a->numa_nodes, memory_order_relaxed);
@@ -161,7 +162,7 @@ static _Atomic int64_t fault_locks; /* tests: the next n locks fail (ENOMEM) */
 
 void dm_fault_lock(int64_t n) { atomic_store_explicit(&fault_locks, n, memory_order_relaxed); }
 
-static void pin_failed(dm__arena_t *a, const char *what, const char *why) {
+static void pin_failed(dm__place_t *a, const char *what, const char *why) {
     if (atomic_fetch_add_explicit(&a->placement_errors, 1, memory_order_relaxed) != 0)
         return;
     uint64_t lim = dm__os_memlock_limit();
@@ -174,7 +175,7 @@ static void pin_failed(dm__arena_t *a, const char *what, const char *why) {
 }
 
 static void pin_range(dm__arena_je_t *ja, void *p, size_t size, bool fresh) {
-    dm__arena_t *a = ja->owner;
+    dm__place_t *a = ja->place;
     if (atomic_load_explicit(&a->lock, memory_order_relaxed)) {
         int rc = fault_fire(&fault_locks) ? -ENOMEM : dm__os_lock(p, size);
         if (rc == 0) {
@@ -200,7 +201,7 @@ static bool unpin_range(dm__arena_je_t *ja, void *p, size_t len) {
     if (ja->ever_pinned)
         return false;
     if (ja->ever_locked && dm__os_unlock(p, len) == 0) {
-        dm__arena_t *a = ja->owner;
+        dm__place_t *a = ja->place;
         uint64_t cur = atomic_load_explicit(&a->locked_bytes, memory_order_relaxed);
         while (!atomic_compare_exchange_weak_explicit(&a->locked_bytes, &cur,
                                                       cur > len ? cur - len : 0,
@@ -219,11 +220,11 @@ static void *hook_alloc(extent_hooks_t *h, void *new_addr, size_t size,
     if (alignment < dm__os_page_size())
         alignment = dm__os_page_size();
     /* Hugepage-backed arenas align big extents to 2 MiB so THP can back them. */
-    if (atomic_load_explicit(&ja->owner->thp, memory_order_relaxed) == DM_THP_ON &&
+    if (atomic_load_explicit(&ja->place->thp, memory_order_relaxed) == DM_THP_ON &&
         size >= ((size_t)2 << 20) && alignment < ((size_t)2 << 20))
         alignment = (size_t)2 << 20;
 
-    if (DM_UNLIKELY(ja->creating) && !new_addr) {
+    if (DM_UNLIKELY(ja->region.creating) && !new_addr) {
         void *m = meta_alloc(size, alignment);
         if (m) {
             *zero = true;
@@ -231,16 +232,16 @@ static void *hook_alloc(extent_hooks_t *h, void *new_addr, size_t size,
         }
         return m;
     }
-    pthread_mutex_lock(&ja->mu);
+    pthread_mutex_lock(&ja->region.mu);
     char *p = NULL;
     if (new_addr) { /* in-place growth: only right after our last extent */
-        if ((char *)new_addr == ja->cur && (size_t)(ja->end - ja->cur) >= size)
+        if ((char *)new_addr == ja->region.cur && (size_t)(ja->region.end - ja->region.cur) >= size)
             p = new_addr;
     } else {
-        char *at = ja->cur ? (char *)align_up((size_t)ja->cur, alignment) : NULL;
-        if (!at || at > ja->end || (size_t)(ja->end - at) < size) {
+        char *at = ja->region.cur ? (char *)align_up((size_t)ja->region.cur, alignment) : NULL;
+        if (!at || at > ja->region.end || (size_t)(ja->region.end - at) < size) {
             if (region_grow(ja, size + alignment))
-                at = (char *)align_up((size_t)ja->cur, alignment);
+                at = (char *)align_up((size_t)ja->region.cur, alignment);
             else
                 at = NULL;
         }
@@ -250,15 +251,15 @@ static void *hook_alloc(extent_hooks_t *h, void *new_addr, size_t size,
         if ((ja->spill ? dm__spill_map(ja, p, size, *commit) : dm__os_commit(p, size)) != 0)
             p = NULL;
         else
-            ja->cur = p + size;
+            ja->region.cur = p + size;
     }
-    pthread_mutex_unlock(&ja->mu);
+    pthread_mutex_unlock(&ja->region.mu);
     if (!p)
         return NULL;
     if (!ja->spill) /* a file's pages take no placement (spill.c) */
         place(ja, p, size);
     *zero = true; /* never handed out before: fresh anonymous pages */
-    dm__arena_t *a = ja->owner;
+    dm__place_t *a = ja->place;
     if (!*commit && !atomic_load_explicit(&a->lock, memory_order_relaxed) &&
         atomic_load_explicit(&a->pinned, memory_order_relaxed) == DM_PIN_NONE) {
         /* jemalloc grows by more than it needs and keeps the rest as retained
@@ -270,7 +271,7 @@ static void *hook_alloc(extent_hooks_t *h, void *new_addr, size_t size,
         return p;
     }
     pin_range(ja, p, size, true);
-    atomic_fetch_add_explicit(&ja->grown, size, memory_order_relaxed);
+    atomic_fetch_add_explicit(&ja->region.grown, size, memory_order_relaxed);
     *commit = true;
     return p;
 }
@@ -295,7 +296,7 @@ static bool hook_commit(extent_hooks_t *h, void *addr, size_t size,
     dm__arena_je_t *ja = (dm__arena_je_t *)h;
     if (ja->spill && dm__spill_commit(ja, (char *)addr + offset, length) != 0)
         return true; /* no disk blocks: the allocation that needed them fails */
-    atomic_fetch_add_explicit(&ja->grown, length, memory_order_relaxed);
+    atomic_fetch_add_explicit(&ja->region.grown, length, memory_order_relaxed);
     pin_range(ja, (char *)addr + offset, length, false);
     return false;
 }

@@ -6,7 +6,7 @@
  * table is published with one release-store (dispatch.c). The observers hear
  * of it afterwards, outside the lock.
  *
- * Thread safety: installs serialise on dm__runtime_mu; the reload counts are
+ * Thread safety: installs serialise on dm__mem_mu; the reload counts are
  * guarded by it.
  */
 #include <stdarg.h>
@@ -21,17 +21,17 @@
 #include "runtime/spill.h"
 #include "runtime/tally.h"
 
-static uint64_t reloads, reload_failures; /* under dm__runtime_mu */
+static uint64_t reloads, reload_failures; /* under dm__mem_mu */
 static double last_reload_time;
-static bool last_reload_failed;           /* under dm__runtime_mu */
+static bool last_reload_failed;           /* under dm__mem_mu */
 /* DATAMEM_CUDART, handed down by the Python layer (the runtime never calls
  * getenv); "" = the usual names. Read at install. */
 static char cudart_path[256];
 
 void dm_runtime_set_cudart(const char *path) {
-    pthread_mutex_lock(&dm__runtime_mu);
+    pthread_mutex_lock(&dm__mem_mu);
     snprintf(cudart_path, sizeof(cudart_path), "%s", path ? path : "");
-    pthread_mutex_unlock(&dm__runtime_mu);
+    pthread_mutex_unlock(&dm__mem_mu);
 }
 
 static int install_fail(dm_diags_t *d, int rc, const char *what) {
@@ -107,7 +107,7 @@ static void arena_error(dm_diags_t *d, const dm_arena_spec_t *a, const char *key
     d->nerrors++;
 }
 
-/* Called with dm__runtime_mu held, before any arena is made: every backing
+/* Called with dm__mem_mu held, before any arena is made: every backing
  * directory passes the directory rule and takes a file, and an arena that
  * exists keeps the backing it was made with (its arrays live there). */
 static int check_backing(const dm_policy_t *p, dm_diags_t *d) {
@@ -146,7 +146,7 @@ static int check_backing(const dm_policy_t *p, dm_diags_t *d) {
     return rc;
 }
 
-/* Called with dm__runtime_mu held. Creates every jemalloc arena the policy needs before
+/* Called with dm__mem_mu held. Creates every jemalloc arena the policy needs before
  * anything visible changes, so a failure leaves the running policy untouched
  * (at worst an unused arena exists, as after any reload that drops one). */
 static int ensure_arenas(const dm_policy_t *p, dm__arena_t **out) {
@@ -179,7 +179,7 @@ static int worker_limit(const dm_policy_t *p, dm__tally_worker_t *w, dm_diags_t 
     return rc;
 }
 
-/* Called with dm__runtime_mu held, the arenas made: they take the policy's
+/* Called with dm__mem_mu held, the arenas made: they take the policy's
  * settings, and the table's slots name them. */
 static void fill_slots(dm__dispatch_t *tab, dm__arena_t **byspec, const dm__tally_worker_t *w) {
     const dm_policy_t *p = tab->policy;
@@ -199,7 +199,7 @@ static void fill_slots(dm__dispatch_t *tab, dm__arena_t **byspec, const dm__tall
     tab->tally = dm__tally_configure(p, w);
 }
 
-/* Called with dm__runtime_mu held: publishes tab and counts the reload;
+/* Called with dm__mem_mu held: publishes tab and counts the reload;
  * returns the install number, and the table replaced in *old. */
 static uint64_t publish(dm__dispatch_t *tab, dm__dispatch_t **old) {
     tab->seq = reloads + 1;
@@ -213,7 +213,7 @@ static uint64_t publish(dm__dispatch_t *tab, dm__dispatch_t **old) {
     return reloads;
 }
 
-/* Called with dm__runtime_mu held: whether the policy in force was loaded from
+/* Called with dm__mem_mu held: whether the policy in force was loaded from
  * `path` and, unless `hash` is 0, has that content hash (NULL: any policy may be
  * replaced). */
 static bool in_force_from(const char *path, uint64_t hash) {
@@ -237,22 +237,22 @@ static int install(dm_policy_t *p, dm_diags_t *d, const char *only_over, uint64_
         return rc;
     }
     dm__arena_t *byspec[DM_ARENAS_MAX];
-    pthread_mutex_lock(&dm__runtime_mu);
+    pthread_mutex_lock(&dm__mem_mu);
     if (!in_force_from(only_over, over_hash)) { /* checked before any arena is made */
-        pthread_mutex_unlock(&dm__runtime_mu);
+        pthread_mutex_unlock(&dm__mem_mu);
         dm__dispatch_destroy(tab);
         return DM_ESUPERSEDED;
     }
     rc = check_backing(p, d);
     if (rc) {
-        pthread_mutex_unlock(&dm__runtime_mu);
+        pthread_mutex_unlock(&dm__mem_mu);
         dm__dispatch_destroy(tab);
         return rc;
     }
     rc = ensure_arenas(p, byspec);
     if (rc) {
         bool full = dm__arena_count() >= DM_RT_ARENAS_MAX;
-        pthread_mutex_unlock(&dm__runtime_mu);
+        pthread_mutex_unlock(&dm__mem_mu);
         dm__dispatch_destroy(tab);
         /* Arenas live for the process (arrays outlive policies): their names
          * are a table that fills, and a policy naming one more is refused
@@ -267,10 +267,10 @@ static int install(dm_policy_t *p, dm_diags_t *d, const char *only_over, uint64_
     fill_slots(tab, byspec, &worker);
     dm__dispatch_t *old;
     uint64_t seq = publish(tab, &old);
-    /* Observers read the policy outside dm__runtime_mu: our reference keeps it alive
+    /* Observers read the policy outside dm__mem_mu: our reference keeps it alive
      * even if another install retires the table meanwhile. */
     atomic_fetch_add_explicit(&tab->refs, 1, memory_order_relaxed);
-    pthread_mutex_unlock(&dm__runtime_mu);
+    pthread_mutex_unlock(&dm__mem_mu);
     if (old)
         dm__dispatch_release(old);
     dm__runtime_notify_install(tab->policy, seq);
@@ -300,10 +300,10 @@ int dm_runtime_reload(const char *path, uint64_t over_hash, dm_diags_t *d) {
 }
 
 void dm_runtime_note_reload_failure(void) {
-    pthread_mutex_lock(&dm__runtime_mu);
+    pthread_mutex_lock(&dm__mem_mu);
     reload_failures++;
     last_reload_failed = true;
-    pthread_mutex_unlock(&dm__runtime_mu);
+    pthread_mutex_unlock(&dm__mem_mu);
 }
 
 void dm__install_stats(dm_stats_t *out) {

@@ -6,9 +6,8 @@
  *   dm__arena_t     a policy arena (arena.c), found by name; lives for the
  *                   process (arrays outlive policies). Behind it one jemalloc
  *                   arena, or one per NUMA node with per_node.
- *   dm__arena_je_t  one jemalloc arena with our extent hooks (extent.c); `slot`
- *                   is its small integer id, also stored in the segment map so
- *                   that free() finds the owner from the address with one load.
+ *   dm__arena_je_t  one jemalloc arena with our extent hooks: the memory
+ *                   floor's (mem.h), below this header, which it cannot see.
  *   dm__dispatch_t  a published dispatch table (dispatch.c: compiled policy +
  *                   slots), reference counted: the global pointer holds one
  *                   reference, each thread bound to it holds one. Freed when
@@ -34,31 +33,14 @@
 #include "jemalloc/jemalloc.h"
 #include "policy/policy.h"
 #include "runtime/datamem.h"
+#include "runtime/mem.h"
 #include "runtime/sizeclass.h"
 
-#define DM_LIKELY(x) __builtin_expect(!!(x), 1)
-#define DM_UNLIKELY(x) __builtin_expect(!!(x), 0)
-#define DM_CACHELINE 64
-
 #define DM_RT_ARENAS_MAX DM_STATS_ARENAS_MAX /* policy arenas ever seen */
-#define DM_JE_MAX 1024                       /* jemalloc arenas we create */
-#define DM_SEG_SHIFT 30                      /* 1 GiB address-space segments */
-#define DM_SEG_SIZE ((size_t)1 << DM_SEG_SHIFT)
-#define DM_VA_BITS 47
 #define DM_CTX_MAX 4096                      /* context ids (tally.c); contexts themselves
                                                 are recycled (context.c) */
 #define DM_VIEWS_MAX 256                     /* views cached per table before unused ones
                                                 are freed (dispatch.c) */
-#define DM_JE_OLD_MAX 8                      /* earlier regions kept per je arena */
-#define DM_REUSE_MAX 8                       /* freed big blocks kept per je arena */
-
-/* Counters one thread writes and any thread reads: relaxed atomics compile to
- * plain adds on x86-64 (no lock prefix), and keep TSan honest. */
-typedef _Atomic uint64_t dm__ctr_t;
-#define DM_CTR_ADD(c, n)                                                       \
-    atomic_store_explicit(&(c), atomic_load_explicit(&(c), memory_order_relaxed) + (n), \
-                          memory_order_relaxed)
-#define DM_CTR_GET(c) atomic_load_explicit(&(c), memory_order_relaxed)
 
 /* jemalloc is not instrumented, so ThreadSanitizer cannot see that a block freed
  * on one thread and handed out again on another was passed through jemalloc's
@@ -80,73 +62,18 @@ typedef struct dm__ctrs {
     dm__ctr_t nalloc, nfree, nrealloc, nfail, nfallback, ndtype_known, bytes, nlimit;
 } dm__ctrs_t;
 
-typedef struct dm__arena_je {
-    extent_hooks_t hooks;    /* first: jemalloc hands &hooks back to us */
-    unsigned index;          /* jemalloc's arena index */
-    uint16_t slot;           /* our id; segment map holds slot + 1 */
-    int node;                /* per_node arenas: their node; else -1 */
-    struct dm__arena *owner;
-    /* The big half (arena.c, "Big halves"): the jemalloc arena serving this
-     * one's blocks of DM_BIG_THP_MIN bytes and more; NULL when there is none
-     * (then this one serves them). Set once, under dm__runtime_mu. */
-    struct dm__arena_je *_Atomic big;
-    bool is_big;             /* this is some arena's big half */
-    /* A file-backed arena's file and regions (spill.h); NULL for RAM. Set
-     * before the arena is created, never changed. */
-    struct dm__spill *spill;
-    pthread_mutex_t mu;      /* guards the bump region below */
-    char *cur, *end;         /* committed-on-demand bump region */
-    size_t reserved;         /* bytes of address space reserved */
-    /* Committed parts of the regions, for hugepage accounting (stats scan only
-     * these, not the PROT_NONE reservations: ~14 us per GiB otherwise). */
-    char *base;              /* start of the current region */
-    int nold;                /* earlier regions; beyond DM_JE_OLD_MAX not kept */
-    char *old[DM_JE_OLD_MAX][2];
-    /* Bytes of memory the arena has started to use (fresh extents, retained
-     * ranges committed again) since dm__arena_after_growth last looked. */
-    _Atomic uint64_t grown;
-    /* Kept big blocks handed out again (bigblock.c), which jemalloc does not
-     * count; and, under dm__runtime_mu, the allocations counted at the last growth
-     * check (dm__arena_after_growth: an arena with none since is idle). */
-    _Atomic uint64_t reused;
-    uint64_t ops_seen;
-    size_t purge_mib[3];         /* "arena.<index>.purge" */
-    bool creating;               /* inside arenas.create (under dm__runtime_mu) */
-    /* Some extent was mlock'ed / registered with the GPU runtime: purges
-     * unlock first / are declined (arena.c). Only ever set to true. */
-    _Atomic bool ever_locked, ever_pinned;
-    /* Its owner counts live bytes (a copy of dm__arena_t.tracked, so that a
-     * free, which has `ja` in hand, tests it with one load). */
-    _Atomic bool tracked;
-    /* Freed blocks of 4 MiB or more kept for the next allocation of their
-     * size class (bigblock.c, "Reuse"), oldest first. Under reuse_mu, which
-     * is never held across a jemalloc call. */
-    pthread_mutex_t reuse_mu;
-    int nreuse;
-    struct {
-        void *p;
-        size_t usable;
-        size_t touched;      /* its last user's end: the pages past it are not resident */
-        size_t colour;       /* its last user's offset in it, the next user's too (bigblock.c) */
-        int64_t at_ms;
-    } reuse[DM_REUSE_MAX];
-    _Atomic size_t reuse_bytes;
-} dm__arena_je_t;
-
 typedef struct dm__arena {
     char name[DM_NAME_MAX];
     int id;
-    /* Placement for new extents; hooks read these, reload rewrites them. */
-    _Atomic int thp, numa;
-    _Atomic uint64_t numa_nodes;
+    /* What the memory floor reads (mem.h): placement for new extents, which
+     * reload rewrites, and what the extent hooks count back. */
+    dm__place_t place;
     _Atomic size_t alignment;
     _Atomic bool per_node, in_policy;
     _Atomic size_t dirty_budget; /* decay.budget; SIZE_MAX = never */
-    _Atomic int64_t reuse_ms;    /* decay.dirty: how long a kept big block waits; -1 = no limit */
-    /* Written under dm__runtime_mu, read by the per_node fast path without it. */
+    /* Written under dm__mem_mu, read by the per_node fast path without it. */
     dm__arena_je_t *_Atomic single; /* the arena when not per_node */
     dm__arena_je_t *_Atomic by_node[DM_NODES_MAX];
-    dm__ctr_t placement_errors;
     dm__ctr_t growth_purges;     /* purges by decay.budget */
     /* `limit` (reloadable; SIZE_MAX = none). An arena counts its live bytes
      * (usable sizes, one atomic add per allocation and free) from the first
@@ -155,11 +82,6 @@ typedef struct dm__arena {
     _Atomic size_t limit;
     _Atomic bool tracked;
     _Atomic uint64_t live;
-    /* lock / pinned: settings for new extents, and bytes currently locked or
-     * registered (extent hooks). */
-    _Atomic bool lock;
-    _Atomic int pinned;          /* dm_pin_t */
-    _Atomic uint64_t locked_bytes, pinned_bytes;
     dm__ctrs_t dead;             /* counters of threads that exited */
 } dm__arena_t;
 
@@ -199,7 +121,7 @@ typedef struct dm__dispatch {
     dm__dispatch_view_t *views;  /* guarded by the runtime mutex */
     int nviews, views_sweep_at;  /* how many; when unused ones are freed */
     dm__ctrs_t *rule_ctrs;       /* per slot, folded from threads that moved on
-                                    (nfree unused); guarded by dm__runtime_mu */
+                                    (nfree unused); guarded by dm__mem_mu */
     bool tally;                  /* bytes are counted per tag (tally.c): the
                                     block cache's counted path or alloc_tallied */
     /* By policy arena index: the slots that serve what a tag's or the worker's
@@ -271,14 +193,14 @@ typedef struct dm__thread {
 } dm__thread_t;
 
 struct dm_ctx {
-    struct dm_ctx *next;         /* hash chain of interned contexts (dm__runtime_mu) */
+    struct dm_ctx *next;         /* hash chain of interned contexts (dm__mem_mu) */
     uint64_t hash;               /* of its tags (dm__context_hash) */
     _Atomic uint64_t refs;       /* holders, bound threads and live counted blocks */
     bool interned;               /* false: root, stale and tally's "(other)": static */
     int ntags;
     char **tags;                 /* sorted, unique */
     _Atomic bool retired;        /* lookups no longer find it: a counted one replaces it
-                                    (context.c: set under dm__runtime_mu, read by
+                                    (context.c: set under dm__mem_mu, read by
                                     dm_ctx_retired); it lives until its last holder
                                     lets go */
     uint16_t id;                 /* tally.c: its id, in the shadow as id + 1 */
@@ -287,7 +209,7 @@ struct dm_ctx {
     uint64_t uncounted;          /* tally.c: bit i, tags[i] counts under "(other)" (its
                                     own row or an id was not free when it was made) */
     struct dm_ctx *onext, *oprev; /* tally.c: the contexts with `uncounted` bits
-                                    (dm__runtime_mu) */
+                                    (dm__mem_mu) */
 };
 
 /* Cross-file internals are hidden (as -fvisibility=hidden makes their
@@ -319,62 +241,31 @@ bool dm__arena_give_back_idle(void);
  * busy (arena.c; the worker limit's figure of memory beside the arrays). */
 uint64_t dm__arena_idle_bytes(void);
 static inline void dm__arena_check_growth(dm__arena_je_t *ja) {
-    if (DM_UNLIKELY(atomic_load_explicit(&ja->grown, memory_order_relaxed) != 0))
+    if (DM_UNLIKELY(atomic_load_explicit(&ja->region.grown, memory_order_relaxed) != 0))
         dm__arena_after_growth(ja);
 }
 void dm__arena_tcache_destroy(unsigned tc);
-/* fork: 0 before it takes every jemalloc arena's bump lock (dm__runtime_mu held), 1
+/* fork: 0 before it takes every jemalloc arena's bump lock (dm__mem_mu held), 1
  * after it, in parent and child, releases them. */
 void dm__arena_fork(int phase);
 
-extern dm__arena_je_t *dm__arena_by_slot[DM_JE_MAX];
-extern _Atomic uint16_t dm__arena_seg_owner[1u << (DM_VA_BITS - DM_SEG_SHIFT)];
 
-static inline dm__arena_je_t *dm__arena_owner_of(const void *p) {
-    uintptr_t seg = (uintptr_t)p >> DM_SEG_SHIFT;
-    if (DM_UNLIKELY(seg >= (1u << (DM_VA_BITS - DM_SEG_SHIFT))))
-        return NULL;
-    uint16_t s = atomic_load_explicit(&dm__arena_seg_owner[seg], memory_order_relaxed);
-    return s ? dm__arena_by_slot[s - 1] : NULL;
-}
-
-/* A big half's blocks each start on a 2 MiB frame and are handed out at a
- * colour below DM_BIG_FRAME (bigblock.c, "Colour"): the jemalloc block under
- * the user pointer p of arena ja (its owner), p itself elsewhere. */
-#define DM_BIG_FRAME ((uintptr_t)2 << 20)
-static inline void *dm__block_of(const dm__arena_je_t *ja, const void *p) {
-    return (void *)(ja && ja->is_big ? (uintptr_t)p & ~(DM_BIG_FRAME - 1) : (uintptr_t)p);
-}
-
-/* jemalloc's usable size of the block under user pointer p, counted from the
- * block's start (a colour included). */
-static inline size_t dm__block_usable(const void *p) {
-    return dmje_sallocx(dm__block_of(dm__arena_owner_of(p), p), 0);
-}
-
-/* extent.c: the extent hooks every jemalloc arena of ours is created with. */
-extern const extent_hooks_t dm__extent_hooks;
-
-/* runtime.c: the engine's lock (arenas, tables, the thread registry, stats)
- * and the services' seam. */
-extern pthread_mutex_t dm__runtime_mu;
-/* After a successful install, outside dm__runtime_mu: the observers see it,
- * in install order (an install older than the last one delivered is dropped). */
+/* runtime.c: after a successful install, outside dm__mem_mu: the observers
+ * see it, in install order (an install older than the last one delivered is
+ * dropped). */
 void dm__runtime_notify_install(const dm_policy_t *p, uint64_t seq);
-/* At most one line a second per `last_s`: whether this one may go out. */
-bool dm__runtime_log_due(_Atomic int64_t *last_s);
 
 /* context.c: the root context (what NULL means) and one never handed out,
  * which forces the next allocation to bind. */
 extern struct dm_ctx dm__context_root, dm__context_stale;
-/* Under dm__runtime_mu: the root context's tally ids (tally.c), once. */
+/* Under dm__mem_mu: the root context's tally ids (tally.c), once. */
 void dm__context_root_tally_init(void);
-int dm__context_count(void); /* under dm__runtime_mu */
+int dm__context_count(void); /* under dm__mem_mu */
 /* FNV-1a over `n` strings, each with its NUL: a context's key, a tag row's. */
 uint64_t dm__context_hash(const char *const *s, int n);
 /* A reference on a context its caller already holds one on (or is bound to);
  * giving one back never frees (context.c: freed by a sweep under
- * dm__runtime_mu). Static contexts are not counted. */
+ * dm__mem_mu). Static contexts are not counted. */
 static inline void dm__context_hold(const struct dm_ctx *c) {
     if (c && c->interned)
         atomic_fetch_add_explicit(&((struct dm_ctx *)c)->refs, 1, memory_order_relaxed);
@@ -400,22 +291,22 @@ dm__dispatch_t *dm__dispatch_new(dm_table_t *tt, dm_policy_t *p, int nslots);
 void dm__dispatch_destroy(dm__dispatch_t *t);
 void dm__dispatch_release(dm__dispatch_t *t);
 void dm__dispatch_slot_init(dm__dispatch_slot_t *s, dm__arena_t *a, const dm_arena_spec_t *spec);
-/* Under dm__runtime_mu: publishes `tab` (its site masks too); returns the
+/* Under dm__mem_mu: publishes `tab` (its site masks too); returns the
  * table it replaces, whose reference passes to the caller. */
 dm__dispatch_t *dm__dispatch_publish(dm__dispatch_t *tab);
-/* Under dm__runtime_mu: the view of `tab` for a context and thread name. */
+/* Under dm__mem_mu: the view of `tab` for a context and thread name. */
 const dm_view_t *dm__dispatch_view(dm__dispatch_t *tab, const dm_ctx_t *c, const char *thread);
 int dm__dispatch_live(void); /* tables published or still referenced */
 
 /* thread.c: the calling thread's state, the registry of live threads (under
- * dm__runtime_mu) and binding a thread to the table in force. */
+ * dm__mem_mu) and binding a thread to the table in force. */
 extern __thread dm__thread_t dm__thread_self;
 extern dm__thread_t *dm__thread_registry;
 extern int dm__thread_n;
 void dm__thread_init(void); /* once, at dm_runtime_init */
-void dm__thread_register(dm__thread_t *t); /* under dm__runtime_mu */
+void dm__thread_register(dm__thread_t *t); /* under dm__mem_mu */
 bool dm__thread_bind(dm__thread_t *t, const dm_ctx_t *key);
-/* fork, in the child: dm__thread_fork_unlink (under dm__runtime_mu) takes every
+/* fork, in the child: dm__thread_fork_unlink (under dm__mem_mu) takes every
  * thread but the caller out of the registry; dm__thread_fork_release (no lock
  * held) frees what they held. */
 dm__thread_t *dm__thread_fork_unlink(void);
@@ -427,12 +318,9 @@ uint64_t dm__alloc_foreign_frees(void);
  * arena's limit (a refusal sets t->limit_refused). */
 void *dm__alloc_slot(dm__thread_t *t, const dm__dispatch_slot_t *s, size_t size, int zero);
 
-/* install.c (under dm__runtime_mu): the reload counts, into a snapshot. */
+/* install.c (under dm__mem_mu): the reload counts, into a snapshot. */
 void dm__install_stats(dm_stats_t *out);
 
 #pragma GCC visibility pop
-
-/* The engine logs through the same function it offers the services. */
-#define dm__log dm_log
 
 #endif /* DM_RUNTIME_INTERNAL_H */

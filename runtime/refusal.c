@@ -42,7 +42,7 @@ static void fmt_bytes(char *buf, size_t cap, uint64_t v) {
 static void log_refusal(const dm_failure_t *f) {
     static _Atomic int64_t last_s;
     static _Atomic uint64_t quiet;
-    if (!dm__runtime_log_due(&last_s)) {
+    if (!dm__mem_log_due(&last_s)) {
         atomic_fetch_add_explicit(&quiet, 1, memory_order_relaxed);
         return;
     }

@@ -1,6 +1,6 @@
 /*
- * runtime.c: the engine's lifecycle: its lock, initialisation, fork handling,
- * logging, jemalloc's options, and the observers through which the services
+ * runtime.c: the engine's lifecycle, its top floor: initialisation, fork
+ * handling, jemalloc's options, and the observers through which the services
  * hear of installs and forks.
  *
  * The engine's files, one concern each (internal.h has the objects):
@@ -13,21 +13,18 @@
  *   install.c   compiling and publishing a policy
  *   stats.c     dm_stats_snapshot
  *   arena.c     policy arenas and the jemalloc arenas behind them
- *   extent.c    those arenas' extent hooks (placement, lock, pinned)
- *   bigblock.c  blocks of 4 MiB and more
  *   tally.c     bytes per tag and the worker limit; beside.c what counts beside them
- *   spill.c     file-backed arenas: their file, regions, fork copies
- *   os.c        the kernel, and cgroup.c its cgroup files: the floor below
- *               (//runtime:os), which cannot include the engine's headers
+ * and below them, floors the build keeps apart (docs/design.md, the picture):
+ *   mem.c       the memory floor (//runtime:mem, mem.h): the engine lock and the
+ *               lock order, the log, the segment map; with extent.c (the extent
+ *               hooks), bigblock.c (blocks of 4 MiB and more) and spill.c
+ *               (file-backed arenas)
+ *   os.c        the kernel, and cgroup.c its cgroup files (//runtime:os)
  *
- * Thread safety: dm__runtime_mu guards the engine's shared state (arenas,
+ * Thread safety: dm__mem_mu guards the engine's shared state (arenas,
  * publication, the thread registry, stats); it is never taken on the fast
  * path. Init runs once (pthread_once); observers are registered at start-up.
  */
-#include <stdarg.h>
-#include <stdio.h>
-#include <time.h>
-
 #include "runtime/bcache.h"
 #include "runtime/bigblock.h"
 #include "runtime/internal.h"
@@ -52,29 +49,7 @@ DM_API const char *dmje_malloc_conf =
     "tcache_max:1048576,tcache_nslots_large:4,tcache_gc_incr_bytes:1073741824,"
     "oversize_threshold:0";
 
-pthread_mutex_t dm__runtime_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
-
-/* ---- logging (never on the fast path) ---------------------------------- */
-
-void dm_log(const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
-    va_end(ap);
-    fputc('\n', stderr);
-}
-
-/* Whether a rate-limited message (at most one a second, `last_s` its own
- * clock) may be logged now: failure paths only. */
-bool dm__runtime_log_due(_Atomic int64_t *last_s) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
-    int64_t prev = atomic_load_explicit(last_s, memory_order_relaxed);
-    return !(prev && ts.tv_sec - prev < 1) &&
-           atomic_compare_exchange_strong_explicit(last_s, &prev, (int64_t)ts.tv_sec,
-                                                   memory_order_relaxed, memory_order_relaxed);
-}
 
 /* ---- observers: the services' seam (datamem.h) -----------------------------
  * Registered once at start-up (a constructor in service/), never removed: a
@@ -104,7 +79,7 @@ int dm_runtime_observe(dm_install_hook_t on_install, dm_fork_hook_t on_fork_chil
 }
 
 
-/* Installs notify after they publish, outside dm__runtime_mu, so two racing
+/* Installs notify after they publish, outside dm__mem_mu, so two racing
  * installs can reach here out of order: notify_mu delivers them one at a time
  * and drops one older than the last delivered, so an observer never follows a
  * policy that a later install has replaced. Observers must not install. */
@@ -132,9 +107,9 @@ void dm_runtime_after_fork_child(void) {
 
 /* ---- init, fork ------------------------------------------------------------
  * fork() copies only the calling thread, so before it the forking thread takes
- * every lock another thread could hold, in the order the other paths take
- * them:
- *   1. dm__runtime_mu: its holders call into jemalloc (stats, arenas, caches);
+ * every lock another thread could hold, in the engine's lock order (mem.h),
+ * which every other path keeps too:
+ *   1. dm__mem_mu: its holders call into jemalloc (stats, arenas, caches);
  *   2. jemalloc's own locks, by its prefork handler;
  *   3. each arena's bump lock and reuse lock: jemalloc calls the extent hook,
  *      which takes the bump lock, while it holds the arena's grow lock.
@@ -176,14 +151,14 @@ __attribute__((constructor(101))) static void register_inner_fork_handlers(void)
     pthread_atfork(inner_prepare, inner_parent, inner_child);
 }
 
-static void outer_prepare(void) { pthread_mutex_lock(&dm__runtime_mu); }
+static void outer_prepare(void) { pthread_mutex_lock(&dm__mem_mu); }
 
-static void outer_parent(void) { pthread_mutex_unlock(&dm__runtime_mu); }
+static void outer_parent(void) { pthread_mutex_unlock(&dm__mem_mu); }
 
 static void outer_child(void) {
     pthread_mutex_init(&notify_mu, NULL); /* a notifying thread did not survive */
     dm__thread_t *gone = dm__thread_fork_unlink();
-    pthread_mutex_unlock(&dm__runtime_mu);
+    pthread_mutex_unlock(&dm__mem_mu);
     dm__thread_fork_release(gone);
 }
 
@@ -196,9 +171,9 @@ static void init_once_fn(void) {
     size_t sz = sizeof(narenas);
     dmje_mallctl("arenas.narenas", &narenas, &sz, NULL, 0);
     pthread_atfork(outer_prepare, outer_parent, outer_child);
-    pthread_mutex_lock(&dm__runtime_mu);
+    pthread_mutex_lock(&dm__mem_mu);
     dm__context_root_tally_init();
-    pthread_mutex_unlock(&dm__runtime_mu);
+    pthread_mutex_unlock(&dm__mem_mu);
 }
 
 int dm_runtime_init(void) {

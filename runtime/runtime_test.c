@@ -407,7 +407,7 @@ static void test_reload_yields_to_another_install(void) {
     load_ok(POLICY);
 }
 
-/* Installs notify outside dm__runtime_mu, so two racing installs can reach the
+/* Installs notify outside dm__mem_mu, so two racing installs can reach the
  * seam out of order: the observers must see them in install order, and not an
  * older one after a newer (a file watcher then followed a replaced policy). */
 static uint64_t observed_seq;

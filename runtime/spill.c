@@ -41,7 +41,7 @@
 static size_t page_size(void) { return dm__os_page_size(); }
 
 static _Atomic bool pager_on; /* the spill thread runs (see "The spill thread") */
-/* Every spill arena's state, for the pager: appended under dm__runtime_mu,
+/* Every spill arena's state, for the pager: appended under dm__mem_mu,
  * published by the release-increment of the count. */
 static dm__spill_t *all[DM_JE_MAX];
 static _Atomic int nall;
@@ -245,21 +245,21 @@ static size_t bits_clear_in(_Atomic uint64_t *bits, size_t first, size_t count) 
 /* At most one line a second, from the failure path only. */
 static void full_log(const dm__arena_je_t *ja, size_t n, int err) {
     static _Atomic int64_t last_s;
-    if (!dm__runtime_log_due(&last_s))
+    if (!dm__mem_log_due(&last_s))
         return;
     const dm__spill_t *s = ja->spill;
     if (err == -EDQUOT || err == -ENOSPC) {
         dm__log("datamem: arena '%s': cannot reserve %zu KiB of disk in %s: %s; the allocation "
-                "fails (MemoryError) unless `fallback` serves it", ja->owner->name, n >> 10,
+                "fails (MemoryError) unless `fallback` serves it", ja->place->name, n >> 10,
                 s->dir, strerror(-err));
     } else if (err == -EFBIG) {
         dm__log("datamem: arena '%s': its file in %s is at backing.max (%llu MiB): a request "
                 "for %zu KiB more fails (MemoryError) unless `fallback` serves it",
-                ja->owner->name, s->dir,
+                ja->place->name, s->dir,
                 (unsigned long long)(atomic_load_explicit(&s->max, memory_order_relaxed) >> 20),
                 n >> 10);
     } else {
-        dm__log("datamem: arena '%s': cannot map its file in %s: %s", ja->owner->name, s->dir,
+        dm__log("datamem: arena '%s': cannot map its file in %s: %s", ja->place->name, s->dir,
                 strerror(-err));
     }
 }
@@ -535,8 +535,8 @@ static void child_remap(dm__spill_t *s, const char *name) {
 }
 
 void dm__spill_fork(int phase) {
-    for (int i = 0; i < DM_JE_MAX && dm__arena_by_slot[i]; i++) {
-        dm__arena_je_t *ja = dm__arena_by_slot[i];
+    for (int i = 0; i < DM_JE_MAX && dm__mem_by_slot[i]; i++) {
+        dm__arena_je_t *ja = dm__mem_by_slot[i];
         dm__spill_t *s = ja->spill;
         if (!s)
             continue;
@@ -550,7 +550,7 @@ void dm__spill_fork(int phase) {
                 close(s->fork_fd);
             s->fork_fd = -1;
         } else {
-            child_remap(s, ja->owner->name);
+            child_remap(s, ja->place->name);
             pthread_mutex_init(&s->pass_mu, NULL); /* the spill thread may have held them */
             pthread_mutex_init(&s->reserve_mu, NULL);
         }

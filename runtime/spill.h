@@ -13,9 +13,9 @@
  * write fault's page-cache folio, up to 2 MiB and aligned, lies inside one
  * chunk); decommit punches each chunk none of whose pages is still committed.
  *
- * Thread safety: regions are added under the je arena's bump mutex (ja->mu) and
+ * Thread safety: regions are added under the je arena's bump mutex (ja->region.mu) and
  * published with a release-store of their count; a region never changes after
- * that but for `mapped` (under ja->mu). The page bits are atomics (jemalloc
+ * that but for `mapped` (under ja->region.mu). The page bits are atomics (jemalloc
  * never commits or decommits one page from two threads at once; neighbouring
  * extents share words). The counters are atomics. A reservation allocates
  * its chunks and sets their bits, and a decommit clears its pages' bits and
@@ -33,7 +33,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "runtime/internal.h"
+#include "runtime/mem.h"
 
 #define DM_SPILL_REGIONS_MAX 4096 /* address-space regions of one spill arena */
 /* The unit of disk reservation (the largest page-cache folio a write fault
@@ -45,7 +45,7 @@
 typedef struct dm__spill_region {
     char *base;                 /* its first address */
     size_t len;                 /* bytes of address space (and of file) it spans */
-    _Atomic size_t mapped;      /* bytes from base mapped from the file (written under ja->mu) */
+    _Atomic size_t mapped;      /* bytes from base mapped from the file (written under ja->region.mu) */
     uint64_t off;               /* file offset of base */
     _Atomic uint64_t *bits;     /* a bit per page: committed */
     _Atomic uint64_t *stale;    /* a bit per page: decommitted, not zeroed (its chunk kept) */
@@ -57,7 +57,7 @@ typedef struct dm__spill_region {
 typedef struct dm__spill {
     int dirfd, fd;
     dm__arena_je_t *ja;         /* the jemalloc arena it backs (dm__spill_attach) */
-    uint64_t file_end;          /* where the next region's stretch starts (ja->mu) */
+    uint64_t file_end;          /* where the next region's stretch starts (ja->region.mu) */
     _Atomic int nregions;
     dm__spill_region_t regions[DM_SPILL_REGIONS_MAX];
     _Atomic uint64_t committed; /* bytes of held chunks (counted against max) */
@@ -77,13 +77,13 @@ typedef struct dm__spill {
 
 #pragma GCC visibility push(hidden)
 
-/* Under dm__runtime_mu: checks `dir` with the directory rule and makes the
+/* Under dm__mem_mu: checks `dir` with the directory rule and makes the
  * arena's file. NULL with the reason in `why`. */
 dm__spill_t *dm__spill_open(const char *dir, uint64_t max, char *why, size_t cap);
-/* Under dm__runtime_mu, once jemalloc made the arena `ja` that s backs: the
+/* Under dm__mem_mu, once jemalloc made the arena `ja` that s backs: the
  * spill thread (spill.c, "The spill thread") starts driving its decay. */
 void dm__spill_attach(dm__spill_t *s, dm__arena_je_t *ja);
-/* Under dm__runtime_mu: whether `dir` passes the rule and takes an O_TMPFILE
+/* Under dm__mem_mu: whether `dir` passes the rule and takes an O_TMPFILE
  * (install checks every backed arena before anything changes). 0 or an error
  * code with the reason in `why`, and in `fix` what makes a directory that is not
  * there ("make it with: mkdir -m 700 -p DIR", DIR one shell word), "" if that

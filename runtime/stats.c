@@ -5,7 +5,7 @@
  * in force its counters; the block cache's bytes; reloads, threads, contexts,
  * tags (tally.c).
  *
- * Thread safety: the snapshot is taken under dm__runtime_mu (threads cannot
+ * Thread safety: the snapshot is taken under dm__mem_mu (threads cannot
  * join, leave or rebind meanwhile); per-thread counters are read relaxed while
  * their threads keep counting.
  */
@@ -38,10 +38,10 @@ int dm_stats_snapshot(dm_stats_t *out) {
     out->snapshot_time = (double)now.tv_sec + (double)now.tv_nsec / 1e9;
     uint64_t epoch = 1;
     size_t esz = sizeof(epoch);
-    pthread_mutex_lock(&dm__runtime_mu);
+    pthread_mutex_lock(&dm__mem_mu);
     /* Kept big blocks that waited out their arena's decay.dirty go back now:
      * with an exporter running this is their clock when the job is idle.
-     * (dm__runtime_mu, then an arena's reuse_mu: the order fork's handlers take.) */
+     * (dm__mem_mu, then an arena's reuse_mu: the order fork's handlers take.) */
     dm__bigblock_expire_all();
     dmje_mallctl("epoch", &epoch, &esz, &epoch, esz);
     out->narenas = dm__arena_count();
@@ -51,20 +51,20 @@ int dm_stats_snapshot(dm_stats_t *out) {
         snprintf(o->name, sizeof(o->name), "%s", a->name);
         o->in_policy = atomic_load_explicit(&a->in_policy, memory_order_relaxed);
         o->alignment = atomic_load_explicit(&a->alignment, memory_order_relaxed);
-        o->hugepages = atomic_load_explicit(&a->thp, memory_order_relaxed);
-        o->numa = atomic_load_explicit(&a->numa, memory_order_relaxed);
-        o->numa_nodes = atomic_load_explicit(&a->numa_nodes, memory_order_relaxed);
+        o->hugepages = atomic_load_explicit(&a->place.thp, memory_order_relaxed);
+        o->numa = atomic_load_explicit(&a->place.numa, memory_order_relaxed);
+        o->numa_nodes = atomic_load_explicit(&a->place.numa_nodes, memory_order_relaxed);
         o->per_node = atomic_load_explicit(&a->per_node, memory_order_relaxed);
-        o->nplacement_errors = DM_CTR_GET(a->placement_errors);
+        o->nplacement_errors = DM_CTR_GET(a->place.placement_errors);
         o->ngrowth_purges = DM_CTR_GET(a->growth_purges);
         size_t limit = atomic_load_explicit(&a->limit, memory_order_relaxed);
         o->limit = limit == SIZE_MAX ? UINT64_MAX : (uint64_t)limit;
         o->tracked = atomic_load_explicit(&a->tracked, memory_order_acquire);
         o->live = o->tracked ? atomic_load_explicit(&a->live, memory_order_relaxed) : 0;
-        o->lock = atomic_load_explicit(&a->lock, memory_order_relaxed);
-        o->pinned = atomic_load_explicit(&a->pinned, memory_order_relaxed);
-        o->locked_bytes = atomic_load_explicit(&a->locked_bytes, memory_order_relaxed);
-        o->pinned_bytes = atomic_load_explicit(&a->pinned_bytes, memory_order_relaxed);
+        o->lock = atomic_load_explicit(&a->place.lock, memory_order_relaxed);
+        o->pinned = atomic_load_explicit(&a->place.pinned, memory_order_relaxed);
+        o->locked_bytes = atomic_load_explicit(&a->place.locked_bytes, memory_order_relaxed);
+        o->pinned_bytes = atomic_load_explicit(&a->place.pinned_bytes, memory_order_relaxed);
         counts_add(&o->counts, &a->dead);
         for (dm__thread_t *t = dm__thread_registry; t; t = t->next)
             counts_add(&o->counts, &t->ctrs[i]);
@@ -99,7 +99,7 @@ int dm_stats_snapshot(dm_stats_t *out) {
     out->ncontexts = dm__context_count();
     int trc = dm__tally_snapshot(out);
     out->tables_live = dm__dispatch_live();
-    pthread_mutex_unlock(&dm__runtime_mu);
+    pthread_mutex_unlock(&dm__mem_mu);
     out->foreign_frees = dm__alloc_foreign_frees();
     if (trc) {
         dm_stats_release(out);

@@ -38,11 +38,11 @@ static void test_views_and_contexts_bounded(void) {
         }
         dm_free(p);
         dm_ctx_release(c);
-        pthread_mutex_lock(&dm__runtime_mu);
+        pthread_mutex_lock(&dm__mem_mu);
         dm__dispatch_t *tab = atomic_load(&dm__dispatch_current);
         if (tab->nviews > most)
             most = tab->nviews;
-        pthread_mutex_unlock(&dm__runtime_mu);
+        pthread_mutex_unlock(&dm__mem_mu);
     }
     CHECK(wrong == 0, "%d contexts routed by another rule than their tags say", wrong);
     CHECK(most <= 2 * DM_VIEWS_MAX, "views kept: %d for %d keys (at most %d)", most,

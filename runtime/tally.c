@@ -50,7 +50,7 @@
  * ones go unnamed there (the stats still list them). Unlimited names meeting
  * full tables get one line for the process.
  *
- * Thread safety: rows, ids and configuration change under dm__runtime_mu;
+ * Thread safety: rows, ids and configuration change under dm__mem_mu;
  * counts are atomics; shadow entries are atomics written by the allocating
  * thread and cleared (exchange) by the freeing one. A block's allocation
  * happens-before its free, so the free sees its entry, and the row and context
@@ -83,22 +83,22 @@ _Static_assert(DM_CTX_TAGS_MAX <= 64, "a context's `uncounted` has a bit per tag
 enum { IDLE_PLAIN, IDLE_LIMITED, NIDLE };
 
 tally_tag_t dm__tally_rows[DM_TALLY_TAGS_MAX];
-static int ntags;                         /* rows ever used; under dm__runtime_mu */
-static uint16_t tag_heads[TAG_BUCKETS];   /* row + 1, 0 = empty (dm__runtime_mu) */
+static int ntags;                         /* rows ever used; under dm__mem_mu */
+static uint16_t tag_heads[TAG_BUCKETS];   /* row + 1, 0 = empty (dm__mem_mu) */
 typedef struct { int16_t head, tail; } idle_list_t; /* rows, oldest first */
 static idle_list_t idle[NIDLE] = {{-1, -1}, {-1, -1}};
 /* by shadow entry: [id + 1] the context with that id, [0] NULL (not counted) */
 static struct dm_ctx *_Atomic by_entry[DM_CTX_MAX + 1];
-static uint16_t free_ids[DM_CTX_MAX];     /* ids given back (dm__runtime_mu) */
+static uint16_t free_ids[DM_CTX_MAX];     /* ids given back (dm__mem_mu) */
 static int nfree_ids, next_id = ID_FIRST;
 static uint64_t overflowed;               /* names counted under "(other)" */
 static struct dm_ctx *uncounted_ctxs;     /* live contexts with uncounted tags (mu) */
 static char said[SAID_MAX][DM_NAME_MAX];  /* limited tags named on stderr (mu) */
-static int nsaid;                         /* under dm__runtime_mu, as below */
+static int nsaid;                         /* under dm__mem_mu, as below */
 static bool said_full, said_other;        /* the lines past `said`, for unlimited names */
 tally_tag_t dm__tally_total = {.limit = UINT64_MAX}; /* every counted block */
-static bool on;                           /* under dm__runtime_mu */
-static const dm_policy_t *limits_from;    /* the policy in force (dm__runtime_mu) */
+static bool on;                           /* under dm__mem_mu */
+static const dm_policy_t *limits_from;    /* the policy in force (dm__mem_mu) */
 static char worker_source[16];
 static uint16_t root_rows[1] = {ROW_UNTAGGED}, other_rows[1] = {ROW_OTHER};
 static struct dm_ctx other_ctx = {.id = ID_OTHER, .ntally = 1, .tally = other_rows};
@@ -597,7 +597,7 @@ void dm__tally_release_slow(const void *p) {
 int dm_runtime_refusals(const char *name, dm_refusals_t *out) {
     memset(out, 0, sizeof(*out));
     const tally_tag_t *t = name ? NULL : &dm__tally_total;
-    pthread_mutex_lock(&dm__runtime_mu); /* the row is not reused meanwhile */
+    pthread_mutex_lock(&dm__mem_mu); /* the row is not reused meanwhile */
     if (name && ntags) {
         int i = row_find(dm__context_hash(&name, 1), name);
         t = i >= 0 ? &dm__tally_rows[i] : NULL;
@@ -608,7 +608,7 @@ int dm_runtime_refusals(const char *name, dm_refusals_t *out) {
         out->limit = atomic_load_explicit(&t->last_limit, memory_order_relaxed);
         out->live = atomic_load_explicit(&t->last_live, memory_order_relaxed);
     }
-    pthread_mutex_unlock(&dm__runtime_mu);
+    pthread_mutex_unlock(&dm__mem_mu);
     return t ? 0 : DM_ENOENT;
 }
 

@@ -27,7 +27,7 @@ extern uint64_t dm__beside_window_ms;
  * the last reading is DM_TALLY_BESIDE_STALE_MS old; dm__beside_last is the last
  * figure; dm__beside_relieved gives the arenas' idle pages back before a
  * refusal (whether it did: then the next look reads again);
- * dm__beside_configure (under dm__runtime_mu, at install) starts a fresh window
+ * dm__beside_configure (under dm__mem_mu, at install) starts a fresh window
  * and names the cgroup directory whose charge is read ("": this process's). */
 uint64_t dm__beside_now(void);
 uint64_t dm__beside_last(void);
@@ -38,7 +38,7 @@ void dm__beside_configure(const char *group, int version);
 
 /* A count: a tag row's, or the worker total's. The allocation paths touch
  * live, peak and limit, first in the row; the rest changes on refusals and,
- * under dm__runtime_mu, when rows are made and reused (tally.c). */
+ * under dm__mem_mu, when rows are made and reused (tally.c). */
 typedef struct dm__tally_row {
     _Atomic uint64_t live, peak;
     _Atomic uint64_t limit;    /* UINT64_MAX = none */
@@ -46,7 +46,7 @@ typedef struct dm__tally_row {
     _Atomic uint64_t spilled;  /* refusals a spill arena then served (the worker total's) */
     /* the last refusal (dm_runtime_refusals): written after `refused` grows */
     _Atomic uint64_t last_request, last_limit, last_live;
-    /* under dm__runtime_mu */
+    /* under dm__mem_mu */
     uint64_t hash;
     int refs;                  /* contexts counting under it */
     uint16_t hnext;            /* hash chain: next row + 1, 0 = end */
@@ -74,18 +74,18 @@ static inline uint16_t *dm__tally_shadow_peek(const void *p) {
                : NULL;
 }
 
-/* Under dm__runtime_mu, once: the root context's id and row ("(untagged)"). */
+/* Under dm__mem_mu, once: the root context's id and row ("(untagged)"). */
 void dm__tally_root_init(struct dm_ctx *root);
-/* Under dm__runtime_mu, when a context is made: gives it an id and its tags'
+/* Under dm__mem_mu, when a context is made: gives it an id and its tags'
  * rows, or, when every id or row is taken by contexts that are held, the row
  * "(other)". False when out of memory (the context is then not made). */
 bool dm__tally_ctx_init(struct dm_ctx *c);
-/* Under dm__runtime_mu, when a context is freed (nothing holds it, so no live
+/* Under dm__mem_mu, when a context is freed (nothing holds it, so no live
  * block carries its id): its id and its rows' references go back. */
 void dm__tally_ctx_fini(struct dm_ctx *c);
-/* Under dm__runtime_mu: no id or no tag row is free (a sweep may free some). */
+/* Under dm__mem_mu: no id or no tag row is free (a sweep may free some). */
 bool dm__tally_crowded(void);
-/* Under dm__runtime_mu: `c` counts some of its tags under "(other)" and a
+/* Under dm__mem_mu: `c` counts some of its tags under "(other)" and a
  * context made now for its tags would count more of them under their own
  * rows (an id is free, and a row for one of them: free, idle or made since). */
 bool dm__tally_could_count(const struct dm_ctx *c);
@@ -107,7 +107,7 @@ typedef struct dm__tally_worker {
  * a share of something else: DM_EINVALID with one line in `why`. */
 int dm__tally_worker_limit(const dm_policy_t *p, dm__tally_worker_t *w, char *why, size_t cap);
 
-/* Under dm__runtime_mu, at install: tag limits from `p`, the worker limit
+/* Under dm__mem_mu, at install: tag limits from `p`, the worker limit
  * from `w` (dm__tally_worker_limit's for `p`). Returns whether counting is on
  * (sticky: once on, on for the process). */
 bool dm__tally_configure(const dm_policy_t *p, const dm__tally_worker_t *w);
@@ -210,7 +210,7 @@ dm__tally_charge(const struct dm_ctx *c, void *p, uint64_t n, uint64_t request, 
     return k == DM_TALLY_CHARGED || dm__tally_charge_from(c, p, n, request, f, k, now);
 }
 
-/* Stats: fills out's tag fields (caller holds dm__runtime_mu). */
+/* Stats: fills out's tag fields (caller holds dm__mem_mu). */
 int dm__tally_snapshot(dm_stats_t *out);
 
 #pragma GCC visibility pop

@@ -16,7 +16,7 @@
  * compares callers' contexts with always names the context it bound.
  *
  * Thread safety: the registry, counter folding and binding run under
- * dm__runtime_mu; a thread's state is written by its own thread (stats read
+ * dm__mem_mu; a thread's state is written by its own thread (stats read
  * its counters relaxed).
  */
 #include <stdio.h>
@@ -27,11 +27,11 @@
 #include "runtime/internal.h"
 
 __thread dm__thread_t dm__thread_self;
-dm__thread_t *dm__thread_registry; /* live threads, under dm__runtime_mu */
+dm__thread_t *dm__thread_registry; /* live threads, under dm__mem_mu */
 int dm__thread_n;
 static pthread_key_t exit_key;     /* its destructor retires an exiting thread */
 
-/* Adds one set of counters to another (under dm__runtime_mu). */
+/* Adds one set of counters to another (under dm__mem_mu). */
 static void ctrs_add(dm__ctrs_t *dst, const dm__ctrs_t *src) {
     DM_CTR_ADD(dst->nalloc, DM_CTR_GET(src->nalloc));
     DM_CTR_ADD(dst->nfree, DM_CTR_GET(src->nfree));
@@ -43,7 +43,7 @@ static void ctrs_add(dm__ctrs_t *dst, const dm__ctrs_t *src) {
     DM_CTR_ADD(dst->nlimit, DM_CTR_GET(src->nlimit));
 }
 
-/* Called with dm__runtime_mu held: the thread's per-rule counts go to its table. */
+/* Called with dm__mem_mu held: the thread's per-rule counts go to its table. */
 static void fold_rules(dm__thread_t *t) {
     dm__dispatch_t *tab = t->table;
     if (!tab || !t->rule_ctrs)
@@ -64,7 +64,7 @@ static void thread_exit(void *arg) {
         t->auto_je = NULL;
         dmje_mallctl("thread.tcache.flush", NULL, NULL, NULL, 0);
     }
-    pthread_mutex_lock(&dm__runtime_mu);
+    pthread_mutex_lock(&dm__mem_mu);
     for (int i = 0; i < dm__arena_count(); i++)
         ctrs_add(&dm__arena_at(i)->dead, &t->ctrs[i]);
     fold_rules(t);
@@ -79,7 +79,7 @@ static void thread_exit(void *arg) {
     t->registered = false;
     dm__context_drop(t->held);
     t->held = NULL;
-    pthread_mutex_unlock(&dm__runtime_mu);
+    pthread_mutex_unlock(&dm__mem_mu);
     for (int i = 0; i < DM_JE_MAX; i++) {
         unsigned f = t->tcache[i];
         if (f && f != (unsigned)MALLOCX_TCACHE_NONE)
@@ -91,12 +91,12 @@ static void thread_exit(void *arg) {
     /* Counted out last: a stats reader that sees the thread gone sees its
      * caches' blocks back in their arenas (tests wait for the count to drop
      * and then count jemalloc's live blocks). */
-    pthread_mutex_lock(&dm__runtime_mu);
+    pthread_mutex_lock(&dm__mem_mu);
     dm__thread_n--;
-    pthread_mutex_unlock(&dm__runtime_mu);
+    pthread_mutex_unlock(&dm__mem_mu);
 }
 
-/* Called with dm__runtime_mu held: the thread joins the registry (stats, fork). */
+/* Called with dm__mem_mu held: the thread joins the registry (stats, fork). */
 void dm__thread_register(dm__thread_t *t) {
     if (t->registered || t->exiting)
         return;
@@ -129,7 +129,7 @@ void dm_thread_set_name(const char *name) {
  * that allocation and free use the same cache — goes through the automatic
  * cache. The cache is flushed before any change of binding, so it only ever
  * holds blocks of the bound arena. Other arenas keep their explicit caches.
- * Called with dm__runtime_mu held. */
+ * Called with dm__mem_mu held. */
 
 static void auto_bind(dm__thread_t *t, dm__dispatch_t *tab) {
     dm__arena_je_t *cand = NULL;
@@ -157,7 +157,7 @@ bool dm__thread_bind(dm__thread_t *t, const dm_ctx_t *key) {
     const dm_ctx_t *c = key ? key : &dm__context_root; /* NULL means the root context */
     dm__dispatch_t *old = NULL;
     bool ok = false;
-    pthread_mutex_lock(&dm__runtime_mu);
+    pthread_mutex_lock(&dm__mem_mu);
     dm__thread_register(t);
     dm__dispatch_t *tab = atomic_load_explicit(&dm__dispatch_current, memory_order_relaxed);
     if (!tab)
@@ -195,7 +195,7 @@ bool dm__thread_bind(dm__thread_t *t, const dm_ctx_t *key) {
     memset(t->memo, 0, sizeof(t->memo)); /* learnt again for the new view */
 out:
     t->fast = ok && !t->exiting;
-    pthread_mutex_unlock(&dm__runtime_mu);
+    pthread_mutex_unlock(&dm__mem_mu);
     if (old)
         dm__dispatch_release(old);
     return ok;
@@ -207,7 +207,7 @@ out:
  * per-thread blocks are still linked in the registry, and glibc hands their
  * memory to the child's next threads (a new thread reusing a node's address
  * made the list a cycle, and every stats snapshot then spun under
- * dm__runtime_mu).
+ * dm__mem_mu).
  *
  * jemalloc's fork handler leaves the child's arenas listing only the surviving
  * thread's automatic cache: every explicit cache made before the fork (the
@@ -221,7 +221,7 @@ out:
  * own and makes new ones as it needs them. Their slots stay taken (4096 per
  * process, docs/operations.md).
  *
- * In the child, dm__runtime_mu held: unlinks every registered thread but the
+ * In the child, dm__mem_mu held: unlinks every registered thread but the
  * caller and returns them as a list (through `next`), their counts folded. */
 dm__thread_t *dm__thread_fork_unlink(void) {
     dm__thread_t *self = pthread_getspecific(exit_key), *gone = NULL;

@@ -42,7 +42,7 @@
  *
  * Thread safety: `mu` guards the state below and serialises start/stop. The
  * serving and textfile threads never take it, and nothing done under it takes
- * dm__runtime_mu or calls jemalloc: stopping a daemon or joining a thread
+ * dm__mem_mu or calls jemalloc: stopping a daemon or joining a thread
  * (which may be inside dm_stats_snapshot) waits until it is released
  * (retired_t). So the atfork prepare handler can take it whatever order the
  * handlers of the runtime and of jemalloc run in.
@@ -93,7 +93,7 @@ static double started;
 static dm_textfile_t *tf;               /* the running one, or NULL */
 
 /* Work that must wait until `mu` is released: stopping a daemon or joining a
- * thread waits for it, and it may be inside dm_stats_snapshot (dm__runtime_mu
+ * thread waits for it, and it may be inside dm_stats_snapshot (dm__mem_mu
  * and jemalloc's locks, which a concurrent fork's prepare handlers take). */
 typedef struct retired {
     dm_http_t *http[2];
@@ -296,7 +296,7 @@ static int apply(retired_t *r) {
     return rc;
 }
 
-/* From dm_runtime_install, outside dm__runtime_mu (service.c's observer; the
+/* From dm_runtime_install, outside dm__mem_mu (service.c's observer; the
  * engine calls it in install order). */
 void dm__export_configure(const dm_stats_spec_t *spec) {
     bool any = spec->http[0] || spec->unix_socket[0] || spec->textfile[0];
