@@ -262,12 +262,30 @@ static inline const dm__dispatch_slot_t *route(dm__thread_t *t, const dm_ctx_t *
     return &t->table->slots[r];
 }
 
+/* Slot `s` (rule `r`) failed: refusal.c counts it and names the fallback,
+ * which is tried here. */
+static __attribute__((noinline, cold)) void *failed(dm__thread_t *t, const dm__dispatch_slot_t *s,
+                                                    int r, size_t size, int zero) {
+    dm__refusal_t why;
+    const dm__dispatch_slot_t *f = dm__refusal_failed(t, s, r, &why);
+    return f ? dm__refusal_fallback(t, r, &why, slot_alloc(t, f, size, zero)) : NULL;
+}
+
+/* A tag's or the worker limit's refusal: the spill arena it names serves the
+ * block, else refusal.c records the refusal (NULL). */
+static __attribute__((noinline, cold)) void *refused(dm__thread_t *t, const dm__dispatch_slot_t *s,
+                                                     int r, size_t size, int zero) {
+    const dm__dispatch_slot_t *sp = dm__refusal_spill_target(t);
+    void *p = sp ? dm__refusal_spilled(t, sp, r, slot_alloc(t, sp, size, zero)) : NULL;
+    return p ? p : dm__refusal_tallied(t, s, r);
+}
+
 /* Serves slot `s` (rule `r`) and counts it; a failure goes to refusal.c. */
 static inline __attribute__((always_inline)) void *
 alloc_counted(dm__thread_t *t, const dm__dispatch_slot_t *s, int r, size_t size, int dt, int zero) {
     void *p = slot_alloc(t, s, size, zero);
     if (DM_UNLIKELY(!p))
-        return dm__refusal_failed(t, s, r, size, zero);
+        return failed(t, s, r, size, zero);
     dm__ctrs_t *ac = &t->ctrs[s->arena_id], *rc = &t->rule_ctrs[r];
     DM_CTR_ADD(ac->nalloc, 1);
     DM_CTR_ADD(ac->bytes, size);
@@ -297,7 +315,7 @@ static __attribute__((noinline)) void *alloc_tallied(dm__thread_t *t, const dm_c
     if (DM_UNLIKELY(est == 0))
         return alloc_counted(t, s, r, size, dt, zero);
     if (DM_UNLIKELY(!dm__tally_reserve(cx, est, size, &t->refusal)))
-        return dm__refusal_tallied(t, s, r, size, zero);
+        return refused(t, s, r, size, zero);
     void *p = alloc_counted(t, s, r, size, dt, zero);
     if (DM_UNLIKELY(!p)) {
         dm__tally_unreserve(cx, est);
@@ -391,7 +409,7 @@ static __attribute__((noinline)) void *bcache_refused(dm__thread_t *t, const dm_
         dm__bcache_set_count(m->bin, n);
     else
         dmje_dallocx(p, MALLOCX_TCACHE_NONE);
-    return dm__refusal_tallied(t, &t->table->slots[m->rule], m->rule, size, zero);
+    return refused(t, &t->table->slots[m->rule], m->rule, size, zero);
 }
 
 /* The cached path's general case, out of line so that a cache hit makes no
@@ -752,11 +770,6 @@ void *dm_realloc(const dm_ctx_t *c, void *p, size_t size) {
     DM_CTR_ADD(t->rule_ctrs[r].nrealloc, 1);
     DM_CTR_ADD(t->rule_ctrs[r].bytes, size);
     return q;
-}
-
-/* For refusal.c: a block from slot s (a fallback or a spill arena). */
-void *dm__alloc_slot(dm__thread_t *t, const dm__dispatch_slot_t *s, size_t size, int zero) {
-    return slot_alloc(t, s, size, zero);
 }
 
 void dm_runtime_last_failure(dm_failure_t *out) { *out = tls_self()->last_failure; }

@@ -198,7 +198,7 @@ int dm__arena_ensure(dm__arena_t *a, const dm_arena_spec_t *spec) {
             if (!(ja = je_create(a, -1, spec, spill)))
                 return DM_EARENA; /* a spill file made stays unused: nameless, it goes at exit */
             if (spill)
-                dm__spill_attach(spill, ja);
+                dm__spill_attach(spill, ja, dm__bigblock_expire);
             atomic_store_explicit(&a->single, ja, memory_order_release);
         }
         ensure_big_half(a, ja, spec);

@@ -1,6 +1,6 @@
 /*
  * beside.c: the memory beside the arenas, which counts against the worker
- * limit (tally.c compares its total with the limit less it).
+ * limit (beside.h; tally.c compares its total with the limit less it).
  *
  * worker_limit bounds what the process holds, not only its counted arrays: a
  * pandas job keeps a third of its memory in malloc (hash tables), Arrow's pool
@@ -46,8 +46,9 @@
 #include <string.h>
 #include <time.h>
 
+#include "runtime/beside.h"
+#include "runtime/internal.h"
 #include "runtime/os.h"
-#include "runtime/tally.h"
 
 #define DM_TALLY_BESIDE_STALE_NS ((uint64_t)DM_TALLY_BESIDE_STALE_MS * 1000000)
 static _Atomic uint64_t beside;    /* bytes counted against the worker limit: the window's most */
@@ -80,7 +81,7 @@ static uint64_t held_now(void) {
     return held != UINT64_MAX ? held : dm__os_anon_resident();
 }
 
-static __attribute__((noinline)) void beside_read(uint64_t now, uint64_t at) {
+static __attribute__((noinline)) void beside_read(uint64_t now, uint64_t at, uint64_t live) {
     if (!atomic_compare_exchange_strong_explicit(&beside_at, &at, now ? now : 1,
                                                  memory_order_relaxed, memory_order_relaxed))
         return; /* another thread reads it */
@@ -96,7 +97,6 @@ static __attribute__((noinline)) void beside_read(uint64_t now, uint64_t at) {
         cur = 0;
         atomic_store_explicit(&window_at, now, memory_order_relaxed);
     }
-    uint64_t live = atomic_load_explicit(&dm__tally_total.live, memory_order_relaxed);
     uint64_t b = anon > live ? anon - live : 0;
     if (b > cur && b > before) { /* a new high, unless it is the arenas' idle pages */
         uint64_t kept = dm__arena_idle_bytes();
@@ -113,11 +113,10 @@ static __attribute__((noinline)) void beside_read(uint64_t now, uint64_t at) {
  * counted bytes fell below what they were at the last relief (frees may have
  * left idle pages) or ten bounds have passed: a job spilling array after array
  * does not purge and trim for each. Not done while the runtime's lock is busy. */
-bool dm__beside_relieved(void) {
+bool dm__beside_relieved(uint64_t live) {
     static _Atomic uint64_t relieved_at, live_then;
     uint64_t now = coarse_ns() + 1; /* 0 is "never" */
     uint64_t at = atomic_load_explicit(&relieved_at, memory_order_relaxed);
-    uint64_t live = atomic_load_explicit(&dm__tally_total.live, memory_order_relaxed);
     bool freed = live < atomic_load_explicit(&live_then, memory_order_relaxed);
     if (at && now - at < (freed ? 1 : 10) * DM_TALLY_BESIDE_STALE_NS)
         return false;
@@ -131,11 +130,11 @@ bool dm__beside_relieved(void) {
     return true;
 }
 
-uint64_t dm__beside_now(void) {
+uint64_t dm__beside_now(uint64_t live) {
     uint64_t now = coarse_ns();
     uint64_t at = atomic_load_explicit(&beside_at, memory_order_relaxed);
     if (DM_UNLIKELY(!at || now - at >= DM_TALLY_BESIDE_STALE_NS))
-        beside_read(now, at);
+        beside_read(now, at, live);
     return atomic_load_explicit(&beside, memory_order_relaxed);
 }
 
@@ -151,17 +150,4 @@ void dm__beside_configure(const char *dir, int version) {
     atomic_store_explicit(&window_at, 0, memory_order_relaxed);
     atomic_store_explicit(&beside, 0, memory_order_relaxed);
     atomic_store_explicit(&beside_at, 0, memory_order_relaxed);
-}
-
-int dm_runtime_budget(const dm_policy_t *p, dm_budget_t *out, char *why, size_t cap) {
-    dm__tally_worker_t w;
-    int rc = dm__tally_worker_limit(p, &w, why, cap);
-    *out = (dm_budget_t){.limit = rc ? UINT64_MAX : w.limit, .base = w.base, .held = UINT64_MAX};
-    if (rc)
-        return rc;
-    snprintf(out->source, sizeof(out->source), "%s", w.source);
-    snprintf(out->group, sizeof(out->group), "%s", w.group);
-    if (w.group[0])
-        out->held = dm__cgroup_charge(w.group, strcmp(w.source, "cgroup v2") == 0 ? 2 : 1);
-    return 0;
 }

@@ -1,6 +1,6 @@
 /*
  * cgroup.c: the memory limit of the control group this process runs in, for
- * `worker_limit: N%` (tally.c through os.c's dm__os_memory_limit).
+ * `worker_limit: N%` (tally.c through dm__cgroup_process_limit).
  *
  * A limit set on any ancestor of the process's cgroup bounds it too, so the
  * limit is the smallest one on the way from the process's cgroup up to the
@@ -30,7 +30,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "policy/policy.h"
+#include "runtime/datamem.h"
 #include "runtime/os.h"
 
 #define V1_UNLIMITED (UINT64_C(1) << 62)
@@ -253,4 +256,45 @@ uint64_t dm__cgroup_charge(const char *dir, int version) {
     long long anon = stat_value(buf, version == 2 ? "anon" : "total_rss"),
               shmem = stat_value(buf, version == 2 ? "shmem" : "total_shmem");
     return anon < 0 ? UINT64_MAX : (uint64_t)anon + (uint64_t)(shmem > 0 ? shmem : 0);
+}
+
+int dm__cgroup_process_limit(uint64_t *bytes, char *source, size_t cap, char *why, size_t whycap,
+                        char *group, size_t groupcap) {
+    const char *env = getenv("DATAMEM_MEMORY_LIMIT"); /* at install, never hot */
+    size_t v = 0;
+    *bytes = 0;
+    group[0] = 0;
+    if (env && *env) {
+        int rc = dm_parse_size(env, &v);
+        if (rc == 0 && v > 0) {
+            snprintf(source, cap, "env");
+            *bytes = v;
+            return 0;
+        }
+        char shown[65];
+        snprintf(shown, sizeof(shown), "%s", env);
+        for (char *c = shown; *c; c++)
+            if ((unsigned char)*c < 0x20 || *c == 0x7f)
+                *c = '?'; /* one line on a terminal */
+        snprintf(why, whycap,
+                 "DATAMEM_MEMORY_LIMIT=\"%s\" is %s: give bytes or a number with B, KiB, MiB, "
+                 "GiB, TiB, KB, MB, GB or TB that comes to whole bytes (1.5GiB), or unset it to use the "
+                 "cgroup's memory limit or physical memory",
+                 shown, rc == DM_ERANGE ? "too large" : rc ? "not a size" : "0 bytes");
+        return DM_EINVALID;
+    }
+    long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    uint64_t ram = pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz : 0;
+    int version = 0;
+    char at[4096];
+    uint64_t cg = dm__cgroup_memory_limit("", &version, at, sizeof(at));
+    if (cg && (cg < ram || !ram)) {
+        snprintf(source, cap, "cgroup v%d", version);
+        snprintf(group, groupcap, "%s", at);
+        *bytes = cg;
+    } else {
+        snprintf(source, cap, "ram");
+        *bytes = ram;
+    }
+    return 0;
 }

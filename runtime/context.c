@@ -71,17 +71,6 @@ void dm__context_root_tally_init(void) {
         dm__tally_root_init(&dm__context_root);
 }
 
-uint64_t dm__context_hash(const char *const *s, int n) {
-    uint64_t h = 1469598103934665603ull;
-    for (int i = 0; i < n; i++)
-        for (const unsigned char *p = (const unsigned char *)s[i];; p++) {
-            h = (h ^ *p) * 1099511628211ull;
-            if (!*p)
-                break;
-        }
-    return h;
-}
-
 static int cmp_str(const void *a, const void *b) {
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
@@ -190,7 +179,7 @@ const dm_ctx_t *dm_ctx_with_tag(const dm_ctx_t *base, const char *tag) {
         want[n++] = base->tags[i];
     want[n++] = tag;
     qsort(want, (size_t)n, sizeof(want[0]), cmp_str);
-    uint64_t h = dm__context_hash(want, n);
+    uint64_t h = dm__tally_hash(want, n);
 
     pthread_mutex_lock(&dm__mem_mu);
     dm__context_root_tally_init();

@@ -14,7 +14,8 @@
  * copy of its policy). Views are keyed by which context rules a context
  * matches, not by context, so recycled contexts (context.c) find them; a
  * table keeps up to `views_sweep_at` of them (DM_VIEWS_MAX, or twice what the
- * last sweep kept), then frees those no thread is bound to (views_sweep):
+ * last sweep kept), then frees those no thread is bound to
+ * (dm__dispatch_views_sweep, once thread.c has marked the bound ones):
  * policies with many tag rules meet unboundedly many keys over a process's
  * life.
  *
@@ -89,22 +90,25 @@ void dm__dispatch_slot_init(dm__dispatch_slot_t *s, dm__arena_t *a, const dm_are
     }
 }
 
-/* Called with dm__mem_mu held: frees the views of `tab` that no thread is
- * bound to (a thread's `view` is written only under that mutex; threads bound
- * to `tab` are all in the registry, thread.c). */
-static void views_sweep(dm__dispatch_t *tab) {
+/* Called with dm__mem_mu held: view `v` of `tab` is bound to a thread, so the
+ * next sweep keeps it. */
+void dm__dispatch_view_mark(dm__dispatch_t *tab, const dm_view_t *v) {
     for (dm__dispatch_view_t *e = tab->views; e; e = e->next)
-        e->in_use = false;
-    for (dm__thread_t *t = dm__thread_registry; t; t = t->next)
-        for (dm__dispatch_view_t *e = tab->views; t->table == tab && e; e = e->next)
-            if (e->view == t->view) {
-                e->in_use = true;
-                break;
-            }
+        if (e->view == v) {
+            e->in_use = true;
+            return;
+        }
+}
+
+/* Called with dm__mem_mu held, once every view a thread is bound to is marked
+ * (thread.c walks the registry): frees the views of `tab` not marked, clears
+ * the marks, and sets when the next sweep is due. */
+void dm__dispatch_views_sweep(dm__dispatch_t *tab) {
     tab->nviews = 0;
     for (dm__dispatch_view_t **pp = &tab->views; *pp;) {
         dm__dispatch_view_t *e = *pp;
         if (e->in_use) {
+            e->in_use = false;
             tab->nviews++;
             pp = &e->next;
             continue;
@@ -118,7 +122,8 @@ static void views_sweep(dm__dispatch_t *tab) {
 
 /* Called with dm__mem_mu held: the view of `tab` for the thread's context,
  * built once per (table, context key) and kept with the table while a thread
- * is bound to it or there are fewer than views_sweep_at. */
+ * is bound to it or there are fewer than views_sweep_at (the binding thread
+ * sweeps past that: thread.c, dm__thread_bind). */
 const dm_view_t *dm__dispatch_view(dm__dispatch_t *tab, const dm_ctx_t *c, const char *thread) {
     int words = dm_table_ctx_key_words(tab->table);
     uint64_t stack_key[16];
@@ -131,8 +136,6 @@ const dm_view_t *dm__dispatch_view(dm__dispatch_t *tab, const dm_ctx_t *c, const
     for (dm__dispatch_view_t *e = tab->views; e && !v; e = e->next)
         if (memcmp(e->key, key, (size_t)words * sizeof(uint64_t)) == 0)
             v = e->view;
-    if (!v && tab->nviews >= tab->views_sweep_at)
-        views_sweep(tab);
     if (!v) {
         dm__dispatch_view_t *e = calloc(1, sizeof(*e) + (size_t)words * sizeof(uint64_t));
         dm_view_t *nv = e ? dm_table_view_build(tab->table, key) : NULL;

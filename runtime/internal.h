@@ -194,7 +194,7 @@ typedef struct dm__thread {
 
 struct dm_ctx {
     struct dm_ctx *next;         /* hash chain of interned contexts (dm__mem_mu) */
-    uint64_t hash;               /* of its tags (dm__context_hash) */
+    uint64_t hash;               /* of its tags (dm__tally_hash) */
     _Atomic uint64_t refs;       /* holders, bound threads and live counted blocks */
     bool interned;               /* false: root, stale and tally's "(other)": static */
     int ntags;
@@ -261,8 +261,6 @@ extern struct dm_ctx dm__context_root, dm__context_stale;
 /* Under dm__mem_mu: the root context's tally ids (tally.c), once. */
 void dm__context_root_tally_init(void);
 int dm__context_count(void); /* under dm__mem_mu */
-/* FNV-1a over `n` strings, each with its NUL: a context's key, a tag row's. */
-uint64_t dm__context_hash(const char *const *s, int n);
 /* A reference on a context its caller already holds one on (or is bound to);
  * giving one back never frees (context.c: freed by a sweep under
  * dm__mem_mu). Static contexts are not counted. */
@@ -296,6 +294,11 @@ void dm__dispatch_slot_init(dm__dispatch_slot_t *s, dm__arena_t *a, const dm_are
 dm__dispatch_t *dm__dispatch_publish(dm__dispatch_t *tab);
 /* Under dm__mem_mu: the view of `tab` for a context and thread name. */
 const dm_view_t *dm__dispatch_view(dm__dispatch_t *tab, const dm_ctx_t *c, const char *thread);
+/* Under dm__mem_mu: view `v` is bound to a thread (dm__dispatch_view_mark);
+ * then the views not marked are freed (dm__dispatch_views_sweep), once
+ * `nviews` reaches `views_sweep_at`. */
+void dm__dispatch_view_mark(dm__dispatch_t *tab, const dm_view_t *v);
+void dm__dispatch_views_sweep(dm__dispatch_t *tab);
 int dm__dispatch_live(void); /* tables published or still referenced */
 
 /* thread.c: the calling thread's state, the registry of live threads (under
@@ -314,9 +317,6 @@ void dm__thread_fork_release(dm__thread_t *gone);
 
 /* alloc.c: frees of blocks that were not ours (stats). */
 uint64_t dm__alloc_foreign_frees(void);
-/* alloc.c, for refusal.c: a block from slot s, counted against a tracked
- * arena's limit (a refusal sets t->limit_refused). */
-void *dm__alloc_slot(dm__thread_t *t, const dm__dispatch_slot_t *s, size_t size, int zero);
 
 /* install.c (under dm__mem_mu): the reload counts, into a snapshot. */
 void dm__install_stats(dm_stats_t *out);

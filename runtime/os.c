@@ -137,47 +137,6 @@ void *dm__os_map_sparse(size_t size) {
     return p == MAP_FAILED ? NULL : p;
 }
 
-int dm__os_memory_limit(uint64_t *bytes, char *source, size_t cap, char *why, size_t whycap,
-                        char *group, size_t groupcap) {
-    const char *env = getenv("DATAMEM_MEMORY_LIMIT"); /* at install, never hot */
-    size_t v = 0;
-    *bytes = 0;
-    group[0] = 0;
-    if (env && *env) {
-        int rc = dm_parse_size(env, &v);
-        if (rc == 0 && v > 0) {
-            snprintf(source, cap, "env");
-            *bytes = v;
-            return 0;
-        }
-        char shown[65];
-        snprintf(shown, sizeof(shown), "%s", env);
-        for (char *c = shown; *c; c++)
-            if ((unsigned char)*c < 0x20 || *c == 0x7f)
-                *c = '?'; /* one line on a terminal */
-        snprintf(why, whycap,
-                 "DATAMEM_MEMORY_LIMIT=\"%s\" is %s: give bytes or a number with B, KiB, MiB, "
-                 "GiB, TiB, KB, MB, GB or TB that comes to whole bytes (1.5GiB), or unset it to use the "
-                 "cgroup's memory limit or physical memory",
-                 shown, rc == DM_ERANGE ? "too large" : rc ? "not a size" : "0 bytes");
-        return DM_EINVALID;
-    }
-    long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
-    uint64_t ram = pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz : 0;
-    int version = 0;
-    char at[4096];
-    uint64_t cg = dm__cgroup_memory_limit("", &version, at, sizeof(at));
-    if (cg && (cg < ram || !ram)) {
-        snprintf(source, cap, "cgroup v%d", version);
-        snprintf(group, groupcap, "%s", at);
-        *bytes = cg;
-    } else {
-        snprintf(source, cap, "ram");
-        *bytes = ram;
-    }
-    return 0;
-}
-
 uint64_t dm__os_as_limit(void) {
     struct rlimit rl;
     if (getrlimit(RLIMIT_AS, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY)

@@ -28,7 +28,7 @@ void dm__os_release(void *p, size_t n);
  * charge (MAP_NORESERVE): pages appear as they are first written. For sparse
  * tables (tally.c's shadow). NULL on failure. */
 void *dm__os_map_sparse(size_t size);
-/* The process's memory limit in *bytes (0 when none can be read) and where it
+/* cgroup.c: the process's memory limit in *bytes (0 when none can be read) and where it
  * came from (`source`: "env", "cgroup v1", "cgroup v2" or "ram"):
  * DATAMEM_MEMORY_LIMIT when set, a size in the policy's grammar (bytes, or a
  * whole number with a unit: 4GiB); else the smaller of the cgroup's limit
@@ -36,7 +36,7 @@ void *dm__os_map_sparse(size_t size);
  * is not such a size is an error, never ignored: DM_EINVALID with one line in
  * `why`. When the limit is a cgroup's, that cgroup's directory is in `group`
  * (else ""). Reads files: never on an allocation path. */
-int dm__os_memory_limit(uint64_t *bytes, char *source, size_t cap, char *why, size_t whycap,
+int dm__cgroup_process_limit(uint64_t *bytes, char *source, size_t cap, char *why, size_t whycap,
                         char *group, size_t groupcap);
 /* cgroup.c: the smallest memory limit on this process's cgroup and its
  * ancestors up to its hierarchy's mount (v1 memory.limit_in_bytes and

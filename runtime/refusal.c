@@ -7,7 +7,9 @@
  * thread's last failure (dm_runtime_last_failure: the limit, the rule, the
  * arena, the bytes live), counted per arena and per rule, and logged at most
  * once a second (log_refusal). alloc.c calls here only once an allocation has
- * failed: nothing on this path is on the fast one.
+ * failed: nothing on this path is on the fast one. This file decides and
+ * records; alloc.c serves (the fallback or spill slot named here), so the
+ * allocation paths call down into it and never the other way.
  *
  * Thread safety: the calling thread's state and relaxed counters, and the
  * table it holds a reference to (t->table).
@@ -80,23 +82,26 @@ static void count_limit(dm__thread_t *t, const dm__dispatch_slot_t *s, int rule)
     DM_CTR_ADD(t->rule_ctrs[rule].nlimit, 1);
 }
 
-void *dm__refusal_failed(dm__thread_t *t, const dm__dispatch_slot_t *s, int rule, size_t size,
-                         int zero) {
-    bool limited = t->limit_refused;
+const dm__dispatch_slot_t *dm__refusal_failed(dm__thread_t *t, const dm__dispatch_slot_t *s,
+                                              int rule, dm__refusal_t *r) {
+    r->limited = t->limit_refused;
     t->limit_refused = false;
     const dm__dispatch_t *tab = t->table;
     DM_CTR_ADD(t->ctrs[s->arena_id].nfail, 1);
     DM_CTR_ADD(t->rule_ctrs[rule].nfail, 1);
-    if (limited)
+    if (r->limited)
         count_limit(t, s, rule);
     if (tab->fallback < 0 || tab->fallback_slot.arena == s->arena) {
-        if (limited)
+        if (r->limited)
             log_refusal(&t->last_failure);
         return NULL;
     }
-    const dm__dispatch_slot_t *f = &tab->fallback_slot;
-    dm_failure_t first = t->last_failure;
-    void *p = dm__alloc_slot(t, f, size, zero);
+    r->first = t->last_failure;
+    return &tab->fallback_slot;
+}
+
+void *dm__refusal_fallback(dm__thread_t *t, int rule, const dm__refusal_t *r, void *p) {
+    const dm__dispatch_slot_t *f = &t->table->fallback_slot;
     if (p) {
         DM_CTR_ADD(t->ctrs[f->arena_id].nfallback, 1);
         DM_CTR_ADD(t->rule_ctrs[rule].nfallback, 1);
@@ -108,12 +113,13 @@ void *dm__refusal_failed(dm__thread_t *t, const dm__dispatch_slot_t *s, int rule
         DM_CTR_ADD(t->ctrs[f->arena_id].nlimit, 1);
         snprintf(t->last_failure.rule, sizeof(t->last_failure.rule), "%s", rule_name(t, rule));
     }
-    if (limited) { /* report the rule's own arena, noting the fallback had no room */
+    if (r->limited) { /* report the rule's own arena, noting the fallback had no room */
+        dm_failure_t first = r->first;
         first.seq = t->last_failure.seq;
         first.fallback_tried = true;
         t->last_failure = first;
     }
-    if (limited || t->last_failure.seq != first.seq)
+    if (r->limited || t->last_failure.seq != r->first.seq)
         log_refusal(&t->last_failure);
     return NULL;
 }
@@ -135,16 +141,11 @@ static const dm__dispatch_slot_t *spill_target(const dm__dispatch_t *tab, const 
     return a >= 0 ? &tab->spill_slots[a] : NULL;
 }
 
-/* The spill arena serves the refused allocation instead, uncounted (those
- * limits count RAM), and it is no failure: the thread's last_failure stays as
- * it was. Its own failure (max, a full disk) is the original refusal's.
- * Counted as a fallback of the rule and the spill arena, and for the worker
- * limit as one of its spills (worker_spilled). */
-static void *spill_instead(dm__thread_t *t, int rule, size_t size, int zero) {
-    const dm__dispatch_slot_t *sp = spill_target(t->table, &t->refusal);
-    if (!sp)
-        return NULL;
-    void *p = dm__alloc_slot(t, sp, size, zero);
+const dm__dispatch_slot_t *dm__refusal_spill_target(const dm__thread_t *t) {
+    return spill_target(t->table, &t->refusal);
+}
+
+void *dm__refusal_spilled(dm__thread_t *t, const dm__dispatch_slot_t *sp, int rule, void *p) {
     t->limit_refused = false; /* the spill arena's own limit: the refusal stands */
     if (!p)
         return NULL;
@@ -155,11 +156,7 @@ static void *spill_instead(dm__thread_t *t, int rule, size_t size, int zero) {
     return p;
 }
 
-void *dm__refusal_tallied(dm__thread_t *t, const dm__dispatch_slot_t *s, int rule, size_t size,
-                          int zero) {
-    void *q = spill_instead(t, rule, size, zero);
-    if (q)
-        return q;
+void *dm__refusal_tallied(dm__thread_t *t, const dm__dispatch_slot_t *s, int rule) {
     uint64_t seq = t->last_failure.seq;
     t->last_failure = t->refusal;
     t->last_failure.seq = seq + 1;

@@ -34,7 +34,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "runtime/bigblock.h"
 #include "runtime/os.h"
 #include "runtime/spill.h"
 
@@ -134,8 +133,9 @@ dm__spill_t *dm__spill_open(const char *dir, uint64_t max, char *why, size_t cap
     return s;
 }
 
-void dm__spill_attach(dm__spill_t *s, dm__arena_je_t *ja) {
+void dm__spill_attach(dm__spill_t *s, dm__arena_je_t *ja, void (*expire)(dm__arena_je_t *)) {
     s->ja = ja;
+    s->expire = expire;
     int n = atomic_load_explicit(&nall, memory_order_relaxed);
     if (n < DM_JE_MAX) {
         all[n] = s;
@@ -689,7 +689,8 @@ void dm__spill_catch_up(dm__spill_t *s, size_t n) {
  * small create/free cycles in another arena. So the pager's thread, which runs
  * for every process with a spill arena (resident_max or not), also decays each
  * spill arena on every pass, five times a second: the kept big blocks that
- * waited their decay.dirty go back to jemalloc (bigblock.c, "Reuse"), then
+ * waited their decay.dirty go back to jemalloc (the `expire` arena.c gives:
+ * bigblock.c, "Reuse"), then
  * `arena.<i>.decay` purges, as a tick would, the dirty pages decay says are
  * due, which decommits (punches) them. A freed block's disk blocks come back
  * within decay.dirty plus one pass, or twice decay.dirty plus two passes for
@@ -754,7 +755,7 @@ static void sweep(dm__spill_t *s) {
 
 static void decay_pass(dm__spill_t *s) {
     dm__arena_je_t *ja = s->ja;
-    dm__bigblock_expire(ja);
+    s->expire(ja);
     char name[48];
     snprintf(name, sizeof(name), "arena.%u.decay", ja->index);
     dmje_mallctl(name, NULL, NULL, NULL, 0);

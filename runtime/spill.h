@@ -57,6 +57,7 @@ typedef struct dm__spill_region {
 typedef struct dm__spill {
     int dirfd, fd;
     dm__arena_je_t *ja;         /* the jemalloc arena it backs (dm__spill_attach) */
+    void (*expire)(dm__arena_je_t *); /* the spill thread's first step for it (dm__spill_attach) */
     uint64_t file_end;          /* where the next region's stretch starts (ja->region.mu) */
     _Atomic int nregions;
     dm__spill_region_t regions[DM_SPILL_REGIONS_MAX];
@@ -81,8 +82,10 @@ typedef struct dm__spill {
  * arena's file. NULL with the reason in `why`. */
 dm__spill_t *dm__spill_open(const char *dir, uint64_t max, char *why, size_t cap);
 /* Under dm__mem_mu, once jemalloc made the arena `ja` that s backs: the
- * spill thread (spill.c, "The spill thread") starts driving its decay. */
-void dm__spill_attach(dm__spill_t *s, dm__arena_je_t *ja);
+ * spill thread (spill.c, "The spill thread") starts driving its decay, each
+ * pass calling `expire` on it first (arena.c passes dm__bigblock_expire: the
+ * big blocks it keeps go back to jemalloc once they waited long enough). */
+void dm__spill_attach(dm__spill_t *s, dm__arena_je_t *ja, void (*expire)(dm__arena_je_t *));
 /* Under dm__mem_mu: whether `dir` passes the rule and takes an O_TMPFILE
  * (install checks every backed arena before anything changes). 0 or an error
  * code with the reason in `why`, and in `fix` what makes a directory that is not
@@ -90,11 +93,11 @@ void dm__spill_attach(dm__spill_t *s, dm__arena_je_t *ja);
  * is not the reason. */
 int dm__spill_check_dir(const char *dir, char *why, size_t cap, char *fix, size_t fixcap);
 
-/* Under ja->mu (extent.c, region_grow): a fresh region [base, base+len). */
+/* Under ja->region.mu (extent.c, region_grow): a fresh region [base, base+len). */
 bool dm__spill_region_add(dm__spill_t *s, char *base, size_t len);
 /* Whether a and b are in one region (extents of two regions never merge). */
 bool dm__spill_same_region(dm__spill_t *s, const void *a, const void *b);
-/* Under ja->mu (hook_alloc): maps [p, p+n) of the newest region from the
+/* Under ja->region.mu (hook_alloc): maps [p, p+n) of the newest region from the
  * file, reserving its blocks first when `commit`. 0 or -errno. */
 int dm__spill_map(dm__arena_je_t *ja, char *p, size_t n, bool commit);
 /* The commit and decommit hooks: 0 or -errno (-ENOSPC: max or disk full). */
@@ -113,7 +116,7 @@ void dm__spill_catch_up(dm__spill_t *s, size_t n);
  * one relaxed-cheap load when it is (slow paths only). */
 void dm__spill_pager_ensure(void);
 
-/* fork (runtime.c), with every ja->mu held: 0 before fork snapshots each
+/* fork (runtime.c), with every ja->region.mu held: 0 before fork snapshots each
  * spill arena's file into a new one for the child; 1 in the parent drops it;
  * 2 in the child maps it in place of the parent's (spill.c, "Fork"). */
 void dm__spill_fork(int phase);

@@ -114,6 +114,18 @@ static uint64_t limit_for(const char *name) {
     return UINT64_MAX;
 }
 
+
+uint64_t dm__tally_hash(const char *const *s, int n) {
+    uint64_t h = 1469598103934665603ull;
+    for (int i = 0; i < n; i++)
+        for (const unsigned char *p = (const unsigned char *)s[i];; p++) {
+            h = (h ^ *p) * 1099511628211ull;
+            if (!*p)
+                break;
+        }
+    return h;
+}
+
 /* ---- idle rows: two FIFO lists threaded through the rows ---------------------- */
 
 static void idle_push(int i) {
@@ -234,7 +246,7 @@ static void note_other(const char *name) {
 
 /* A reference on the row of `name`: found, made, or "(other)". */
 static int row_ref(const char *name) {
-    uint64_t h = dm__context_hash(&name, 1);
+    uint64_t h = dm__tally_hash(&name, 1);
     int i = row_find(h, name);
     if (i < 0 && (i = row_new(h, name)) < 0)
         return ROW_OTHER;
@@ -280,7 +292,7 @@ bool dm__tally_could_count(const struct dm_ctx *c) {
     if (c->id == ID_OTHER || row_free())
         return true; /* a new context gets an id (and rows as far as they go) */
     for (int i = 0; i < c->ntags; i++) /* a row another set made meanwhile */
-        if ((c->uncounted >> i & 1) && row_find(dm__context_hash((const char *const *)&c->tags[i], 1),
+        if ((c->uncounted >> i & 1) && row_find(dm__tally_hash((const char *const *)&c->tags[i], 1),
                                                 c->tags[i]) >= 0)
             return true;
     return false;
@@ -338,7 +350,7 @@ int dm__tally_worker_limit(const dm_policy_t *p, dm__tally_worker_t *w, char *wh
     }
     uint64_t base = 0;
     char reason[320] = "";
-    int rc = dm__os_memory_limit(&base, w->source, sizeof(w->source), reason, sizeof(reason),
+    int rc = dm__cgroup_process_limit(&base, w->source, sizeof(w->source), reason, sizeof(reason),
                                  w->group, sizeof(w->group));
     if (rc == 0 && base == 0) {
         rc = DM_EINVALID;
@@ -428,6 +440,10 @@ static bool add_within(tally_tag_t *t, uint64_t n, uint64_t limit) {
     return true;
 }
 
+static uint64_t live_of(const tally_tag_t *t) {
+    return atomic_load_explicit(&t->live, memory_order_relaxed);
+}
+
 /* A limited count: adds n unless that passes its limit. The worker total's
  * limit is less the memory beside the arenas; where that refuses, the arenas'
  * idle pages and glibc's free ones go back first (dm__beside_relieved says how
@@ -436,9 +452,9 @@ static __attribute__((noinline)) bool add_limited(tally_tag_t *t, uint64_t n) {
     uint64_t limit = atomic_load_explicit(&t->limit, memory_order_relaxed);
     if (t != &dm__tally_total)
         return add_within(t, n, limit);
-    if (add_within(t, n, less(limit, dm__beside_now())))
+    if (add_within(t, n, less(limit, dm__beside_now(live_of(t)))))
         return true;
-    return dm__beside_relieved() && add_within(t, n, less(limit, dm__beside_now()));
+    return dm__beside_relieved(live_of(t)) && add_within(t, n, less(limit, dm__beside_now(live_of(t))));
 }
 
 /* Adds n to a count unless that passes its limit; the peak follows. A count
@@ -599,7 +615,7 @@ int dm_runtime_refusals(const char *name, dm_refusals_t *out) {
     const tally_tag_t *t = name ? NULL : &dm__tally_total;
     pthread_mutex_lock(&dm__mem_mu); /* the row is not reused meanwhile */
     if (name && ntags) {
-        int i = row_find(dm__context_hash(&name, 1), name);
+        int i = row_find(dm__tally_hash(&name, 1), name);
         t = i >= 0 ? &dm__tally_rows[i] : NULL;
     }
     if (t) {
@@ -690,5 +706,18 @@ int dm__tally_snapshot(dm_stats_t *out) {
     }
     out->ntags = n;
     qsort(out->tags, (size_t)n, sizeof(dm_tag_stats_t), by_live);
+    return 0;
+}
+
+int dm_runtime_budget(const dm_policy_t *p, dm_budget_t *out, char *why, size_t cap) {
+    dm__tally_worker_t w;
+    int rc = dm__tally_worker_limit(p, &w, why, cap);
+    *out = (dm_budget_t){.limit = rc ? UINT64_MAX : w.limit, .base = w.base, .held = UINT64_MAX};
+    if (rc)
+        return rc;
+    snprintf(out->source, sizeof(out->source), "%s", w.source);
+    snprintf(out->group, sizeof(out->group), "%s", w.group);
+    if (w.group[0])
+        out->held = dm__cgroup_charge(w.group, strcmp(w.source, "cgroup v2") == 0 ? 2 : 1);
     return 0;
 }

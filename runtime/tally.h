@@ -8,31 +8,19 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "runtime/beside.h"
 #include "runtime/internal.h"
 
 /* Hidden, as internal.h's: the fast path reaches these without a GOT load. */
 #pragma GCC visibility push(hidden)
 
+/* FNV-1a over `n` strings, each with its NUL: a tag row's key, a context's
+ * (context.c). */
+uint64_t dm__tally_hash(const char *const *s, int n);
+
 #define DM_TALLY_TAGS_MAX 4096 /* tag rows; rows no context refers to are reused
                                   (unlimited first), and past that names count under
                                   "(other)" until one is free (tally.c) */
-#define DM_TALLY_BESIDE_STALE_MS 10 /* the worker limit's figure of memory beside the
-                                       arrays is read again once this old (tally.c) */
-#define DM_TALLY_BESIDE_WINDOW_MS 30000 /* and is the most it has been over this long */
-/* DM_TALLY_BESIDE_WINDOW_MS; tests shorten it */
-extern uint64_t dm__beside_window_ms;
-
-/* beside.c: the memory beside the arrays that counts against the worker limit
- * (its "Memory beside the arenas"). dm__beside_now reads it again first when
- * the last reading is DM_TALLY_BESIDE_STALE_MS old; dm__beside_last is the last
- * figure; dm__beside_relieved gives the arenas' idle pages back before a
- * refusal (whether it did: then the next look reads again);
- * dm__beside_configure (under dm__mem_mu, at install) starts a fresh window
- * and names the cgroup directory whose charge is read ("": this process's). */
-uint64_t dm__beside_now(void);
-uint64_t dm__beside_last(void);
-bool dm__beside_relieved(void);
-void dm__beside_configure(const char *group, int version);
 #define DM_TALLY_GRAIN_SHIFT 4 /* shadow entry per 16 bytes: counted blocks are >= 16
                                   bytes and 16-aligned */
 

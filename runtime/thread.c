@@ -149,6 +149,19 @@ static void auto_bind(dm__thread_t *t, dm__dispatch_t *tab) {
         t->auto_je = cand;
 }
 
+/* Called with dm__mem_mu held, by a thread just bound to `tab`: once the
+ * table holds views_sweep_at views, the ones no thread is bound to are freed
+ * (dispatch.c); a thread's `view` is written only under that mutex, and every
+ * thread bound to `tab` is in the registry. */
+static void views_sweep(dm__dispatch_t *tab) {
+    if (tab->nviews < tab->views_sweep_at)
+        return;
+    for (dm__thread_t *t = dm__thread_registry; t; t = t->next)
+        if (t->table == tab && t->view)
+            dm__dispatch_view_mark(tab, t->view);
+    dm__dispatch_views_sweep(tab);
+}
+
 /* Binds the calling thread to the table in force and context `key` (NULL:
  * the root), with the view they select; false when there is no table or no
  * memory for the view. The allocation paths call it when the table or the
@@ -189,6 +202,7 @@ bool dm__thread_bind(dm__thread_t *t, const dm_ctx_t *key) {
             t->held = c;
         }
         ok = true;
+        views_sweep(tab);
     } else {
         t->ctx = &dm__context_stale;
     }
