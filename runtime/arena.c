@@ -28,8 +28,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "runtime/arena.h"
 #include "runtime/bigblock.h"
-#include "runtime/internal.h"
 #include "runtime/os.h"
 #include "runtime/spill.h"
 

@@ -58,6 +58,14 @@ static _Atomic uint64_t most_now, most_before; /* the current and the previous b
 static char group[4096];   /* the budget's cgroup directory, "" none (dm__mem_mu) */
 static int group_version;  /* its hierarchy: 1 or 2 (dm__mem_mu) */
 static _Atomic bool grouped; /* group[0] != 0: a reader without one takes no lock */
+static const _Atomic uint64_t none_counted;
+/* The counted live bytes, which are not beside (tally.c's worker total; set at install) */
+static const _Atomic uint64_t *_Atomic counted = &none_counted;
+
+static uint64_t counted_live(void) {
+    return atomic_load_explicit(atomic_load_explicit(&counted, memory_order_relaxed),
+                                memory_order_relaxed);
+}
 uint64_t dm__beside_window_ms = DM_TALLY_BESIDE_WINDOW_MS;
 
 /* CLOCK_MONOTONIC_COARSE in ns: a vDSO read, no system call. */
@@ -81,7 +89,7 @@ static uint64_t held_now(void) {
     return held != UINT64_MAX ? held : dm__os_anon_resident();
 }
 
-static __attribute__((noinline)) void beside_read(uint64_t now, uint64_t at, uint64_t live) {
+static __attribute__((noinline)) void beside_read(uint64_t now, uint64_t at) {
     if (!atomic_compare_exchange_strong_explicit(&beside_at, &at, now ? now : 1,
                                                  memory_order_relaxed, memory_order_relaxed))
         return; /* another thread reads it */
@@ -97,6 +105,7 @@ static __attribute__((noinline)) void beside_read(uint64_t now, uint64_t at, uin
         cur = 0;
         atomic_store_explicit(&window_at, now, memory_order_relaxed);
     }
+    uint64_t live = counted_live();
     uint64_t b = anon > live ? anon - live : 0;
     if (b > cur && b > before) { /* a new high, unless it is the arenas' idle pages */
         uint64_t kept = dm__arena_idle_bytes();
@@ -113,10 +122,11 @@ static __attribute__((noinline)) void beside_read(uint64_t now, uint64_t at, uin
  * counted bytes fell below what they were at the last relief (frees may have
  * left idle pages) or ten bounds have passed: a job spilling array after array
  * does not purge and trim for each. Not done while the runtime's lock is busy. */
-bool dm__beside_relieved(uint64_t live) {
+bool dm__beside_relieved(void) {
     static _Atomic uint64_t relieved_at, live_then;
     uint64_t now = coarse_ns() + 1; /* 0 is "never" */
     uint64_t at = atomic_load_explicit(&relieved_at, memory_order_relaxed);
+    uint64_t live = counted_live();
     bool freed = live < atomic_load_explicit(&live_then, memory_order_relaxed);
     if (at && now - at < (freed ? 1 : 10) * DM_TALLY_BESIDE_STALE_NS)
         return false;
@@ -130,17 +140,18 @@ bool dm__beside_relieved(uint64_t live) {
     return true;
 }
 
-uint64_t dm__beside_now(uint64_t live) {
+uint64_t dm__beside_now(void) {
     uint64_t now = coarse_ns();
     uint64_t at = atomic_load_explicit(&beside_at, memory_order_relaxed);
     if (DM_UNLIKELY(!at || now - at >= DM_TALLY_BESIDE_STALE_NS))
-        beside_read(now, at, live);
+        beside_read(now, at);
     return atomic_load_explicit(&beside, memory_order_relaxed);
 }
 
 uint64_t dm__beside_last(void) { return atomic_load_explicit(&beside, memory_order_relaxed); }
 
-void dm__beside_configure(const char *dir, int version) {
+void dm__beside_configure(const char *dir, int version, const _Atomic uint64_t *live) {
+    atomic_store_explicit(&counted, live, memory_order_relaxed);
     snprintf(group, sizeof(group), "%s", dir);
     group_version = version;
     atomic_store_explicit(&grouped, group[0] != 0, memory_order_relaxed);

@@ -3,9 +3,7 @@
  * engine's objects and each file's cross-file functions.
  *
  * Objects and lifetimes:
- *   dm__arena_t     a policy arena (arena.c), found by name; lives for the
- *                   process (arrays outlive policies). Behind it one jemalloc
- *                   arena, or one per NUMA node with per_node.
+ *   dm__arena_t     a policy arena: arena.h's, the floor below this header.
  *   dm__arena_je_t  one jemalloc arena with our extent hooks: the memory
  *                   floor's (mem.h), below this header, which it cannot see.
  *   dm__dispatch_t  a published dispatch table (dispatch.c: compiled policy +
@@ -33,10 +31,10 @@
 #include "jemalloc/jemalloc.h"
 #include "policy/policy.h"
 #include "runtime/datamem.h"
+#include "runtime/arena.h"
 #include "runtime/mem.h"
 #include "runtime/sizeclass.h"
 
-#define DM_RT_ARENAS_MAX DM_STATS_ARENAS_MAX /* policy arenas ever seen */
 #define DM_CTX_MAX 4096                      /* context ids (tally.c); contexts themselves
                                                 are recycled (context.c) */
 #define DM_VIEWS_MAX 256                     /* views cached per table before unused ones
@@ -57,33 +55,6 @@ extern char dm__alloc_tsan_sync;
 #define DM_TSAN_ACQUIRE() ((void)0)
 #define DM_TSAN_RELEASE() ((void)0)
 #endif
-
-typedef struct dm__ctrs {
-    dm__ctr_t nalloc, nfree, nrealloc, nfail, nfallback, ndtype_known, bytes, nlimit;
-} dm__ctrs_t;
-
-typedef struct dm__arena {
-    char name[DM_NAME_MAX];
-    int id;
-    /* What the memory floor reads (mem.h): placement for new extents, which
-     * reload rewrites, and what the extent hooks count back. */
-    dm__place_t place;
-    _Atomic size_t alignment;
-    _Atomic bool per_node, in_policy;
-    _Atomic size_t dirty_budget; /* decay.budget; SIZE_MAX = never */
-    /* Written under dm__mem_mu, read by the per_node fast path without it. */
-    dm__arena_je_t *_Atomic single; /* the arena when not per_node */
-    dm__arena_je_t *_Atomic by_node[DM_NODES_MAX];
-    dm__ctr_t growth_purges;     /* purges by decay.budget */
-    /* `limit` (reloadable; SIZE_MAX = none). An arena counts its live bytes
-     * (usable sizes, one atomic add per allocation and free) from the first
-     * install that gives it a limit, for the rest of the process; untracked
-     * arenas pay nothing. */
-    _Atomic size_t limit;
-    _Atomic bool tracked;
-    _Atomic uint64_t live;
-    dm__ctrs_t dead;             /* counters of threads that exited */
-} dm__arena_t;
 
 /* One per rule, plus one for the default, in a published table. */
 typedef struct dm__dispatch_slot {
@@ -217,37 +188,6 @@ struct dm_ctx {
  * statics, with no GOT load (the fast path reads several). */
 #pragma GCC visibility push(hidden)
 
-/* arena.c */
-dm__arena_t *dm__arena_get(const char *name, const dm_arena_spec_t *spec);
-dm__arena_t *dm__arena_find(const char *name);
-int dm__arena_ensure(dm__arena_t *a, const dm_arena_spec_t *spec);
-void dm__arena_apply(dm__arena_t *a, const dm_arena_spec_t *spec);
-void dm__arena_mark_all_unused(void);
-dm__arena_je_t *dm__arena_je_for_node(dm__arena_t *a, int node);
-int dm__arena_count(void);
-dm__arena_t *dm__arena_at(int id);
-void dm__arena_je_stats(dm__arena_t *a, dm_arena_stats_t *out);
-int dm__arena_hugepages(uint64_t *out, int cap);
-unsigned dm__arena_tcache_create(void);
-/* After an allocation outside the block cache: if the arena grew meanwhile
- * while holding dirty pages, those did not fit and are given back. */
-void dm__arena_after_growth(dm__arena_je_t *ja);
-/* Every arena's idle pages (kept big blocks, dirty pages) and glibc's free
- * ones go back to the kernel now; false if the runtime's lock was busy and
- * nothing was done (arena.c; the worker limit's relief, tally.c). */
-bool dm__arena_give_back_idle(void);
-/* The bytes every arena keeps idle now (dirty and muzzy pages, kept big
- * blocks; jemalloc's stats refreshed), or UINT64_MAX if the runtime's lock was
- * busy (arena.c; the worker limit's figure of memory beside the arrays). */
-uint64_t dm__arena_idle_bytes(void);
-static inline void dm__arena_check_growth(dm__arena_je_t *ja) {
-    if (DM_UNLIKELY(atomic_load_explicit(&ja->region.grown, memory_order_relaxed) != 0))
-        dm__arena_after_growth(ja);
-}
-void dm__arena_tcache_destroy(unsigned tc);
-/* fork: 0 before it takes every jemalloc arena's bump lock (dm__mem_mu held), 1
- * after it, in parent and child, releases them. */
-void dm__arena_fork(int phase);
 
 
 /* runtime.c: after a successful install, outside dm__mem_mu: the observers

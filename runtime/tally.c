@@ -409,7 +409,7 @@ bool dm__tally_configure(const dm_policy_t *p, const dm__tally_worker_t *w) {
                 say_unenforced(c->tags[i], limit);
         }
     snprintf(worker_source, sizeof(worker_source), "%s", w->source);
-    dm__beside_configure(w->group, strcmp(w->source, "cgroup v2") == 0 ? 2 : 1);
+    dm__beside_configure(w->group, strcmp(w->source, "cgroup v2") == 0 ? 2 : 1, &dm__tally_total.live);
     atomic_store_explicit(&dm__tally_total.limit, w->limit, memory_order_relaxed);
     return on;
 }
@@ -440,10 +440,6 @@ static bool add_within(tally_tag_t *t, uint64_t n, uint64_t limit) {
     return true;
 }
 
-static uint64_t live_of(const tally_tag_t *t) {
-    return atomic_load_explicit(&t->live, memory_order_relaxed);
-}
-
 /* A limited count: adds n unless that passes its limit. The worker total's
  * limit is less the memory beside the arenas; where that refuses, the arenas'
  * idle pages and glibc's free ones go back first (dm__beside_relieved says how
@@ -452,9 +448,9 @@ static __attribute__((noinline)) bool add_limited(tally_tag_t *t, uint64_t n) {
     uint64_t limit = atomic_load_explicit(&t->limit, memory_order_relaxed);
     if (t != &dm__tally_total)
         return add_within(t, n, limit);
-    if (add_within(t, n, less(limit, dm__beside_now(live_of(t)))))
+    if (add_within(t, n, less(limit, dm__beside_now())))
         return true;
-    return dm__beside_relieved(live_of(t)) && add_within(t, n, less(limit, dm__beside_now(live_of(t))));
+    return dm__beside_relieved() && add_within(t, n, less(limit, dm__beside_now()));
 }
 
 /* Adds n to a count unless that passes its limit; the peak follows. A count
