@@ -28,16 +28,21 @@
 #include <string.h>
 #include <time.h>
 
+#include "runtime/alloc.h"
+#include "runtime/arena.h"
 #include "runtime/bcache.h"
 #include "runtime/bigblock.h"
-#include "runtime/internal.h"
+#include "runtime/context.h"
+#include "runtime/dispatch.h"
+#include "runtime/mem.h"
 #include "runtime/os.h"
 #include "runtime/refusal.h"
 #include "runtime/spill.h"
 #include "runtime/tally.h"
+#include "runtime/thread.h"
 
 #if defined(__SANITIZE_THREAD__)
-char dm__alloc_tsan_sync; /* internal.h, DM_TSAN_ACQUIRE */
+char dm__alloc_tsan_sync; /* alloc.h, DM_TSAN_ACQUIRE */
 #endif
 
 static _Atomic uint64_t foreign_frees; /* frees of blocks that are not ours */

@@ -5,7 +5,7 @@
  * NUMA node with per_node, and a big half for blocks of 4 MiB and more; their
  * settings, the purge on growth, stats, hugepage accounting and explicit
  * thread caches. It sees the memory floor below and nothing above: the
- * dispatch tables, threads and allocation paths (internal.h) use it.
+ * dispatch tables, threads and allocation paths (thread.h, dispatch.h, alloc.c) use it.
  *
  * Thread safety: arenas are made and their settings changed under dm__mem_mu;
  * the fast path and the extent hooks read settings with relaxed atomics.

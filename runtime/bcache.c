@@ -11,6 +11,9 @@
  */
 #include "runtime/bcache.h"
 
+#include "runtime/alloc.h"
+#include "runtime/thread.h"
+
 _Atomic uint64_t dm__bcache_tags[1u << DM_BCACHE_TAG_BITS];
 uint8_t dm__bcache_cap[DM_SC_COUNT];
 

@@ -34,7 +34,8 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
-#include "runtime/internal.h"
+#include "runtime/arena.h"
+#include "runtime/mem.h"
 #include "runtime/sizeclass.h"
 
 #define DM_BCACHE_TAG_BITS 14
@@ -43,6 +44,38 @@
 #define DM_BCACHE_TAG_ARENA_SHIFT (DM_VA_BITS + 6)
 _Static_assert(DM_SC_COUNT <= 64, "class field is 6 bits");
 _Static_assert(DM_JE_MAX + 1 <= (1 << (64 - DM_BCACHE_TAG_ARENA_SHIFT)), "arena field too small");
+
+#define DM_BCACHE_SLOTS 8                      /* most blocks per class and thread */
+#define DM_BCACHE_CLASS_BYTES ((size_t)64 << 10) /* fewer for big classes (at least 1):
+                                                2.3 MiB per thread at most */
+
+typedef struct dm__bcache_bin {
+    _Atomic uint32_t n;          /* written by its thread, read by stats */
+    uint32_t tag;                /* the je arena (slot + 1) of every block here */
+    dm__ctr_t *nfree;            /* that arena's free counter in this thread */
+    void *items[DM_BCACHE_SLOTS];
+} dm__bcache_bin_t;
+
+/* What the bound view does with one raw size class, learnt on first use
+ * (bcache.c, dm__bcache_learn) and forgotten at every bind. */
+/* CACHED_TALLY: cached, and bytes are counted per tag (alloc.c, bcache_tallied). */
+typedef enum {
+    DM_MEMO_UNKNOWN = 0,
+    DM_MEMO_SLOW,
+    DM_MEMO_CACHED,
+    DM_MEMO_CACHED_TALLY
+} dm__bcache_memo_state_t;
+typedef struct dm__bcache_memo {
+    dm__bcache_bin_t *bin;       /* the bin of the class its blocks have */
+    uint64_t tag_bits;           /* class and arena fields of its blocks' tags */
+    dm__ctrs_t *arena_ctrs, *rule_ctrs;
+    uint32_t tag;                /* its je arena (slot + 1) */
+    uint16_t rule;               /* its slot in the table */
+    uint8_t state;               /* dm__bcache_memo_state_t */
+    uint8_t cls;                 /* its blocks' class: dm_sc_size(cls) is their usable size */
+} dm__bcache_memo_t;
+
+struct dm__thread;
 
 #pragma GCC visibility push(hidden) /* reached as directly as a static (no GOT load) */
 
@@ -72,9 +105,9 @@ static inline void dm__bcache_tag_drop(const void *p) {
 /* Once, at init: each class's bin capacity. */
 void dm__bcache_init(void);
 /* Gives every block in t's bins back to its arena, past any jemalloc cache. */
-void dm__bcache_flush(dm__thread_t *t);
+void dm__bcache_flush(struct dm__thread *t);
 /* Learns what the bound view does with raw size class k (t->memo[k]). */
-void dm__bcache_learn(dm__thread_t *t, unsigned k);
+void dm__bcache_learn(struct dm__thread *t, unsigned k);
 /* The size class a block's tag records, or -1 when it has none (tests). */
 int dm__bcache_tag_class(const void *p);
 

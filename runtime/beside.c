@@ -46,8 +46,9 @@
 #include <string.h>
 #include <time.h>
 
+#include "runtime/arena.h"
 #include "runtime/beside.h"
-#include "runtime/internal.h"
+#include "runtime/mem.h"
 #include "runtime/os.h"
 
 #define DM_TALLY_BESIDE_STALE_NS ((uint64_t)DM_TALLY_BESIDE_STALE_MS * 1000000)

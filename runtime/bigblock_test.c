@@ -10,10 +10,12 @@
 #include <string.h>
 
 #include "jemalloc/jemalloc.h"
+#include "runtime/arena.h"
 #include "runtime/bigblock.h"
 #include "runtime/datamem.h"
-#include "runtime/internal.h"
+#include "runtime/mem.h"
 #include "runtime/test_policy.h"
+#include "runtime/thread.h"
 #include "testing/test.h"
 
 #define MB ((size_t)1 << 20)

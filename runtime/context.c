@@ -47,7 +47,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "runtime/internal.h"
+#include "runtime/context.h"
+#include "runtime/mem.h"
 #include "runtime/tally.h"
 
 #define BUCKETS 8192 /* hash chains of interned contexts */

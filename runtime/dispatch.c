@@ -25,7 +25,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "runtime/internal.h"
+#include "runtime/context.h"
+#include "runtime/dispatch.h"
+#include "runtime/mem.h"
 
 _Atomic(dm__dispatch_t *) dm__dispatch_current;
 static _Atomic int tables_live; /* published or retired but still referenced */

@@ -1,6 +1,6 @@
 /*
  * extent.c: the extent hooks of every jemalloc arena we create (arena.c makes
- * the arenas; internal.h, dm__extent_hooks). They hand out memory from
+ * the arenas; extent.h, dm__extent_hooks). They hand out memory from
  * address-space regions reserved for that arena alone (a bump pointer over
  * PROT_NONE reservations, committed on demand), mark each region's 1 GiB
  * segments in dm__mem_seg_owner (so free() finds the owner from the

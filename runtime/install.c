@@ -15,11 +15,15 @@
 #include <string.h>
 #include <time.h>
 
+#include "runtime/arena.h"
 #include "runtime/bigblock.h"
-#include "runtime/internal.h"
+#include "runtime/context.h"
+#include "runtime/dispatch.h"
+#include "runtime/install.h"
 #include "runtime/os.h"
 #include "runtime/spill.h"
 #include "runtime/tally.h"
+#include "runtime/thread.h"
 
 static uint64_t reloads, reload_failures; /* under dm__mem_mu */
 static double last_reload_time;

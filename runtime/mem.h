@@ -8,7 +8,7 @@
  * extent hooks, extent.h), spill.c (file-backed arenas, spill.h) and
  * bigblock.c (big blocks, bigblock.h), over os.c and cgroup.c (//runtime:os).
  * It is a Bazel library of its own, so the build refuses it an include of the
- * floors above (internal.h and the headers next to it): what it needs of a
+ * floors above (arena.h, thread.h and the headers next to them): what it needs of a
  * policy arena is dm__place_t, which the arena above embeds.
  *
  * Lock order, for every path and for fork (runtime.c, "init, fork", takes them

@@ -10,7 +10,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "runtime/internal.h"
+#include "runtime/dispatch.h"
+#include "runtime/thread.h"
 
 #pragma GCC visibility push(hidden)
 

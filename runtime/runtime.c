@@ -3,33 +3,37 @@
  * handling, jemalloc's options, and the observers through which the services
  * hear of installs and forks.
  *
- * The engine's files, one concern each (internal.h has the objects):
- *   alloc.c     the allocation paths: the fast path, tallied, big, realloc, free
- *   refusal.c   a failed or refused allocation: fallback, spill, the record, the log
- *   bcache.c/h  the block cache (per-thread bins of freed small blocks, tags)
- *   thread.c    per-thread state, the registry, binding a thread to the table
- *   context.c   contexts (interned tag sets)
- *   dispatch.c  the published dispatch tables and their views
- *   install.c   compiling and publishing a policy
- *   stats.c     dm_stats_snapshot
- *   arena.c     policy arenas and the jemalloc arenas behind them
- *   tally.c     bytes per tag and the worker limit; beside.c what counts beside them
- * and below them, floors the build keeps apart (docs/design.md, the picture):
- *   mem.c       the memory floor (//runtime:mem, mem.h): the engine lock and the
- *               lock order, the log, the segment map; with extent.c (the extent
- *               hooks), bigblock.c (blocks of 4 MiB and more) and spill.c
- *               (file-backed arenas)
- *   os.c        the kernel, and cgroup.c its cgroup files (//runtime:os)
+ * The engine's files, one concern each with its own header, in floors that are
+ * Bazel libraries, each seeing only the headers of those below it
+ * (docs/design.md, the picture):
+ *   the top (//runtime:runtime): this file; install.c (compiling and
+ *       publishing a policy); stats.c (dm_stats_snapshot)
+ *   the allocation floor (//runtime:engine): alloc.c (the allocation paths:
+ *       the fast path, tallied, big, realloc, free); refusal.c (a failed or
+ *       refused allocation: fallback, spill, the record, the log); bcache.c
+ *       (the block cache); thread.c (per-thread state, the registry, binding);
+ *       context.c (interned tag sets); dispatch.c (the published tables and
+ *       their views); tally.c (bytes per tag, the worker limit) and beside.c
+ *       (what counts beside the arrays)
+ *   the arena floor (//runtime:arena): arena.c, policy arenas and the
+ *       jemalloc arenas behind them
+ *   the memory floor (//runtime:mem): mem.c (the engine lock and the lock
+ *       order, the log, the segment map); extent.c (the extent hooks);
+ *       bigblock.c (blocks of 4 MiB and more); spill.c (file-backed arenas)
+ *   the kernel (//runtime:os): os.c, and cgroup.c its cgroup files
  *
  * Thread safety: dm__mem_mu guards the engine's shared state (arenas,
  * publication, the thread registry, stats); it is never taken on the fast
  * path. Init runs once (pthread_once); observers are registered at start-up.
  */
+#include "runtime/arena.h"
 #include "runtime/bcache.h"
 #include "runtime/bigblock.h"
-#include "runtime/internal.h"
+#include "runtime/context.h"
+#include "runtime/install.h"
 #include "runtime/os.h"
 #include "runtime/spill.h"
+#include "runtime/thread.h"
 
 /* jemalloc options, read once at its initialisation (docs/performance.md).
  * tcache_max: cache sizes up to 1 MiB per thread and arena (the default 32 KiB

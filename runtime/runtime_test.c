@@ -6,6 +6,8 @@
 #define TEST_NAME "runtime_test"
 #include "runtime/test_runtime.h"
 
+#include "runtime/install.h"
+
 static void test_routing(void) {
     const dm_ctx_t *root = dm_ctx_root();
     void *a = dm_alloc(root, 100, DM_DT_UNKNOWN);

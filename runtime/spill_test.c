@@ -22,6 +22,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "runtime/arena.h"
 #include "runtime/datamem.h"
 #include "runtime/os.h"
 #include "runtime/tally.h"

@@ -14,10 +14,15 @@
 #include <string.h>
 #include <time.h>
 
+#include "runtime/alloc.h"
+#include "runtime/arena.h"
 #include "runtime/bcache.h"
 #include "runtime/bigblock.h"
-#include "runtime/internal.h"
+#include "runtime/context.h"
+#include "runtime/dispatch.h"
+#include "runtime/install.h"
 #include "runtime/tally.h"
+#include "runtime/thread.h"
 
 /* One thread's (or the folded) counters into a snapshot. */
 static void counts_add(dm_counts_t *o, const dm__ctrs_t *c) {

@@ -9,9 +9,10 @@
 #include <stdint.h>
 
 #include "runtime/beside.h"
-#include "runtime/internal.h"
+#include "runtime/context.h"
+#include "runtime/mem.h"
 
-/* Hidden, as internal.h's: the fast path reaches these without a GOT load. */
+/* Hidden, as the engine's other headers': the fast path reaches these without a GOT load. */
 #pragma GCC visibility push(hidden)
 
 /* FNV-1a over `n` strings, each with its NUL: a tag row's key, a context's

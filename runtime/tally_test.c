@@ -17,12 +17,16 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "runtime/arena.h"
 #include "runtime/bcache.h"
+#include "runtime/context.h"
 #include "runtime/datamem.h"
-#include "runtime/internal.h"
+#include "runtime/dispatch.h"
+#include "runtime/mem.h"
 #include "runtime/os.h"
 #include "runtime/tally.h"
 #include "runtime/test_policy.h"
+#include "runtime/thread.h"
 #include "testing/test.h"
 
 static void load(const char *text) { test_load_policy("tally_test", text); }

@@ -23,13 +23,18 @@
 #include <valgrind/valgrind.h>
 
 #include "jemalloc/jemalloc.h"
+#include "runtime/alloc.h"
+#include "runtime/arena.h"
 #include "runtime/bcache.h"
 #include "runtime/bigblock.h"
+#include "runtime/context.h"
 #include "runtime/datamem.h"
-#include "runtime/internal.h"
+#include "runtime/dispatch.h"
+#include "runtime/mem.h"
 #include "runtime/os.h"
 #include "runtime/sizeclass.h"
 #include "runtime/test_policy.h"
+#include "runtime/thread.h"
 
 static int failures;
 

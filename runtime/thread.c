@@ -1,5 +1,5 @@
 /*
- * thread.c: the per-thread state (dm__thread_t, internal.h) and binding a thread
+ * thread.c: the per-thread state (dm__thread_t, thread.h) and binding a thread
  * to the table in force. A thread's state is a __thread variable reached on
  * the fast path through the initial-exec anchor (alloc.c, tls_fast). A thread
  * joins the registry the first time it binds or makes an explicit jemalloc
@@ -23,8 +23,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "runtime/arena.h"
 #include "runtime/bcache.h"
-#include "runtime/internal.h"
+#include "runtime/context.h"
+#include "runtime/dispatch.h"
+#include "runtime/thread.h"
 
 __thread dm__thread_t dm__thread_self;
 dm__thread_t *dm__thread_registry; /* live threads, under dm__mem_mu */

@@ -20,7 +20,7 @@
 # It is built with gcc, as Bazel's --config=tsan builds datamem: interpreter and
 # extension then share one TSan runtime (gcc's libtsan.so; clang would link its
 # own into the interpreter), and gcc defines __SANITIZE_THREAD__, which turns on
-# the runtime's annotations of jemalloc's hand-offs (runtime/internal.h). Its
+# the runtime's annotations of jemalloc's hand-offs (runtime/alloc.h). Its
 # build and the package installs run with TSan's reports off (CPython's own
 # races, which its CI suppresses, are no concern of this build).
 #
