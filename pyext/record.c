@@ -80,7 +80,7 @@ static double prof_uniform(prof_tls_t *s) { /* (0, 1] */
  * samples there are). 10 samples/s of ~100 bytes (allocation and free
  * records) is about 3.6 MB an hour, plus ~1000 x ln(duration) samples from the
  * resolution floor below (about 1.5 MB over the first hour), whatever the job
- * allocates (tests/python/test_profile.py: 3 s at ~2 TB/s, 11,700 samples,
+ * allocates (tests/python/profile/test_profile.py: 3 s at ~2 TB/s, 11,700 samples,
  * 890 KB, estimate within 3%). The burst is large enough that a short job
  * (a few thousand samples) is sampled exactly as asked. Sampled mode
  * only; full mode records everything by definition. */

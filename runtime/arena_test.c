@@ -68,7 +68,7 @@ static int njemalloc(const char *name) {
  * half (arena.c, "Big halves"), a jemalloc arena of their own; a block keeps
  * its half through realloc. `on` and `off` arenas have one jemalloc arena for
  * every size, and so does every arena made under an address-space limit
- * (tests/python/test_arenas.py: sanitizers need the address space). */
+ * (tests/python/engine/test_arenas.py: sanitizers need the address space). */
 static void test_big_halves(void) {
     const dm_ctx_t *root = dm_ctx_root();
     const size_t MB = (size_t)1 << 20;

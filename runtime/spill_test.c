@@ -279,7 +279,7 @@ static void test_calloc_zeroes_reused(void) {
 /* Blocks are reserved in whole 2 MiB chunks of the file, so that a write
  * fault's large folio (XFS; ext4 since Linux 6.16) never reaches blocks no
  * one reserved (the SIGBUS on a disk filled to its last block:
- * tests/python/test_spill_cowfs.py): blocks of 3.5 MiB hold 2 MiB chunks
+ * tests/python/engine/test_spill_cowfs.py): blocks of 3.5 MiB hold 2 MiB chunks
  * whole, counted as such, and the file holds no more than its chunks. A
  * block freed beside one that keeps their shared chunk leaves its pages
  * there (stale), and they read as zeros when reused (commit promises them). */

@@ -231,7 +231,7 @@ out:
  * caller's included) is unlisted but still points at its old neighbours, and
  * destroying one (tcache.destroy, which unlinks it) rewrites them: the
  * surviving cache's links became stale pointers and its next rebind crashed
- * (tests/python/test_processes.py, test_fork_while_threads_grow_arenas: every
+ * (tests/python/engine/test_processes.py, test_fork_while_threads_grow_arenas: every
  * child, SIGSEGV in tcache_arena_dissociate). So the child never
  * destroys them: the gone threads' stay as they were, with what they cached,
  * as jemalloc leaves the gone threads' automatic caches; the caller forgets its

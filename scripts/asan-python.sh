@@ -18,5 +18,5 @@ preload="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libubsan.so)"
 # test_build inspects the installed wheel's symbols, not this build.
 PYTHONPATH="$pkg" LD_PRELOAD="$preload" \
   ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-  python3 -m pytest -q -s -p no:cacheprovider tests/python --deselect tests/python/test_build.py \
-    --deselect tests/python/test_activation.py::test_pth_hook_is_installed
+  python3 -m pytest -q -s -p no:cacheprovider tests/python --deselect tests/python/house/test_build.py \
+    --deselect tests/python/engine/test_activation.py::test_pth_hook_is_installed

@@ -21,7 +21,7 @@ APT_OPTS=(-o Acquire::Check-Valid-Until=false -o APT::Install-Recommends=false -
 # What the Python tests import (requirements-dev.txt less matplotlib, which only
 # the benchmark plots use).
 TEST_PKGS=(pytest hypothesis prometheus_client)
-# What the tests run besides Python: nm and readelf (tests/python/test_build.py).
+# What the tests run besides Python: nm and readelf (tests/python/house/test_build.py).
 ROOT_DEBS=binutils
 # Written into each root's marker: a root made by another recipe is made again.
 RECIPE=2

@@ -70,8 +70,8 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 "$venv/bin/python" -m pip install -q --disable-pip-version-check "distributed>=2023.4" \
   "ray>=2.9" "joblib>=1.3"
-"$venv/bin/python" -m pytest -q tests/python/test_engines.py tests/python/test_cluster_tasks.py \
-  tests/python/test_cluster_netns.py
+"$venv/bin/python" -m pytest -q tests/python/cluster/test_engines.py tests/python/cluster/test_cluster_tasks.py \
+  tests/python/cluster/test_cluster_netns.py
 
 stage "Python tests under NumPy 1.26 (same wheel)"
 venv=.venv-numpy126
@@ -108,12 +108,12 @@ stage "the CPython 3.14 wheel in Debian testing (NumPy 2.5): Python tests"
 bash scripts/root-test.sh forky tests/python
 
 stage "the aarch64 CPython 3.11 wheel under qemu (bookworm arm64): smoke tests"
-bash scripts/root-test.sh arm64 tests/python/test_packaging.py tests/python/test_build.py \
-  tests/python/test_handler.py tests/python/test_processes.py
+bash scripts/root-test.sh arm64 tests/python/house/test_packaging.py tests/python/house/test_build.py \
+  tests/python/engine/test_handler.py tests/python/engine/test_processes.py
 
 stage "the x86_64 CPython 3.11 wheel on glibc 2.31 (bullseye): smoke tests"
-bash scripts/root-test.sh bullseye tests/python/test_packaging.py tests/python/test_build.py \
-  tests/python/test_handler.py tests/python/test_processes.py
+bash scripts/root-test.sh bullseye tests/python/house/test_packaging.py tests/python/house/test_build.py \
+  tests/python/engine/test_handler.py tests/python/engine/test_processes.py
 
 stage "NumPy's own test suite (slice) under datamem vs the default allocator"
 python3 tools/numpy_suite.py   # the whole suite: python3 tools/numpy_suite.py --full

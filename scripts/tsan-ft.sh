@@ -13,7 +13,7 @@
 # not see its accesses, only ours and the interpreter's.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-TESTS=(tests/python/test_free_threading.py)
+TESTS=(tests/python/engine/test_free_threading.py)
 py=$(bash scripts/ft-python.sh make-tsan)
 
 # Its own Bazel output base: the interpreter differs from the clone's main build,

@@ -42,7 +42,7 @@ static char discovery[PATH_MAX + 32];     /* our discovery file, for messages; "
 
 /* The rule is written twice, here and in python/datamem/_stats_discovery.py
  * (stats_dir): asking this function from Python would take a new wrapper in
- * pyext/ for a one-line rule. tests/python/test_stats_export.py
+ * pyext/ for a one-line rule. tests/python/stats/test_stats_export.py
  * (test_stats_dir_rule_is_the_c_sides) pins the two equal in every branch. */
 const char *dm__discovery_dir(char *buf, size_t cap) {
     const char *d = getenv("DATAMEM_STATS_DIR"); /* once per server start, never hot */

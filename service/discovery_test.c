@@ -38,7 +38,7 @@ static pid_t dead_pid(void) {
 }
 
 /* The rule python/datamem/_stats_discovery.py's stats_dir() also follows
- * (tests/python/test_stats_export.py pins the two equal). */
+ * (tests/python/stats/test_stats_export.py pins the two equal). */
 static void test_dir_rule(void) {
     char buf[256], want[64];
     setenv("DATAMEM_STATS_DIR", "/some/where", 1);

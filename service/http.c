@@ -17,7 +17,7 @@
  *   client (TCP: its address; Unix socket: its uid). A new connection over
  *   either bound evicts that client's (or everyone's) oldest connection still
  *   sending its request: a flood of slow clients can delay a real scrape by one
- *   round trip, never lock it out (tests/python/test_http.py: a scrape
+ *   round trip, never lock it out (tests/python/stats/test_http.py: a scrape
  *   succeeds while 200 slow clients are connected);
  * - a connection takes a slot only once its first bytes have arrived, and a
  *   request that is complete then is answered there and then: a scraper slow
@@ -636,7 +636,7 @@ static int listen_tcp(const char *hostport, char *url, size_t cap) {
         /* A connection reaches accept() only once its first bytes have arrived
          * (or after the request deadline): a client takes a slot when it starts
          * talking, so a flood cannot evict a scraper between its handshake and
-         * its request (tests/python/test_http.py). */
+         * its request (tests/python/stats/test_http.py). */
         int defer = HTTP_REQUEST_DEADLINE_MS / 1000;
         if (setsockopt(fd, IPPROTO_TCP, TCP_DEFER_ACCEPT, &defer, sizeof(defer)) != 0)
             dm_log("datamem: stats: TCP_DEFER_ACCEPT: %s (a flood of connections from the "

@@ -122,7 +122,7 @@ static bool seam_reached(seam_state_t state, int seconds) {
  * datamem.reload() (an install of the same file) puts in a policy that watches
  * with a 60 s debounce, and the file is written once more. The watcher's reload
  * must yield to that install: it read the later write, and put it in force under
- * the debounce the install had replaced (tests/python/test_reload.py's
+ * the debounce the install had replaced (tests/python/engine/test_reload.py's
  * reload.debounce probe saw this under load). */
 static void test_a_decided_reload_yields_to_an_install_before_its_read(void) {
     write_policy_debounced(path_b, "c1", "0ms");

@@ -266,7 +266,7 @@ def arena_of(array):
 
 # A policy's match.tag accepts only these names (policy/units.c, dm__units_name_valid),
 # so tag() refuses the rest rather than tagging what no rule can match;
-# tests/python/test_tags.py checks both sides agree.
+# tests/python/engine/test_tags.py checks both sides agree.
 _TAG_PATTERN = "[A-Za-z_][A-Za-z0-9_-]*"
 _TAG = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,62}")
 

@@ -45,7 +45,7 @@ def stats_dir():
     (service/discovery.c, dm__discovery_dir). It stays written twice: asking C
     would take a new wrapper in pyext/ for a one-line rule and tie this
     pure-Python module to the extension;
-    tests/python/test_stats_export.py::test_stats_dir_rule_is_the_c_sides pins
+    tests/python/stats/test_stats_export.py::test_stats_dir_rule_is_the_c_sides pins
     the two equal in every branch instead."""
     return os.environ.get("DATAMEM_STATS_DIR") or "/tmp/datamem-%d" % os.getuid()
 

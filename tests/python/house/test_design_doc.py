@@ -76,7 +76,7 @@ def test_every_file_and_test_the_change_table_names_exists():
         if target:  # a Bazel target: named in its package's BUILD
             with open(os.path.join(ROOT, target.group(1), "BUILD"), encoding="utf-8") as f:
                 ok = '"%s"' % target.group(2) in f.read()
-        elif re.fullmatch(r"(tests/python/test_\w+\.py)::(\w+)", ref):
+        elif re.fullmatch(r"(tests/python/(\w+/)?test_\w+\.py)::(\w+)", ref):
             path, name = ref.split("::")
             with open(os.path.join(ROOT, path), encoding="utf-8") as f:
                 ok = re.search(r"^def %s\(" % name, f.read(), re.M) is not None

@@ -189,7 +189,7 @@ def scan_code(text, into):
 def called_by_tests():
     """(the dotted datamem names the tests call, the CLI commands they run)."""
     seen = _Calls()
-    for path in sorted(glob.glob(os.path.join(TESTS, "*.py"))):
+    for path in sorted(glob.glob(os.path.join(TESTS, "**", "*.py"), recursive=True)):
         if os.path.basename(path) == os.path.basename(__file__):
             continue  # this file names every function without calling them
         scan_code(open(path, encoding="utf-8").read(), seen)

@@ -13,9 +13,8 @@ import sys
 
 import pytest
 
-from conftest import UNDER_ASAN
+from conftest import ROOT, UNDER_ASAN
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 import net  # noqa: E402
 

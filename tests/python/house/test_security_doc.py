@@ -6,6 +6,7 @@ chmods, binds or deletes a path: a scan of the sources finds every such call,
 and each must be listed (by file and function, so line numbers may move), and
 every listed place must still make one."""
 import ast
+import glob
 import os
 import re
 
@@ -48,6 +49,13 @@ def _rows(section):
     return [[c.strip() for c in row.strip().strip("|").split("|")] for row in rows[1:]]
 
 
+def _test_file(name):
+    """tests/python/<component>/NAME: a test file named by its base name."""
+    found = glob.glob(os.path.join(ROOT, "tests", "python", "**", name), recursive=True)
+    assert len(found) == 1, (name, found)
+    return found[0]
+
+
 def _missing_tests(cells):
     missing, named = [], 0
     for cell in cells:
@@ -62,7 +70,7 @@ def _missing_tests(cells):
                 current = m.group(6) + ".c"
             if m.group(1) or m.group(2):
                 current = m.group(1) or current
-                path, name = os.path.join(ROOT, "tests", "python", current), m.group(2)
+                path, name = _test_file(current), m.group(2)
                 with open(path, encoding="utf-8") as f:
                     found = re.search(r"^def %s\(" % name, f.read(), re.M)
             elif m.group(5):  # a Bazel target
