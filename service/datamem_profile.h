@@ -12,7 +12,7 @@
  * process, DIR/<pid>.dmprof (a forked child opens its own). It never allocates
  * through NumPy (libc only) and never calls Python.
  *
- * File format (little-endian, see python/datamem/_profile.py, the reader):
+ * File format (little-endian, see python/datamem/_profile/recording.py, the reader):
  *   "DMPROF1\n", then records, each a type byte and fixed fields:
  *   'H' u32 len, JSON text     process metadata (pid, ppid, mode, clock origin)
  *   'S' u32 id, u32 len, bytes  a string

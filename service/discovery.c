@@ -32,7 +32,7 @@
 #include "service/discovery.h"
 #include "service/files.h"
 
-/* How every discovery file begins; `ls` (python/datamem/_stats_discovery.py)
+/* How every discovery file begins; `ls` (python/datamem/_stats/discovery.py)
  * checks the same: a JSON object whose "datamem" is 1 and "pid" its file's
  * number. */
 #define DISCOVERY_MARK "{\"datamem\": 1, \"pid\": "
@@ -40,7 +40,7 @@
 static char discovery_dir[PATH_MAX];      /* its directory */
 static char discovery[PATH_MAX + 32];     /* our discovery file, for messages; "" = none */
 
-/* The rule is written twice, here and in python/datamem/_stats_discovery.py
+/* The rule is written twice, here and in python/datamem/_stats/discovery.py
  * (stats_dir): asking this function from Python would take a new wrapper in
  * pyext/ for a one-line rule. tests/python/stats/test_stats_export.py
  * (test_stats_dir_rule_is_the_c_sides) pins the two equal in every branch. */

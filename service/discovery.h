@@ -12,7 +12,7 @@
 #include <stddef.h>
 
 /* The stats directory: $DATAMEM_STATS_DIR if set and not empty, otherwise
- * /tmp/datamem-<uid>. python/datamem/_stats_discovery.py's stats_dir() is the
+ * /tmp/datamem-<uid>. python/datamem/_stats/discovery.py's stats_dir() is the
  * same rule (tests/python/stats/test_stats_export.py pins the two equal). */
 const char *dm__discovery_dir(char *buf, size_t cap);
 /* Writes (or rewrites) the file for endpoints `url` and `unix_path` (NULL:

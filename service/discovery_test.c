@@ -37,7 +37,7 @@ static pid_t dead_pid(void) {
     return pid;
 }
 
-/* The rule python/datamem/_stats_discovery.py's stats_dir() also follows
+/* The rule python/datamem/_stats/discovery.py's stats_dir() also follows
  * (tests/python/stats/test_stats_export.py pins the two equal). */
 static void test_dir_rule(void) {
     char buf[256], want[64];

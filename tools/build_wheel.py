@@ -1,7 +1,7 @@
 """Assembles datamem's wheel from Bazel outputs (no setuptools, no network).
 
 Usage: build_wheel.py --ext _ext.so [--lib LIB.so]... --info python_info.txt --out DIR/datamem.whl FILE...
-FILEs are the Python package sources (python/datamem/*.py) and the preset
+FILEs are the Python package sources (python/datamem/**/*.py) and the preset
 policies `tune` measures (configs/minimal.yaml, throughput.yaml), datamem.pth and
 _datamem_boot.py (the last two go to the top of site-packages).
 The output path is fixed for Bazel; `scripts/build.sh` copies it to dist/ under
@@ -49,9 +49,12 @@ def main():
     entries = []
     for f in a.files:
         base = os.path.basename(f)
-        # the start-up hook and its boot module sit at the top of site-packages
+        # the start-up hook and its boot module sit at the top of site-packages;
+        # the package keeps its sub-packages' paths (python/datamem/_cli/check.py
+        # is datamem/_cli/check.py); the presets go into the package
         top = base.endswith(".pth") or base == "_datamem_boot.py"
-        arc = base if top else "%s/%s" % (NAME, base)
+        inside = f.replace(os.sep, "/").partition("python/%s/" % NAME)[2]
+        arc = base if top else "%s/%s" % (NAME, inside or base)
         entries.append((arc, open(f, "rb").read()))
     entries.append(("%s/_ext%s" % (NAME, info["ext_suffix"]), open(a.ext, "rb").read()))
     for lib in a.lib:

@@ -11,7 +11,7 @@ outlives a call:
 - C (runtime/, service/, pyext/, tests and fuzz drivers left out): every
   declaration at file scope, and every `static` one inside a function, unless it
   cannot change (`const` on the variable itself, not only on what it points to);
-- Python (python/datamem/): every module-level name bound to a mutable
+- Python (python/datamem/ and its sub-packages): every module-level name bound to a mutable
   container or a lock (`{}`, `[]`, `set()`, `WeakSet()`, `Lock()`, ...) and every
   name a function rebinds with `global`.
 
@@ -379,10 +379,12 @@ def main(root):
                 continue
             rel = "%s/%s" % (d, f)
             found[rel] = c_variables(os.path.join(root, rel))
-    for f in sorted(os.listdir(os.path.join(root, PY_DIR))):
-        if f.endswith(".py"):
-            rel = "python/datamem/%s" % f
-            found[rel] = py_variables(os.path.join(root, rel))
+    for dirpath, dirs, files in sorted(os.walk(os.path.join(root, PY_DIR))):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        for f in sorted(files):
+            if f.endswith(".py"):
+                rel = os.path.relpath(os.path.join(dirpath, f), root).replace(os.sep, "/")
+                found[rel] = py_variables(os.path.join(root, rel))
     for rel, variables in sorted(found.items()):
         named = rows.get(rel, {})
         for line, name, _ in variables:

@@ -21,7 +21,9 @@ import sys
 import threading
 import weakref
 
-from . import _arrow, _ext, _stats_tables, _text
+from . import _arrow, _ext, _text
+
+from ._stats import tables as _tables
 from ._ext import PolicyError
 
 __all__ = ["install", "uninstall", "reload", "tag", "stats", "current_policy",
@@ -406,7 +408,7 @@ def _holders(kind, n=3):
     # with a share of a cgroup's limit what the group's other processes hold
     tb = s.get("tag_bytes") or {}
     beside = tb.get("worker_beside") if kind == "worker" else None
-    group = _stats_tables.budget_is_shared(tb)
+    group = _tables.budget_is_shared(tb)
     beside = "beside the arrays (%smalloc, Arrow, Python objects) %s" % (
         "the cgroup's other processes, " if group else "",
         _text.human_bytes(beside, "bytes")) if beside else None

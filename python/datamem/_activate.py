@@ -1,6 +1,6 @@
 """Imported by the start-up hook (datamem.pth, _datamem_boot.py) when
 DATAMEM_CONFIG, DATAMEM_CONFIG_TEXT or DATAMEM_PROFILE (record an allocation
-profile: _profile.py) is set, at the end of the process's import of NumPy (or
+profile: _profile/recording.py) is set, at the end of the process's import of NumPy (or
 of datamem), in whichever thread made it.
 
 DATAMEM_CONFIG_TEXT carries the policy itself, for a process started where no
@@ -36,10 +36,10 @@ def _activate():
             from datamem import _files
             path = os.environ["DATAMEM_CONFIG"] = _files.policy_file(os.fsencode(text))
         if os.environ.get("DATAMEM_PROFILE"):  # record an allocation profile
-            from datamem import _profile
+            from datamem._profile import recording
             import datamem
             datamem._cover_main_thread_later()
-            path = _profile.activate_from_env()
+            path = recording.activate_from_env()
             return
         import datamem
         datamem._cover_main_thread_later()

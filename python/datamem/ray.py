@@ -213,14 +213,14 @@ def worker_setup():
 def _node_stats():
     """{"host:pid": stats} of the Ray workers on this node that serve stats."""
     import socket
-    from datamem import _stats_client, _stats_reload
+    from datamem._stats import client, reload
     out = {}
     host = socket.gethostname()
-    for pid, snap in _stats_client.scrape_all().items():
+    for pid, snap in client.scrape_all().items():
         if isinstance(snap, Exception):
             continue
         try:
-            cmd = _stats_reload._cmdline(pid)
+            cmd = reload._cmdline(pid)
         except OSError:
             continue
         if cmd.startswith("ray::"):  # Ray names its workers' processes ray::<task>

@@ -73,7 +73,7 @@ GIL_STEPS = textwrap.dedent(r"""
     check("start-up activation (DATAMEM_CONFIG)")
     import numpy as np
     import datamem
-    from datamem import _profile
+    from datamem._profile import recording
     check("import datamem")
     policy = os.environ["POLICY"]
     datamem.install(policy)
@@ -95,7 +95,7 @@ GIL_STEPS = textwrap.dedent(r"""
     assert b"datamem" in urllib.request.urlopen(url, timeout=30).read()
     check("serve_stats")
     d = tempfile.mkdtemp()
-    assert _profile.start(d, sample=0).startswith(d)
+    assert recording.start(d, sample=0).startswith(d)
     np.ones(100)
     datamem._ext.profile_stop()
     check("profile")

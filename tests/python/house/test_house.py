@@ -85,3 +85,33 @@ def test_the_check_sees_a_shared_internal_named_after_another_file(tmp_path):
     assert check_house.misnamed(str(src), "units.c") == [
         "units.c:7: dm__name_valid is shared across files: name it dm__units_*",
         "units.c:10: dm__policy_schema is shared across files: name it dm__units_*"]
+
+
+def _imports(path):
+    """The modules a Python file imports, absolute (datamem._cli.stats) or relative
+    to its package, resolved against python/datamem's layout."""
+    import ast
+    rel = os.path.relpath(path, os.path.join(ROOT, "python"))
+    package = os.path.dirname(rel).replace(os.sep, ".")
+    out = set()
+    for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = package.rsplit(".", node.level - 1)[0] if node.level else ""
+            mod = ".".join(p for p in (base, node.module) if p)
+            out |= {mod} | {mod + "." + a.name for a in node.names}
+    return out
+
+
+def test_the_library_never_imports_its_command_line():
+    pkg = os.path.join(ROOT, "python", "datamem")
+    library = [os.path.join(d, f) for d, _, fs in os.walk(pkg) for f in fs
+               if f.endswith(".py") and os.sep + "_cli" not in d and f != "__main__.py"]
+    assert len(library) > 20, library
+    bad = {os.path.relpath(p, ROOT): sorted(m for m in _imports(p) if m.startswith("datamem._cli"))
+           for p in library}
+    assert not {p: m for p, m in bad.items() if m}, bad
+    # the scan sees an import of the CLI where there is one
+    assert "datamem._cli" in _imports(os.path.join(pkg, "__main__.py"))
+    assert "datamem._stats.reload" in _imports(os.path.join(pkg, "_cli", "reload.py"))

@@ -48,8 +48,8 @@ def _cli_commands():
     """The subcommands (and top-level options: --version) `python -m datamem`
     accepts, from its parsers' source."""
     names = set()
-    for f in ("__main__.py", "_stats_cli.py"):
-        text = open(os.path.join(PKG, f)).read()
+    for f in sorted(glob.glob(os.path.join(PKG, "_cli", "*.py"))):
+        text = open(f).read()
         names |= set(re.findall(r'add_parser\(\s*"([a-z-]+)"', text))
         names |= set(re.findall(r'\bap\.add_argument\(\s*"(--[a-z-]+)"', text))
     return names

@@ -194,9 +194,8 @@ def _scan():
         for name in sorted(os.listdir(os.path.join(ROOT, d))):
             if name.endswith(".c") and not re.search(r"_test\.c$|fuzz|gen_reference", name):
                 found |= _c_places(os.path.join(d, name))
-    for name in sorted(os.listdir(os.path.join(ROOT, PY_DIR))):
-        if name.endswith(".py"):
-            found |= _py_places(os.path.join(PY_DIR, name))
+    for path in sorted(glob.glob(os.path.join(ROOT, PY_DIR, "**", "*.py"), recursive=True)):
+        found |= _py_places(os.path.relpath(path, ROOT))
     return found
 
 
@@ -215,11 +214,11 @@ def test_the_scan_finds_the_places_it_is_meant_to():
     for place in [("service/sock.c", "bind_private"), ("service/files.c", "dm__files_create"),
                   ("service/textfile.c", "textfile_write"), ("policy/trust.c", "lookup"),
                   ("python/datamem/_files.py", "write_atomic"),
-                  ("python/datamem/_stats_record.py", "cmd_plot")]:
+                  ("python/datamem/_stats/record.py", "cmd_plot")]:
         assert place in found, (place, sorted(found))
     # a read-only open is not a place that writes
     assert ("runtime/os.c", "read_small") not in found and \
-        not any(f == "python/datamem/_stats_reload.py" for f, _ in found), sorted(found)
+        not any(f == "python/datamem/_stats/reload.py" for f, _ in found), sorted(found)
 
 
 def test_every_place_that_writes_a_path_is_in_the_audit():

@@ -1,4 +1,4 @@
-"""The policy commands, `check` and `explain` (python/datamem/__main__.py over
+"""The policy commands, `check` and `explain` (python/datamem/_cli/check.py and explain.py over
 policy/): what the author of a policy sees, its summary, its errors and the
 warnings about what is legal but probably not meant (printed at start-up too).
 Each test fails without the check it pins."""

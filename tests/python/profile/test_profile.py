@@ -426,10 +426,10 @@ _UNTRUSTED_WHY = {"another user's": "owned by uid 65534, not by this user",
 @pytest.mark.parametrize("how", ["another user's", "writable by others", "a symbolic link"])
 def test_profile_refuses_a_directory_it_cannot_trust(tmp_path, how):
     # Attack pinned: an existing DIR of any owner was accepted, so whoever could
-    # write there could plant links or files. The writer (datamem._profile.start,
+    # write there could plant links or files. The writer (datamem._profile.recording.start,
     # the C side) refuses it in one line and the job runs on without a profile.
     d, target = _untrusted_dir(tmp_path, how)
-    code = ("import numpy as np, datamem._profile as p; "
+    code = ("import numpy as np, datamem._profile.recording as p; "
             "print(repr(p.start(%r, 0))); np.ones(10); print('job ran')" % str(target))
     r = subprocess.run([sys.executable, "-c", code], env=_env({}),
                        capture_output=True, text=True, timeout=60)
@@ -985,9 +985,9 @@ def test_sigterm_flushes_a_profile_started_while_the_process_serves(tmp_path):
                    "stats:\n  unix_socket: %s/{pid}.sock\n" % run)
     out = tmp_path / "prof"
     code = ("import os, signal, numpy as np, datamem\n"
-            "from datamem import _profile\n"
+            "from datamem._profile import recording\n"
             "assert os.path.exists(%r %% os.getpid())\n"     # serving: its handler is in
-            "_profile.start(%r, sample=0)\n"
+            "recording.start(%r, sample=0)\n"
             "keep = [np.empty(5003) for _ in range(7)]\n"
             "os.kill(os.getpid(), signal.SIGTERM)\n"
             "raise SystemExit('SIGTERM did not end the process')\n"

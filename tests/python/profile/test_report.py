@@ -1,4 +1,4 @@
-"""Reading profiles (python/datamem/_profile.py's reader, _report.py, _suggest.py)
+"""Reading profiles (python/datamem/_profile/: read.py, report.py, suggest.py)
 against files written byte by byte: cut short, hostile, large.
 
 Recording real jobs is tested in test_profile.py; here every .dmprof is built
@@ -374,8 +374,8 @@ def test_report_memory_does_not_grow_with_the_profile(tmp_path):
                    timeout=300)
     size = os.path.getsize(d / "99.dmprof")
     assert size > 75e6
-    base = _max_rss_kib([sys.executable, "-c", "import numpy, datamem._report, datamem._ext, "
-                                               "datamem.__main__"])
+    base = _max_rss_kib([sys.executable, "-c", "import numpy, datamem._profile.report, datamem._ext, "
+                                               "datamem._cli"])
     out = tmp_path / "report.json"
     used = _max_rss_kib([sys.executable, "-m", "datamem", "report", str(d), "--json"], out) - base
     assert used * 1024 < size / 2, (used, size)
@@ -394,8 +394,9 @@ _FUZZ_BASE = bytes(_job(temps=6, keep=4).b)
 
 @pytest.fixture(scope="module")
 def _reader():
-    from datamem import _profile, _report, _suggest
-    return _profile, _report, _suggest
+    from datamem._profile import read, report, suggest
+    from datamem._profile.dmprof import ProfileError
+    return read, report, suggest, ProfileError
 
 
 def _mutate(data, ops):
@@ -415,7 +416,7 @@ def _mutate(data, ops):
 
 def test_reader_fuzz_gives_a_profile_or_one_error(tmp_path, _reader):
     from hypothesis import HealthCheck, given, settings, strategies as st
-    _profile, _report, _suggest = _reader
+    read, report, suggest, ProfileError = _reader
     op = st.tuples(st.integers(0, 3), st.integers(0, 1 << 20), st.integers(0, 255))
 
     @settings(max_examples=300, deadline=None, derandomize=True,
@@ -426,15 +427,15 @@ def test_reader_fuzz_gives_a_profile_or_one_error(tmp_path, _reader):
         d.mkdir(exist_ok=True)
         (d / "4242.dmprof").write_bytes(_mutate(_FUZZ_BASE, ops))
         try:
-            p = _profile.load(str(d))
-        except _profile.ProfileError as e:
+            p = read.load(str(d))
+        except ProfileError as e:
             assert "\n" not in str(e).strip(), str(e)
             return
-        s = _report.summarize(p, top=5)
-        _report.text(s)
-        _report.html(p, s)
-        _report.to_json(s)
-        _suggest.suggest(p)
+        s = report.summarize(p, top=5)
+        report.text(s)
+        report.html(p, s)
+        report.to_json(s)
+        suggest.suggest(p)
 
     check()
 

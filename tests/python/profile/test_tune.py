@@ -155,7 +155,7 @@ def test_tune_pick_follows_its_stated_rule():
     """The rule tune --help and docs/find-your-policy.md state: a run that did not
     finish is out; so is peak RSS > 2% above the default's; of the rest, CPU within
     3% of the lowest; of those, the fewest bytes zeroed."""
-    from datamem._tune import pick
+    from datamem._profile.tune import pick
     base = _s(1.00, 100e6, 900e6)
     # fewest zeroed wins among the fast, lean ones
     assert pick({"default": base, "a": _s(1.00, 101e6, 300e6),

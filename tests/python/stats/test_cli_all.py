@@ -11,7 +11,8 @@ import uuid
 
 from conftest import CONFIGS, ROOT
 
-from datamem import _stats_cli, _stats_tables
+from datamem._cli import stats as stats_cli
+from datamem._stats import tables
 
 DEMO = os.path.join(CONFIGS, "demo.yaml")
 
@@ -110,8 +111,8 @@ def _worst_snapshot(t):
 
 def test_top_rendering_fits_80_columns_at_worst():
     prev, cur = _worst_snapshot(1.0), _worst_snapshot(2.0)
-    text = _stats_tables.header(cur, "http://127.0.0.1:65535" + "/x" * 40) + "\n" + \
-        _stats_tables.table(cur, prev)
+    text = tables.header(cur, "http://127.0.0.1:65535" + "/x" * 40) + "\n" + \
+        tables.table(cur, prev)
     lines = text.splitlines()
     assert all(len(l) <= 80 for l in lines), "\n".join("%3d %s" % (len(l), l) for l in lines)
     # Too much for one line: the policy's path gets a line of its own.
@@ -265,7 +266,7 @@ def test_top_shows_limits_in_80_columns():
     for snap in (prev, cur):
         arenas = snap["arenas"]
         arenas["b"] = dict(arenas["b"], limit_bytes=8 << 30, live_bytes=6 << 30)
-    lines = _stats_tables.table(cur, prev).splitlines()
+    lines = tables.table(cur, prev).splitlines()
     assert all(len(l) <= 80 for l in lines), "\n".join(lines)
     head = lines[0].split()
     assert "LIMIT" in head and "ACTIVE" not in head, head
@@ -275,7 +276,7 @@ def test_top_shows_limits_in_80_columns():
     other = next(r for n, r in rows.items() if n != "b")
     assert other[col] == "-", other
     # No limit anywhere: the usual columns.
-    assert "LIMIT" not in _stats_tables.table(_worst_snapshot(2.0), _worst_snapshot(1.0))
+    assert "LIMIT" not in tables.table(_worst_snapshot(2.0), _worst_snapshot(1.0))
 
 
 def test_top_shows_spill_arenas_in_80_columns():
@@ -288,7 +289,7 @@ def test_top_shows_spill_arenas_in_80_columns():
                                    backing_max=big, backing_resident_bytes=big,
                                    backing_resident_max=None, backing_paged_out_bytes=big,
                                    backing_full=999_999_999)
-    lines = _stats_tables.top_text(cur, prev, "x").splitlines()
+    lines = tables.top_text(cur, prev, "x").splitlines()
     assert all(len(l) <= 80 for l in lines), "\n".join(lines)
     at = next(i for i, l in enumerate(lines) if l.startswith("SPILL ARENA"))
     assert lines[at].split() == ["SPILL", "ARENA", "ON", "DISK", "DISK", "MAX", "RESIDENT", "RES",
@@ -297,13 +298,13 @@ def test_top_shows_spill_arenas_in_80_columns():
                                      "1023.9TiB", "999999999"], lines[at + 1]
     assert at + 2 == len(lines)  # one spill arena: one row
     # `top --all`: a row per process and spill arena.
-    text = _stats_cli.top_all_text({41: cur, 42: cur}, {41: prev, 42: prev})
+    text = stats_cli.top_all_text({41: cur, 42: cur}, {41: prev, 42: prev})
     lines = text.splitlines()
     assert all(len(l) <= 80 for l in lines), text
     at = next(i for i, l in enumerate(lines) if l.startswith("PID") and "SPILL ARENA" in l)
     assert [l.split()[:2] for l in lines[at + 1:]] == [["41", "b*"], ["42", "b*"]], text
     # No file-backed arena: no spill table.
-    assert "SPILL" not in _stats_tables.top_text(_worst_snapshot(2.0), _worst_snapshot(1.0), "x")
+    assert "SPILL" not in tables.top_text(_worst_snapshot(2.0), _worst_snapshot(1.0), "x")
 
 
 def _subparsers(ap):
@@ -319,8 +320,8 @@ def test_every_command_and_option_has_help():
     `record --out` each print help (they once printed none). Walks the CLI's
     own parser: every subcommand has a help line, every option and argument of
     each has a help text, and `-h` exits 0 for each."""
-    from datamem import __main__ as cli_main
-    ap = cli_main.parser()[0]
+    from datamem import _cli
+    ap = _cli.parser()[0]
     subs = _subparsers(ap)
     assert {"check", "explain", "reload", "stats", "ls", "top", "record", "plot",
             "profile", "report", "suggest"} <= set(subs), sorted(subs)

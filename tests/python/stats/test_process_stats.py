@@ -17,7 +17,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import CONFIGS, ROOT, UNDER_ASAN, run_py, wait_for
 
-from datamem import _stats_client, _stats_tables, _text
+from datamem import _text
+from datamem._stats import client, tables
 
 DEMO = os.path.join(CONFIGS, "demo.yaml")
 MIB = 1 << 20
@@ -223,38 +224,38 @@ def test_top_shows_the_worker_budget_and_what_counts_against_it():
     and what is held beside them, with a cgroup's limit by the whole group."""
     tb = {"live": 512 * MIB, "worker_limit": 1792 * MIB, "worker_limit_source": "cgroup v1",
           "worker_beside": 1434 * MIB, "worker_refused": 14, "worker_spilled": 11}
-    last = _stats_tables.top_text(_snap(tag_bytes=tb), None, "x").splitlines()[-2:]
+    last = tables.top_text(_snap(tag_bytes=tb), None, "x").splitlines()[-2:]
     assert last == ["budget 1.8GiB cgroup v1 group  arrays 512.0MiB  beside 1.4GiB  109%",
                     "  past it: 11 spilled (worker_spill), 3 MemoryError"], last
     tb.update(worker_limit_source="env", worker_beside=0, worker_refused=0, worker_spilled=0)
-    last = _stats_tables.top_text(_snap(tag_bytes=tb), None, "x").splitlines()[-1]
+    last = tables.top_text(_snap(tag_bytes=tb), None, "x").splitlines()[-1]
     assert last == "budget 1.8GiB env  arrays 512.0MiB  beside 0B  29%", last
     # no worker limit (none set: UINT64_MAX, or an older datamem): no line
     tb["worker_limit"] = 2 ** 64 - 1
-    assert not _stats_tables.top_text(_snap(tag_bytes=tb), None, "x").splitlines()[-1].startswith(
+    assert not tables.top_text(_snap(tag_bytes=tb), None, "x").splitlines()[-1].startswith(
         "budget")
-    assert not _stats_tables.top_text(_snap(), None, "x").splitlines()[-1].startswith("budget")
+    assert not tables.top_text(_snap(), None, "x").splitlines()[-1].startswith("budget")
     tb.update(worker_limit=1, worker_limit_source="\x1b[31m" * 40, live=2 ** 60)
     assert all(len(l) <= 80 and "\x1b" not in l
-               for l in _stats_tables.top_text(_snap(tag_bytes=tb), None, "x").splitlines())
+               for l in tables.top_text(_snap(tag_bytes=tb), None, "x").splitlines())
 
 
 def test_top_shows_the_process_under_the_arenas():
     s = _snap(process_resident_bytes=1 << 30, outside_arenas_resident_bytes=768 * MIB)
-    lines = _stats_tables.top_text(s, None, "x").splitlines()
+    lines = tables.top_text(s, None, "x").splitlines()
     assert lines[-1] == "process 1.0GiB  arenas 256.0MiB (25%)  outside 768.0MiB"
     s["pyarrow_allocated_bytes"] = 100 * MIB
-    lines = _stats_tables.top_text(s, None, "x").splitlines()
+    lines = tables.top_text(s, None, "x").splitlines()
     assert lines[-1].endswith("outside 768.0MiB  pyarrow 100.0MiB")
     # An endpoint without the numbers (an older datamem): no line.
-    assert not _stats_tables.top_text(_snap(), None, "x").splitlines()[-1].startswith("process")
+    assert not tables.top_text(_snap(), None, "x").splitlines()[-1].startswith("process")
     big = 1023.9 * 2 ** 40
     s = _snap(process_resident_bytes=big, outside_arenas_resident_bytes=big,
               pyarrow_allocated_bytes=big)
-    assert all(len(l) <= 80 for l in _stats_tables.top_text(s, None, "x").splitlines())
+    assert all(len(l) <= 80 for l in tables.top_text(s, None, "x").splitlines())
 
 
 @pytest.mark.parametrize("key", ["process_resident_bytes", "outside_arenas_resident_bytes",
                                  "pyarrow_allocated_bytes"])
 def test_top_refuses_a_snapshot_whose_process_numbers_are_not_numbers(key):
-    assert "is not a number" in _stats_client._snapshot_problem(_snap(**{key: "1 GiB"}))
+    assert "is not a number" in client._snapshot_problem(_snap(**{key: "1 GiB"}))

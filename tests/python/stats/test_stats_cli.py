@@ -1,4 +1,4 @@
-"""The stats client (python/datamem/_stats_cli.py: `stats`, `ls`, `top`, `reload`)
+"""The stats client (python/datamem/_cli/stats.py: `stats`, `ls`, `top`, `reload`)
 against hostile input: a discovery directory or entries it
 must not trust, files it must not delete or write through, endless or malformed
 replies, escape sequences meant for the terminal, and processes it must not
@@ -23,7 +23,8 @@ import pytest
 
 from conftest import ROOT, UNDER_ASAN
 
-from datamem import _stats_discovery, _stats_sd, _text
+from datamem import _text
+from datamem._stats import discovery, sd
 
 NOBODY = 65534
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="SKIP: needs root, to play another "
@@ -90,13 +91,13 @@ def test_a_discovery_directory_the_c_side_refuses_is_refused(tmp_path, how):
         else:
             os.chmod(disc, 0o777)
     env = {"DATAMEM_STATS_DIR": str(disc)}
-    sd = tmp_path / "sd.json"
-    for args in (["ls"], ["ls", "--json"], ["ls", "--prometheus-sd", sd, "--once"],
+    sd_file = tmp_path / "sd.json"
+    for args in (["ls"], ["ls", "--json"], ["ls", "--prometheus-sd", sd_file, "--once"],
                  ["top", "--all", "--once", "--interval", "0"], ["stats", os.getpid()]):
         err = one_line_error(cli(*args, env=env))
         assert "10.6.6.6" not in err
         assert ("discovery directory refused: %s" % disc) in err, err
-    assert not sd.exists()
+    assert not sd_file.exists()
 
 
 @as_root
@@ -198,13 +199,13 @@ def test_prometheus_sd_never_writes_through_a_planted_link(tmp_path):
     # symbolic link planted at that name made a root job overwrite any file.
     victim = tmp_path / "victim"
     victim.write_text("precious\n")
-    sd = tmp_path / "targets.json"
+    out = tmp_path / "targets.json"
     (tmp_path / ("targets.json.tmp.%d" % os.getpid())).symlink_to(victim)
-    text = _stats_sd.write_sd(str(sd), [{"targets": ["127.0.0.1:1"], "labels": {}}])
+    text = sd.write_sd(str(out), [{"targets": ["127.0.0.1:1"], "labels": {}}])
     assert victim.read_text() == "precious\n"
-    assert json.loads(sd.read_text()) == json.loads(text)
-    assert not sd.is_symlink()
-    assert stat.S_IMODE(sd.stat().st_mode) == 0o644     # Prometheus may run as another user
+    assert json.loads(out.read_text()) == json.loads(text)
+    assert not out.is_symlink()
+    assert stat.S_IMODE(out.stat().st_mode) == 0o644     # Prometheus may run as another user
     assert [n for n in os.listdir(tmp_path) if ".tmp." in n] == \
         ["targets.json.tmp.%d" % os.getpid()]          # only the planted link, untouched
 
@@ -539,7 +540,7 @@ def test_discovery_entry_check_fuzz():
     from hypothesis import given, settings, strategies as st
     good = {"datamem": 1, "pid": 4242, "url": "http://127.0.0.1:1/metrics", "unix_socket": "",
             "argv0": "python", "cmdline": "python job.py", "started": 1.0, "version": "0.1.0"}
-    assert _stats_discovery._entry_problem(good, 4242) is None
+    assert discovery._entry_problem(good, 4242) is None
     json_values = st.recursive(
         st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
         lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
@@ -550,7 +551,7 @@ def test_discovery_entry_check_fuzz():
     @given(json_values, st.dictionaries(st.sampled_from(sorted(good)), json_values, max_size=3))
     def check(value, overrides):
         for entry in (value, dict(good, **overrides)):
-            problem = _stats_discovery._entry_problem(entry, 4242)
+            problem = discovery._entry_problem(entry, 4242)
             assert problem is None or isinstance(problem, str)
 
     check()

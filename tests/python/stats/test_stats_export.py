@@ -853,7 +853,7 @@ def test_discovery_directory_it_cannot_trust_is_refused(tmp_path, how):
 
 
 # The stats-directory rule is written twice: service/discovery.c
-# (dm__discovery_dir) and python/datamem/_stats_discovery.py (stats_dir). Both
+# (dm__discovery_dir) and python/datamem/_stats/discovery.py (stats_dir). Both
 # stay (asking C would take a pyext/ wrapper for a one-line rule); this test pins
 # them equal in every branch of the rule, in one process whose environment both
 # read. It sets XDG_RUNTIME_DIR throughout, so a side that started to consult it
@@ -871,9 +871,9 @@ def test_stats_dir_rule_is_the_c_sides(tmp_path, value):
         env["DATAMEM_STATS_DIR"] = value
     code = (
         "import json, os, datamem\n"
-        "from datamem import _stats_discovery\n"
+        "from datamem._stats import discovery\n"
         "datamem.serve_stats('127.0.0.1:0')\n"
-        "d = _stats_discovery.stats_dir()\n"
+        "d = discovery.stats_dir()\n"
         "print(json.dumps({'dir': d, 'entry': os.path.exists(\n"
         "    os.path.join(d, '%d.json' % os.getpid()))}))\n")
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,

@@ -1,4 +1,4 @@
-"""Allocation profiles: recording and reading.
+"""Allocation profiles: recording (the reading is read.py's).
 
 Recording: DATAMEM_PROFILE=DIR (set by `python -m datamem profile`, or by hand)
 makes the start-up hook record every process's NumPy allocations into
@@ -12,28 +12,12 @@ writer (service/profile.c). Settings, read once at start-up:
 Without DATAMEM_CONFIG the job runs under a built-in pass-through policy (one
 arena, `default`, for everything), written to DIR/passthrough.yaml.
 
-
-Reading: load(DIR) (_profile_read.py; the file format and the per-file reader
-in _profile_file.py) streams every file and returns one Profile of sums;
-_report.py and _suggest.py work from it. Its names are imported here, so
-`_profile.load`, `_profile.ProfileError` and the like keep working.
 """
 import json
 import os
 import sys
 
-from . import _text
-from ._profile_file import (  # noqa: F401
-    BIG, BLOCK, FLAG_CALLOC, FLAG_NOGIL, FLAG_REALLOC, HEADER_MAX, LIFE_EDGES, LONG, MAGIC,
-    SAMPLE_MAX, SHORT, SIZE_EDGES, STACK_MAX, STRING_MAX, TEMP_EVENTS_MAX, TINY, ProfileError,
-    _File)
-# INTERNAL_PACKAGES: the recorded call site of an allocation is the innermost
-# Python frame outside these packages (pyext/site.c, internal_packages): what a
-# user means by "my code" when NumPy, pandas, SciPy or scikit-learn made the
-# array for them.
-from ._profile_read import (  # noqa: F401
-    INTERNAL_PACKAGES, SITE_COLUMNS, TOTAL_COLUMNS, Profile, is_library, load)
-
+from .. import _text
 DEFAULT_SAMPLE = 512 * 1024
 
 
@@ -82,7 +66,7 @@ def start(directory, sample=DEFAULT_SAMPLE, stacks=None, policy=None, max_bytes=
     """Starts recording this process into DIRECTORY/<pid>.dmprof (sample=0: full
     mode; max_bytes: each process's file stops there, 0 = the writer's default,
     256 MiB). Must run before datamem.install() so that every handler records."""
-    from . import _ext
+    from .. import _ext
     import numpy
     full = sample == 0
     if stacks is None:
@@ -101,7 +85,7 @@ def start(directory, sample=DEFAULT_SAMPLE, stacks=None, policy=None, max_bytes=
 def _patch_exit():
     """multiprocessing's fork children end with os._exit, which skips atexit:
     flush the profile first."""
-    from . import _ext
+    from .. import _ext
     real = os._exit
     if getattr(real, "_datamem_flush", False):
         return
@@ -123,7 +107,7 @@ def passthrough_policy(directory):
     always holds our own text: an existing one is replaced through a temporary
     file and os.replace (never written through a planted link), unless it is
     already exactly our bytes, ours, and not writable by others."""
-    from ._files import owned_dir, write_if_changed
+    from .._files import owned_dir, write_if_changed
     directory = os.fspath(directory)
     fd = owned_dir(directory, create=True)
     try:
@@ -144,7 +128,7 @@ def activate_from_env():
     max_bytes = parse_max(os.environ.get("DATAMEM_PROFILE_MAX") or "0")
     # The directory is checked here, whatever the policy: one that cannot be
     # trusted stops the job at start-up with one line, as a bad policy does.
-    from ._files import owned_dir
+    from .._files import owned_dir
     os.close(owned_dir(directory, create=True))
     policy = os.environ.get("DATAMEM_CONFIG") or passthrough_policy(directory)
     start(directory, sample, stacks, policy, max_bytes)

@@ -1,7 +1,7 @@
 """Allocation profiles: the format of one .dmprof file (service/datamem_profile.h)
 and its reader, _File, which yields a file's records a block at a time with
 every field checked (a hostile or damaged file gets one line, never a
-traceback). The sums over a directory are in _profile_read.py.
+traceback). The sums over a directory are in read.py.
 """
 import json
 import os
@@ -12,7 +12,7 @@ import numpy as np
 
 SHORT = 0.1           # seconds: freed this soon = a temporary of an expression
 LONG = 1.0            # seconds: freed this late, or never = long-lived
-BIG = 4 << 20         # suggest's "big" arrays (see _suggest.py)
+BIG = 4 << 20         # suggest's "big" arrays (see suggest.py)
 TINY = 1024           # suggest's tiny arrays
 SIZE_EDGES = [0, 1 << 10, 16 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20,
               256 << 20, 1 << 30]

@@ -6,24 +6,24 @@ A TARGET is a pid (looked up in the discovery directory), a URL
 (http://127.0.0.1:PORT, with or without /metrics), host:port, or the path of
 a Unix socket.
 
-This module is the command glue (cmd_*, add_commands, run); the work lives in
-  _stats_discovery.py  the discovery directory: list_processes, registered
-  _stats_client.py     scraping a TARGET: resolve, fetch, fetch_json, scrape_all
-  _stats_tables.py     what `top` prints: table, top_text, header, table_all
-  _stats_sd.py         `ls --prometheus-sd`: sd_targets, write_sd
-  _stats_reload.py     `reload`: not_ours, datamem_pids, reload_pid, reload_all
-  _stats_record.py     `record` and `plot`
+This module is the command glue (cmd_*, add, run); the work lives in
+  _stats/discovery.py  the discovery directory: list_processes, registered
+  _stats/client.py     scraping a TARGET: resolve, fetch, fetch_json, scrape_all
+  _stats/tables.py     what `top` prints: table, top_text, header, table_all
+  _stats/sd.py         `ls --prometheus-sd`: sd_targets, write_sd
+  _stats/reload.py     `reload`: not_ours, datamem_pids, reload_pid, reload_all
+  _stats/record.py     `record` and `plot`
 """
 import json
 import sys
 import time
 
-from ._stats_client import fetch, fetch_json, resolve, scrape_all
-from ._stats_discovery import TargetError, list_processes, stats_dir
-from ._stats_record import cmd_plot, cmd_record
-from ._stats_sd import cmd_prometheus_sd
-from ._stats_tables import header_all, spill_table, table, table_all, top_text
-from ._text import printable
+from .._stats.client import fetch, fetch_json, resolve, scrape_all
+from .._stats.discovery import TargetError, list_processes, stats_dir
+from .._stats.record import cmd_plot, cmd_record
+from .._stats.sd import cmd_prometheus_sd
+from .._stats.tables import header_all, spill_table, table, table_all, top_text
+from .._text import printable
 
 
 # ---- commands --------------------------------------------------------------------------
@@ -108,9 +108,9 @@ def top_all_text(cur, prev):
     return "\n".join(p for p in parts if p)
 
 
-# ---- argparse (wired into python -m datamem) ---------------------------------------------
+# ---- the command protocol (_cli/__init__.py) ---------------------------------------------
 
-COMMANDS = ("stats", "ls", "top", "record", "plot")
+NAMES = ("stats", "ls", "top", "record", "plot")
 
 USAGE = """\
   stats TARGET [--json]               scrape a process: Prometheus text, or /stats.json
@@ -129,7 +129,7 @@ USAGE = """\
 TARGET_HELP = "a pid, a URL, host:port, or a Unix socket path"
 
 
-def add_commands(sub):
+def add(sub):
     s = sub.add_parser("stats", help="scrape a process's stats")
     s.add_argument("target", help=TARGET_HELP)
     s.add_argument("--json", action="store_true", help="/stats.json instead of /metrics")
@@ -158,7 +158,7 @@ def add_commands(sub):
                    help="the PNG to write (default arenas.png)")
 
 
-def run(a):
+def run(a, p):
     try:
         if a.cmd == "stats":
             return cmd_stats(a.target, a.json)

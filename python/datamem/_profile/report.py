@@ -2,7 +2,7 @@
 
 summarize(profile) computes everything once, as plain data (what --json
 prints); text() and html() render it. Sampled profiles are estimates: every
-count and byte figure is a sum of the records' weights (see _profile_read.py), so
+count and byte figure is a sum of the records' weights (see read.py), so
 "allocations" and "bytes" are estimates of all allocations, not of the samples.
 
 Medians are by bytes (half of a site's bytes were in arrays at most this big,
@@ -23,9 +23,9 @@ import math
 
 import numpy as np
 
-from ._text import human_bytes, printable
-from ._profile_read import is_library
-from ._profile_read import LIFE_EDGES, LONG, SHORT, SITE_COLUMNS, SIZE_EDGES  # noqa: F401
+from .._text import human_bytes, printable
+from .dmprof import LIFE_EDGES, LONG, SHORT, SIZE_EDGES
+from .read import SITE_COLUMNS, is_library
 
 # C0 and C1 controls (ESC, CR, NEL...), DEL, the line and paragraph separators
 # (line breaks to YAML), bidirectional overrides, and lone surrogates (bytes that

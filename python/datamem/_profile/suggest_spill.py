@@ -47,9 +47,10 @@ is f's and stays a site.
 import json
 import re
 
-from ._profile_read import BIG, SITE_COLUMNS
-from ._report import fmt_time
-from ._text import human_bytes, printable, shell_command
+from .dmprof import BIG
+from .read import SITE_COLUMNS
+from .report import fmt_time
+from .._text import human_bytes, printable, shell_command
 
 SHARE = 70                       # worker_limit, in percent of the memory limit (spill.yaml's)
 DEFAULT_DIR = "/var/tmp/datamem-spill"

@@ -43,8 +43,8 @@ import sys
 import tempfile
 import textwrap
 
-from . import _ext
-from ._text import printable, shell_command
+from .. import _ext
+from .._text import printable, shell_command
 
 PRESETS = ("minimal", "throughput")
 SUGGESTED = "suggested"
@@ -67,7 +67,8 @@ class TuneError(Exception):
 
 def preset(name):
     """The path of a preset shipped in the package (datamem/NAME.yaml)."""
-    return os.path.join(os.path.dirname(os.path.abspath(__file__)), name + ".yaml")
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return os.path.join(package, name + ".yaml")
 
 
 def thp_faults():
@@ -124,7 +125,8 @@ def run_once(cmd, policy=None, extra=None):
 def suggested_policy(cmd, work):
     """Profiles one run of cmd into `work`/profile and returns the path of the
     policy `suggest` makes from it, or (None, why not)."""
-    from . import _profile, _suggest
+    from . import read, suggest
+    from .dmprof import ProfileError
     prof_dir = os.path.join(work, "profile")
     os.mkdir(prof_dir, 0o700)
     r = run_once(cmd, extra={"DATAMEM_PROFILE": prof_dir})
@@ -132,12 +134,12 @@ def suggested_policy(cmd, work):
         return None, "the profiling run exited with status %d%s" % (
             r["status"], ": " + r["error"] if r["error"] else "")
     try:
-        prof = _profile.load(prof_dir)
-    except (OSError, _profile.ProfileError) as e:
+        prof = read.load(prof_dir)
+    except (OSError, ProfileError) as e:
         return None, "no profile: %s" % e
     path = os.path.join(work, "suggested.yaml")
     with open(path, "w") as f:
-        f.write(_suggest.suggest(prof))
+        f.write(suggest.suggest(prof))
     return path, None
 
 
@@ -265,12 +267,12 @@ def _measure(cmd, policies, order, reps, log):
 def tune(cmd, out=None, reps=3, candidates=(PRESETS + (SUGGESTED,)), argv=None, log=sys.stderr):
     """Runs the measurements and writes the policy (to `out`, else returns its
     text for stdout). Returns (text or None, winner)."""
-    from ._files import write_atomic
+    from .._files import write_atomic
     if reps < 1:
         raise TuneError("--reps must be at least 1")
     if out is not None:  # before minutes of runs, not after
         refuse_link(out)
-        from ._files import UnsafeError, owned_dir
+        from .._files import UnsafeError, owned_dir
         try:
             os.close(owned_dir(os.path.dirname(out) or "."))
         except (OSError, UnsafeError) as e:

@@ -4,7 +4,7 @@ Pure functions of parsed /stats.json snapshots; no I/O.
 """
 import time
 
-from ._text import human_bytes, printable, short_bytes
+from .._text import human_bytes, printable, short_bytes
 
 # ---- formatting ------------------------------------------------------------------------
 

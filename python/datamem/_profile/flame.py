@@ -13,8 +13,8 @@ without them each record's stack is its call site alone.
 """
 import html as _html
 
-from ._profile_read import is_library
-from ._text import printable
+from .read import is_library
+from .._text import printable
 
 
 def frame_name(p, i):
@@ -61,8 +61,8 @@ def _tree(p, column):
 
 
 def _svg(p, column, unit, width=1200, row=17):
-    from ._report import fmt_count
-    from ._text import human_bytes
+    from .report import fmt_count
+    from .._text import human_bytes
     root = _tree(p, column)
     total = root[0]
     if total <= 0:

@@ -13,9 +13,9 @@ import stat
 import time
 import urllib.parse
 
-from . import _files
-from ._stats_discovery import TargetError, _is_number, list_processes, registered, stats_dir
-from ._stats_tables import _ARENA_NUMBERS, _PROCESS_NUMBERS
+from .. import _files
+from .discovery import TargetError, _is_number, list_processes, registered, stats_dir
+from .tables import _ARENA_NUMBERS, _PROCESS_NUMBERS
 
 _ENDPOINTS = ("/metrics", "/stats.json")
 

@@ -32,15 +32,16 @@ profile (call sites, the directory, policy paths) appear only in comments, with
 their control characters escaped (printable()): a line break in a function's
 name would otherwise end the comment and add YAML of the profiled job's choosing.
 The commands in those comments quote what they name (_text.shell_command).
-`--memory SIZE` adds a spill arena when the peak does not fit (_suggest_spill.py,
+`--memory SIZE` adds a spill arena when the peak does not fit (suggest_spill.py,
 whose rule names call sites only when their names are plain identifiers).
 """
 import numpy as np
 
-from . import _suggest_spill
-from ._profile_read import BIG, SITE_COLUMNS
-from ._report import LONG, SHORT, fmt_count, fmt_time
-from ._text import human_bytes, printable, shell_command
+from . import suggest_spill
+from .dmprof import BIG, LONG, SHORT
+from .read import SITE_COLUMNS
+from .report import fmt_count, fmt_time
+from .._text import human_bytes, printable, shell_command
 
 def _pow2_ceil(n):
     p = 1
@@ -82,7 +83,7 @@ def _pct(x, total):
 
 def _tune_hint(p):
     """The command that measures this policy against NumPy's default and the
-    presets on the profiled job (_tune.py), quoted for a shell."""
+    presets on the profiled job (tune.py), quoted for a shell."""
     pids = {q["pid"] for q in p.processes}
     argv = next((q["argv"] for q in p.processes if q["argv"] and q["ppid"] not in pids), None)
     if not argv:
@@ -239,11 +240,11 @@ def _tiny(p, arenas, rules):
 
 
 def suggest(p, call_site_rules=False, resident_arena=False, memory=None,
-            spill_dir=_suggest_spill.DEFAULT_DIR):
+            spill_dir=suggest_spill.DEFAULT_DIR):
     """Returns the policy text (YAML with comments). "Big" arrays start at BIG,
     4 MiB as in throughput.yaml (a 2 MiB bound measured more peak RSS for no
     speed: module docstring). With `memory` (bytes), a spill arena in
-    `spill_dir` when the peak does not fit (_suggest_spill.py)."""
+    `spill_dir` when the peak does not fit (suggest_spill.py)."""
     T = p.totals
     total = T["bytes"] or 1.0
     arenas = ["arenas:", "  general: {alignment: 64}"]
@@ -254,7 +255,7 @@ def suggest(p, call_site_rules=False, resident_arena=False, memory=None,
         _resident(p, call_site_rules, resident_arena, arenas, rules, estimate)
     _temporaries(p, arenas, rules, estimate)
     _tiny(p, arenas, rules)
-    sp = _suggest_spill.spill(p, memory, spill_dir) if memory else None
+    sp = suggest_spill.spill(p, memory, spill_dir) if memory else None
     if sp:  # its rule first: the first match wins
         arenas += sp["arenas"]
         rules[1:1] = sp["rules"]

@@ -1,7 +1,7 @@
 """Finding the processes that serve datamem stats: the discovery directory
 (one <pid>.json per serving process, written by service/discovery.c), its entries
 checked, and dead processes' entries pruned. Used by the stats commands
-(_stats_cli.py) and by reload (_stats_reload.py).
+(_cli/stats.py) and by reload (_stats/reload.py).
 """
 import json
 import math
@@ -10,8 +10,8 @@ import re
 import sys
 import urllib.parse
 
-from . import _files
-from ._text import printable
+from .. import _files
+from .._text import printable
 
 # A discovery file the C side writes is under 2 KiB.
 _ENTRY_MAX = 64 << 10

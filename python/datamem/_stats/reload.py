@@ -7,8 +7,8 @@ import re
 import stat
 import sys
 
-from ._stats_discovery import TargetError, _warn, list_processes, registered
-from ._text import printable
+from .discovery import TargetError, _warn, list_processes, registered
+from .._text import printable
 
 # ---- every process on the host -------------------------------------------------------------
 

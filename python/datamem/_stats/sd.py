@@ -7,8 +7,8 @@ import sys
 import time
 import urllib.parse
 
-from . import _files
-from ._stats_discovery import TargetError, list_processes
+from .. import _files
+from .discovery import TargetError, list_processes
 
 
 def sd_targets(procs):

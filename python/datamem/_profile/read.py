@@ -1,8 +1,8 @@
 """Reading a profile directory: load(DIR) streams every file
-(format and per-file reader in _profile_file.py), pairs frees with
+(format and per-file reader in dmprof.py), pairs frees with
 allocations, and returns one Profile holding sums per call site, label, size
 and lifetime class, the peak of live bytes and a small random sample of
-records; _report.py and _suggest.py work from it. A file cut short (a process
+records; report.py and suggest.py work from it. A file cut short (a process
 killed) is used up to its last whole record, one cut before its header is
 skipped; either way with a warning (Profile.warnings).
 """
@@ -12,10 +12,10 @@ import re
 
 import numpy as np
 
-from ._profile_file import (  # noqa: F401
+from .dmprof import (
     BIG, FLAG_NOGIL, FLAG_REALLOC, LIFE_EDGES, LONG, SAMPLE_MAX, SHORT, SIZE_EDGES,
     TEMP_EVENTS_MAX, TINY, ProfileError, _File)
-from ._text import printable, shell_command
+from .._text import printable, shell_command
 
 
 # ---- reading -------------------------------------------------------------------
@@ -256,7 +256,7 @@ class Profile:
     arrays live at the end of their process run to that end (a lower bound)."""
 
     def __init__(self, directory, paths, user_sites=False):
-        from . import _ext
+        from .. import _ext
         self.directory = directory
         self.paths = paths
         # user_sites: a record's site is the innermost frame of its stack that is

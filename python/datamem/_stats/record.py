@@ -6,9 +6,9 @@ import json
 import sys
 import time
 
-from ._files import open_append, write_atomic
-from ._stats_client import fetch_json, resolve
-from ._text import printable
+from .._files import open_append, write_atomic
+from .client import fetch_json, resolve
+from .._text import printable
 
 def cmd_record(target, path, interval=1.0, count=0, out=sys.stderr):
     where = resolve(target)
