@@ -72,7 +72,7 @@ for job in "${JOBS[@]}"; do
     echo "callgrind: $job $v" >&2
     run "$job" "$v"
   done
-  python3 -c 'import sys, datamem._profile as p; print(len(p.load(sys.argv[1])))' \
+  python3 -c 'import sys, datamem._profile.read as p; print(len(p.load(sys.argv[1])))' \
     "$OUT/prof.$job.on" > "$OUT/$job.samples"
 done
 
