@@ -61,7 +61,7 @@ arenas:
 worker_limit: {share}
 """
 # What passes worker_limit goes on from a file on disk instead of failing
-# (docs/operations.md, "When arrays outgrow RAM"); {dir} is made for the run.
+# (docs/spill-and-limits.md, "When arrays outgrow RAM"); {dir} is made for the run.
 POLICY_SPILL = """version: 1
 default: general
 arenas:

@@ -1,5 +1,5 @@
 /*
- * scrape_bench.c: what the stats endpoint costs (docs/operations.md, "Stats and
+ * scrape_bench.c: what the stats endpoint costs (docs/monitoring.md, "Stats and
  * scraping").
  *
  *   bazel run -c opt //bench:scrape_bench -- [--arenas 16] [--scrapes 2000] [--rounds 20]

@@ -1,5 +1,5 @@
 """NumPy allocation throughput under a 10 Hz /metrics scraper vs none, in one run
-(docs/operations.md, "Stats and scraping").
+(docs/monitoring.md, "Stats and scraping").
 
     python3 bench/scrape_numpy.py [--rounds 10] [--phase 1.0]
 

@@ -23,7 +23,7 @@
  * nameless file (never a reflink: os.c, dm__os_file_copy) that the child maps
  * over its regions before it runs code of its own; without room for the copy
  * the child maps the parent's file MAP_PRIVATE and says so (design.md, "Spill
- * arenas", fork; the cost per fork: docs/operations.md).
+ * arenas", fork; the cost per fork: docs/spill-and-limits.md).
  */
 #include <ctype.h>
 #include <errno.h>

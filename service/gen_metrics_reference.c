@@ -182,7 +182,7 @@ static const char header[] =
     "only with one), `datamem_tag_limit_bytes` for tags with a limit,\n"
     "`datamem_pyarrow_allocated_bytes` while pyarrow is loaded, the process's\n"
     "numbers where `/proc/self/statm` can be read. How to read them:\n"
-    "docs/operations.md (\"Stats and scraping\") and\n"
+    "docs/monitoring.md (\"Stats and scraping\") and\n"
     "docs/what-a-policy-governs.md.\n"
     "\n"
     "## /metrics\n"

@@ -63,7 +63,7 @@ def main():
         "Metadata-Version: 2.1\nName: %s\nVersion: %s\n"
         "Summary: Declarative memory policy for NumPy arrays (NEP 49 handler on jemalloc arenas)\n"
         "Requires-Python: >=3.10\nRequires-Dist: numpy>=1.22\n"
-        # Extras for the engines of docs/operations.md, never hard dependencies.
+        # Extras for the engines of docs/cluster.md, never hard dependencies.
         "Provides-Extra: dask\nRequires-Dist: distributed>=2023.4; extra == 'dask'\n"
         "Requires-Dist: prometheus_client>=0.17; extra == 'dask'\n"
         "Provides-Extra: ray\nRequires-Dist: ray>=2.9; extra == 'ray'\n"

@@ -2,15 +2,15 @@
 
 When the profile's peak of live arrays passes SHARE (70%) of the memory the job
 will have (the rest is room for Python objects, pandas' hash tables, Arrow
-buffers: docs/operations.md, `worker_limit`), the policy gets a file-backed
-arena (docs/operations.md, "When arrays outgrow RAM") and one of two ways into it:
+buffers: docs/spill-and-limits.md, `worker_limit`), the policy gets a file-backed
+arena (docs/spill-and-limits.md, "When arrays outgrow RAM") and one of two ways into it:
 
 - a rule for the call sites that held the peak, when at most three of them,
   each mostly long-lived arrays of BIG or more, hold the bytes past the limit:
   those arrays always live on disk and everything else in RAM; a call-site rule
   adds about 240 instructions to a small create+free (docs/find-your-policy.md),
   live-byte counting about 550 (it takes every allocation off the fast path:
-  docs/operations.md);
+  docs/spill-and-limits.md);
 - else `worker_limit` with `worker_spill`: whatever passes the limit, from any
   call site, is served from the file instead of raising MemoryError.
 The other one is offered in a comment. `backing.max` is twice the most the
@@ -137,7 +137,7 @@ def _arena_most(p, sites, peak, limit, nproc):
 
 def _beside(p, peak, nproc):
     """What a process held beside its arrays, which the runtime counts against
-    worker_limit too (docs/operations.md, "What `worker_limit` counts"): its
+    worker_limit too (docs/spill-and-limits.md, "What `worker_limit` counts"): its
     largest peak RSS less its share of the peak of live arrays. The profile
     has no finer figure; a high one sizes the spill arena up, never down."""
     rss = max([float(q["max_rss"] or 0) for q in p.processes] + [0.0])
@@ -177,7 +177,7 @@ def spill(p, memory, spill_dir):
         ("  #    max: twice the bytes past the limit and the largest array (%s);"
          % human_bytes(held)),
         "  #    resident_max: its pages kept in memory (a datamem thread pages out the rest;",
-        "  #    docs/operations.md)",
+        "  #    docs/spill-and-limits.md)",
         "  spill: {alignment: 64, decay: {dirty: 1s}, backing: {dir: %s, max: %s, resident_max: %s}}"
         % (yaml_str(spill_dir), _size_text(disk_max), _size_text(resident_max))]
     if nproc == 1:

@@ -183,7 +183,7 @@ def budget_line(cur, width=WIDTH):
     """The worker limit (`worker_limit`): where it comes from, what counts
     against it (the arrays, and what is held beside them: with a share of a
     cgroup's limit, by every process in the group), the share used, the
-    allocations past it that worker_spill served and those that failed; "" when no worker limit is set (docs/operations.md, "What
+    allocations past it that worker_spill served and those that failed; "" when no worker limit is set (docs/spill-and-limits.md, "What
     `worker_limit` counts")."""
     tb = cur.get("tag_bytes") or {}
     limit = tb.get("worker_limit")

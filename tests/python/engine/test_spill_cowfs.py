@@ -15,7 +15,7 @@ And on a filesystem with large page-cache folios (XFS; ext4 since Linux 6.16)
 a write fault reserves blocks for the whole folio, up to 2 MiB, which reached
 past the end of a range reserved page by page into the unreserved rest of the
 file: an allocation that took the last free blocks SIGBUSed writing its last
-pages, until reservations became whole 2 MiB chunks (docs/operations.md, "A
+pages, until reservations became whole 2 MiB chunks (docs/spill-and-limits.md, "A
 full disk is a MemoryError"): test_several_processes_filling_a_disk_to_its_last_block.
 The fork tests' fills stop at MARGIN free, where one allocation larger than
 what is left shows the refusal itself: a MemoryError."""

@@ -180,11 +180,11 @@ def test_memory_limit_takes_the_policys_sizes(write_policy):
         assert out["worker_limit"] == want and out["worker_limit_source"] == "env", (value, out)
 
 
-def _operations_memory_limit_examples():
-    """docs/operations.md's DATAMEM_MEMORY_LIMIT bullet: the sizes it gives as
+def _memory_limit_examples():
+    """docs/spill-and-limits.md's DATAMEM_MEMORY_LIMIT bullet: the sizes it gives as
     accepted (with the bytes it says one of them is) and the value it shows refused."""
     import re
-    with open(os.path.join(ROOT, "docs", "operations.md"), encoding="utf-8") as f:
+    with open(os.path.join(ROOT, "docs", "spill-and-limits.md"), encoding="utf-8") as f:
         text = " ".join(f.read().split())
     bullet = text[text.index("`DATAMEM_MEMORY_LIMIT` when set"):]
     accepted = re.search(r"as in a policy \((.*?)\)\. Any other value", bullet).group(1)
@@ -194,11 +194,11 @@ def _operations_memory_limit_examples():
     return sizes, {v: int(n.replace(",", "")) for v, n in said}, refused
 
 
-def test_memory_limit_examples_in_operations_md_hold(write_policy):
-    """operations.md's examples, run: every size it lists is taken (`1.5 GB`: the
+def test_memory_limit_examples_in_the_docs_hold(write_policy):
+    """spill-and-limits.md's examples, run: every size it lists is taken (`1.5 GB`: the
     bytes it says), and the value it shows refused is refused with that line (it
     showed "1.5 GB", which is a size: 1,500,000,000 bytes)."""
-    sizes, said, refused = _operations_memory_limit_examples()
+    sizes, said, refused = _memory_limit_examples()
     assert len(sizes) >= 3 and set(said) <= set(sizes), (sizes, said)
     share = write_policy("version: 1\ndefault: general\narenas:\n  general: {}\n"
                          "worker_limit: 100%\n")
