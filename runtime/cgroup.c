@@ -259,11 +259,12 @@ uint64_t dm__cgroup_charge(const char *dir, int version) {
 }
 
 int dm__cgroup_process_limit(uint64_t *bytes, char *source, size_t cap, char *why, size_t whycap,
-                        char *group, size_t groupcap) {
+                             char *group, size_t groupcap, int *group_version) {
     const char *env = getenv("DATAMEM_MEMORY_LIMIT"); /* at install, never hot */
     size_t v = 0;
     *bytes = 0;
     group[0] = 0;
+    *group_version = 0;
     if (env && *env) {
         int rc = dm_parse_size(env, &v);
         if (rc == 0 && v > 0) {
@@ -291,6 +292,7 @@ int dm__cgroup_process_limit(uint64_t *bytes, char *source, size_t cap, char *wh
     if (cg && (cg < ram || !ram)) {
         snprintf(source, cap, "cgroup v%d", version);
         snprintf(group, groupcap, "%s", at);
+        *group_version = version;
         *bytes = cg;
     } else {
         snprintf(source, cap, "ram");

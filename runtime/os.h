@@ -35,9 +35,10 @@ void *dm__os_map_sparse(size_t size);
  * (dm__cgroup_memory_limit) and physical memory. A DATAMEM_MEMORY_LIMIT that
  * is not such a size is an error, never ignored: DM_EINVALID with one line in
  * `why`. When the limit is a cgroup's, that cgroup's directory is in `group`
- * (else ""). Reads files: never on an allocation path. */
+ * (else ""), and its hierarchy in *group_version (1 or 2; 0 without one).
+ * Reads files: never on an allocation path. */
 int dm__cgroup_process_limit(uint64_t *bytes, char *source, size_t cap, char *why, size_t whycap,
-                        char *group, size_t groupcap);
+                             char *group, size_t groupcap, int *group_version);
 /* cgroup.c: the smallest memory limit on this process's cgroup and its
  * ancestors up to its hierarchy's mount (v1 memory.limit_in_bytes and
  * hierarchical_memory_limit, v2 memory.max), in bytes, the hierarchy's

@@ -75,9 +75,14 @@ static const char *rule_name(const dm__thread_t *t, int rule) {
     return rule < pol->nrules ? pol->rules[rule].name : "default";
 }
 
+/* The thread's last failure names rule `rule`. */
+static void name_rule(dm__thread_t *t, int rule) {
+    snprintf(t->last_failure.rule, sizeof(t->last_failure.rule), "%s", rule_name(t, rule));
+}
+
 /* A limit's refusal is counted for slot `s` and rule `rule`, which it names. */
 static void count_limit(dm__thread_t *t, const dm__dispatch_slot_t *s, int rule) {
-    snprintf(t->last_failure.rule, sizeof(t->last_failure.rule), "%s", rule_name(t, rule));
+    name_rule(t, rule);
     DM_CTR_ADD(t->ctrs[s->arena_id].nlimit, 1);
     DM_CTR_ADD(t->rule_ctrs[rule].nlimit, 1);
 }
@@ -111,7 +116,7 @@ void *dm__refusal_fallback(dm__thread_t *t, int rule, const dm__refusal_t *r, vo
     if (t->limit_refused) { /* the fallback's own limit */
         t->limit_refused = false;
         DM_CTR_ADD(t->ctrs[f->arena_id].nlimit, 1);
-        snprintf(t->last_failure.rule, sizeof(t->last_failure.rule), "%s", rule_name(t, rule));
+        name_rule(t, rule);
     }
     if (r->limited) { /* report the rule's own arena, noting the fallback had no room */
         dm_failure_t first = r->first;

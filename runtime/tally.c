@@ -341,6 +341,7 @@ int dm__tally_worker_limit(const dm_policy_t *p, dm__tally_worker_t *w, char *wh
     w->limit = UINT64_MAX;
     w->base = 0;
     w->source[0] = w->group[0] = 0;
+    w->group_version = 0;
     if (!p->worker_limit[0] || dm_parse_share(p->worker_limit, &bytes, &permille) != 0)
         return 0; /* none (the validator refused any other value) */
     if (!permille) {
@@ -351,7 +352,7 @@ int dm__tally_worker_limit(const dm_policy_t *p, dm__tally_worker_t *w, char *wh
     uint64_t base = 0;
     char reason[320] = "";
     int rc = dm__cgroup_process_limit(&base, w->source, sizeof(w->source), reason, sizeof(reason),
-                                 w->group, sizeof(w->group));
+                                 w->group, sizeof(w->group), &w->group_version);
     if (rc == 0 && base == 0) {
         rc = DM_EINVALID;
         snprintf(reason, sizeof(reason), "no memory limit can be read here (no "
@@ -409,7 +410,7 @@ bool dm__tally_configure(const dm_policy_t *p, const dm__tally_worker_t *w) {
                 say_unenforced(c->tags[i], limit);
         }
     snprintf(worker_source, sizeof(worker_source), "%s", w->source);
-    dm__beside_configure(w->group, strcmp(w->source, "cgroup v2") == 0 ? 2 : 1, &dm__tally_total.live);
+    dm__beside_configure(w->group, w->group_version, &dm__tally_total.live);
     atomic_store_explicit(&dm__tally_total.limit, w->limit, memory_order_relaxed);
     return on;
 }
@@ -714,6 +715,6 @@ int dm_runtime_budget(const dm_policy_t *p, dm_budget_t *out, char *why, size_t 
     snprintf(out->source, sizeof(out->source), "%s", w.source);
     snprintf(out->group, sizeof(out->group), "%s", w.group);
     if (w.group[0])
-        out->held = dm__cgroup_charge(w.group, strcmp(w.source, "cgroup v2") == 0 ? 2 : 1);
+        out->held = dm__cgroup_charge(w.group, w.group_version);
     return 0;
 }

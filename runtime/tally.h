@@ -88,6 +88,7 @@ typedef struct dm__tally_worker {
     /* A share of a cgroup's limit: that cgroup's directory, whose charge
      * (every process in it) counts against the limit; "" otherwise. */
     char group[4096];
+    int group_version; /* its hierarchy: 1 or 2; 0 without a group */
 } dm__tally_worker_t;
 
 /* At install, before anything changes (no lock needed: reads the environment
