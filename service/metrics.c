@@ -232,23 +232,39 @@ static void process_u64(dm_buf_t *b, const char *cl, const char *name, const cha
  * as indexes into `idx`; the rest fold into `*o`, with that row. Returns how
  * many are shown; *o is named "(other)" and `*folded` says whether any row
  * went into it. */
-static int tags_pick(const dm_stats_t *st, int max, int *idx, dm_tag_stats_t *o, bool *folded) {
+/* The tags shown on their own are the first `max` but the runtime's own
+ * "(other)"; the rest fold into one "(other)" row, `o` (other_init makes it
+ * empty). tag_fold: whether t folds into o (then *folded), else it is shown and
+ * counted in *shown. */
+static void other_init(dm_tag_stats_t *o, bool *folded) {
     memset(o, 0, sizeof(*o));
     snprintf(o->name, sizeof(o->name), "(other)");
     o->limit = UINT64_MAX;
     *folded = false;
+}
+
+static bool tag_fold(const dm_tag_stats_t *t, int max, int *shown, dm_tag_stats_t *o,
+                     bool *folded) {
+    if (*shown < max && strcmp(t->name, "(other)") != 0) {
+        (*shown)++;
+        return false;
+    }
+    *folded = true;
+    o->live += t->live;
+    o->refused += t->refused;
+    if (t->peak > o->peak)
+        o->peak = t->peak;
+    return true;
+}
+
+/* The indices of the tags shown (at most `max`) and the folded row. */
+static int tags_pick(const dm_stats_t *st, int max, int *idx, dm_tag_stats_t *o, bool *folded) {
+    other_init(o, folded);
     int shown = 0;
     for (int i = 0; i < st->ntags; i++) {
-        const dm_tag_stats_t *t = &st->tags[i];
-        if (shown < max && strcmp(t->name, "(other)") != 0) {
-            idx[shown++] = i;
-            continue;
-        }
-        *folded = true;
-        o->live += t->live;
-        o->refused += t->refused;
-        if (t->peak > o->peak)
-            o->peak = t->peak;
+        int at = shown;
+        if (!tag_fold(&st->tags[i], max, &shown, o, folded))
+            idx[at] = i;
     }
     return shown;
 }
@@ -522,23 +538,17 @@ static void tags_json(const dm_stats_t *st, int tags_max, int *n, dm_buf_t *b) {
     dm__buf_put(b, "}", 1);
     /* "tags": {name: {live, peak, limit, refused}}, biggest live first (the
      * object keeps the order): the first `tags_max` but the runtime's own
-     * "(other)", the rest folded into "(other)" as tags_pick folds them */
+     * "(other)", the rest folded into "(other)" (tag_fold, as the text's) */
     json_key(b, n, "tags");
     dm__buf_put(b, "{", 1);
-    dm_tag_stats_t other = {.limit = UINT64_MAX};
-    snprintf(other.name, sizeof(other.name), "(other)");
-    bool folded = false;
+    dm_tag_stats_t other;
+    bool folded;
+    other_init(&other, &folded);
     int shown = 0;
     for (int i = 0; i < st->ntags; i++) {
-        const dm_tag_stats_t *t = &st->tags[i];
-        if (shown < tags_max && strcmp(t->name, "(other)") != 0) {
-            tag_json(b, t, shown++);
-            continue;
-        }
-        folded = true;
-        other.live += t->live;
-        other.refused += t->refused;
-        other.peak = t->peak > other.peak ? t->peak : other.peak;
+        int at = shown;
+        if (!tag_fold(&st->tags[i], tags_max, &shown, &other, &folded))
+            tag_json(b, &st->tags[i], at);
     }
     if (folded)
         tag_json(b, &other, shown);
