@@ -128,9 +128,10 @@ static const arena_metric_t arena_metrics[] = {
 
 #define NARENA_METRICS (sizeof(arena_metrics) / sizeof(arena_metrics[0]))
 
-static uint64_t arena_u64(const dm_arena_stats_t *a, const arena_metric_t *m) {
+/* The uint64_t at byte offset `off` of a stats struct (a metric row's field). */
+static uint64_t field_u64(const void *stats, size_t off) {
     uint64_t v;
-    memcpy(&v, (const char *)a + m->off, sizeof(v));
+    memcpy(&v, (const char *)stats + off, sizeof(v));
     return v;
 }
 
@@ -160,12 +161,6 @@ static const rule_metric_t rule_metrics[] = {
 };
 
 #define NRULE_METRICS (sizeof(rule_metrics) / sizeof(rule_metrics[0]))
-
-static uint64_t rule_u64(const dm_rule_stats_t *r, const rule_metric_t *m) {
-    uint64_t v;
-    memcpy(&v, (const char *)r + m->off, sizeof(v));
-    return v;
-}
 
 /* ---- Prometheus text -------------------------------------------------------- */
 
@@ -324,7 +319,7 @@ static void tags_text(const dm_stats_t *st, const char *cl, dm_buf_t *b) {
             const dm_tag_stats_t *t = i < shown ? &st->tags[idx[i]] : &other;
             sample_t s = sample_begin(b, "datamem_tag_", tm->name);
             label(&s, "tag", t->name);
-            value_u64(&s, cl, *(const uint64_t *)((const char *)t + tm->off));
+            value_u64(&s, cl, field_u64(t, tm->off));
         }
     }
     family(b, "datamem_", "tag_limit_bytes", "gauge",
@@ -425,7 +420,7 @@ static void text_arena_numbers(const dm_stats_t *st, const char *cl, dm_buf_t *b
         for (int i = 0; i < st->narenas; i++) {
             sample_t s = sample_begin(b, "datamem_arena_", am->name);
             label(&s, "arena", st->arenas[i].name);
-            value_u64(&s, cl, arena_u64(&st->arenas[i], am));
+            value_u64(&s, cl, field_u64(&st->arenas[i], am->off));
         }
     }
 
@@ -449,7 +444,7 @@ static void text_rules(const dm_stats_t *st, const char *cl, dm_buf_t *b) {
             sample_t s = sample_begin(b, "datamem_rule_", rm->name);
             label(&s, "rule", st->rules[r].name);
             label(&s, "arena", st->rules[r].arena);
-            value_u64(&s, cl, rule_u64(&st->rules[r], rm));
+            value_u64(&s, cl, field_u64(&st->rules[r], rm->off));
         }
     }
 }
@@ -607,7 +602,7 @@ static void json_arena(const dm_arena_stats_t *a, dm_buf_t *b) {
     json_limit(b, &k, "backing_max", a->backed ? a->backing_max : UINT64_MAX);
     json_limit(b, &k, "backing_resident_max", a->backed ? a->backing_resident_max : UINT64_MAX);
     for (size_t m = 0; m < NARENA_METRICS; m++)
-        json_u64(b, &k, arena_metrics[m].key, arena_u64(a, &arena_metrics[m]));
+        json_u64(b, &k, arena_metrics[m].key, field_u64(a, arena_metrics[m].off));
     dm__buf_put(b, "}", 1);
 }
 
@@ -633,7 +628,7 @@ static void json_rules(const dm_stats_t *st, int *n, dm_buf_t *b) {
         dm__buf_put(b, ":{", 2);
         json_strv(b, &k, "arena", st->rules[r].arena);
         for (size_t m = 0; m < NRULE_METRICS; m++)
-            json_u64(b, &k, rule_metrics[m].key, rule_u64(&st->rules[r], &rule_metrics[m]));
+            json_u64(b, &k, rule_metrics[m].key, field_u64(&st->rules[r], rule_metrics[m].off));
         dm__buf_put(b, "}", 1);
     }
     dm__buf_put(b, "}", 1);
