@@ -9,7 +9,8 @@ bin=$(bazel info --config=asan bazel-bin 2>/dev/null)
 pkg=$(mktemp -d)
 trap 'rm -rf "$pkg"' EXIT
 mkdir "$pkg/datamem"
-cp python/datamem/*.py "$pkg/datamem/"
+cp -R python/datamem/. "$pkg/datamem/"  # the package with its sub-packages (_cli, _stats, _profile)
+find "$pkg/datamem" -name __pycache__ -prune -exec rm -rf {} +
 cp configs/minimal.yaml configs/throughput.yaml "$pkg/datamem/"  # the presets tune measures, as the wheel ships them
 suffix=$(python3 -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
 cp "$bin/pyext/_ext.so" "$pkg/datamem/_ext$suffix"

@@ -37,7 +37,8 @@ TSAN_OPTIONS=report_bugs=0 "$py" -m venv --system-site-packages --without-pip "$
 vpy=$tmp/venv/bin/python
 site=$(TSAN_OPTIONS=report_bugs=0 "$vpy" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
 mkdir "$site/datamem"
-cp python/datamem/*.py "$site/datamem/"
+cp -R python/datamem/. "$site/datamem/"  # the package with its sub-packages (_cli, _stats, _profile)
+find "$site/datamem" -name __pycache__ -prune -exec rm -rf {} +
 cp configs/minimal.yaml configs/throughput.yaml "$site/datamem/"  # the presets tune measures, as the wheel ships them
 cp python/_datamem_boot.py python/datamem.pth "$site/"
 suffix=$(TSAN_OPTIONS=report_bugs=0 "$vpy" -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
