@@ -9,6 +9,7 @@
  *   record.c   the recording handlers and the allocation profile's sampler
  *   load.c     load, check, explain: policy files from Python; PolicyError; after
  *              every install, the main thread's settings (reload.signal)
+ *   shadow.c   arrays shown to a profiler that hooks this library's malloc (memray)
  *   stats.c    stats() and the stats export wrappers
  *   module.c   the module: its init, constants and small runtime wrappers
  *
@@ -118,9 +119,26 @@ void dm__handler_init(void);                 /* at import: the capsule name, ins
 int dm__handler_probe_dtype(size_t size);    /* the array being built's dtype, one use */
 void dm__handler_dtype_hooks_enable(void);   /* any thread; for good once on */
 void dm__handler_record_all(void);           /* any thread: every handler records from now on */
+void dm__handler_shadow_all(void);           /* any thread: every handler mirrors arrays (shadow.c) */
 void dm__handler_after_fork_child(void);     /* the hooks' mutex, in a fork child */
 void *dm__handler_alloc_site(void *ctx, size_t size, int dt, int zero); /* by call site too */
 extern PyMethodDef dm__handler_methods[];
+
+/* ---- shadow.c: arrays shown to a profiler that hooks this library's malloc ---- */
+extern uintptr_t dm__shadow_resolved_malloc; /* malloc as the dynamic linker resolved it */
+void dm__shadow_init(void);                  /* at import, before any handler exists */
+/* malloc's address in this library's GOT, where a hooking profiler writes its own. */
+static inline uintptr_t dm__shadow_got_malloc(void) { return (uintptr_t)&malloc; }
+/* Non-zero while a profiler hooks this library's malloc (memray): one load and a compare. */
+static inline uintptr_t dm__shadow_hooked(void) {
+    return dm__shadow_got_malloc() ^ dm__shadow_resolved_malloc;
+}
+void dm__shadow_add(void *array, size_t n);  /* a shadow of n bytes for a new array */
+void dm__shadow_keep(void *array, void *shadow); /* puts back what dm__shadow_take took */
+void *dm__shadow_take(void *array);          /* its shadow, out of the table (NULL if none) */
+void dm__shadow_drop(void *array);           /* frees its shadow, if any */
+size_t dm__shadow_live(void);                /* shadows in the table */
+void dm__shadow_after_fork_child(void);      /* the table's mutex, in a fork child */
 
 /* ---- site.c ---- */
 int dm__site_init(void);                     /* at import: 0, or -1 with an exception set */

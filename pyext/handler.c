@@ -56,6 +56,9 @@ static __thread PyObject *building; /* array whose data is about to be allocated
 static _Atomic(allocfunc) orig_tp_alloc;
 static _Atomic(destructor) orig_tp_dealloc;
 static _Atomic int dtype_hooks_on; /* 0 -> 1 once, under hooks_mu; read relaxed */
+/* malloc as resolved, ^ 1 once dtype_hooks_on (h_hooked); set at init, then
+ * with dtype_hooks_on under hooks_mu */
+static _Atomic uintptr_t hook_key;
 static dm_pymu_t hooks_mu = DM_PYMU_INIT;
 static dm_pymu_t handlers_mu = DM_PYMU_INIT; /* the live handlers (below) */
 
@@ -149,6 +152,7 @@ void dm__handler_dtype_hooks_enable(void) {
     if (!atomic_load_explicit(&dtype_hooks_on, memory_order_relaxed)) {
         install_slot_wrappers();
         atomic_store_explicit(&dtype_hooks_on, 1, memory_order_release);
+        atomic_store_explicit(&hook_key, dm__shadow_resolved_malloc ^ 1, memory_order_release);
     }
     dm_pymu_unlock(&hooks_mu);
 }
@@ -170,15 +174,20 @@ static __attribute__((noinline)) int h_dtype(size_t size) {
 
 static void *h_alloc_hooked(void *ctx, size_t size, int zero);
 
-/* Whether this allocation needs its dtype or its call site: one load each,
- * both almost always zero. */
-static inline int h_hooked(void) {
-    return atomic_load_explicit(&dtype_hooks_on, memory_order_relaxed) |
-           atomic_load_explicit(&dm_runtime_site_rules, memory_order_relaxed);
+/* Whether this allocation needs its dtype or its call site, or a profiler
+ * hooks this library's malloc (shadow.c): zero, almost always. hook_key is
+ * malloc as the dynamic linker resolved it, with its lowest bit flipped once
+ * the dtype hooks are on, so one word carries two of the three conditions (a
+ * hook would have to sit one byte from malloc to hide): two instructions more
+ * than the dtype and site check alone (bench/net.py). h_alloc_hooked tells
+ * the three apart. */
+static inline uintptr_t h_hooked(void) {
+    return (dm__shadow_got_malloc() ^ atomic_load_explicit(&hook_key, memory_order_relaxed)) |
+           (unsigned)atomic_load_explicit(&dm_runtime_site_rules, memory_order_relaxed);
 }
 
 static void *h_malloc(void *ctx, size_t size) {
-    if (__builtin_expect(h_hooked(), 0))
+    if (__builtin_expect(h_hooked() != 0, 0))
         return h_alloc_hooked(ctx, size, 0);
     return dm_alloc(ctx, size, DM_DT_UNKNOWN);
 }
@@ -187,7 +196,7 @@ static void *h_calloc(void *ctx, size_t nelem, size_t elsize) {
     if (elsize && nelem > SIZE_MAX / elsize)
         return NULL;
     size_t size = nelem * elsize;
-    if (__builtin_expect(h_hooked(), 0))
+    if (__builtin_expect(h_hooked() != 0, 0))
         return h_alloc_hooked(ctx, size, 1);
     return dm_calloc(ctx, size, DM_DT_UNKNOWN);
 }
@@ -199,6 +208,49 @@ static void *h_realloc(void *ctx, void *ptr, size_t size) {
 /* NumPy's size here is a guess (NEP 49): a hint that the block may be big
  * (kept for reuse), never trusted for anything else. */
 static void h_free(void *ctx, void *ptr, size_t size) { dm_free_hint(ptr, size); }
+
+/* The shadowing handlers (shadow.c), every handler's once a profiler was seen
+ * hooking this library's malloc: each array gets a shadow while the hook is
+ * there, and gives back the one it has when it goes. */
+static void *h_alloc_routed(void *ctx, size_t size, int zero);
+
+static void *sh_alloc(void *ctx, size_t size, int zero) {
+    void *p = atomic_load_explicit(&dtype_hooks_on, memory_order_relaxed) |
+                      atomic_load_explicit(&dm_runtime_site_rules, memory_order_relaxed)
+                  ? h_alloc_routed(ctx, size, zero)
+              : zero ? dm_calloc(ctx, size, DM_DT_UNKNOWN)
+                     : dm_alloc(ctx, size, DM_DT_UNKNOWN);
+    if (p && dm__shadow_hooked())
+        dm__shadow_add(p, size);
+    return p;
+}
+
+static void *sh_malloc(void *ctx, size_t size) { return sh_alloc(ctx, size, 0); }
+
+static void *sh_calloc(void *ctx, size_t nelem, size_t elsize) {
+    if (elsize && nelem > SIZE_MAX / elsize)
+        return NULL;
+    return sh_alloc(ctx, nelem * elsize, 1);
+}
+
+static void *sh_realloc(void *ctx, void *ptr, size_t size) {
+    void *shadow = dm__shadow_take(ptr);
+    void *q = dm_realloc(ctx, ptr, size);
+    if (!q) {
+        if (shadow)
+            dm__shadow_keep(ptr, shadow); /* the array stays as it was */
+        return NULL;
+    }
+    free(shadow);
+    if (dm__shadow_hooked())
+        dm__shadow_add(q, size);
+    return q;
+}
+
+static void sh_free(void *ctx, void *ptr, size_t size) {
+    dm__shadow_drop(ptr); /* first: the block's address may be handed out again after */
+    dm_free_hint(ptr, size);
+}
 
 /* An allocation routed by its call site too, when call-site rules are in force
  * (the recording handlers come here as well). The site's mask is for the
@@ -221,11 +273,22 @@ void *dm__handler_alloc_site(void *ctx, size_t size, int dt, int zero) {
     }
 }
 
-/* The rare path: a dtype rule or call-site rules are in force. */
-static __attribute__((noinline)) void *h_alloc_hooked(void *ctx, size_t size, int zero) {
+/* A dtype rule or call-site rules are in force. */
+static void *h_alloc_routed(void *ctx, size_t size, int zero) {
     int dt = atomic_load_explicit(&dtype_hooks_on, memory_order_relaxed) ? h_dtype(size)
                                                                          : DM_DT_UNKNOWN;
     return dm__handler_alloc_site(ctx, size, dt, zero);
+}
+
+/* The rare path: a dtype rule or call-site rules are in force, or a profiler
+ * hooks this library's malloc, seen here first: every handler shadows from
+ * now on. */
+static __attribute__((noinline)) void *h_alloc_hooked(void *ctx, size_t size, int zero) {
+    if (dm__shadow_hooked()) {
+        dm__handler_shadow_all();
+        return sh_alloc(ctx, size, zero);
+    }
+    return h_alloc_routed(ctx, size, zero);
 }
 
 /* ---- capsules: one handler per context ------------------------------------ */
@@ -253,6 +316,10 @@ static void on_install(const dm_policy_t *p, uint64_t seq, void *arg) {
 }
 
 void dm__handler_init(void) {
+    dm__shadow_init();
+    atomic_store_explicit(&hook_key, dm__shadow_resolved_malloc, memory_order_release);
+    if (dm__shadow_hooked()) /* hooked already (memray run): before any arena maps */
+        dm__handler_shadow_all();
     const char *numpy_name = PyCapsule_GetName(PyDataMem_DefaultHandler);
     if (numpy_name && strcmp(numpy_name, "mem_handler") == 0)
         capsule_name = numpy_name; /* before the module exists: immutable after */
@@ -288,17 +355,22 @@ static PyObject *recent[HANDLER_RECENT]; /* under handlers_mu */
 static PyObject *root_capsule;      /* the root context's, for the process (handlers_mu) */
 static uint64_t retirements_seen;   /* dm_ctx_retirements() at the last scan (handlers_mu) */
 static _Atomic bool recording;      /* new handlers record (set under handlers_mu) */
+static _Atomic bool shadowing;      /* new handlers shadow, unless recording (handlers_mu) */
 
 /* NumPy reads each pointer with one plain load when it allocates: each is
  * stored atomically, so a call goes to the plain or the recording function,
  * never to a torn pointer. A block allocated by one and freed by the other is
  * fine: the recording free ignores blocks it never recorded. */
 static void handler_set_functions(PyDataMem_Handler *h, bool on) {
-    __atomic_store_n(&h->allocator.malloc, on ? dm__record_malloc : h_malloc, __ATOMIC_RELEASE);
-    __atomic_store_n(&h->allocator.calloc, on ? dm__record_calloc : h_calloc, __ATOMIC_RELEASE);
-    __atomic_store_n(&h->allocator.realloc, on ? dm__record_realloc : h_realloc,
+    bool sh = !on && atomic_load_explicit(&shadowing, memory_order_relaxed);
+    __atomic_store_n(&h->allocator.malloc, on ? dm__record_malloc : sh ? sh_malloc : h_malloc,
                      __ATOMIC_RELEASE);
-    __atomic_store_n(&h->allocator.free, on ? dm__record_free : h_free, __ATOMIC_RELEASE);
+    __atomic_store_n(&h->allocator.calloc, on ? dm__record_calloc : sh ? sh_calloc : h_calloc,
+                     __ATOMIC_RELEASE);
+    __atomic_store_n(&h->allocator.realloc,
+                     on ? dm__record_realloc : sh ? sh_realloc : h_realloc, __ATOMIC_RELEASE);
+    __atomic_store_n(&h->allocator.free, on ? dm__record_free : sh ? sh_free : h_free,
+                     __ATOMIC_RELEASE);
 }
 
 /* The capsule's destructor (attached): nothing can allocate or free through
@@ -414,6 +486,21 @@ static PyObject *capsule_for(const dm_ctx_t *ctx) {
     return cap;
 }
 
+/* A profiler hooks this library's malloc: every handler, existing or made
+ * later, shadows arrays (shadow.c) unless it records, and the arenas' own
+ * mappings go unseen. For good: a profiler that lets go later only stops new
+ * shadows. */
+void dm__handler_shadow_all(void) {
+    dm_runtime_hide_mappings();
+    dm_pymu_lock(&handlers_mu);
+    if (!atomic_load_explicit(&shadowing, memory_order_relaxed)) {
+        atomic_store(&shadowing, true);
+        for (handler_entry_t *e = handlers; e; e = e->next)
+            handler_set_functions(&e->handler, atomic_load(&recording));
+    }
+    dm_pymu_unlock(&handlers_mu);
+}
+
 /* profile_start: every handler, existing or made later, records. */
 void dm__handler_record_all(void) {
     dm_pymu_lock(&handlers_mu);
@@ -473,7 +560,7 @@ static PyObject *py_handler_tags(PyObject *self, PyObject *cap) {
     void *(*f)(void *, size_t) = NULL;
     if (h)
         f = __atomic_load_n(&h->allocator.malloc, __ATOMIC_RELAXED);
-    if (f != h_malloc && f != dm__record_malloc)
+    if (f != h_malloc && f != sh_malloc && f != dm__record_malloc)
         Py_RETURN_NONE;
     const char *tags[256];
     int n = dm_ctx_tags(h->allocator.ctx, tags, 256);

@@ -102,6 +102,7 @@ static void prof_rate_atfork_child(void) {
     dm_pymu_reset(&prof_start_mu);
     dm__handler_after_fork_child();
     dm__site_after_fork_child();
+    dm__shadow_after_fork_child();
 }
 
 static void prof_rate_register_atfork(void) {

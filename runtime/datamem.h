@@ -75,6 +75,12 @@ DM_API void dm_runtime_topology(dm_topology_t *out);
  * it from NumPy's own setting at every install. */
 DM_API void dm_runtime_set_numpy_hugepages(bool on);
 
+/* From now on, for the process: the mappings that hold arenas' memory (extent
+ * commits, spill files) are made with syscall(2), unseen by a profiler that
+ * hooks libc's mmap. The extension calls it when it finds its own GOT hooked
+ * and shows arrays to the profiler itself (pyext/shadow.c). */
+DM_API void dm_runtime_hide_mappings(void);
+
 DM_API const dm_ctx_t *dm_ctx_root(void);
 /* The context with `base`'s tags plus `tag` (interned: the same set gives the
  * same context while it lives), with one reference for the caller, who may

@@ -51,14 +51,30 @@ static _Atomic uintptr_t reserve_hint;
  * mapping as an allocation of its whole length, so a 1 GiB PROT_NONE segment
  * read as 1 GiB of the job's peak (memray: 3.85 GB against 343 MB without a
  * policy on an fft job). Memory an arena takes to serve arrays
- * (dm__os_commit, a spill file's pages) still goes through mmap, which is how
- * such profilers see datamem's arrays (docs/operations.md, "Profilers"); so
- * does jemalloc's own metadata (its pages.c calls mmap: 6 MiB for its radix
- * tree at the first array). */
+ * (dm__os_commit, a spill file's pages) goes through mmap, so that a profiler
+ * interposing it for the whole process sees datamem's arrays somehow, until
+ * the extension finds its own GOT hooked (pyext/shadow.c): it then shows each
+ * array to the hook itself, and dm_runtime_hide_mappings turns these mappings
+ * unseen too. (jemalloc's own metadata is always unseen:
+ * third_party/jemalloc/jemalloc.bzl.) */
 static void *unseen_map(void *want, size_t size, int prot) {
     long p = syscall(SYS_mmap, want, size, prot, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
                      -1, 0L);
     return (void *)p; /* MAP_FAILED with errno set on error (syscall(2)) */
+}
+
+static _Atomic bool hide_mappings;
+
+void dm_runtime_hide_mappings(void) {
+    atomic_store_explicit(&hide_mappings, true, memory_order_relaxed);
+}
+
+/* A mapping that holds an arena's memory: mmap(2), through syscall(2) once
+ * the mappings are hidden. */
+static void *memory_map(void *p, size_t n, int flags, int fd, off_t off) {
+    if (atomic_load_explicit(&hide_mappings, memory_order_relaxed))
+        return (void *)syscall(SYS_mmap, p, n, PROT_READ | PROT_WRITE, flags, fd, off);
+    return mmap(p, n, PROT_READ | PROT_WRITE, flags, fd, off);
 }
 
 static void unseen_unmap(void *p, size_t size) { syscall(SYS_munmap, p, size); }
@@ -128,7 +144,7 @@ void dm__os_release(void *p, size_t n) { unseen_unmap(p, n); }
  * limit applies. (mprotect of a MAP_NORESERVE reservation is never accounted:
  * such requests would succeed and the job be OOM-killed later.) */
 int dm__os_commit(void *p, size_t n) {
-    void *q = mmap(p, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+    void *q = memory_map(p, n, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
     return q == p ? 0 : -errno;
 }
 
@@ -495,13 +511,12 @@ int dm__os_file_zero(int fd, uint64_t off, size_t n) {
 }
 
 int dm__os_map_file(void *p, size_t n, int fd, uint64_t off, bool shared) {
-    void *q = mmap(p, n, PROT_READ | PROT_WRITE, (shared ? MAP_SHARED : MAP_PRIVATE) | MAP_FIXED,
-                   fd, (off_t)off);
+    void *q = memory_map(p, n, (shared ? MAP_SHARED : MAP_PRIVATE) | MAP_FIXED, fd, (off_t)off);
     return q == p ? 0 : -errno;
 }
 
 int dm__os_map_anon(void *p, size_t n) {
-    void *q = mmap(p, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+    void *q = memory_map(p, n, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
     return q == p ? 0 : -errno;
 }
 
