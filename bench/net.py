@@ -22,8 +22,10 @@ process, from a fixed seed:
                   loop of small NumPy operations, with per-tag counting off and on
                   (DATAMEM_TAG_BYTES=1): `+count` figures, and under the policy
                   with `worker_limit: 100%` added (`+limit`: the limited reserve
-                  and the staleness check of the memory beside the arrays, never
-                  reached) (instr_per_op); and of
+                  and the staleness check of the memory beside the arrays; the
+                  reading itself, beside_read, comes at most every 10 ms of
+                  wall time, so how many land in a phase follows the machine's
+                  load: its instructions are taken out) (instr_per_op); and of
                   those, datamem's own share: the instructions inside the NEP 49
                   handler's functions, what they call included (own_instr_per_op,
                   a second callgrind run collecting only there). NumPy's default
@@ -151,6 +153,36 @@ def figures_workloads(policy):
     return f
 
 
+# Called by time, not per operation: the reading of the memory beside the
+# arrays (runtime/beside.c), at most once per 10 ms of wall time. Under
+# callgrind an operation takes ~50x its time, and more when the machine is
+# busy, so the readings per phase follow the load (CI once read 1,790
+# instructions for smallops+limit where an idle machine reads 1,738).
+TIMED = "beside_read"
+
+
+def callee_inclusive(dump, name):
+    """The inclusive instructions of every call to function `name` in one
+    callgrind dump (its lines): the cost line after each `calls=` line whose
+    `cfn=` names it. Names are compressed: `(id) name` the first time, `(id)`
+    after."""
+    names, total, callee, take = {}, 0, None, False
+    for line in dump:
+        if line.startswith(("fn=", "cfn=", "cfi=", "cfl=", "fl=", "fi=", "fe=", "ob=", "cob=")):
+            key, _, rest = line.partition("=")
+            ident, _, label = rest.partition(" ")
+            if ident.startswith("(") and label:
+                names[(key.lstrip("c"), ident)] = label
+            if key == "cfn":
+                callee = names.get(("fn", ident), label or None)
+        elif line.startswith("calls="):
+            take = callee == name
+        elif take:
+            total += int(line.split()[1])
+            take = False
+    return total
+
+
 def callgrind_totals(policy, count, own=False, n=PHASE_N):
     """Instructions per operation of each loop in LOOPS (one callgrind process):
     the whole process's, or with `own` only those inside the handler's functions
@@ -189,8 +221,18 @@ def callgrind_totals(policy, count, own=False, n=PHASE_N):
         totals = []
         for i in range(1, 2 * len(LOOPS) + 1):
             with open("%s.%d" % (out, i)) as fh:
-                totals.append(next(int(line.split()[1]) for line in fh
-                                   if line.startswith("totals:")))
+                dump = fh.read().splitlines()
+            total = next(int(line.split()[1]) for line in dump if line.startswith("totals:"))
+            if count == "limit":
+                timed = callee_inclusive(dump, TIMED)
+                if i == 1 and not timed:
+                    # the first reserve reads at once: a dump without it means
+                    # the name moved (renamed, inlined), and the readings would
+                    # be counted again, by the load
+                    raise RuntimeError("callgrind saw no call to %s in the +limit loops' "
+                                       "start: renamed or inlined (`nm`)?" % TIMED)
+                total -= timed
+            totals.append(total)
     # dumps 2, 4, 6 hold the measured loops (1, 3, 5: warm-ups and start-up)
     figs = {name: totals[2 * i + 1] / n for i, name in enumerate(LOOPS)}
     if own and not all(figs.values()):

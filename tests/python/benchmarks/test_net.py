@@ -120,17 +120,61 @@ def test_the_command_writes_no_regression_into_the_budgets(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["budgets.json", "figs.json"]  # no temp left
 
 
+def skip_if_stripped():
+    import datamem._ext as ext
+    syms = subprocess.run(["nm", ext.__file__], capture_output=True, text=True).stdout
+    if " h_malloc" not in syms:
+        pytest.skip("SKIP: the installed extension is stripped (a manylinux wheel); "
+                    "the net stage measures the Bazel-built wheel, which keeps its symbols")
+
+
+# A callgrind dump's calls, with names compressed as callgrind writes them.
+DUMP = """fn=(1) h_malloc
+0 40
+cfn=(2) beside_read
+calls=1 0
+0 900
+cfn=(3) dm_alloc
+calls=2 0
+0 70
+fn=(4) dm__tally_charge_from
+0 12
+cfn=(2)
+calls=1 0
+0 850
+totals: 1872
+""".splitlines()
+
+
+def test_the_timed_reading_is_taken_out_of_the_limit_figures():
+    # beside_read runs once per 10 ms of wall time, so how many readings land
+    # in a phase follows the machine's load (CI read smallops+limit 3% over an
+    # idle machine's figure); what every call to it cost is taken out.
+    assert net.callee_inclusive(DUMP, "beside_read") == 900 + 850
+    assert net.callee_inclusive(DUMP, "dm_alloc") == 70
+    assert net.callee_inclusive(DUMP, "h_malloc") == 0
+
+
+@pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind is not installed")
+@pytest.mark.skipif(UNDER_ASAN, reason="SKIP under ASan: valgrind cannot run an ASan build (the net measures the plain wheel; scripts/test.sh runs it in its own stage)")
+def test_the_limit_figures_see_the_timed_reading():
+    # Measured for real: the first reserve reads at once, so the start's dump
+    # must show beside_read (callgrind_totals raises otherwise), and the loops'
+    # figures are what is left without the readings.
+    skip_if_stripped()
+    limited = net.callgrind_totals("minimal", "limit", own=True, n=2000)
+    counted = net.callgrind_totals("minimal", True, own=True, n=2000)
+    for loop in net.LOOPS:
+        assert counted[loop] < limited[loop] < 3 * counted[loop], (loop, limited, counted)
+
+
 @pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind is not installed")
 @pytest.mark.skipif(UNDER_ASAN, reason="SKIP under ASan: valgrind cannot run an ASan build (the net measures the plain wheel; scripts/test.sh runs it in its own stage)")
 def test_datamems_own_share_of_an_op_is_measured():
     # callgrind collects only inside the handler's functions: if it cannot see
     # them (a stripped .so, a renamed function), the share reads 0 and a
     # regression in datamem's own path would pass the net unseen.
-    import datamem._ext as ext
-    syms = subprocess.run(["nm", ext.__file__], capture_output=True, text=True).stdout
-    if " h_malloc" not in syms:
-        pytest.skip("SKIP: the installed extension is stripped (a manylinux wheel); "
-                    "the net stage measures the Bazel-built wheel, which keeps its symbols")
+    skip_if_stripped()
     with open(os.path.join(ROOT, "bench", "budgets.json")) as f:
         budgets = json.load(f)["budgets"]
     own = net.callgrind_totals("minimal", False, own=True, n=2000)

@@ -178,6 +178,10 @@ if __name__ == "__main__":
             out["runaway"] = ["ok", bad.result()]
         except Exception as e:
             out["runaway"] = [type(e).__name__, str(e)]
+        # `bad` still held: its worker keeps the error and its traceback for it
+        out["runaway_after"] = poll(
+            lambda: sum(t.get("live", 0) for t in tag_live(c, "runaway").values()),
+            lambda v: v == 0)
         got = c.gather(kept)
         out["results"] = sum(1 for i, r in enumerate(got) if float(r[0]) == float(i))
         out["deaths"] = c.run_on_scheduler(deaths)
