@@ -27,9 +27,11 @@
  *
  * Telling hooks are in place: the address of malloc in this library's GOT is
  * no longer the one the dynamic linker resolved (dlsym(RTLD_DEFAULT)). A
- * malloc interposed for the whole process with LD_PRELOAD (tcmalloc, Fil) is
- * both, so it is not taken for a profiler: it sees datamem's mappings as
- * before.
+ * malloc interposed for the whole process with LD_PRELOAD is both; such a
+ * malloc is a profiler's only when it comes from one of the libraries named
+ * in PRELOADED_PROFILERS (Fil's, Scalene's), and then the process shadows
+ * from its start: an allocator preloaded the same way (tcmalloc, jemalloc,
+ * mimalloc) must not pay a shadow per array. 
  *
  * The table of shadows: open addressing by the array's address, linear
  * probing with backward-shift deletion, doubled at half full; its memory is
@@ -45,6 +47,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -72,9 +75,28 @@ static void missed(void) {
                "of memory): its figures read low from here on");
 }
 
+/* Profilers that interpose malloc with LD_PRELOAD, by their library's file
+ * name: Fil's preload module and Scalene's. */
+static const char *const PRELOADED_PROFILERS[] = {"_filpreload", "libscalene"};
+
+static bool preloaded_profiler(void *m) {
+    Dl_info info;
+    if (!m || !dladdr(m, &info) || !info.dli_fname)
+        return false;
+    const char *base = strrchr(info.dli_fname, '/');
+    base = base ? base + 1 : info.dli_fname;
+    for (size_t i = 0; i < sizeof PRELOADED_PROFILERS / sizeof *PRELOADED_PROFILERS; i++)
+        if (strncmp(base, PRELOADED_PROFILERS[i], strlen(PRELOADED_PROFILERS[i])) == 0)
+            return true;
+    return false;
+}
+
 void dm__shadow_init(void) {
     void *m = dlsym(RTLD_DEFAULT, "malloc");
-    dm__shadow_resolved_malloc = m ? (uintptr_t)m : dm__shadow_got_malloc();
+    /* 0 matches no GOT entry: a preloaded profiler is seen as a hook, for good */
+    dm__shadow_resolved_malloc = preloaded_profiler(m) ? 0
+                                 : m                   ? (uintptr_t)m
+                                                       : dm__shadow_got_malloc();
 }
 
 static void *unseen_map(size_t n) {
