@@ -94,9 +94,14 @@ make_root() {
     *) die "unknown root '$name' (forky, arm64, bullseye)" ;;
   esac
   host_pkgs
+  mkdir -p "$ROOTS"
+  # Two clones making the same root at once would remove each other's .part:
+  # the second waits here, then finds it made.
+  exec 9>"$r.lock"
+  flock 9
+  [ "$(cat "$r/.datamem-root-ok" 2>/dev/null)" = "$RECIPE" ] && { echo "$r"; return 0; }
   echo "roots.sh: making $r ($suite, $arch)" >&2
   remove_root "$r"; remove_root "$r.part"
-  mkdir -p "$ROOTS"
   debootstrap --arch="$arch" --variant=minbase --include="$include" "$suite" "$r.part" \
     >"$ROOTS/$name.log" 2>&1 || { tail -20 "$ROOTS/$name.log" >&2; die "debootstrap $suite failed (log: $ROOTS/$name.log)"; }
   cp /etc/ssl/certs/ca-certificates.crt "$r.part/etc/ssl/certs/"
