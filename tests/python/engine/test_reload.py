@@ -941,6 +941,13 @@ def _expect_line(job, want):
                     % (got, want, job.stderr.read()[-3000:]))
 
 
+def replace_text(path, text):
+    """path's content becomes text at once, as an editor saving by rename does."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
 def test_datamem_quiet_keeps_the_watchers_warnings_off_never_its_errors(tmp_path):
     """DATAMEM_QUIET=1: a reload by the file watcher logs no warnings;
     a reload that fails still says so."""
@@ -965,11 +972,13 @@ for line in sys.stdin:   # "wait N": until the watcher has reloaded N times or f
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert job.stdout.readline() == "up\n"
-        pol.write_text(base.replace("{a: {}}", "{a: {decay: {budget: 16MB}}}"))  # warns: decimal
+        # Each version goes in whole (temp + rename): write_text truncates first, and
+        # a watcher woken in between fails on the empty file (seen under load).
+        replace_text(pol, base.replace("{a: {}}", "{a: {decay: {budget: 16MB}}}"))  # warns: decimal
         job.stdin.write("wait 1\n")
         job.stdin.flush()
         _expect_line(job, ["1", "0"])
-        pol.write_text(base + "bogus: 1\n")                        # an error
+        replace_text(pol, base + "bogus: 1\n")                     # an error
         job.stdin.write("wait 2\n")
         job.stdin.flush()
         _expect_line(job, ["1", "1"])
