@@ -21,10 +21,10 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+sys.path.insert(0, ROOT)
+from bench.jobs.__main__ import JOBS  # noqa: E402  one list of the jobs
 from datamem._profile.tune import run_once  # noqa: E402  one definition of the measures (installed)
 
-JOBS = ["pandas_etl", "pandas3_etl", "pandas3_arrow", "sklearn_pipeline", "scipy_cg", "fft_image",
-        "stencil_big", "threadpool"]
 FIGURES = ["zeroed", "small", "thp", "rss", "cpu"]
 
 

@@ -27,6 +27,7 @@ ROOT_DEBS=binutils
 RECIPE=2
 
 die() { echo "roots.sh: $*" >&2; exit 1; }
+made() { [ "$(cat "$1/.datamem-root-ok" 2>/dev/null)" = "$RECIPE" ]; }  # made by this recipe
 [ "$(id -u)" -eq 0 ] || die "needs root (debootstrap, chroot, mount)"
 
 host_pkgs() {  # debootstrap, and qemu-user for the arm64 root
@@ -85,7 +86,7 @@ in_root() {  # in_root ROOT CMD...: chroot with the mounts, a clean environment
 
 make_root() {
   local name=$1 r=$ROOTS/$1
-  [ "$(cat "$r/.datamem-root-ok" 2>/dev/null)" = "$RECIPE" ] && { echo "$r"; return 0; }
+  made "$r" && { echo "$r"; return 0; }
   local arch=amd64 suite include=ca-certificates,$ROOT_DEBS
   case $name in
     forky) suite=testing ;;
@@ -99,7 +100,7 @@ make_root() {
   # the second waits here, then finds it made.
   exec 9>"$r.lock"
   flock 9
-  [ "$(cat "$r/.datamem-root-ok" 2>/dev/null)" = "$RECIPE" ] && { echo "$r"; return 0; }
+  made "$r" && { echo "$r"; return 0; }
   echo "roots.sh: making $r ($suite, $arch)" >&2
   remove_root "$r"; remove_root "$r.part"
   debootstrap --arch="$arch" --variant=minbase --include="$include" "$suite" "$r.part" \
@@ -152,7 +153,7 @@ case $cmd in
   run)
     [ $# -ge 2 ] || die "usage: roots.sh run NAME CMD..."
     r=$ROOTS/$1; shift
-    [ "$(cat "$r/.datamem-root-ok" 2>/dev/null)" = "$RECIPE" ] ||
+    made "$r" ||
       die "no root $r, or one made by an older scripts/roots.sh (bash scripts/roots.sh make $(basename "$r"))"
     [ "$(basename "$r")" != arm64 ] || enable_qemu
     trap unmount_all EXIT

@@ -30,6 +30,13 @@ def policy_text(default, extra=""):
     return POLICY.format(default=default, extra=extra)
 
 
+def replace_text(path, text):
+    """path's content becomes text at once, as an editor saving by rename does."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
 def wait_for_arena(name, timeout=5.0):
     end = time.monotonic() + timeout
     while time.monotonic() < end:
@@ -316,9 +323,7 @@ def test_stress_reload_while_allocating(watched):
     bad = policy_text("zz")  # default names a missing arena
     for i in range(300):
         text = good[i % 3] if i % 2 == 0 else bad
-        tmp = watched.parent / "tmp.yaml"
-        tmp.write_text(text)
-        os.replace(tmp, watched)
+        replace_text(watched, text)
         time.sleep(0.002)
     stop.set()
     for t in threads:
@@ -939,13 +944,6 @@ def _expect_line(job, want):
         job.wait()
         pytest.fail("watch_reloads, reload_failures: %s, not %s; stderr:\n%s"
                     % (got, want, job.stderr.read()[-3000:]))
-
-
-def replace_text(path, text):
-    """path's content becomes text at once, as an editor saving by rename does."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def test_datamem_quiet_keeps_the_watchers_warnings_off_never_its_errors(tmp_path):
