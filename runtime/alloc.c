@@ -476,6 +476,8 @@ static __attribute__((noinline)) void *bcache_tallied(dm__thread_t *t, const dm_
     dm__bcache_set_count(b, n - 1);
     bcache_hand_out(m, p, size);
     const dm_ctx_t *cc = c ? c : &dm__context_root;
+    if (DM_LIKELY(dm__tally_take_held(&t->tally_held, cc, p, bcache_usable(m))))
+        return p;
     uint64_t now;
     int k = dm__tally_charge_fast(cc, p, bcache_usable(m), &now);
     if (DM_UNLIKELY(k != DM_TALLY_CHARGED))
@@ -590,7 +592,7 @@ static __attribute__((noinline)) void free_slow(dm__thread_t *t, void *p, _Atomi
 static __attribute__((noinline)) void free_counted_slow(dm__thread_t *t, void *p,
                                                         _Atomic uint64_t *w, size_t hint,
                                                         unsigned k) {
-    dm__tally_release_sized(p, dm_sc_size(k));
+    dm__tally_release_held(&t->tally_held, p, dm_sc_size(k));
     free_slow(t, p, w, 0, hint);
 }
 
@@ -626,7 +628,7 @@ static inline __attribute__((always_inline)) void free_impl(void *p, size_t hint
             b->items[n] = p;
             dm__bcache_set_count(b, n + 1);
             if (DM_UNLIKELY(atomic_load_explicit(&dm__tally_counting, memory_order_relaxed)))
-                dm__tally_release_sized(p, dm_sc_size(k));
+                dm__tally_release_held(&t->tally_held, p, dm_sc_size(k));
             return;
         }
         if (DM_UNLIKELY(atomic_load_explicit(&dm__tally_counting, memory_order_relaxed)))

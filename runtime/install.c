@@ -169,9 +169,9 @@ static int ensure_arenas(const dm_policy_t *p, dm__arena_t **out) {
 /* The policy's worker limit resolved before anything changes: a share of a
  * memory limit that cannot be read fails the install (the policy in force
  * stays), with one diagnostic at worker_limit. */
-static int worker_limit(const dm_policy_t *p, dm__tally_worker_t *w, dm_diags_t *d) {
+static int worker_limit(const dm_policy_t *p, dm__budget_worker_t *w, dm_diags_t *d) {
     char why[sizeof(d->items[0].msg)];
-    int rc = dm__tally_worker_limit(p, w, why, sizeof(why));
+    int rc = dm__budget_worker_limit(p, w, why, sizeof(why));
     if (rc && d && d->n < DM_DIAG_MAX) {
         dm_diag_t *e = &d->items[d->n++];
         memset(e, 0, sizeof(*e));
@@ -185,7 +185,7 @@ static int worker_limit(const dm_policy_t *p, dm__tally_worker_t *w, dm_diags_t 
 
 /* Called with dm__mem_mu held, the arenas made: they take the policy's
  * settings, and the table's slots name them. */
-static void fill_slots(dm__dispatch_t *tab, dm__arena_t **byspec, const dm__tally_worker_t *w) {
+static void fill_slots(dm__dispatch_t *tab, dm__arena_t **byspec, const dm__budget_worker_t *w) {
     const dm_policy_t *p = tab->policy;
     dm__arena_mark_all_unused();
     for (int i = 0; i < p->narenas; i++)
@@ -235,7 +235,7 @@ static int install(dm_policy_t *p, dm_diags_t *d, const char *only_over, uint64_
     dm__dispatch_t *tab = compile(p, d, &rc);
     if (!tab)
         return rc;
-    dm__tally_worker_t worker;
+    dm__budget_worker_t worker;
     if ((rc = load_gpu_runtime(p, d)) || (rc = worker_limit(p, &worker, d))) {
         dm__dispatch_destroy(tab);
         return rc;

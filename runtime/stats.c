@@ -36,6 +36,18 @@ static void counts_add(dm_counts_t *o, const dm__ctrs_t *c) {
     o->nlimit += DM_CTR_GET(c->nlimit);
 }
 
+/* The tags' figures (under dm__mem_mu): their live bytes less what the
+ * threads hold of their frees (tally.h). */
+static int tally_snapshot(dm_stats_t *out) {
+    dm__tally_held_t **held = calloc((size_t)dm__thread_n + 1, sizeof(*held));
+    int nheld = 0;
+    for (dm__thread_t *t = dm__thread_registry; held && t; t = t->next)
+        held[nheld++] = &t->tally_held;
+    int rc = held ? dm__tally_snapshot(out, held, nheld) : DM_ENOMEM;
+    free(held);
+    return rc;
+}
+
 int dm_stats_snapshot(dm_stats_t *out) {
     memset(out, 0, sizeof(*out));
     struct timespec now;
@@ -102,7 +114,7 @@ int dm_stats_snapshot(dm_stats_t *out) {
     dm__install_stats(out);
     out->nthreads = dm__thread_n;
     out->ncontexts = dm__context_count();
-    int trc = dm__tally_snapshot(out);
+    int trc = tally_snapshot(out);
     out->tables_live = dm__dispatch_live();
     pthread_mutex_unlock(&dm__mem_mu);
     out->foreign_frees = dm__alloc_foreign_frees();

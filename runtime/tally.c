@@ -14,6 +14,9 @@
  * jemalloc; other sizes take alloc_tallied. The counts are therefore exact
  * wherever a block is freed, and a limit is never passed by concurrent
  * threads (a compare-and-swap per limited count, as arena limits do).
+ * While no count can have a limit, a thread holds the bytes of the small
+ * blocks it frees in the counts, for its next ones to take up (tally.h, "a
+ * thread's held frees"); the stats take them out.
  *
  * The shadow: for each 1 GiB address segment that has held a counted block, a
  * sparse array (MAP_NORESERVE, 128 MiB of address space, pages appear when
@@ -52,7 +55,8 @@
  *
  * Thread safety: rows, ids and configuration change under dm__mem_mu;
  * counts are atomics; shadow entries are atomics written by the allocating
- * thread and cleared (exchange) by the freeing one. A block's allocation
+ * thread and cleared (a load and a store) by the freeing one; a thread's held
+ * frees are its own, read by stats under dm__mem_mu (held_read). A block's allocation
  * happens-before its free, so the free sees its entry, and the row and context
  * behind it (held by the block) are the ones it was counted under.
  */
@@ -96,6 +100,10 @@ static struct dm_ctx *uncounted_ctxs;     /* live contexts with uncounted tags (
 static char said[SAID_MAX][DM_NAME_MAX];  /* limited tags named on stderr (mu) */
 static int nsaid;                         /* under dm__mem_mu, as below */
 static bool said_full, said_other;        /* the lines past `said`, for unlimited names */
+/* Whether freed bytes may be held (tally.h): counting is on, and neither the
+ * policy's tag_limits nor a worker limit can put a limit on a count (limits
+ * come from the policy only; set at each install). */
+static _Atomic bool holding;
 tally_tag_t dm__tally_total = {.limit = UINT64_MAX}; /* every counted block */
 static bool on;                           /* under dm__mem_mu */
 static const dm_policy_t *limits_from;    /* the policy in force (dm__mem_mu) */
@@ -335,40 +343,6 @@ bool dm__tally_ctx_init(struct dm_ctx *c) {
     return true;
 }
 
-int dm__tally_worker_limit(const dm_policy_t *p, dm__tally_worker_t *w, char *why, size_t cap) {
-    uint64_t bytes = 0;
-    unsigned permille = 0;
-    w->limit = UINT64_MAX;
-    w->base = 0;
-    w->source[0] = w->group[0] = 0;
-    w->group_version = 0;
-    if (!p->worker_limit[0] || dm_parse_share(p->worker_limit, &bytes, &permille) != 0)
-        return 0; /* none (the validator refused any other value) */
-    if (!permille) {
-        w->limit = bytes;
-        snprintf(w->source, sizeof(w->source), "policy");
-        return 0;
-    }
-    uint64_t base = 0;
-    char reason[320] = "";
-    int rc = dm__cgroup_process_limit(&base, w->source, sizeof(w->source), reason, sizeof(reason),
-                                 w->group, sizeof(w->group), &w->group_version);
-    if (rc == 0 && base == 0) {
-        rc = DM_EINVALID;
-        snprintf(reason, sizeof(reason), "no memory limit can be read here (no "
-                 "DATAMEM_MEMORY_LIMIT, no cgroup limit, physical memory unknown); give "
-                 "worker_limit as a size");
-    }
-    if (rc) {
-        snprintf(why, cap, "%s of the process's memory limit: %s", p->worker_limit, reason);
-        w->source[0] = 0;
-        return rc;
-    }
-    w->base = base;
-    w->limit = base > UINT64_MAX / 1000 ? base / 1000 * permille : base * permille / 1000;
-    return 0;
-}
-
 void dm__tally_ctx_fini(struct dm_ctx *c) {
     if (c->uncounted) {
         if (c->oprev)
@@ -388,7 +362,7 @@ void dm__tally_ctx_fini(struct dm_ctx *c) {
     c->tally = NULL;
 }
 
-bool dm__tally_configure(const dm_policy_t *p, const dm__tally_worker_t *w) {
+bool dm__tally_configure(const dm_policy_t *p, const dm__budget_worker_t *w) {
     limits_from = p;
     const char *env = getenv("DATAMEM_TAG_BYTES");
     on = on || p->tag_bytes || p->ntag_limits > 0 || p->worker_limit[0] ||
@@ -412,6 +386,8 @@ bool dm__tally_configure(const dm_policy_t *p, const dm__tally_worker_t *w) {
     snprintf(worker_source, sizeof(worker_source), "%s", w->source);
     dm__beside_configure(w->group, w->group_version, &dm__tally_total.live);
     atomic_store_explicit(&dm__tally_total.limit, w->limit, memory_order_relaxed);
+    atomic_store_explicit(&holding, on && p->ntag_limits == 0 && w->limit == UINT64_MAX,
+                          memory_order_relaxed);
     return on;
 }
 
@@ -582,10 +558,18 @@ void dm__tally_record(const struct dm_ctx *c, void *p, uint64_t n, bool exact) {
     dm__tally_mark(c, sh, p);
 }
 
-/* The block's context, its shadow entry cleared (NULL: not counted). */
+/* The block's context, its shadow entry cleared (NULL: not counted). A block
+ * is freed once, by one thread, after its allocation: a load and a store, no
+ * locked exchange. */
 static inline __attribute__((always_inline)) const struct dm_ctx *release_entry(const void *p) {
     uint16_t *sh = dm__tally_shadow_peek(p);
-    uint16_t v = sh ? atomic_exchange_explicit(dm__tally_entry(sh, p), 0, memory_order_relaxed) : 0;
+    if (!sh)
+        return NULL;
+    _Atomic uint16_t *e = dm__tally_entry(sh, p);
+    uint16_t v = atomic_load_explicit(e, memory_order_relaxed);
+    if (!v)
+        return NULL;
+    atomic_store_explicit(e, 0, memory_order_relaxed);
     return atomic_load_explicit(&by_entry[v], memory_order_acquire);
 }
 
@@ -596,6 +580,82 @@ void dm__tally_release_sized(const void *p, uint64_t usable) {
         if (c->id >= ID_FIRST)
             dm__context_drop_made(c); /* last: c may be freed from here on */
     }
+}
+
+void dm__tally_held_return(dm__tally_held_t *h) {
+    uint64_t v = atomic_load_explicit(&h->held, memory_order_relaxed);
+    if (!v)
+        return;
+    const struct dm_ctx *c = atomic_load_explicit(&h->ctx, memory_order_relaxed);
+    /* first: a fork child that finds the word cleared and the counts not yet
+     * taken down reads more, never less, than is live */
+    atomic_store_explicit(&h->held, 0, memory_order_relaxed);
+    uint64_t blocks = v / DM_TALLY_HELD_BLOCK, bytes = v % DM_TALLY_HELD_BLOCK;
+    if (bytes)
+        unreserve(c, bytes);
+    if (blocks && c->id >= ID_FIRST) /* last: c may be freed from here on */
+        atomic_fetch_sub_explicit(&((struct dm_ctx *)c)->refs, blocks, memory_order_release);
+}
+
+/* dm__tally_release_held's other cases: what h holds goes back, then the
+ * block is held anew (h switching to its context) or, past the bound or
+ * under a limit, leaves its counts. */
+static __attribute__((noinline)) void held_settle(dm__tally_held_t *h, const struct dm_ctx *c,
+                                                  uint64_t n) {
+    dm__tally_held_return(h);
+    if (n > DM_TALLY_HELD_MAX || !atomic_load_explicit(&holding, memory_order_relaxed)) {
+        unreserve(c, n);
+        if (c->id >= ID_FIRST)
+            dm__context_drop_made(c); /* last: c may be freed from here on */
+        return;
+    }
+    if (atomic_load_explicit(&h->ctx, memory_order_relaxed) != c) {
+        uint32_t s = atomic_load_explicit(&h->seq, memory_order_relaxed);
+        /* a reader that sees the new ctx (release) sees seq past s too */
+        atomic_store_explicit(&h->seq, s + 1, memory_order_relaxed);
+        atomic_store_explicit(&h->ctx, c, memory_order_release);
+        atomic_store_explicit(&h->seq, s + 2, memory_order_release);
+    }
+    /* release: a reader that sees these bytes sees the seq that named c */
+    atomic_store_explicit(&h->held, DM_TALLY_HELD_BLOCK + n, memory_order_release);
+}
+
+void dm__tally_release_held(dm__tally_held_t *h, const void *p, uint64_t n) {
+    const struct dm_ctx *c = release_entry(p);
+    if (!c)
+        return;
+    if (DM_UNLIKELY(!atomic_load_explicit(&holding, memory_order_relaxed))) {
+        /* a limit may apply: counted out now (what h may hold from before the
+         * policy goes back when the thread binds its table) */
+        unreserve(c, n);
+        if (c->id >= ID_FIRST)
+            dm__context_drop_made(c); /* last: c may be freed from here on */
+        return;
+    }
+    /* then held: a fork between the two leaves the block counted, not counted
+     * out twice */
+    uint64_t v = atomic_load_explicit(&h->held, memory_order_relaxed);
+    if (DM_LIKELY(atomic_load_explicit(&h->ctx, memory_order_relaxed) == c) &&
+        (v % DM_TALLY_HELD_BLOCK) + n <= DM_TALLY_HELD_MAX)
+        atomic_store_explicit(&h->held, v + DM_TALLY_HELD_BLOCK + n, memory_order_relaxed);
+    else
+        held_settle(h, c, n);
+}
+
+/* h's context and held bytes as one reading (0: none held). Acquire loads in
+ * order, no fences (TSan has none): bytes held under a new ctx were stored
+ * after seq moved past an even value, so a reader that sees them reads seq
+ * moved, unless it began after the move and so read that ctx. */
+static uint64_t held_read(dm__tally_held_t *h, const struct dm_ctx **c) {
+    uint32_t s1, s2;
+    uint64_t v;
+    do {
+        s1 = atomic_load_explicit(&h->seq, memory_order_acquire);
+        *c = atomic_load_explicit(&h->ctx, memory_order_acquire);
+        v = atomic_load_explicit(&h->held, memory_order_acquire);
+        s2 = atomic_load_explicit(&h->seq, memory_order_acquire);
+    } while ((s1 & 1) || s1 != s2);
+    return v % DM_TALLY_HELD_BLOCK;
 }
 
 void dm__tally_release_slow(const void *p) {
@@ -670,9 +730,12 @@ static int unenforced_snapshot(dm_stats_t *out) {
     return 0;
 }
 
-int dm__tally_snapshot(dm_stats_t *out) {
+static uint64_t less_held(uint64_t live, uint64_t held) { return live > held ? live - held : 0; }
+
+static int snapshot_less(dm_stats_t *out, uint64_t held_total, const uint64_t *held_rows) {
     out->tally_on = on;
-    out->tally_live = atomic_load_explicit(&dm__tally_total.live, memory_order_relaxed);
+    out->tally_live = less_held(atomic_load_explicit(&dm__tally_total.live, memory_order_relaxed),
+                                held_total);
     out->tally_peak = atomic_load_explicit(&dm__tally_total.peak, memory_order_relaxed);
     out->worker_limit = atomic_load_explicit(&dm__tally_total.limit, memory_order_relaxed);
     out->worker_refused = atomic_load_explicit(&dm__tally_total.refused, memory_order_relaxed);
@@ -696,7 +759,8 @@ int dm__tally_snapshot(dm_stats_t *out) {
             continue;
         dm_tag_stats_t *o = &out->tags[n++];
         memcpy(o->name, dm__tally_rows[i].name, sizeof(o->name)); /* both DM_NAME_MAX, NUL-ended */
-        o->live = atomic_load_explicit(&dm__tally_rows[i].live, memory_order_relaxed);
+        o->live = less_held(atomic_load_explicit(&dm__tally_rows[i].live, memory_order_relaxed),
+                            held_rows ? held_rows[i] : 0);
         o->peak = atomic_load_explicit(&dm__tally_rows[i].peak, memory_order_relaxed);
         o->limit = atomic_load_explicit(&dm__tally_rows[i].limit, memory_order_relaxed);
         o->refused = atomic_load_explicit(&dm__tally_rows[i].refused, memory_order_relaxed);
@@ -706,15 +770,22 @@ int dm__tally_snapshot(dm_stats_t *out) {
     return 0;
 }
 
-int dm_runtime_budget(const dm_policy_t *p, dm_budget_t *out, char *why, size_t cap) {
-    dm__tally_worker_t w;
-    int rc = dm__tally_worker_limit(p, &w, why, cap);
-    *out = (dm_budget_t){.limit = rc ? UINT64_MAX : w.limit, .base = w.base, .held = UINT64_MAX};
-    if (rc)
-        return rc;
-    snprintf(out->source, sizeof(out->source), "%s", w.source);
-    snprintf(out->group, sizeof(out->group), "%s", w.group);
-    if (w.group[0])
-        out->held = dm__cgroup_charge(w.group, w.group_version);
-    return 0;
+int dm__tally_snapshot(dm_stats_t *out, dm__tally_held_t *const *held, int nheld) {
+    /* the threads' held frees, by row: their contexts are held by the blocks
+     * (and freed only under dm__mem_mu, which the caller holds) */
+    uint64_t held_total = 0, *held_rows = NULL;
+    for (int i = 0; i < nheld; i++) {
+        const struct dm_ctx *c;
+        uint64_t b = held_read(held[i], &c);
+        if (!b)
+            continue;
+        if (!held_rows && !(held_rows = calloc(DM_TALLY_TAGS_MAX, sizeof(uint64_t))))
+            return DM_ENOMEM;
+        held_total += b;
+        for (int k = 0; k < c->ntally; k++)
+            held_rows[c->tally[k]] += b;
+    }
+    int rc = snapshot_less(out, held_total, held_rows);
+    free(held_rows);
+    return rc;
 }

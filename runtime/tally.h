@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "runtime/beside.h"
+#include "runtime/budget.h"
 #include "runtime/context.h"
 #include "runtime/mem.h"
 
@@ -79,28 +80,10 @@ bool dm__tally_crowded(void);
  * rows (an id is free, and a row for one of them: free, idle or made since). */
 bool dm__tally_could_count(const struct dm_ctx *c);
 
-/* The worker limit `p` sets, resolved: a size as given; a share of the
- * process's memory limit (os.h, dm__os_memory_limit) read now. */
-typedef struct dm__tally_worker {
-    uint64_t limit;  /* UINT64_MAX = none */
-    uint64_t base;   /* the memory limit a share is of; 0 for a size */
-    char source[16]; /* "", "policy", "env", "cgroup v1", "cgroup v2", "ram" */
-    /* A share of a cgroup's limit: that cgroup's directory, whose charge
-     * (every process in it) counts against the limit; "" otherwise. */
-    char group[4096];
-    int group_version; /* its hierarchy: 1 or 2; 0 without a group */
-} dm__tally_worker_t;
-
-/* At install, before anything changes (no lock needed: reads the environment
- * and files): `p`'s worker limit into *w. A share of a memory limit that
- * cannot be read (a DATAMEM_MEMORY_LIMIT that is not a size) is an error, never
- * a share of something else: DM_EINVALID with one line in `why`. */
-int dm__tally_worker_limit(const dm_policy_t *p, dm__tally_worker_t *w, char *why, size_t cap);
-
 /* Under dm__mem_mu, at install: tag limits from `p`, the worker limit
- * from `w` (dm__tally_worker_limit's for `p`). Returns whether counting is on
+ * from `w` (dm__budget_worker_limit's for `p`). Returns whether counting is on
  * (sticky: once on, on for the process). */
-bool dm__tally_configure(const dm_policy_t *p, const dm__tally_worker_t *w);
+bool dm__tally_configure(const dm_policy_t *p, const dm__budget_worker_t *w);
 
 /* Reserves `n` bytes for a block about to be allocated in context `c`: against
  * the worker limit, then each of the context's tags' limits (compare-and-swap:
@@ -192,6 +175,67 @@ dm__tally_charge_fast(const struct dm_ctx *c, void *p, uint64_t n, uint64_t *now
     return DM_TALLY_CHARGED;
 }
 
+/* ---- a thread's held frees --------------------------------------------------
+ * Counting a block costs locked instructions: a counted pair of small blocks
+ * took seven (the worker total, the tag's row and the context's reference,
+ * each way, and the shadow's exchange), a quarter of an np.empty pair's time.
+ * So a thread holds back the bytes of the small counted blocks it frees (the
+ * block cache's, whose class is their size), of one context at a time, up to
+ * DM_TALLY_HELD_MAX, while no count they are in has a limit: they stay in the
+ * counts, and the thread's next small block of that context takes them up
+ * instead of counting anew (the block takes over a held block's reference
+ * on the context). A loop of allocations and frees then counts once.
+ *
+ * Only the thread writes its own (plain stores); a stats reader
+ * (dm__tally_snapshot, under dm__mem_mu) takes every thread's held bytes out of
+ * the live bytes it reports, so live bytes read as they are. A peak may read
+ * up to DM_TALLY_HELD_MAX per thread high (the counts rose while a thread held
+ * freed bytes in them); a limit is never passed (held bytes only make a count
+ * read higher), and no bytes are held while one applies. Held bytes go back
+ * when a free of another context or past the bound needs the room, when the
+ * context's counts have a limit, at the thread's exit, and in a fork child
+ * for the threads that did not survive (tally.c, thread.c). */
+#define DM_TALLY_HELD_MAX (256u << 10)
+#define DM_TALLY_HELD_BLOCK (1ull << 48) /* `held`: blocks above this bit, bytes below */
+
+typedef struct dm__tally_held {
+    /* whose blocks: changes only while none are held, `seq` odd meanwhile (a
+     * stats reader retries); read without it only while some are held */
+    const struct dm_ctx *_Atomic ctx;
+    /* blocks * DM_TALLY_HELD_BLOCK + bytes, one word so that a fork child
+     * never reads one without the other; bytes held means a block is (each
+     * holds a reference on ctx) */
+    _Atomic uint64_t held;
+    _Atomic uint32_t seq;
+} dm__tally_held_t;
+
+/* The thread's block p of class size n, context c, about to be handed out:
+ * counted by taking up n of the held bytes, if h holds that many of c's
+ * (false: count it the usual way). */
+static inline __attribute__((always_inline)) bool
+dm__tally_take_held(dm__tally_held_t *h, const struct dm_ctx *c, void *p, uint64_t n) {
+    uint64_t v = atomic_load_explicit(&h->held, memory_order_relaxed);
+    uint64_t bytes = v & (DM_TALLY_HELD_BLOCK - 1);
+    uint16_t *sh;
+    if (bytes >= n && DM_LIKELY(atomic_load_explicit(&h->ctx, memory_order_relaxed) == c) &&
+        (bytes == n || v >= 2 * DM_TALLY_HELD_BLOCK) && (sh = dm__tally_shadow_peek(p))) {
+        /* first: a fork between the two stores leaves the block counted in
+         * the child and never counted out, not counted out twice */
+        atomic_store_explicit(&h->held, v - DM_TALLY_HELD_BLOCK - n, memory_order_relaxed);
+        atomic_store_explicit(dm__tally_entry(sh, p), (uint16_t)(c->id + 1), memory_order_relaxed);
+        return true;
+    }
+    return false;
+}
+
+/* The thread's block p of class size n is freed: if it was counted, its bytes
+ * are held in h, or leave its counts (dm__tally_release_sized) where they
+ * cannot be. */
+void dm__tally_release_held(dm__tally_held_t *h, const void *p, uint64_t n);
+/* The held bytes leave their counts, and the held blocks' references go back
+ * (a thread's exit; a fork child, for the threads that did not survive). */
+void dm__tally_held_return(dm__tally_held_t *h);
+
 /* The same in one call: false on refusal (f filled, nothing reserved). */
 static inline __attribute__((always_inline)) bool
 dm__tally_charge(const struct dm_ctx *c, void *p, uint64_t n, uint64_t request, dm_failure_t *f) {
@@ -200,8 +244,9 @@ dm__tally_charge(const struct dm_ctx *c, void *p, uint64_t n, uint64_t request, 
     return k == DM_TALLY_CHARGED || dm__tally_charge_from(c, p, n, request, f, k, now);
 }
 
-/* Stats: fills out's tag fields (caller holds dm__mem_mu). */
-int dm__tally_snapshot(dm_stats_t *out);
+/* Stats: fills out's tag fields (caller holds dm__mem_mu), the live bytes
+ * less what the `nheld` threads' held frees in `held` hold. */
+int dm__tally_snapshot(dm_stats_t *out, dm__tally_held_t *const *held, int nheld);
 
 #pragma GCC visibility pop
 

@@ -245,6 +245,153 @@ static void test_small_blocks_cached_and_exact(void) {
     EXPECT_UINT_EQ(tag_stats("cached").live, 0, "freed in the parent too");
 }
 
+/* ---- held frees (tally.h): a loop of small blocks counts once ------------- */
+
+/* The raw count of c's first tag: what the row holds, held frees included
+ * (the stats take those out). */
+static uint64_t raw_live(const dm_ctx_t *c) {
+    return atomic_load(&dm__tally_rows[c->tally[0]].live);
+}
+
+static _Atomic int holder_state; /* 1: the holder freed half; 2: let it exit */
+static void *held_blocks[10];
+
+/* Allocates ten blocks of its context, frees five (held: the thread's), waits. */
+static void *hold_and_wait(void *c) {
+    for (int i = 0; i < 2; i++) /* binds; then the block cache serves the class */
+        dm_free_hint(dm_alloc(c, 100, DM_DT_UNKNOWN), 100);
+    for (int i = 0; i < 10; i++)
+        held_blocks[i] = dm_alloc(c, 100, DM_DT_UNKNOWN);
+    for (int i = 0; i < 5; i++)
+        dm_free_hint(held_blocks[i], 100);
+    atomic_store(&holder_state, 1);
+    while (atomic_load(&holder_state) != 2)
+        usleep(1000);
+    return NULL;
+}
+
+static const dm_ctx_t *switch_ctx[2];
+static _Atomic int switching; /* 1 while switch_and_free runs */
+
+/* Allocates eight blocks of each of two contexts, frees them in turn (each
+ * free switches what the thread holds), over and over. */
+static void *switch_and_free(void *arg) {
+    (void)arg;
+    void *b[2][8];
+    for (int round = 0; round < 1000; round++) {
+        for (int k = 0; k < 2; k++)
+            for (int i = 0; i < 8; i++)
+                b[k][i] = dm_alloc(switch_ctx[k], 100, DM_DT_UNKNOWN);
+        for (int i = 0; i < 8; i++)
+            for (int k = 0; k < 2; k++)
+                dm_free_hint(b[k][i], 100);
+    }
+    atomic_store(&switching, 0);
+    return NULL;
+}
+
+static void test_held_frees(void) {
+    const uint64_t cls = 128; /* 100 bytes at the arena's 64-byte alignment */
+    const dm_ctx_t *c = dm_ctx_with_tag(NULL, "held");
+    uint64_t refs0 = atomic_load(&c->refs);
+    for (int i = 0; i < 2; i++) /* binds; then the block cache serves the class */
+        dm_free_hint(dm_alloc(c, 100, DM_DT_UNKNOWN), 100);
+    void *p = dm_alloc(c, 100, DM_DT_UNKNOWN);
+    dm_free_hint(p, 100);
+    EXPECT_UINT_EQ(tag_stats("held").live, 0, "freed: the stats read zero");
+    EXPECT_UINT_EQ(raw_live(c), cls, "while the thread holds the freed bytes in the count");
+    uint64_t refs = atomic_load(&c->refs);
+    EXPECT_UINT_EQ(refs, refs0 + 2, "and the block's reference on the context (and the binding's)");
+    for (int i = 0; i < 10000; i++) {
+        p = dm_alloc(c, 100, DM_DT_UNKNOWN);
+        if (i == 5000)
+            EXPECT_UINT_EQ(tag_stats("held").live, cls, "live: the block in hand");
+        dm_free_hint(p, 100);
+    }
+    EXPECT_UINT_EQ(raw_live(c), cls, "a loop of allocations and frees: counted once");
+    EXPECT_UINT_EQ(atomic_load(&c->refs), refs, "no reference taken or given per block");
+    EXPECT_UINT_EQ(tag_stats("held").peak, cls, "peak: one block");
+
+    /* bounded: a thread holds at most DM_TALLY_HELD_MAX */
+    enum { N = 4096 };
+    static void *many[N];
+    for (int i = 0; i < N; i++)
+        many[i] = dm_alloc(c, 100, DM_DT_UNKNOWN);
+    EXPECT_UINT_EQ(tag_stats("held").live, N * cls, "every block counted");
+    for (int i = 0; i < N; i++)
+        dm_free_hint(many[i], 100);
+    EXPECT_UINT_EQ(tag_stats("held").live, 0, "all freed");
+    EXPECT_TRUE(raw_live(c) <= DM_TALLY_HELD_MAX, "no more than the bound held");
+    EXPECT_TRUE(atomic_load(&c->refs) <= refs0 + 1 + DM_TALLY_HELD_MAX / cls,
+                "nor more blocks' references");
+
+    /* another thread's held frees: the stats take them out; its exit returns them */
+    const dm_ctx_t *o = dm_ctx_with_tag(NULL, "held-other");
+    uint64_t orefs0 = atomic_load(&o->refs);
+    pthread_t th;
+    pthread_create(&th, NULL, hold_and_wait, (void *)o);
+    while (atomic_load(&holder_state) != 1)
+        usleep(1000);
+    EXPECT_UINT_EQ(tag_stats("held-other").live, 5 * cls, "live: the five in hand");
+    EXPECT_UINT_EQ(raw_live(o), 10 * cls, "while the thread holds five freed");
+#if !defined(__SANITIZE_THREAD__) /* TSan: jemalloc's prefork locks (as below) */
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid == 0) { /* the holder did not survive: what it held goes back */
+        int bad = tag_stats("held-other").live != 5 * cls || raw_live(o) != 5 * cls;
+        for (int i = 5; i < 10; i++)
+            dm_free_hint(held_blocks[i], 100);
+        bad |= tag_stats("held-other").live != 0;
+        _exit(bad);
+    }
+    int st = 0;
+    waitpid(pid, &st, 0);
+    EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0,
+                "a fork child counts what the threads it lost held back out");
+#endif
+    atomic_store(&holder_state, 2);
+    pthread_join(th, NULL);
+    EXPECT_UINT_EQ(raw_live(o), 5 * cls, "the thread's exit returned what it held");
+    EXPECT_UINT_EQ(tag_stats("held-other").live, 5 * cls, "five live");
+    for (int i = 5; i < 10; i++)
+        dm_free_hint(held_blocks[i], 100); /* held by this thread now, for the other context */
+    EXPECT_UINT_EQ(tag_stats("held-other").live, 0, "freed here: zero");
+    EXPECT_UINT_EQ(raw_live(c), 0, "switching context returned what the thread held of the first");
+    EXPECT_UINT_EQ(atomic_load(&c->refs), refs0 + 1, "and the blocks' references (the binding's stays)");
+
+    /* a policy with a limit: a thread's held bytes go back when it binds the
+     * new table (its next allocation), and nothing is held after */
+    load("version: 1\ndefault: general\narenas:\n  general: {}\n"
+         "tag_limits:\n  - {tag: 'elsewhere', limit: 1MiB}\n");
+    EXPECT_UINT_EQ(raw_live(o), 5 * cls, "held from before the limit");
+    dm_free_hint(dm_alloc(c, 100, DM_DT_UNKNOWN), 100);
+    EXPECT_UINT_EQ(raw_live(o), 0, "returned at the thread's next allocation");
+    for (int i = 0; i < 3; i++)
+        dm_free_hint(dm_alloc(c, 100, DM_DT_UNKNOWN), 100);
+    EXPECT_UINT_EQ(raw_live(c), 0, "a block freed under a limit is counted out at once");
+    EXPECT_UINT_EQ(atomic_load(&o->refs), orefs0, "every reference back");
+    dm_ctx_release(o);
+    dm_ctx_release(c);
+    load("version: 1\ndefault: general\narenas:\n  general: {}\ntag_bytes: true\n");
+
+    /* a stats reader racing a thread whose every free switches context */
+    switch_ctx[0] = dm_ctx_with_tag(NULL, "switch-a");
+    switch_ctx[1] = dm_ctx_with_tag(NULL, "switch-b");
+    atomic_store(&switching, 1);
+    pthread_create(&th, NULL, switch_and_free, NULL);
+    int reads = 0, bad = 0;
+    while (atomic_load(&switching) || reads == 0) {
+        uint64_t a = tag_stats("switch-a").live, b = tag_stats("switch-b").live;
+        bad += a > 8 * cls || b > 8 * cls; /* eight blocks in hand at most */
+        reads++;
+    }
+    pthread_join(th, NULL);
+    EXPECT_INT_EQ(bad, 0, "the reader never reads held bytes as live, nor wraps below zero");
+    EXPECT_UINT_EQ(tag_stats("switch-a").live + tag_stats("switch-b").live, 0, "all freed");
+    dm_ctx_release(switch_ctx[0]);
+    dm_ctx_release(switch_ctx[1]);
+}
+
 /* Threads race one limited tag; others free blocks they did not allocate. */
 #define NTHREADS 4
 static const dm_ctx_t *capped;
@@ -774,6 +921,8 @@ int main(void) {
     dm_stats_snapshot(&s);
     EXPECT_TRUE(!s.tally_on && s.ntags == 0, "off unless asked for");
     dm_stats_release(&s);
+    load("version: 1\ndefault: general\narenas:\n  general: {}\ntag_bytes: true\n");
+    test_held_frees();
     load(POLICY);
     test_counts_and_limits();
     test_small_and_realloc();

@@ -62,6 +62,7 @@ static void thread_exit(void *arg) {
     dm__thread_t *t = arg;
     t->fast = false;
     t->exiting = true; /* frees after this point bypass the (gone) caches */
+    dm__tally_held_return(&t->tally_held);
     dm__bcache_flush(t);
     if (t->auto_je) { /* jemalloc's own destructor may run after this one */
         t->auto_je = NULL;
@@ -183,6 +184,8 @@ bool dm__thread_bind(dm__thread_t *t, const dm_ctx_t *key) {
         if (!ctr)
             goto out;
         fold_rules(t);
+        /* A new policy may put limits on what the thread held (tally.h) */
+        dm__tally_held_return(&t->tally_held);
         /* A new policy: cached blocks of arenas it may no longer use go back.
          * (Bins are per arena, so nothing else needs a flush.) */
         if (!t->exiting)
@@ -270,6 +273,7 @@ void dm__thread_fork_release(dm__thread_t *gone) {
     for (dm__thread_t *t = gone, *next; t; t = next) {
         next = t->next;
         dm__bcache_flush(t);
+        dm__tally_held_return(&t->tally_held);
         memset(t->tcache, 0, sizeof(t->tcache));
         if (t->table)
             dm__dispatch_release(t->table);

@@ -22,6 +22,7 @@
 #include "runtime/dispatch.h"
 #include "runtime/mem.h"
 #include "runtime/sizeclass.h"
+#include "runtime/tally.h"
 
 typedef struct dm__thread {
     /* hot: the bound (table, context) and its view */
@@ -48,6 +49,7 @@ typedef struct dm__thread {
     dm_failure_t refusal;        /* a tag's or the worker's refusal, before it becomes
                                     last_failure (a spill arena may serve it) */
     bool limit_refused;          /* set by the tracked path, read by alloc_failed */
+    dm__tally_held_t tally_held; /* counted frees held back (tally.h) */
     bool registered, exiting;
     /* The context this thread holds a reference on (context.c): the one it
      * is bound to, kept until it binds another or exits, so that `ctx` is
