@@ -1,19 +1,20 @@
 """What counting bytes per tag costs in time: np.empty of 64 B and 16 KiB inside
 `datamem.tag("task")`, side by side in one run.
 
-    python3 bench/tag_cost.py [--python NAME=PYTHON ...] [--rounds 7] [--out F.json]
+    python3 bench/tag_cost.py [--python NAME=PYTHON ...] [--rounds 9] [--batches 15]
+                              [--ops 50000] [--out F.json]
 
 For each interpreter (default: this one; several `--python` to put two builds side
 by side) and each configuration: NumPy's default handler, configs/minimal.yaml,
 and configs/minimal.yaml with counting on (DATAMEM_TAG_BYTES=1, as the Dask plugin
 turns it on). Every (interpreter, configuration) runs in a fresh process per round,
-rounds interleaved. A process warms up, then times BATCHES batches of OPS
+rounds interleaved. A process warms up, then times --batches batches of --ops
 operations of each loop, the loops alternating, and keeps each loop's fastest batch
 (the one the machine disturbed least). The table is the median over the rounds of
 those, in ns per np.empty + free, and as ratios: to NumPy's default in the same
-run, and counting on to counting off (the issue's "counting per tag costs <= 5% in
-time"). On a shared VM time is noisy: the fastest batch and the median over rounds
-are what repeat; read the ratios, not the nanoseconds.
+run, and counting on to counting off (what counting per tag costs in time). On a
+shared VM time is noisy: the fastest batch and the median over rounds are what
+repeat; read the ratios, not the nanoseconds.
 """
 import argparse
 import json
@@ -27,7 +28,6 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 from run import child_env  # noqa: E402  one environment discipline for every benchmark
 
-BATCHES, OPS = 15, 50000
 LOOPS = ("empty64", "empty16k")
 POLICY = os.path.join(ROOT, "configs", "minimal.yaml")
 CONFIGS = {  # name: the environment a child gets
@@ -71,8 +71,8 @@ print(json.dumps(best))
 """
 
 
-def run_child(python, config):
-    p = subprocess.run([python, "-c", CHILD, str(BATCHES), str(OPS)],
+def run_child(python, config, batches, ops):
+    p = subprocess.run([python, "-c", CHILD, str(batches), str(ops)],
                        env=child_env(CONFIGS[config]), capture_output=True, text=True,
                        cwd=ROOT, timeout=600)
     if p.returncode != 0:
@@ -85,7 +85,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--python", action="append", default=[], metavar="NAME=PYTHON",
                     help="an interpreter with datamem installed (repeat to compare builds)")
-    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--batches", type=int, default=15, help="timed batches per loop and process")
+    ap.add_argument("--ops", type=int, default=50000, help="operations per batch")
     ap.add_argument("--out", help="write the figures as JSON here")
     a = ap.parse_args()
     pythons = [p.split("=", 1) for p in a.python] or [["this", sys.executable]]
@@ -95,7 +97,7 @@ def main():
             for config in CONFIGS:
                 if config == "default" and name != pythons[0][0]:
                     continue  # NumPy's own handler: the same in every build
-                for loop, ns in run_child(py, config).items():
+                for loop, ns in run_child(py, config, a.batches, a.ops).items():
                     runs.setdefault((name, config, loop), []).append(ns)
         print("round %d of %d" % (r + 1, a.rounds), file=sys.stderr)
     med = {k: statistics.median(v) for k, v in runs.items()}
@@ -120,8 +122,8 @@ def main():
                          "%.3f" % onoff if onoff else ""))
     if a.out:
         with open(a.out, "w") as fh:
-            json.dump({"batches": BATCHES, "ops": OPS, "rounds": a.rounds, "rows": rows}, fh,
-                      indent=1)
+            json.dump({"batches": a.batches, "ops": a.ops, "rounds": a.rounds, "rows": rows},
+                      fh, indent=1)
 
 
 if __name__ == "__main__":

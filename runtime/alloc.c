@@ -460,24 +460,13 @@ static __attribute__((noinline)) void *bcache_tallied_rest(const dm_ctx_t *c, si
     return p;
 }
 
-/* The cached path while bytes are counted. Out of line, so that the
- * uncounted fast path keeps no stack frame. Its own hit path (no zeroing:
- * that takes bcache_miss) makes tail calls only and hands the block out
- * before counting it (undone on a refusal), so that little is live across
- * the count: it keeps no frame either. */
-static __attribute__((noinline)) void *bcache_tallied(dm__thread_t *t, const dm_ctx_t *c,
-                                                      size_t size, const dm__bcache_memo_t *m,
-                                                      int zero) {
-    dm__bcache_bin_t *b = m->bin;
-    uint32_t n = dm__bcache_count(b);
-    if (DM_UNLIKELY(zero || n == 0 || b->tag != m->tag))
-        return bcache_miss(t, c, size, m, zero);
-    void *p = b->items[n - 1];
-    dm__bcache_set_count(b, n - 1);
-    bcache_hand_out(m, p, size);
+/* The cached path while bytes are counted, once the block is popped and
+ * handed out and the thread's held frees could not count it (alloc_impl): the
+ * count. Out of line, so that the fast path keeps no stack frame; it makes
+ * tail calls only, so that it keeps none either. */
+static __attribute__((noinline)) void *bcache_tallied(const dm_ctx_t *c, size_t size,
+                                                      const dm__bcache_memo_t *m, void *p) {
     const dm_ctx_t *cc = c ? c : &dm__context_root;
-    if (DM_LIKELY(dm__tally_take_held(&t->tally_held, cc, p, bcache_usable(m))))
-        return p;
     uint64_t now;
     int k = dm__tally_charge_fast(cc, p, bcache_usable(m), &now);
     if (DM_UNLIKELY(k != DM_TALLY_CHARGED))
@@ -486,7 +475,9 @@ static __attribute__((noinline)) void *bcache_tallied(dm__thread_t *t, const dm_
 }
 
 /* The fast path: a size class the bound view sends wholly to one arena. Pops a
- * cached block of that arena (or asks jemalloc), tags it, counts. Anything else
+ * cached block of that arena (or asks jemalloc), tags it, counts; while bytes
+ * are counted per tag, the thread's held frees count it if they can (tally.h),
+ * else bcache_tallied. Zeroed allocations and empty bins take bcache_miss. Anything else
  * (first call, reload, another context, a class split by a rule, dtype known,
  * alignment > 64, per-node arenas, arrays > 256 KiB, failure) goes to
  * alloc_slow. */
@@ -507,8 +498,19 @@ static inline __attribute__((always_inline)) void *alloc_impl(const dm_ctx_t *c,
                 bcache_hand_out(m, p, size);
                 return zero ? memset(p, 0, size) : p;
             }
-            if (m->state == DM_MEMO_CACHED_TALLY) /* the same, counted */
-                return bcache_tallied(t, c, size, m, zero);
+            if (m->state == DM_MEMO_CACHED_TALLY) { /* the same, counted */
+                dm__bcache_bin_t *b = m->bin;
+                uint32_t n = dm__bcache_count(b);
+                if (DM_UNLIKELY(zero || n == 0 || b->tag != m->tag))
+                    return bcache_miss(t, c, size, m, zero);
+                void *p = b->items[n - 1];
+                dm__bcache_set_count(b, n - 1);
+                bcache_hand_out(m, p, size); /* before counting: undone on a refusal */
+                if (DM_LIKELY(dm__tally_take_held(&t->tally_held, c ? c : &dm__context_root, p,
+                                                  bcache_usable(m))))
+                    return p;
+                return bcache_tallied(c, size, m, p);
+            }
         }
     }
     return alloc_slow(t, c, size, dt, zero);

@@ -92,7 +92,7 @@ static uint16_t tag_heads[TAG_BUCKETS];   /* row + 1, 0 = empty (dm__mem_mu) */
 typedef struct { int16_t head, tail; } idle_list_t; /* rows, oldest first */
 static idle_list_t idle[NIDLE] = {{-1, -1}, {-1, -1}};
 /* by shadow entry: [id + 1] the context with that id, [0] NULL (not counted) */
-static struct dm_ctx *_Atomic by_entry[DM_CTX_MAX + 1];
+struct dm_ctx *_Atomic dm__tally_by_entry[DM_CTX_MAX + 1];
 static uint16_t free_ids[DM_CTX_MAX];     /* ids given back (dm__mem_mu) */
 static int nfree_ids, next_id = ID_FIRST;
 static uint64_t overflowed;               /* names counted under "(other)" */
@@ -103,7 +103,7 @@ static bool said_full, said_other;        /* the lines past `said`, for unlimite
 /* Whether freed bytes may be held (tally.h): counting is on, and neither the
  * policy's tag_limits nor a worker limit can put a limit on a count (limits
  * come from the policy only; set at each install). */
-static _Atomic bool holding;
+_Atomic bool dm__tally_holding;
 tally_tag_t dm__tally_total = {.limit = UINT64_MAX}; /* every counted block */
 static bool on;                           /* under dm__mem_mu */
 static const dm_policy_t *limits_from;    /* the policy in force (dm__mem_mu) */
@@ -281,8 +281,8 @@ void dm__tally_root_init(struct dm_ctx *root) {
     root->tally = root_rows;
     root->ntally = 1;
     root->id = 0;
-    atomic_store_explicit(&by_entry[1], root, memory_order_release);
-    atomic_store_explicit(&by_entry[ID_OTHER + 1], &other_ctx, memory_order_release);
+    atomic_store_explicit(&dm__tally_by_entry[1], root, memory_order_release);
+    atomic_store_explicit(&dm__tally_by_entry[ID_OTHER + 1], &other_ctx, memory_order_release);
 }
 
 static bool id_free(void) { return nfree_ids > 0 || next_id < DM_CTX_MAX; }
@@ -339,7 +339,7 @@ bool dm__tally_ctx_init(struct dm_ctx *c) {
         return true;
     }
     c->id = (uint16_t)id;
-    atomic_store_explicit(&by_entry[id + 1], c, memory_order_release);
+    atomic_store_explicit(&dm__tally_by_entry[id + 1], c, memory_order_release);
     return true;
 }
 
@@ -355,7 +355,7 @@ void dm__tally_ctx_fini(struct dm_ctx *c) {
     if (c->id >= ID_FIRST) {
         for (int i = 0; i < c->ntally; i++)
             row_unref(c->tally[i]);
-        atomic_store_explicit(&by_entry[c->id + 1], NULL, memory_order_relaxed);
+        atomic_store_explicit(&dm__tally_by_entry[c->id + 1], NULL, memory_order_relaxed);
         free_ids[nfree_ids++] = c->id;
     }
     free(c->tally);
@@ -386,7 +386,8 @@ bool dm__tally_configure(const dm_policy_t *p, const dm__budget_worker_t *w) {
     snprintf(worker_source, sizeof(worker_source), "%s", w->source);
     dm__beside_configure(w->group, w->group_version, &dm__tally_total.live);
     atomic_store_explicit(&dm__tally_total.limit, w->limit, memory_order_relaxed);
-    atomic_store_explicit(&holding, on && p->ntag_limits == 0 && w->limit == UINT64_MAX,
+    atomic_store_explicit(&dm__tally_holding,
+                          on && p->ntag_limits == 0 && w->limit == UINT64_MAX,
                           memory_order_relaxed);
     return on;
 }
@@ -570,7 +571,7 @@ static inline __attribute__((always_inline)) const struct dm_ctx *release_entry(
     if (!v)
         return NULL;
     atomic_store_explicit(e, 0, memory_order_relaxed);
-    return atomic_load_explicit(&by_entry[v], memory_order_acquire);
+    return atomic_load_explicit(&dm__tally_by_entry[v], memory_order_acquire);
 }
 
 void dm__tally_release_sized(const void *p, uint64_t usable) {
@@ -597,18 +598,18 @@ void dm__tally_held_return(dm__tally_held_t *h) {
         atomic_fetch_sub_explicit(&((struct dm_ctx *)c)->refs, blocks, memory_order_release);
 }
 
-/* dm__tally_release_held's other cases: what h holds goes back, then the
- * block is held anew (h switching to its context) or, past the bound or
- * under a limit, leaves its counts. */
-static __attribute__((noinline)) void held_settle(dm__tally_held_t *h, const struct dm_ctx *c,
-                                                  uint64_t n) {
-    dm__tally_held_return(h);
-    if (n > DM_TALLY_HELD_MAX || !atomic_load_explicit(&holding, memory_order_relaxed)) {
+void dm__tally_release_held_slow(dm__tally_held_t *h, const struct dm_ctx *c, uint64_t n) {
+    if (!atomic_load_explicit(&dm__tally_holding, memory_order_relaxed) || n > DM_TALLY_HELD_MAX) {
+        /* a limit may apply (what h holds from before the policy goes back
+         * when the thread binds its table), or past the bound: counted out */
         unreserve(c, n);
         if (c->id >= ID_FIRST)
             dm__context_drop_made(c); /* last: c may be freed from here on */
         return;
     }
+    /* another context, or past the bound: what h holds goes back, then the
+     * block is held anew (h switching to its context) */
+    dm__tally_held_return(h);
     if (atomic_load_explicit(&h->ctx, memory_order_relaxed) != c) {
         uint32_t s = atomic_load_explicit(&h->seq, memory_order_relaxed);
         /* a reader that sees the new ctx (release) sees seq past s too */
@@ -618,28 +619,6 @@ static __attribute__((noinline)) void held_settle(dm__tally_held_t *h, const str
     }
     /* release: a reader that sees these bytes sees the seq that named c */
     atomic_store_explicit(&h->held, DM_TALLY_HELD_BLOCK + n, memory_order_release);
-}
-
-void dm__tally_release_held(dm__tally_held_t *h, const void *p, uint64_t n) {
-    const struct dm_ctx *c = release_entry(p);
-    if (!c)
-        return;
-    if (DM_UNLIKELY(!atomic_load_explicit(&holding, memory_order_relaxed))) {
-        /* a limit may apply: counted out now (what h may hold from before the
-         * policy goes back when the thread binds its table) */
-        unreserve(c, n);
-        if (c->id >= ID_FIRST)
-            dm__context_drop_made(c); /* last: c may be freed from here on */
-        return;
-    }
-    /* then held: a fork between the two leaves the block counted, not counted
-     * out twice */
-    uint64_t v = atomic_load_explicit(&h->held, memory_order_relaxed);
-    if (DM_LIKELY(atomic_load_explicit(&h->ctx, memory_order_relaxed) == c) &&
-        (v % DM_TALLY_HELD_BLOCK) + n <= DM_TALLY_HELD_MAX)
-        atomic_store_explicit(&h->held, v + DM_TALLY_HELD_BLOCK + n, memory_order_relaxed);
-    else
-        held_settle(h, c, n);
 }
 
 /* h's context and held bytes as one reading (0: none held). Acquire loads in

@@ -228,10 +228,39 @@ dm__tally_take_held(dm__tally_held_t *h, const struct dm_ctx *c, void *p, uint64
     return false;
 }
 
+/* by shadow entry: [id + 1] the context with that id, [0] NULL (tally.c) */
+extern struct dm_ctx *_Atomic dm__tally_by_entry[DM_CTX_MAX + 1];
+/* Whether freed bytes may be held: no count can have a limit (tally.c). */
+extern _Atomic bool dm__tally_holding;
+
+/* dm__tally_release_held's other cases, out of line (tally.c): block of c,
+ * n bytes, whose shadow entry is cleared. */
+void dm__tally_release_held_slow(dm__tally_held_t *h, const struct dm_ctx *c, uint64_t n);
+
 /* The thread's block p of class size n is freed: if it was counted, its bytes
- * are held in h, or leave its counts (dm__tally_release_sized) where they
- * cannot be. */
-void dm__tally_release_held(dm__tally_held_t *h, const void *p, uint64_t n);
+ * are held in h, or leave its counts where they cannot be. A block is freed
+ * once, by one thread, after its allocation: its shadow entry is cleared with
+ * a load and a store, no locked exchange; then held grows (a fork between the
+ * two leaves the block counted, never counted out twice). */
+static inline __attribute__((always_inline)) void
+dm__tally_release_held(dm__tally_held_t *h, const void *p, uint64_t n) {
+    uint16_t *sh = dm__tally_shadow_peek(p);
+    if (!sh)
+        return;
+    _Atomic uint16_t *e = dm__tally_entry(sh, p);
+    uint16_t id1 = atomic_load_explicit(e, memory_order_relaxed);
+    if (!id1)
+        return;
+    atomic_store_explicit(e, 0, memory_order_relaxed);
+    const struct dm_ctx *c = atomic_load_explicit(&dm__tally_by_entry[id1], memory_order_acquire);
+    uint64_t v = atomic_load_explicit(&h->held, memory_order_relaxed);
+    if (DM_LIKELY(atomic_load_explicit(&h->ctx, memory_order_relaxed) == c) &&
+        (v % DM_TALLY_HELD_BLOCK) + n <= DM_TALLY_HELD_MAX &&
+        DM_LIKELY(atomic_load_explicit(&dm__tally_holding, memory_order_relaxed)))
+        atomic_store_explicit(&h->held, v + DM_TALLY_HELD_BLOCK + n, memory_order_relaxed);
+    else
+        dm__tally_release_held_slow(h, c, n);
+}
 /* The held bytes leave their counts, and the held blocks' references go back
  * (a thread's exit; a fork child, for the threads that did not survive). */
 void dm__tally_held_return(dm__tally_held_t *h);
