@@ -125,8 +125,9 @@ for v in "${VERSIONS[@]}"; do
     if [ -z "$ok" ] || [ "$(printf '%s\n' "${ok/ /.}" "$GLIBC" | sort -V | tail -1)" != "$GLIBC" ]; then
       echo "$show"; echo "wheels.sh: $name does not fit manylinux_${GLIBC/./_}" >&2; exit 1
     fi
-    cp -f "$tmp/$name" dist/
-    chmod 644 "dist/$name"
+    # whole or not at all: the main lane's tests glob dist/ while this runs (scripts/test.sh)
+    cp -f "$tmp/$name" "dist/.$name.part"
+    mv -f "dist/.$name.part" "dist/$name"
     echo "$name: auditwheel: its symbols fit manylinux_${ok/ /_}, tagged manylinux_${GLIBC/./_}"
     built+=("cp${v/./}-$arch")
   done
