@@ -574,13 +574,11 @@ static inline __attribute__((always_inline)) const struct dm_ctx *release_entry(
     return atomic_load_explicit(&dm__tally_by_entry[v], memory_order_acquire);
 }
 
-void dm__tally_release_sized(const void *p, uint64_t usable) {
-    const struct dm_ctx *c = release_entry(p);
-    if (c) {
-        unreserve(c, usable);
-        if (c->id >= ID_FIRST)
-            dm__context_drop_made(c); /* last: c may be freed from here on */
-    }
+/* A block of c, n bytes, leaves its counts; its reference on c goes back. */
+static void count_out(const struct dm_ctx *c, uint64_t n) {
+    unreserve(c, n);
+    if (c->id >= ID_FIRST)
+        dm__context_drop_made(c); /* last: c may be freed from here on */
 }
 
 void dm__tally_held_return(dm__tally_held_t *h) {
@@ -602,9 +600,7 @@ void dm__tally_release_held_slow(dm__tally_held_t *h, const struct dm_ctx *c, ui
     if (!atomic_load_explicit(&dm__tally_holding, memory_order_relaxed) || n > DM_TALLY_HELD_MAX) {
         /* a limit may apply (what h holds from before the policy goes back
          * when the thread binds its table), or past the bound: counted out */
-        unreserve(c, n);
-        if (c->id >= ID_FIRST)
-            dm__context_drop_made(c); /* last: c may be freed from here on */
+        count_out(c, n);
         return;
     }
     /* another context, or past the bound: what h holds goes back, then the
@@ -639,11 +635,8 @@ static uint64_t held_read(dm__tally_held_t *h, const struct dm_ctx **c) {
 
 void dm__tally_release_slow(const void *p) {
     const struct dm_ctx *c = release_entry(p);
-    if (c) {
-        unreserve(c, dm__block_usable(p));
-        if (c->id >= ID_FIRST)
-            dm__context_drop_made(c); /* last: c may be freed from here on */
-    }
+    if (c)
+        count_out(c, dm__block_usable(p));
 }
 
 int dm_runtime_refusals(const char *name, dm_refusals_t *out) {

@@ -103,10 +103,8 @@ void dm__tally_record(const struct dm_ctx *c, void *p, uint64_t n, bool exact);
 extern _Atomic bool dm__tally_counting;
 
 /* A block is released: if it was counted, its usable size leaves its tags.
- * Call before the block goes back to jemalloc. dm__tally_release_sized: the
- * same for a block whose usable size the caller knows (the block cache's tag
- * names its class), without asking jemalloc. */
-void dm__tally_release_sized(const void *p, uint64_t usable);
+ * Call before the block goes back to jemalloc (the block cache's blocks, whose
+ * class is their size: dm__tally_release_held). */
 void dm__tally_release_slow(const void *p);
 static inline void dm__tally_release(const void *p) {
     if (DM_UNLIKELY(dm__tally_shadow_peek(p) != NULL))
