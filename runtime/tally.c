@@ -559,21 +559,6 @@ void dm__tally_record(const struct dm_ctx *c, void *p, uint64_t n, bool exact) {
     dm__tally_mark(c, sh, p);
 }
 
-/* The block's context, its shadow entry cleared (NULL: not counted). A block
- * is freed once, by one thread, after its allocation: a load and a store, no
- * locked exchange. */
-static inline __attribute__((always_inline)) const struct dm_ctx *release_entry(const void *p) {
-    uint16_t *sh = dm__tally_shadow_peek(p);
-    if (!sh)
-        return NULL;
-    _Atomic uint16_t *e = dm__tally_entry(sh, p);
-    uint16_t v = atomic_load_explicit(e, memory_order_relaxed);
-    if (!v)
-        return NULL;
-    atomic_store_explicit(e, 0, memory_order_relaxed);
-    return atomic_load_explicit(&dm__tally_by_entry[v], memory_order_acquire);
-}
-
 /* A block of c, n bytes, leaves its counts; its reference on c goes back. */
 static void count_out(const struct dm_ctx *c, uint64_t n) {
     unreserve(c, n);
@@ -634,7 +619,7 @@ static uint64_t held_read(dm__tally_held_t *h, const struct dm_ctx **c) {
 }
 
 void dm__tally_release_slow(const void *p) {
-    const struct dm_ctx *c = release_entry(p);
+    const struct dm_ctx *c = dm__tally_entry_clear(p);
     if (c)
         count_out(c, dm__block_usable(p));
 }

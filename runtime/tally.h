@@ -235,22 +235,31 @@ extern _Atomic bool dm__tally_holding;
  * n bytes, whose shadow entry is cleared. */
 void dm__tally_release_held_slow(dm__tally_held_t *h, const struct dm_ctx *c, uint64_t n);
 
-/* The thread's block p of class size n is freed: if it was counted, its bytes
- * are held in h, or leave its counts where they cannot be. A block is freed
- * once, by one thread, after its allocation: its shadow entry is cleared with
- * a load and a store, no locked exchange; then held grows (a fork between the
- * two leaves the block counted, never counted out twice). */
-static inline __attribute__((always_inline)) void
-dm__tally_release_held(dm__tally_held_t *h, const void *p, uint64_t n) {
+/* Block p's shadow entry, cleared: the context it was counted in, or NULL
+ * for a block not counted. A block is freed once, by one thread, after its
+ * allocation, so a load and a store clear it, no locked exchange. */
+static inline __attribute__((always_inline)) const struct dm_ctx *
+dm__tally_entry_clear(const void *p) {
     uint16_t *sh = dm__tally_shadow_peek(p);
     if (!sh)
-        return;
+        return NULL;
     _Atomic uint16_t *e = dm__tally_entry(sh, p);
     uint16_t id1 = atomic_load_explicit(e, memory_order_relaxed);
     if (!id1)
-        return;
+        return NULL;
     atomic_store_explicit(e, 0, memory_order_relaxed);
-    const struct dm_ctx *c = atomic_load_explicit(&dm__tally_by_entry[id1], memory_order_acquire);
+    return atomic_load_explicit(&dm__tally_by_entry[id1], memory_order_acquire);
+}
+
+/* The thread's block p of class size n is freed: if it was counted, its bytes
+ * are held in h, or leave its counts where they cannot be. The shadow entry
+ * is cleared first, then held grows (a fork between the two leaves the block
+ * counted, never counted out twice). */
+static inline __attribute__((always_inline)) void
+dm__tally_release_held(dm__tally_held_t *h, const void *p, uint64_t n) {
+    const struct dm_ctx *c = dm__tally_entry_clear(p);
+    if (!c)
+        return;
     uint64_t v = atomic_load_explicit(&h->held, memory_order_relaxed);
     if (DM_LIKELY(atomic_load_explicit(&h->ctx, memory_order_relaxed) == c) &&
         (v % DM_TALLY_HELD_BLOCK) + n <= DM_TALLY_HELD_MAX &&
