@@ -619,9 +619,10 @@ static uint64_t held_read(dm__tally_held_t *h, const struct dm_ctx **c) {
 }
 
 void dm__tally_release_slow(const void *p) {
-    const struct dm_ctx *c = dm__tally_entry_clear(p);
-    if (c)
-        count_out(c, dm__block_usable(p));
+    unsigned id1 = dm__tally_entry_clear(p);
+    if (id1)
+        count_out(atomic_load_explicit(&dm__tally_by_entry[id1], memory_order_acquire),
+                  dm__block_usable(p));
 }
 
 int dm_runtime_refusals(const char *name, dm_refusals_t *out) {
