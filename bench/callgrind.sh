@@ -7,7 +7,7 @@
 # top of one jemalloc call.
 #
 #   bash bench/callgrind.sh [SIZES...]      default sizes: 64 16384 262144
-#   POLICY=configs/throughput.yaml bash bench/callgrind.sh 64
+#   POLICY=bench/policies/throughput.yaml bash bench/callgrind.sh 64
 #
 # Each measurement is the difference of two runs (N2 and N1 iterations of
 # `np.empty(size, np.uint8)` in a Python loop), divided by N2 - N1, so start-up

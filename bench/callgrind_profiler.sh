@@ -20,7 +20,8 @@
 # noise floor.
 #
 #   bash bench/callgrind_profiler.sh [JOBS...]   default: pandas_etl scipy_cg
-#   SCALE=0.25 POLICY=configs/throughput.yaml (defaults)
+#   SCALE=0.25 POLICY=bench/policies/throughput.yaml (defaults: the policy the
+#   results were measured under, three arenas)
 #
 # Needs valgrind (bench/setup.sh), the jobs' libraries and the installed wheel
 # (not stripped). Results: bench/results/profiler-callgrind.md.
@@ -29,7 +30,7 @@ cd "$(dirname "$0")/.."
 JOBS=("$@")
 [ ${#JOBS[@]} -gt 0 ] || JOBS=(pandas_etl scipy_cg)
 SCALE=${SCALE:-0.25}
-POLICY=${POLICY:-configs/throughput.yaml}
+POLICY=${POLICY:-bench/policies/throughput.yaml}
 PY=$(python3 -c 'import sys; print(sys.executable)')  # not a pyenv shim script
 command -v valgrind >/dev/null || { echo "valgrind missing: bash bench/setup.sh" >&2; exit 1; }
 OUT=$(mktemp -d)

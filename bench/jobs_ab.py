@@ -1,7 +1,7 @@
 """Two builds of datamem side by side on the real jobs, in the figures that repeat.
 
     python3 bench/jobs_ab.py --python before=/venv-a/bin/python --python after=/venv-b/bin/python
-        [--jobs J1,J2] [--policies minimal,throughput] [--scale 0.5] [--reps 3] [--out F.json]
+        [--jobs J1,J2] [--policies minimal,NAME] [--scale 0.5] [--reps 3] [--out F.json]
 
 Each venv holds one build of datamem and the jobs' libraries (bench/setup.sh).
 Every (job, policy, build) runs bench/jobs/child.py in a fresh process, reps
@@ -28,12 +28,20 @@ from datamem._profile.tune import run_once  # noqa: E402  one definition of the 
 FIGURES = ["zeroed", "small", "thp", "rss", "cpu"]
 
 
+def policy_path(name):
+    """configs/NAME.yaml, else bench/policies/NAME.yaml (comparison policies)."""
+    shipped = os.path.join(ROOT, "configs", name + ".yaml")
+    return shipped if os.path.exists(shipped) else os.path.join(HERE, "policies", name + ".yaml")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--python", action="append", required=True, metavar="NAME=PATH",
                     help="a build: a name and the interpreter of the venv that holds it")
     ap.add_argument("--jobs", default=",".join(JOBS))
-    ap.add_argument("--policies", default="minimal,throughput", help="configs/NAME.yaml")
+    ap.add_argument("--policies", default="minimal",
+                    help="comma-separated NAMEs: configs/NAME.yaml, else "
+                    "bench/policies/NAME.yaml")
     ap.add_argument("--scale", type=float, default=0.5)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--seed", type=int, default=1)
@@ -53,7 +61,7 @@ def main(argv=None):
         for job, pol, name, py in runs:
             interp = first if pol == "default" else py
             cmd = [interp, os.path.join(HERE, "jobs", "child.py"), job, "--scale", str(a.scale)]
-            policy = None if pol == "default" else os.path.join(ROOT, "configs", pol + ".yaml")
+            policy = None if pol == "default" else policy_path(pol)
             r = run_once(cmd, policy)
             if not r["finished"]:
                 sys.exit("%s %s %s failed: %s" % (job, pol, name, r["error"]))

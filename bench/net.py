@@ -7,7 +7,7 @@ Wall time on a shared 2-core VM swings by 2x and more (docs/performance.md, "How
 to read these numbers"); these figures do not: minor page faults per operation
 (getrusage), instructions per operation (callgrind, counted exactly), and peak
 RSS measured against a yardstick that does not move. Each is measured under
-configs/minimal.yaml and configs/throughput.yaml, every workload in a fresh
+configs/minimal.yaml (the policy datamem ships), every workload in a fresh
 process, from a fixed seed:
 
   mixed           bench/workloads.py mixed --quick: minor faults per operation, and
@@ -56,7 +56,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 from run import child_env  # noqa: E402  one environment discipline for every benchmark
 
-POLICIES = {"minimal": "configs/minimal.yaml", "throughput": "configs/throughput.yaml"}
+POLICIES = {"minimal": "configs/minimal.yaml"}
 PHASE_N = 20000  # operations per callgrind phase
 SUFFIX = {False: "", True: "+count", "limit": "+limit"}  # a callgrind figure's mode
 

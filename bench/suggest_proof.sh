@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 13's proof: for each real job of bench/jobs/, profile it (sampled),
 # let `datamem suggest` write its policy, then benchmark NumPy's default,
-# throughput.yaml and the suggested policy side by side (fresh process per run,
+# throughput.yaml (bench/policies/) and the suggested policy side by side (fresh process per run,
 # interleaved, medians; python3 -m bench.jobs's discipline).
 #
 #   bash bench/suggest_proof.sh [--reps N] [--scale S]      (bench/setup.sh first)

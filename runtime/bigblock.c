@@ -71,8 +71,8 @@
  *     fill); a kept block only up to what its last user asked for, since
  *     the rest went when that user got it (a loop of one size makes no
  *     system call). minimal.yaml went from 1.030x to 1.016x NumPy's default
- *     peak RSS on pandas3_etl, sklearn_pipeline under throughput.yaml from
- *     1.034x to 1.022x (bench/results/jobs-size-class-trim.md).
+ *     peak RSS on pandas3_etl, sklearn_pipeline under a three-arena policy
+ *     (bench/policies/throughput.yaml) from 1.034x to 1.022x (bench/results/jobs-size-class-trim.md).
  *   - Colour. Every block of a big half starts on a 2 MiB frame
  *     (dm__bigblock_flags), so its frames are whole hugepages. Handed out at
  *     the frame's start, every big array began at 0 mod 2 MiB, physically too

@@ -11,7 +11,7 @@ trap 'rm -rf "$pkg"' EXIT
 mkdir "$pkg/datamem"
 cp -R python/datamem/. "$pkg/datamem/"  # the package with its sub-packages (_cli, _stats, _profile)
 find "$pkg/datamem" -name __pycache__ -prune -exec rm -rf {} +
-cp configs/minimal.yaml configs/throughput.yaml "$pkg/datamem/"  # the presets tune measures, as the wheel ships them
+cp configs/minimal.yaml "$pkg/datamem/"  # the preset tune measures, as the wheel ships it
 suffix=$(python3 -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
 cp "$bin/pyext/_ext.so" "$pkg/datamem/_ext$suffix"
 cp "$bin/pyext/libdatamem_tls.so" "$pkg/datamem/"

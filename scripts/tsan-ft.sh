@@ -39,7 +39,7 @@ site=$(TSAN_OPTIONS=report_bugs=0 "$vpy" -c 'import sysconfig; print(sysconfig.g
 mkdir "$site/datamem"
 cp -R python/datamem/. "$site/datamem/"  # the package with its sub-packages (_cli, _stats, _profile)
 find "$site/datamem" -name __pycache__ -prune -exec rm -rf {} +
-cp configs/minimal.yaml configs/throughput.yaml "$site/datamem/"  # the presets tune measures, as the wheel ships them
+cp configs/minimal.yaml "$site/datamem/"  # the preset tune measures, as the wheel ships it
 cp python/_datamem_boot.py python/datamem.pth "$site/"
 suffix=$(TSAN_OPTIONS=report_bugs=0 "$vpy" -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
 cp "$bin/pyext/_ext.so" "$site/datamem/_ext$suffix"

@@ -1,8 +1,8 @@
 """Assembles datamem's wheel from Bazel outputs (no setuptools, no network).
 
 Usage: build_wheel.py --ext _ext.so [--lib LIB.so]... --info python_info.txt --out DIR/datamem.whl FILE...
-FILEs are the Python package sources (python/datamem/**/*.py) and the preset
-policies `tune` measures (configs/minimal.yaml, throughput.yaml), datamem.pth and
+FILEs are the Python package sources (python/datamem/**/*.py), the preset policy
+`tune` measures (configs/minimal.yaml), datamem.pth and
 _datamem_boot.py (the last two go to the top of site-packages).
 The output path is fixed for Bazel; `scripts/build.sh` copies it to dist/ under
 its proper PEP 427 name.

@@ -45,7 +45,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 CONFIGS = dict(RUN_CONFIGS)
 CONFIGS["dm-demo"] = ({"DATAMEM_CONFIG": os.path.join(ROOT, "configs/demo.yaml")}, None)
 DEFAULT_CONFIGS = ["default", "glibc-tuned", "jemalloc", "jemalloc-tuned", "tcmalloc", "mimalloc",
-                   "dm-minimal", "dm-throughput", "dm-demo"]
+                   "dm-minimal", "dm-demo"]
 PEERS = ["glibc-tuned", "jemalloc", "jemalloc-tuned", "tcmalloc", "mimalloc"]
 JOBS = ["pandas_etl", "pandas3_etl", "pandas3_arrow", "sklearn_pipeline", "scipy_cg", "fft_image",
         "stencil_big", "threadpool"]

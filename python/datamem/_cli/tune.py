@@ -1,6 +1,6 @@
 """`tune [--out FILE] [--reps N] [--candidates NAME|FILE ...] -- CMD`: run CMD
-under NumPy's default, the presets and suggest's policy; write the one that
-measured best (_profile/tune.py)."""
+under NumPy's default, the preset minimal.yaml and suggest's policy; write the
+one that measured best (_profile/tune.py)."""
 import sys
 
 from .._profile import tune
@@ -11,9 +11,9 @@ NAMES = ("tune",)
 
 def add(sub):
     tp = sub.add_parser(
-        "tune", help="measure NumPy's default, the presets and suggest's policy on a command; "
+        "tune", help="measure NumPy's default, minimal.yaml and suggest's policy on a command; "
         "write the best", description="Runs CMD (a child process per run, interleaved, --reps "
-        "each) with DATAMEM_CONFIG unset, under minimal.yaml, throughput.yaml and the policy "
+        "each) with DATAMEM_CONFIG unset, under minimal.yaml and the policy "
         "suggest makes from a profile of one first run; measures each run's small and THP "
         "faults, bytes zeroed, CPU time and peak RSS, and writes the policy that measured "
         "best with the table in its header. Pick: %s. When NumPy's default wins, the file is "
@@ -22,8 +22,8 @@ def add(sub):
                     "symbolic link is refused); default: stdout")
     tp.add_argument("--reps", type=int, default=3, help="runs per configuration (default 3)")
     tp.add_argument("--candidates", nargs="+", metavar="NAME|FILE",
-                    help="what to measure against the default: minimal, throughput, suggested "
-                    "or policy files (default: minimal throughput suggested)")
+                    help="what to measure against the default: minimal, suggested or policy "
+                    "files (default: minimal suggested)")
     add_job(tp)
 
 

@@ -1,14 +1,14 @@
 """`python -m datamem suggest DIR > policy.yaml`: a policy from a profile.
 
 The proposal follows what the allocator benchmark measured
-(docs/performance.md, configs/throughput.yaml), scaled to the job's own
-numbers:
+(docs/performance.md; bench/policies/throughput.yaml, the benchmarks'
+three-arena policy), scaled to the job's own numbers:
 
 - Big arrays that are freed soon (temporaries) are where a NEP 49 handler wins
   most: NumPy's default allocator (glibc) gives blocks above its mmap threshold
   back to the kernel and refaults every page on the next iteration (temporaries
   8 MiB: 0.45x the default's time, 64 MiB: 0.73x, zero faults per iteration).
-  They get a `reuse` arena: page-aligned, throughput.yaml's decay (freed pages
+  They get a `reuse` arena: page-aligned, a 30 s decay (freed pages
   kept 30 s; the default `decay.budget` 0 purges them when the arena grows:
   mixed-size runs 1.04x the default's peak RSS, 1.39x without), hugepages as
   NumPy advises them (`hugepages: on` for whole extents held up to 1.08x the
@@ -22,11 +22,11 @@ numbers:
   freed pages). `suggest --resident` gives them their own `resident` arena
   (hugepages for random access: gather 0.92x) when a size bound separates them
   from the temporaries.
-- "Big" starts at 4 MiB, as in throughput.yaml: 2 MiB temporaries on the
+- "Big" starts at 4 MiB: 2 MiB temporaries on the
   hugepage arena held more memory (scipy_cg 1.11x the default's peak RSS
   against 1.05x).
 - Tiny arrays (<= 1 KiB) go to a 16-byte-aligned arena, everything else to a
-  64-byte-aligned default arena, as in throughput.yaml.
+  64-byte-aligned default arena.
 Every rule is preceded by a comment with the numbers behind it. Names from the
 profile (call sites, the directory, policy paths) appear only in comments, with
 their control characters escaped (printable()): a line break in a function's
@@ -190,7 +190,7 @@ def _temporaries(p, arenas, rules, estimate):
                      % (human_bytes(BIG), fmt_time(LONG)))
         return
     peak_t = p.temp_peak
-    # throughput.yaml's decay: on the real-job benchmark (python3 -m bench.jobs,
+    # a 30 s decay: on the real-job benchmark (python3 -m bench.jobs,
     # fft_image) `dirty: never` with a budget sized to the temporaries' peak
     # (512 MiB) held 1.34x the default's peak RSS against 1.11x, and was no faster.
     sites, nsites = _top_sites(p, "temp_bytes")
@@ -233,7 +233,7 @@ def _tiny(p, arenas, rules):
                  100.0 * T["tiny_allocations"] / (T["allocations"] or 1),
                  human_bytes(T["tiny_bytes"]), nsites, "" if nsites == 1 else "s",
                  ", ".join(sites)),
-              "  # -> 16-byte alignment, NumPy's own (throughput.yaml's `tiny`)",
+              "  # -> 16-byte alignment, NumPy's own",
               "  - name: tiny",
               "    match: {size: {max: 1KiB}}",
               "    arena: tiny"]
@@ -242,7 +242,7 @@ def _tiny(p, arenas, rules):
 def suggest(p, call_site_rules=False, resident_arena=False, memory=None,
             spill_dir=suggest_spill.DEFAULT_DIR):
     """Returns the policy text (YAML with comments). "Big" arrays start at BIG,
-    4 MiB as in throughput.yaml (a 2 MiB bound measured more peak RSS for no
+    4 MiB (a 2 MiB bound measured more peak RSS for no
     speed: module docstring). With `memory` (bytes), a spill arena in
     `spill_dir` when the peak does not fit (suggest_spill.py)."""
     T = p.totals

@@ -4,9 +4,9 @@ measured best on the job itself.
 A suggestion is a measurement, not an estimate (an estimate of "faults
 avoided" promised twelve times an fft job's whole count, and the policy it
 went with doubled a pandas job's faults). tune runs CMD, one child process per run, under
-NumPy's default allocator (DATAMEM_CONFIG unset), the presets minimal.yaml and
-throughput.yaml (shipped in the package) and the policy `suggest` makes from a
-profile of a first run of CMD (that run is not measured), N times each in
+NumPy's default allocator (DATAMEM_CONFIG unset), the preset minimal.yaml
+(shipped in the package) and the policy `suggest` makes from a profile of a
+first run of CMD (that run is not measured), N times each in
 interleaved order (repetition r starts at the r-th configuration, so drift in
 the machine's load spreads over all of them). Per run, the same deterministic
 costs as the real-job benchmark (bench/jobs/child.py):
@@ -46,7 +46,7 @@ import textwrap
 from .. import _ext
 from .._text import printable, shell_command
 
-PRESETS = ("minimal", "throughput")
+PRESETS = ("minimal",)
 SUGGESTED = "suggested"
 DEFAULT = "default"
 CPU_SLACK = 0.03   # within 3% of the lowest CPU time
@@ -236,7 +236,7 @@ def _candidates(cmd, candidates, work, policies, notes, log):
             if name in policies or name in PRESETS + (SUGGESTED,):
                 raise TuneError("--candidates: two configurations named %s" % printable(name))
             if not os.path.isfile(c):
-                raise TuneError("--candidates: %s: neither %s nor a policy file"
+                raise TuneError("--candidates: %s: neither a name (%s) nor a policy file"
                                 % (printable(c), ", ".join(PRESETS + (SUGGESTED,))))
             policies[name] = c
     for name, path in policies.items():

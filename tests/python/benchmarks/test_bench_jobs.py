@@ -50,7 +50,7 @@ def test_child_peak_sampler_sees_the_arenas_hold_a_numpy_job():
     import json
     import subprocess
     child = os.path.join(ROOT, "bench", "jobs", "child.py")
-    env = dict(os.environ, DATAMEM_CONFIG=os.path.join(ROOT, "configs", "throughput.yaml"))
+    env = dict(os.environ, DATAMEM_CONFIG=os.path.join(ROOT, "configs", "minimal.yaml"))
     r = subprocess.run([sys.executable, child, "stencil_big", "--scale", "0.1", "--peak"],
                        env=env, capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert r.returncode == 0, r.stderr

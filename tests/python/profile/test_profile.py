@@ -213,7 +213,7 @@ def test_spawned_children_record_too(job, tmp_path):
 
 def test_profile_under_a_policy_records_rules_and_arenas(job, tmp_path):
     out = tmp_path / "prof"
-    policy = os.path.join(ROOT, "configs", "throughput.yaml")
+    policy = os.path.join(ROOT, "bench", "policies", "throughput.yaml")  # three arenas
     _datamem("profile", "--out", str(out), "--full", "--policy", policy, "--",
              sys.executable, job, "5", "10")
     rep = _report(out)
