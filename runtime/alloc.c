@@ -34,6 +34,7 @@
 #include "runtime/bigblock.h"
 #include "runtime/context.h"
 #include "runtime/dispatch.h"
+#include "runtime/libcheap.h"
 #include "runtime/mem.h"
 #include "runtime/os.h"
 #include "runtime/refusal.h"
@@ -576,6 +577,7 @@ static __attribute__((noinline)) void free_slow(dm__thread_t *t, void *p, _Atomi
     char *b = dm__block_of(ja, p); /* under its colour, in a big half */
     untrack(ja, b);
     dm__tally_release(p);
+    dm__libcheap_note_free(hint); /* as NumPy's free would have, to glibc */
     if (DM_UNLIKELY(ja->spill != NULL)) /* a fork child's decay needs the spill thread too */
         dm__spill_pager_ensure();
     /* NumPy's size says big: maybe kept, with what its user could touch from b */

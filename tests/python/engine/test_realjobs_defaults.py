@@ -12,7 +12,7 @@ import os
 
 import pytest
 
-from conftest import CONFIGS, run_py, skip_under_asan
+from conftest import CONFIGS, UNDER_ASAN, run_py, skip_under_asan
 
 MINIMAL = os.path.join(CONFIGS, "minimal.yaml")
 
@@ -549,3 +549,56 @@ print(json.dumps({"first": first, "second": purges()}))
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out == {"first": 1, "second": 1}, out
+
+
+# Frees a 16 MiB array, then asks glibc for 12 MiB: prints whether glibc mapped
+# it (above its mmap threshold) or served it from its heap. Under NumPy's
+# default allocator the array's free raised glibc's threshold to 16 MiB (and
+# its trim threshold to twice that), so the process's other mallocs of those
+# sizes (pandas' hash tables) reuse the heap instead of fresh, zeroed mappings.
+GLIBC_THRESHOLD = r"""
+import ctypes
+import numpy as np
+libc = ctypes.CDLL("libc.so.6")
+class MallInfo(ctypes.Structure):  # struct mallinfo: int fields, glibc 2.31 and later
+    _fields_ = [(n, ctypes.c_int) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd",
+                                          "usmblks", "fsmblks", "uordblks", "fordblks",
+                                          "keepcost")]
+libc.mallinfo.restype = MallInfo
+libc.malloc.restype = ctypes.c_void_p
+libc.malloc.argtypes = [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+a = np.ones(16 << 20, np.uint8)
+del a
+before = libc.mallinfo().hblks
+p = libc.malloc(12 << 20)
+print("mapped" if libc.mallinfo().hblks > before else "heap")
+libc.free(p)
+"""
+
+
+def test_glibc_thresholds_move_as_under_numpys_default():
+    """Fails if glibc never hears of NumPy's frees under a policy (runtime/libcheap.c):
+    its mmap threshold stays at 128 KiB and the 12 MiB malloc is mapped."""
+    seen = {}
+    for name, config in (("default", None), ("minimal", MINIMAL)):
+        r = run_py(GLIBC_THRESHOLD, config)
+        assert r.returncode == 0, r.stderr
+        seen[name] = r.stdout.strip()
+    assert seen["minimal"] == seen["default"], seen
+    if not UNDER_ASAN:  # ASan's malloc replaces glibc's: neither is glibc's answer
+        assert seen["default"] == "heap", seen
+
+
+def test_a_glibc_threshold_the_user_set_is_kept():
+    """GLIBC_TUNABLES' mmap_threshold turns glibc's dynamic threshold off: under a
+    policy, as without one, the user's 128 KiB stays and 12 MiB is mapped."""
+    tunables = {"GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=131072"}
+    seen = {name: run_py(GLIBC_THRESHOLD, config, env=tunables)
+            for name, config in (("default", None), ("minimal", MINIMAL))}
+    for name, r in seen.items():
+        assert r.returncode == 0, (name, r.stderr)
+    got = {name: r.stdout.strip() for name, r in seen.items()}
+    assert got["minimal"] == got["default"], got
+    if not UNDER_ASAN:
+        assert got["default"] == "mapped", got
