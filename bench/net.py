@@ -41,7 +41,7 @@ reported as room to tighten, and passes. Exit status 1 when any figure fails.
 figure (tolerances kept), so a regression is never written in as a budget;
 it flags a budget above NumPy's default's figure where the run measured that.
 Loosening a budget is a hand edit with a reason in docs/performance.md (its
-"The net" section says how). About 4 minutes on 2 cores; needs valgrind and
+"The net" section says how). About 2.5 minutes on 2 cores (idle); needs valgrind and
 pandas.
 """
 import argparse
