@@ -17,12 +17,16 @@
  * So the free of an array larger than any before (up to 32 MiB) shows glibc a
  * block of the same size, allocated and freed at once, and glibc's own rule
  * moves its thresholds as the array's free would have. Through __libc_malloc
- * and __libc_free, glibc's own entry points: a profiler that hooks `malloc`
- * (memray, in every library's GOT; Fil, preloaded) does not see it as the
- * job's memory. Only where glibc's malloc is the process's: under an allocator
- * preloaded in its place (tcmalloc, jemalloc, mimalloc) nothing is shown. A
- * threshold the user set (mallopt, GLIBC_TUNABLES' mmap_threshold) turns
- * glibc's rule off, and with it this: glibc keeps the user's value.
+ * and __libc_free, glibc's own entry points, found in libc.so.6 itself: a
+ * profiler that hooks `malloc` (memray, in every library's GOT; Fil,
+ * preloaded) does not see it as the job's memory, and an allocator preloaded
+ * in glibc's place (tcmalloc, jemalloc, mimalloc; a sanitizer's) is not
+ * called: glibc's thresholds then move for a heap nobody uses, at the cost of
+ * a mapping made and unmapped. (Whether `malloc` is glibc's cannot be asked of
+ * the dynamic linker: in a non-PIE executable such as Debian's python3.14,
+ * `malloc` resolves to the executable's PLT entry.) A threshold the user set
+ * (mallopt, GLIBC_TUNABLES' mmap_threshold) turns glibc's rule off, and with
+ * it this: glibc keeps the user's value.
  *
  * Cost: one load and compare per free of a block the block cache did not
  * take; a showing (a mapping, its header's page, the unmapping: ~5 us) only
@@ -50,10 +54,9 @@ static pthread_once_t found_once = PTHREAD_ONCE_INIT;
 static void find_glibc(void) {
     void *libc = dlopen("libc.so.6", RTLD_LAZY | RTLD_NOLOAD);
     if (!libc)
-        return;
+        return; /* not glibc */
     void *m = dlsym(libc, "__libc_malloc"), *f = dlsym(libc, "__libc_free");
-    /* the process's malloc is glibc's: not an allocator preloaded in its place */
-    if (m && f && dlsym(RTLD_DEFAULT, "malloc") == dlsym(libc, "malloc")) {
+    if (m && f) {
         libc_malloc = (void *(*)(size_t))m;
         libc_free = (void (*)(void *))f;
     }

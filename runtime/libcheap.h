@@ -18,7 +18,7 @@
 
 /* The largest array size glibc has been shown, plus 1/16 (libcheap.c, "Cost"),
  * starting just below its first mmap threshold; SIZE_MAX where there is
- * nothing to show (glibc's malloc is not the process's). */
+ * nothing to show to (no glibc). */
 extern _Atomic size_t dm__libcheap_shown;
 
 /* Blocks shown to glibc so far (tests, and the bound libcheap.c states). */
