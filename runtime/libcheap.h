@@ -8,7 +8,6 @@
 #include <stddef.h>
 #include <stdint.h>
 
-
 #pragma GCC visibility push(hidden)
 
 /* glibc's bounds on its dynamic mmap threshold (malloc.c,
