@@ -147,11 +147,19 @@ small_block(dm__thread_t *t, const dm__dispatch_slot_t *s, dm__arena_je_t *ja, s
  * "Trimming"), the growth check, and a spill arena's resident bound kept
  * before anyone writes. */
 static void *big_fresh(dm__thread_t *t, dm__arena_je_t *ja, int flags, size_t n, size_t c,
-                       int zero) {
+                       int zero, dm__donors_t *donors) {
     char *p = je_alloc_flags(t, flags, ja, n + c, zero);
+    size_t filled = 0;
+    if (donors && donors->n) { /* the kept blocks lend p their frames (bigblock.c) */
+        filled = dm__bigblock_lend(ja, p, n + c, donors);
+        if (!p) { /* jemalloc gets them back and may serve the block from them */
+            dm__bigblock_release(ja);
+            p = je_alloc_flags(t, flags, ja, n + c, zero);
+        }
+    }
     if (!p)
         return NULL;
-    dm__bigblock_trim(p, n + c, SIZE_MAX);
+    dm__bigblock_trim(p, filled > n + c ? filled : n + c, SIZE_MAX); /* not the lent frames */
     dm__arena_check_growth(ja);
     if (DM_UNLIKELY(ja->spill != NULL))
         dm__spill_catch_up(ja->spill, n);
@@ -165,9 +173,12 @@ static __attribute__((noinline)) void *slot_alloc_big(dm__thread_t *t, const dm_
                                                       dm__arena_je_t *ja, size_t n, int zero) {
     int flags = dm__bigblock_flags(ja, s->flags);
     size_t c;
-    char *p = dm__bigblock_take(ja, n, flags, &c);
+    dm__donors_t donors;
+    /* a calloc's block takes no lent frames: its pages must read zero */
+    char *p = dm__bigblock_take(ja, n, flags, s->flags, &c, zero ? NULL : &donors);
     if (!p)
-        return big_fresh(t, ja, flags, n, dm__bigblock_colour(ja, n, s->flags, flags), zero);
+        return big_fresh(t, ja, flags, n, dm__bigblock_colour(ja, n, s->flags, flags), zero,
+                         zero ? NULL : &donors);
     if (DM_UNLIKELY(ja->spill != NULL)) /* resident_max, before anyone writes */
         dm__spill_catch_up(ja->spill, n);
     if (zero)
@@ -241,7 +252,7 @@ static __attribute__((noinline)) void *slot_alloc_tracked(dm__thread_t *t,
     size_t usable = dmje_nallocx(n + c, (int)((unsigned)flags | MALLOCX_ARENA(ja->index)));
     if (DM_UNLIKELY(usable == 0) || !live_reserve(t, s->arena, usable, size))
         return NULL;
-    void *p = big ? big_fresh(t, ja, flags, n, c, zero) : small_block(t, s, ja, n, zero);
+    void *p = big ? big_fresh(t, ja, flags, n, c, zero, NULL) : small_block(t, s, ja, n, zero);
     if (DM_UNLIKELY(!p))
         atomic_fetch_sub_explicit(&s->arena->live, usable, memory_order_relaxed);
     return p;

@@ -98,6 +98,7 @@
  */
 #include "runtime/bigblock.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <string.h>
 #include <time.h>
@@ -276,8 +277,29 @@ static int64_t ttl_of(const dm__arena_je_t *ja) {
     return ms < 0 ? INT64_MAX : ms;
 }
 
-void *dm__bigblock_take(dm__arena_je_t *ja, size_t n, int flags, size_t *colour) {
+/* Whether ja's kept blocks lend their frames ("Lending"): a big half (its
+ * blocks start on frames) of plain anonymous memory (a spill arena's pages
+ * are its file's; locked, pinned and NUMA-placed extents have a state of
+ * their own that a move would not carry). */
+static bool lends(const dm__arena_je_t *ja) {
+    return ja->is_big && !ja->spill && !atomic_load_explicit(&ja->ever_locked, memory_order_relaxed) &&
+           !atomic_load_explicit(&ja->ever_pinned, memory_order_relaxed) &&
+           !atomic_load_explicit(&ja->place->lock, memory_order_relaxed) &&
+           atomic_load_explicit(&ja->place->pinned, memory_order_relaxed) == DM_PIN_NONE &&
+           atomic_load_explicit(&ja->place->numa, memory_order_relaxed) == DM_NUMA_NONE;
+}
+
+/* The end of the frames a kept block can still lend (from its `lent`). */
+static size_t lendable_end(const dm__kept_t *k) {
+    size_t t = (k->touched + FRAME - 1) & ~(FRAME - 1), u = k->usable & ~(FRAME - 1);
+    return t < u ? t : u;
+}
+
+void *dm__bigblock_take(dm__arena_je_t *ja, size_t n, int flags, int rule_flags, size_t *colour,
+                        dm__donors_t *donors) {
     *colour = 0;
+    if (donors)
+        donors->n = 0;
     if (atomic_load_explicit(&ja->reuse.bytes, memory_order_relaxed) == 0)
         return NULL; /* a racy peek: a miss here only costs a jemalloc call */
     size_t want = dmje_nallocx(n, flags & LG_ALIGN_MASK);
@@ -287,16 +309,24 @@ void *dm__bigblock_take(dm__arena_je_t *ja, size_t n, int flags, size_t *colour)
     int nout = 0;
     pthread_mutex_lock(&ja->reuse.mu);
     for (int i = ja->reuse.n - 1; i >= 0; i--) { /* the newest: its pages are warmest */
-        if (ja->reuse.blocks[i].usable == want && ((uintptr_t)ja->reuse.blocks[i].p & (align - 1)) == 0) {
+        if (ja->reuse.blocks[i].usable == want && ja->reuse.blocks[i].lent == 0 &&
+            ((uintptr_t)ja->reuse.blocks[i].p & (align - 1)) == 0) {
             p = ja->reuse.blocks[i].p;
             touched = ja->reuse.blocks[i].touched;
-            c = n + ja->reuse.blocks[i].colour <= want ? ja->reuse.blocks[i].colour : 0;
+            c = ja->reuse.blocks[i].colour;
+            /* its colour, where n fits after it and the rule's alignment holds */
+            c = n + c <= want && (c & (((size_t)1 << (rule_flags & LG_ALIGN_MASK)) - 1)) == 0 ? c : 0;
             drop_at(ja, i);
             atomic_fetch_add_explicit(&ja->reuse.reused, 1, memory_order_relaxed);
             break;
         }
     }
-    if (!p) /* no block of this size: jemalloc gets them all back to split or merge */
+    if (!p && donors && lends(ja)) { /* no block of this size: they lend their frames */
+        memcpy(donors->b, ja->reuse.blocks, (size_t)ja->reuse.n * sizeof(donors->b[0]));
+        donors->n = ja->reuse.n;
+        while (ja->reuse.n > 0)
+            drop_at(ja, ja->reuse.n - 1);
+    } else if (!p) /* jemalloc gets them all back to split or merge */
         nout = take_expired(ja, 0, 0, true, out);
     pthread_mutex_unlock(&ja->reuse.mu);
     give_back(out, nout);
@@ -304,6 +334,192 @@ void *dm__bigblock_take(dm__arena_je_t *ja, size_t n, int flags, size_t *colour)
         dm__bigblock_trim(p, n + c, touched);
     *colour = c;
     return p;
+}
+
+/* Adds k to ja's kept blocks, the oldest going to out[] while there is no
+ * room (under reuse_mu); returns how many went. */
+static int put(dm__arena_je_t *ja, const dm__kept_t *k, void **out) {
+    int nout = 0;
+    while (ja->reuse.n > 0 &&
+           (ja->reuse.n == DM_REUSE_MAX ||
+            atomic_load_explicit(&ja->reuse.bytes, memory_order_relaxed) + k->usable >
+                REUSE_BYTES_MAX)) { /* room: the oldest goes */
+        out[nout++] = ja->reuse.blocks[0].p;
+        drop_at(ja, 0);
+    }
+    int i = ja->reuse.n; /* oldest first: after those kept earlier */
+    while (i > 0 && ja->reuse.blocks[i - 1].at_ms > k->at_ms)
+        i--;
+    memmove(&ja->reuse.blocks[i + 1], &ja->reuse.blocks[i],
+            (size_t)(ja->reuse.n - i) * sizeof(ja->reuse.blocks[0]));
+    ja->reuse.blocks[i] = *k;
+    ja->reuse.n++;
+    atomic_store_explicit(&ja->reuse.bytes,
+                          atomic_load_explicit(&ja->reuse.bytes, memory_order_relaxed) + k->usable,
+                          memory_order_relaxed);
+    return nout;
+}
+
+/* ---- Lending -----------------------------------------------------------------
+ *
+ * A big block that finds no kept block of its size comes from jemalloc; where
+ * jemalloc takes new pages for it, the kernel zeroes them on first touch,
+ * while the kept blocks hold resident pages nobody uses. So the block's empty
+ * frames get the kept blocks' frames, moved by the kernel (mremap with
+ * MREMAP_DONTUNMAP: page tables change hands, nothing is copied or zeroed; a
+ * 2 MiB hugepage moves as one entry). Oldest donor first; a donor that still
+ * has frames to lend is kept again, one with none goes back to jemalloc, its
+ * range mapped and empty. The resident set grows only when no kept frame is
+ * left, so the pages freed arrays leave are the next arrays' pages whatever
+ * their sizes. Moves go 2 MiB frame to 2 MiB frame (big halves' blocks start
+ * on frames), and only to frames with no resident page (mincore), so nothing
+ * jemalloc reused is replaced. A calloc lends nothing: its pages must read
+ * zero. */
+static _Atomic uint64_t lent_bytes;
+
+uint64_t dm__bigblock_lent_bytes(void) { return atomic_load_explicit(&lent_bytes, memory_order_relaxed); }
+
+/* Mappings. A moved frame keeps its old address's page offset, so its mapping
+ * never merges with its neighbours': every frame that received pages may be a
+ * mapping of its own, and a process may have 65,530 (vm.max_map_count; past
+ * it every mmap fails, Python's and glibc's too). So each such frame has a
+ * bit here, `nmoved` counts them, and a move that would take the count past
+ * DM_LEND_FRAMES_MAX is not made (the block faults its pages in, as without
+ * lending). A marked frame that lends its pages on is mapped afresh, empty
+ * (MAP_FIXED over itself: its mapping merges again), advised again if it was,
+ * and unmarked: the count drains as blocks are recycled. Frames that never
+ * lend again (a long-lived array's) stay counted, as their mappings stay. */
+static _Atomic uint64_t moved[NFRAMES / 64];
+static _Atomic int64_t nmoved;
+static _Atomic int64_t lend_cap = DM_LEND_FRAMES_MAX;
+static _Atomic bool cannot_move; /* the kernel said EINVAL (before 5.7) or ENOSYS */
+
+int64_t dm__bigblock_moved_frames(void) { return atomic_load_explicit(&nmoved, memory_order_relaxed); }
+
+void dm__bigblock_set_lend_cap(int64_t frames) {
+    atomic_store_explicit(&lend_cap, frames < 0 ? DM_LEND_FRAMES_MAX : frames, memory_order_relaxed);
+}
+
+static size_t count_moved(uintptr_t f0, size_t m) {
+    size_t k = 0;
+    for (uintptr_t f = f0; f < f0 + m; f++)
+        k += (atomic_load_explicit(&moved[f / 64], memory_order_relaxed) >> (f % 64)) & 1;
+    return k;
+}
+
+/* Sets (on) or clears the frames' bits; returns how many changed. */
+static size_t mark_moved(uintptr_t f0, size_t m, bool on) {
+    size_t k = 0;
+    for (uintptr_t f = f0; f < f0 + m; f++) {
+        uint64_t bit = UINT64_C(1) << (f % 64);
+        uint64_t was = on ? atomic_fetch_or_explicit(&moved[f / 64], bit, memory_order_relaxed)
+                          : atomic_fetch_and_explicit(&moved[f / 64], ~bit, memory_order_relaxed);
+        k += !(was & bit) == on;
+    }
+    atomic_fetch_add_explicit(&nmoved, on ? (int64_t)k : -(int64_t)k, memory_order_relaxed);
+    return k;
+}
+
+enum { MOVED, CAPPED, FAILED };
+
+/* Moves m frames from src to dst (both frame-aligned, ours alone): MOVED;
+ * CAPPED when that would take the count past the cap; FAILED when the
+ * kernel refused it. */
+static int move_frames(char *src, char *dst, size_t m) {
+    uintptr_t fs = (uintptr_t)src >> FRAME_SHIFT, fd = (uintptr_t)dst >> FRAME_SHIFT;
+    if ((fs + m > NFRAMES) | (fd + m > NFRAMES) ||
+        atomic_load_explicit(&cannot_move, memory_order_relaxed))
+        return FAILED;
+    size_t healed = count_moved(fs, m);
+    if (atomic_load_explicit(&nmoved, memory_order_relaxed) - (int64_t)healed + (int64_t)m >
+        atomic_load_explicit(&lend_cap, memory_order_relaxed))
+        return CAPPED;
+    int rc = dm__os_move(src, dst, m * FRAME);
+    if (rc != 0) {
+        if (rc == -EINVAL || rc == -ENOSYS)
+            atomic_store_explicit(&cannot_move, true, memory_order_relaxed);
+        return FAILED;
+    }
+    if (healed && dm__os_commit(src, m * FRAME) == 0) { /* a mapping that merges again */
+        mark_moved(fs, m, false);
+        if (frames_advised(fs, fs + m))
+            (void)dm__os_thp(src, m * FRAME, DM_THP_ON);
+    }
+    mark_moved(fd, m, true);
+    atomic_fetch_add_explicit(&lent_bytes, m * FRAME, memory_order_relaxed);
+    return MOVED;
+}
+
+/* The next donor of d from k on with frames to lend and not stopped. */
+static int next_donor(const dm__donors_t *d, int k, const bool *stopped) {
+    while (k < d->n && (stopped[k] || d->b[k].lent >= lendable_end(&d->b[k])))
+        k++;
+    return k;
+}
+
+/* Fills the empty frames of [p, p+whole) from d's donors, oldest first;
+ * returns the end of the last frame filled (0: none). At the cap a run goes
+ * frame by frame, and a donor whose next frame would add to the count stops
+ * lending (it is kept with the rest). */
+static size_t lend_frames(char *p, size_t whole, dm__donors_t *d) {
+    size_t end = 0;
+    bool stopped[DM_REUSE_MAX] = {false};
+    int k = 0;
+    for (size_t off = 0; off < whole; off += 64 * FRAME) {
+        if ((k = next_donor(d, k, stopped)) == d->n)
+            return end;
+        size_t len = whole - off < 64 * FRAME ? whole - off : 64 * FRAME, nf = len / FRAME;
+        uint64_t empty = 0;
+        if (dm__os_empty_frames(p + off, len, FRAME, &empty) != 0)
+            return end;
+        for (size_t f = 0; f < nf;) {
+            if (!(empty >> f & 1)) {
+                f++;
+                continue;
+            }
+            if ((k = next_donor(d, k, stopped)) == d->n)
+                return end;
+            size_t m = 1; /* a run of empty frames, as long as the donor's */
+            size_t have = (lendable_end(&d->b[k]) - d->b[k].lent) / FRAME;
+            while (m < have && f + m < nf && (empty >> (f + m) & 1))
+                m++;
+            int r = move_frames((char *)d->b[k].p + d->b[k].lent, p + off + f * FRAME, m);
+            if (r == CAPPED && m > 1)
+                r = move_frames((char *)d->b[k].p + d->b[k].lent, p + off + f * FRAME, m = 1);
+            if (r == FAILED)
+                return end;
+            if (r == CAPPED) {
+                stopped[k] = true;
+                continue;
+            }
+            d->b[k].lent += m * FRAME;
+            f += m;
+            end = off + f * FRAME;
+        }
+    }
+    return end;
+}
+
+size_t dm__bigblock_lend(dm__arena_je_t *ja, void *p, size_t n, dm__donors_t *d) {
+    size_t end = 0;
+    if (p && ((uintptr_t)p & (FRAME - 1)) == 0) {
+        /* to n's last frame, whole, where the block's size class holds it */
+        size_t whole = (n + FRAME - 1) & ~(FRAME - 1), u = dmje_sallocx(p, 0) & ~(FRAME - 1);
+        end = lend_frames(p, whole < u ? whole : u, d);
+    }
+    void *out[2 * DM_REUSE_MAX];
+    int nout = 0;
+    pthread_mutex_lock(&ja->reuse.mu);
+    for (int i = 0; i < d->n; i++) {
+        if (d->b[i].lent >= lendable_end(&d->b[i]))
+            out[nout++] = d->b[i].p; /* nothing left to lend: jemalloc's again */
+        else
+            nout += put(ja, &d->b[i], out + nout);
+    }
+    pthread_mutex_unlock(&ja->reuse.mu);
+    give_back(out, nout);
+    d->n = 0;
+    return end;
 }
 
 bool dm__bigblock_keep(dm__arena_je_t *ja, void *p, size_t hint, size_t colour) {
@@ -316,26 +532,12 @@ bool dm__bigblock_keep(dm__arena_je_t *ja, void *p, size_t hint, size_t colour) 
     size_t usable = dmje_sallocx(p, 0);
     if (usable < DM_BIG_THP_MIN || usable > REUSE_BYTES_MAX)
         return false;
-    void *out[DM_REUSE_MAX + 1];
-    int64_t now = now_ms();
+    void *out[2 * DM_REUSE_MAX + 1];
+    dm__kept_t k = {.p = p, .usable = usable, .touched = hint + colour, .colour = colour,
+                    .lent = 0, .at_ms = now_ms()};
     pthread_mutex_lock(&ja->reuse.mu);
-    int nout = take_expired(ja, ttl, now, false, out);
-    while (ja->reuse.n > 0 &&
-           (ja->reuse.n == DM_REUSE_MAX ||
-            atomic_load_explicit(&ja->reuse.bytes, memory_order_relaxed) + usable >
-                REUSE_BYTES_MAX)) { /* room: the oldest goes */
-        out[nout++] = ja->reuse.blocks[0].p;
-        drop_at(ja, 0);
-    }
-    ja->reuse.blocks[ja->reuse.n].p = p;
-    ja->reuse.blocks[ja->reuse.n].usable = usable;
-    ja->reuse.blocks[ja->reuse.n].touched = hint + colour;
-    ja->reuse.blocks[ja->reuse.n].colour = colour;
-    ja->reuse.blocks[ja->reuse.n].at_ms = now;
-    ja->reuse.n++;
-    atomic_store_explicit(&ja->reuse.bytes,
-                          atomic_load_explicit(&ja->reuse.bytes, memory_order_relaxed) + usable,
-                          memory_order_relaxed);
+    int nout = take_expired(ja, ttl, k.at_ms, false, out);
+    nout += put(ja, &k, out + nout);
     pthread_mutex_unlock(&ja->reuse.mu);
     give_back(out, nout);
     return true;
@@ -361,6 +563,19 @@ void dm__bigblock_release(dm__arena_je_t *ja) {
     void *out[DM_REUSE_MAX];
     pthread_mutex_lock(&ja->reuse.mu);
     int nout = take_expired(ja, 0, 0, true, out);
+    pthread_mutex_unlock(&ja->reuse.mu);
+    give_back(out, nout);
+}
+
+void dm__bigblock_release_some(dm__arena_je_t *ja, size_t bytes) {
+    void *out[DM_REUSE_MAX];
+    int nout = 0;
+    pthread_mutex_lock(&ja->reuse.mu);
+    for (size_t done = 0; done < bytes && ja->reuse.n > 0;) {
+        done += ja->reuse.blocks[0].usable;
+        out[nout++] = ja->reuse.blocks[0].p;
+        drop_at(ja, 0);
+    }
     pthread_mutex_unlock(&ja->reuse.mu);
     give_back(out, nout);
 }

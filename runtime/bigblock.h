@@ -46,20 +46,25 @@ void *dm__bigblock_zero(void *p, size_t n);
 #define DM_BIG_TRIM_MIN ((size_t)64 << 10)
 void dm__bigblock_trim(void *p, size_t n, size_t touched);
 
-#define DM_REUSE_MAX 8 /* freed big blocks kept per je arena */
+#define DM_REUSE_MAX 32 /* freed big blocks kept per je arena */
 
-/* One jemalloc arena's kept big blocks (bigblock.c, "Reuse"), oldest first,
- * under `mu`, which is never held across a jemalloc call. */
+/* A kept big block: allocated from jemalloc, freed by its user, held for the
+ * next array (bigblock.c, "Reuse" and "Lending"). */
+typedef struct dm__kept {
+    void *p;
+    size_t usable;
+    size_t touched;  /* its last user's end: the pages past it are not resident */
+    size_t colour;   /* its last user's offset in it, the next user's too */
+    size_t lent;     /* its first `lent` bytes (whole frames) went to other blocks */
+    int64_t at_ms;
+} dm__kept_t;
+
+/* One jemalloc arena's kept big blocks, oldest first, under `mu`, which is
+ * never held across a jemalloc call or a system call. */
 typedef struct dm__reuse {
     pthread_mutex_t mu;
     int n;
-    struct {
-        void *p;
-        size_t usable;
-        size_t touched;      /* its last user's end: the pages past it are not resident */
-        size_t colour;       /* its last user's offset in it, the next user's too */
-        int64_t at_ms;
-    } blocks[DM_REUSE_MAX];
+    dm__kept_t blocks[DM_REUSE_MAX];
     _Atomic size_t bytes;    /* their usable bytes */
     /* Kept blocks handed out again, which jemalloc does not count (the floor
      * above reads it: an arena that reuses is not idle). */
@@ -96,7 +101,28 @@ size_t dm__bigblock_colour(const struct dm__arena_je *ja, size_t n, int rule_fla
  * than its decay.dirty, and all it keeps once it counts live bytes (`limit`).
  * dm__bigblock_fork: 0 before fork() (takes every arena's lock), 1 after it, in
  * both processes. */
-void *dm__bigblock_take(struct dm__arena_je *ja, size_t n, int flags, size_t *colour);
+/* The kept blocks a miss took out to lend their pages (dm__bigblock_take). */
+typedef struct dm__donors {
+    int n;
+    dm__kept_t b[DM_REUSE_MAX];
+} dm__donors_t;
+
+void *dm__bigblock_take(struct dm__arena_je *ja, size_t n, int flags, int rule_flags,
+                        size_t *colour, dm__donors_t *donors);
+/* After a miss: the empty 2 MiB frames of the block [p, p+n) (p from the same
+ * arena, frame-aligned; NULL to lend nothing) get the donors' resident frames
+ * (moved, not copied), then each donor is kept again while it has frames to
+ * lend, or goes back to jemalloc (bigblock.c, "Lending"). */
+size_t dm__bigblock_lend(struct dm__arena_je *ja, void *p, size_t n, dm__donors_t *donors);
+/* Bytes of pages lent so far, process-wide (tests, stats). */
+uint64_t dm__bigblock_lent_bytes(void);
+/* Frames that received lent pages and are still marked, process-wide: each
+ * may be a mapping of its own, so lending stops at DM_LEND_FRAMES_MAX of
+ * them (bigblock.c, "Mappings"); tests lower the cap (a negative value: back
+ * to DM_LEND_FRAMES_MAX). */
+#define DM_LEND_FRAMES_MAX 8192
+int64_t dm__bigblock_moved_frames(void);
+void dm__bigblock_set_lend_cap(int64_t frames);
 bool dm__bigblock_keep(struct dm__arena_je *ja, void *p, size_t hint, size_t colour);
 void dm__bigblock_expire_all(void);
 /* Any thread: ja hands back what waited longer than its decay.dirty (all it
@@ -105,6 +131,9 @@ void dm__bigblock_expire(struct dm__arena_je *ja);
 /* Any thread: every block ja keeps goes back to jemalloc now (the worker
  * limit, near its edge, wants the pages: arena.c, dm__arena_give_back_idle). */
 void dm__bigblock_release(struct dm__arena_je *ja);
+/* Any thread: ja's oldest kept blocks go back to jemalloc, `bytes` of them or
+ * a block more (arena.c, the purge on growth). */
+void dm__bigblock_release_some(struct dm__arena_je *ja, size_t bytes);
 void dm__bigblock_fork(int phase);
 
 /* What NumPy's default handler does (np._core.multiarray._get_madvise_hugepage();

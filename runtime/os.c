@@ -210,6 +210,35 @@ bool dm__os_resident(void *p, size_t n) {
     return true;
 }
 
+#ifndef MREMAP_DONTUNMAP
+#define MREMAP_DONTUNMAP 4 /* Linux 5.7 */
+#endif
+
+int dm__os_move(void *from, void *to, size_t n) {
+    void *q = mremap(from, n, n, MREMAP_MAYMOVE | MREMAP_FIXED | MREMAP_DONTUNMAP, to);
+    return q == to ? 0 : -errno;
+}
+
+int dm__os_empty_frames(void *p, size_t n, size_t frame, uint64_t *out) {
+    unsigned char vec[4096];
+    size_t page = dm__os_page_size(), per = frame / page;
+    size_t step = sizeof(vec) / per * frame; /* whole frames a call */
+    for (size_t off = 0; off < n; off += step) {
+        size_t len = n - off < step ? n - off : step;
+        if (mincore((char *)p + off, len, vec) != 0)
+            return -errno;
+        for (size_t f = 0; f < len / frame; f++) {
+            bool empty = true;
+            for (size_t i = 0; i < per && empty; i++)
+                empty = !(vec[f * per + i] & 1);
+            size_t k = off / frame + f;
+            if (empty)
+                out[k / 64] |= UINT64_C(1) << (k % 64);
+        }
+    }
+    return 0;
+}
+
 uint64_t dm__os_numa_nodes(void) {
     uint64_t fake = atomic_load_explicit(&fake_nodes, memory_order_relaxed);
     if (fake)

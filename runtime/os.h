@@ -92,6 +92,16 @@ void dm__os_trim_libc(void);
  * on any error. */
 bool dm__os_resident(void *p, size_t n);
 
+/* Moves the pages of [from, from+n) to [to, to+n) (page-aligned, private
+ * anonymous memory): whatever was at `to` is gone, `from` stays mapped and
+ * reads zeros (mremap with MREMAP_DONTUNMAP). 0 or -errno. */
+int dm__os_move(void *from, void *to, size_t n);
+
+/* Sets bit i of out[] (n / frame bits, zeroed by the caller) when frame i of
+ * [p, p+n) (frame-aligned, n a multiple of `frame`) has no resident page.
+ * 0 or -errno. */
+int dm__os_empty_frames(void *p, size_t n, size_t frame, uint64_t *out);
+
 /* Bitmask of the machine's NUMA nodes (bit 0 at least). */
 uint64_t dm__os_numa_nodes(void);
 /* The NUMA node of the CPU the caller runs on (0 when unknown). */

@@ -1,0 +1,293 @@
+/* lend_test: kept big blocks lend their 2 MiB frames to the next block that
+ * finds none of its size (bigblock.c, "Lending"), and the mappings that makes
+ * stay bounded (bigblock.c, "Mappings"). Where the kernel cannot move pages
+ * (valgrind answers MREMAP_DONTUNMAP with EINVAL) nothing is lent and every
+ * block is served as before: the checks that need a move say so and check
+ * that instead. Run under ASan, TSan and valgrind as well. */
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "runtime/arena.h"
+#include "runtime/bigblock.h"
+#include "runtime/datamem.h"
+#include "runtime/mem.h"
+#include "runtime/os.h"
+#include "runtime/test_policy.h"
+#include "testing/test.h"
+
+#define MB ((size_t)1 << 20)
+#define FRAME ((size_t)2 << 20)
+
+static bool moves; /* whether this kernel (or valgrind) moves pages */
+
+static bool kernel_moves(void) {
+    char *a = mmap(NULL, 2 * FRAME, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (a == MAP_FAILED)
+        return false;
+    a[0] = 7;
+    bool ok = dm__os_move(a, a + FRAME, FRAME) == 0 && a[FRAME] == 7 && a[0] == 0;
+    munmap(a, 2 * FRAME);
+    return ok;
+}
+
+static size_t resident(const void *p, size_t n) {
+    static unsigned char vec[(64 * MB) / 4096];
+    size_t page = 4096, np = n / page;
+    if (np > sizeof(vec) || mincore((void *)p, np * page, vec) != 0)
+        return SIZE_MAX;
+    size_t r = 0;
+    for (size_t i = 0; i < np; i++)
+        r += vec[i] & 1;
+    return r * page;
+}
+
+static int mappings(void) {
+    FILE *f = fopen("/proc/self/maps", "r");
+    int n = 0, c;
+    while (f && (c = fgetc(f)) != EOF)
+        n += c == '\n';
+    if (f)
+        fclose(f);
+    return n;
+}
+
+static void fill(char *p, size_t n, unsigned seed) {
+    for (size_t i = 0; i < n; i += 4096)
+        p[i] = (char)(seed * 31u + (unsigned)(i >> 12));
+    p[n - 1] = (char)seed;
+}
+
+static bool filled(const char *p, size_t n, unsigned seed) {
+    for (size_t i = 0; i < n; i += 4096)
+        if (p[i] != (char)(seed * 31u + (unsigned)(i >> 12)))
+            return false;
+    return p[n - 1] == (char)seed;
+}
+
+/* Each test starts from arena c with no kept block. */
+static void load(void) {
+    test_load_policy("lend_test", "version: 1\ndefault: c\narenas:\n  c: {}\n");
+    EXPECT(dm__arena_give_back_idle(), "the kept blocks go back");
+}
+
+/* A freed 16 MiB block is kept; a 24 MiB one (another size class) finds no
+ * block of its size and gets the kept block's eight frames: resident before
+ * anyone writes, with no page fault to come. */
+static void test_lends(void) {
+    load();
+    const dm_ctx_t *root = dm_ctx_root();
+    char *a = dm_alloc(root, 16 * MB, DM_DT_UNKNOWN);
+    fill(a, 16 * MB, 1);
+    dm_free_hint(a, 16 * MB);
+    uint64_t before = dm__bigblock_lent_bytes();
+    char *b = dm_alloc(root, 24 * MB + 1000, DM_DT_UNKNOWN);
+    EXPECT(b != NULL, "the 24 MiB block");
+    char *blk = dm__block_of(dm__mem_owner_of(b), b);
+    uint64_t lent = dm__bigblock_lent_bytes() - before;
+    if (moves) {
+        EXPECT(lent == 16 * MB, "the kept block lent its 8 frames: %llu bytes",
+               (unsigned long long)lent);
+        EXPECT(resident(blk, 16 * MB) == 16 * MB, "its first 16 MiB resident before any write: %zu",
+               resident(blk, 16 * MB));
+    } else {
+        EXPECT(lent == 0, "no move where the kernel makes none: %llu", (unsigned long long)lent);
+    }
+    fill(b, 24 * MB + 1000, 2);
+    EXPECT(filled(b, 24 * MB + 1000, 2), "the block holds what is written");
+    dm_free_hint(b, 24 * MB + 1000);
+}
+
+/* A calloc's block reads zero, whatever the kept blocks hold, and takes none
+ * of their frames. */
+static void test_calloc(void) {
+    load();
+    const dm_ctx_t *root = dm_ctx_root();
+    char *a = dm_alloc(root, 12 * MB, DM_DT_UNKNOWN);
+    memset(a, 0x7f, 12 * MB);
+    dm_free_hint(a, 12 * MB);
+    uint64_t before = dm__bigblock_lent_bytes();
+    char *z = dm_calloc(root, 20 * MB, DM_DT_UNKNOWN);
+    bool zero = z != NULL;
+    for (size_t i = 0; z && i < 20 * MB; i += 512)
+        zero = zero && z[i] == 0;
+    EXPECT(zero, "calloc: zeros");
+    EXPECT(dm__bigblock_lent_bytes() == before, "calloc: nothing lent");
+    dm_free_hint(z, 20 * MB);
+}
+
+/* Only freed blocks lend: a live block's contents never change, however many
+ * blocks are served around it. */
+static void test_live_untouched(void) {
+    load();
+    const dm_ctx_t *root = dm_ctx_root();
+    char *live = dm_alloc(root, 10 * MB, DM_DT_UNKNOWN);
+    fill(live, 10 * MB, 9);
+    for (unsigned i = 0; i < 64; i++) {
+        size_t n = (4 + i % 13) * MB + i * 4096;
+        char *p = dm_alloc(root, n, DM_DT_UNKNOWN);
+        fill(p, n, i);
+        EXPECT(filled(p, n, i), "block %u holds its data", i);
+        dm_free_hint(p, n);
+    }
+    EXPECT(filled(live, 10 * MB, 9), "the live block kept its data");
+    dm_free_hint(live, 10 * MB);
+}
+
+/* Threads that allocate, fill, check and free blocks of changing sizes: no
+ * block ever holds another's data (a donor is one thread's alone). */
+#define THREADS 4
+#define ROUNDS 60
+static void *worker(void *arg) {
+    unsigned id = (unsigned)(uintptr_t)arg, bad = 0;
+    const dm_ctx_t *root = dm_ctx_root();
+    char *held = NULL;
+    size_t held_n = 0;
+    for (unsigned r = 0; r < ROUNDS; r++) {
+        size_t n = (4 + (r * 7 + id * 3) % 21) * MB + r * 64;
+        char *p = dm_alloc(root, n, DM_DT_UNKNOWN);
+        if (!p) {
+            bad++;
+            continue;
+        }
+        fill(p, n, id * 1000 + r);
+        if (held && !filled(held, held_n, id * 1000 + r - 1))
+            bad++;
+        if (held)
+            dm_free_hint(held, held_n);
+        held = p, held_n = n;
+    }
+    if (held && !filled(held, held_n, id * 1000 + ROUNDS - 1))
+        bad++;
+    dm_free_hint(held, held_n);
+    return (void *)(uintptr_t)bad;
+}
+
+static void test_threads(void) {
+    load();
+    pthread_t t[THREADS];
+    for (int i = 0; i < THREADS; i++)
+        pthread_create(&t[i], NULL, worker, (void *)(uintptr_t)i);
+    uintptr_t bad = 0;
+    for (int i = 0; i < THREADS; i++) {
+        void *r;
+        pthread_join(t[i], &r);
+        bad += (uintptr_t)r;
+    }
+    EXPECT(bad == 0, "threads: %lu blocks with another's data or refused", (unsigned long)bad);
+}
+
+/* The cap on frames that received pages: 4 here, 100x as many blocks served.
+ * The count never passes it, the process's mappings grow by a bounded number,
+ * lending goes on as marked frames lend on (they are mapped afresh); with the
+ * table full nothing is added, and once there is room lending is back. */
+static void test_cap(void) {
+    load();
+    const dm_ctx_t *root = dm_ctx_root();
+    int64_t m0 = dm__bigblock_moved_frames(), cap = m0 + 4; /* the earlier tests' stay */
+    dm__bigblock_set_lend_cap(cap);
+    int maps0 = mappings(), maps_max = maps0;
+    int64_t moved_max = 0;
+    uint64_t before = dm__bigblock_lent_bytes();
+    for (unsigned i = 0; i < 400; i++) {
+        size_t n = (4 + (i * 5) % 17) * MB + 12345;
+        char *p = dm_alloc(root, n, DM_DT_UNKNOWN);
+        fill(p, n, i);
+        int64_t m = dm__bigblock_moved_frames();
+        moved_max = m > moved_max ? m : moved_max;
+        int maps = mappings();
+        maps_max = maps > maps_max ? maps : maps_max;
+        EXPECT(filled(p, n, i), "block %u holds its data", i);
+        dm_free_hint(p, n);
+    }
+    uint64_t lent = dm__bigblock_lent_bytes() - before;
+    EXPECT(moved_max <= cap, "moved frames never past the cap: %lld of %lld", (long long)moved_max,
+           (long long)cap);
+    EXPECT(maps_max - maps0 <= 32, "mappings %d -> at most %d", maps0, maps_max);
+    if (moves)
+        EXPECT(lent > 64 * FRAME, "lending went on past the cap's 4 frames: %llu bytes",
+               (unsigned long long)lent);
+
+    /* Full: a cap of 0 is below any count, so no move may add a marked frame
+     * (one from a marked donor, which heals as many, still may): the count
+     * never rises, and every block is served and holds its data. */
+    dm__bigblock_set_lend_cap(0);
+    int64_t full = dm__bigblock_moved_frames(), top = full;
+    for (unsigned i = 0; i < 100; i++) {
+        size_t n = (4 + (i * 3) % 19) * MB + 777;
+        char *p = dm_alloc(root, n, DM_DT_UNKNOWN);
+        fill(p, n, i + 7);
+        EXPECT(filled(p, n, i + 7), "full: block %u holds its data", i);
+        dm_free_hint(p, n);
+        int64_t m = dm__bigblock_moved_frames();
+        top = m > top ? m : top;
+    }
+    EXPECT(top <= full, "full: the count never rose: %lld -> %lld", (long long)full, (long long)top);
+    /* Room again: a kept block lends as at the start. */
+    dm__bigblock_set_lend_cap(-1);
+    EXPECT(dm__arena_give_back_idle(), "the kept blocks go back");
+    char *k = dm_alloc(root, 16 * MB, DM_DT_UNKNOWN);
+    fill(k, 16 * MB, 3);
+    dm_free_hint(k, 16 * MB);
+    before = dm__bigblock_lent_bytes();
+    char *q = dm_alloc(root, 24 * MB + 1000, DM_DT_UNKNOWN);
+    if (moves)
+        EXPECT(dm__bigblock_lent_bytes() - before == 16 * MB, "back to lending: %llu bytes",
+               (unsigned long long)(dm__bigblock_lent_bytes() - before));
+    dm_free_hint(q, 24 * MB + 1000);
+    dm__bigblock_set_lend_cap(-1);
+}
+
+/* A fork child lends as its parent does, on its own copy. (Not under TSan:
+ * jemalloc's prefork takes more locks than its deadlock detector holds, as in
+ * fork_test.) */
+static void test_fork(void) {
+#if defined(__SANITIZE_THREAD__)
+    printf("SKIP test_fork under TSan: fork holds more locks than its detector tracks\n");
+    return;
+#endif
+    load();
+    const dm_ctx_t *root = dm_ctx_root();
+    char *a = dm_alloc(root, 16 * MB, DM_DT_UNKNOWN);
+    fill(a, 16 * MB, 5);
+    char *keep = dm_alloc(root, 8 * MB, DM_DT_UNKNOWN);
+    fill(keep, 8 * MB, 6);
+    dm_free_hint(a, 16 * MB);
+    pid_t pid = fork();
+    if (pid == 0) {
+        uint64_t before = dm__bigblock_lent_bytes();
+        char *b = dm_alloc(root, 26 * MB, DM_DT_UNKNOWN);
+        bool ok = b && (!moves || dm__bigblock_lent_bytes() - before == 16 * MB);
+        if (b)
+            fill(b, 26 * MB, 7);
+        ok = ok && b && filled(b, 26 * MB, 7) && filled(keep, 8 * MB, 6);
+        _exit(ok ? 0 : 1);
+    }
+    int st = 0;
+    waitpid(pid, &st, 0);
+    EXPECT(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the child lent and kept its data");
+    EXPECT(filled(keep, 8 * MB, 6), "the parent's block untouched");
+    char *b = dm_alloc(root, 26 * MB, DM_DT_UNKNOWN);
+    fill(b, 26 * MB, 8);
+    EXPECT(filled(b, 26 * MB, 8), "the parent lends after the child");
+    dm_free_hint(b, 26 * MB);
+    dm_free_hint(keep, 8 * MB);
+}
+
+int main(void) {
+    dm_runtime_init();
+    moves = kernel_moves();
+    fprintf(stderr, "lend_test: the kernel %s pages\n", moves ? "moves" : "does not move");
+    test_lends();
+    test_calloc();
+    test_live_untouched();
+    test_threads();
+    test_cap();
+    test_fork();
+    return TEST_EXIT();
+}
