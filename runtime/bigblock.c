@@ -246,11 +246,14 @@ static int64_t now_ms(void) {
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+/* A kept block's bytes that are still its own: not lent away or given back. */
+static size_t held(const dm__kept_t *k) { return k->usable - k->lent; }
+
 /* Removes entry i (under reuse_mu). */
 static void drop_at(dm__arena_je_t *ja, int i) {
     atomic_store_explicit(&ja->reuse.bytes,
                           atomic_load_explicit(&ja->reuse.bytes, memory_order_relaxed) -
-                              ja->reuse.blocks[i].usable,
+                              held(&ja->reuse.blocks[i]),
                           memory_order_relaxed);
     memmove(&ja->reuse.blocks[i], &ja->reuse.blocks[i + 1], (size_t)(ja->reuse.n - i - 1) * sizeof(ja->reuse.blocks[0]));
     ja->reuse.n--;
@@ -342,7 +345,7 @@ static int put(dm__arena_je_t *ja, const dm__kept_t *k, void **out) {
     int nout = 0;
     while (ja->reuse.n > 0 &&
            (ja->reuse.n == DM_REUSE_MAX ||
-            atomic_load_explicit(&ja->reuse.bytes, memory_order_relaxed) + k->usable >
+            atomic_load_explicit(&ja->reuse.bytes, memory_order_relaxed) + held(k) >
                 REUSE_BYTES_MAX)) { /* room: the oldest goes */
         out[nout++] = ja->reuse.blocks[0].p;
         drop_at(ja, 0);
@@ -355,7 +358,7 @@ static int put(dm__arena_je_t *ja, const dm__kept_t *k, void **out) {
     ja->reuse.blocks[i] = *k;
     ja->reuse.n++;
     atomic_store_explicit(&ja->reuse.bytes,
-                          atomic_load_explicit(&ja->reuse.bytes, memory_order_relaxed) + k->usable,
+                          atomic_load_explicit(&ja->reuse.bytes, memory_order_relaxed) + held(k),
                           memory_order_relaxed);
     return nout;
 }
@@ -563,19 +566,6 @@ void dm__bigblock_release(dm__arena_je_t *ja) {
     void *out[DM_REUSE_MAX];
     pthread_mutex_lock(&ja->reuse.mu);
     int nout = take_expired(ja, 0, 0, true, out);
-    pthread_mutex_unlock(&ja->reuse.mu);
-    give_back(out, nout);
-}
-
-void dm__bigblock_release_some(dm__arena_je_t *ja, size_t bytes) {
-    void *out[DM_REUSE_MAX];
-    int nout = 0;
-    pthread_mutex_lock(&ja->reuse.mu);
-    for (size_t done = 0; done < bytes && ja->reuse.n > 0;) {
-        done += ja->reuse.blocks[0].usable;
-        out[nout++] = ja->reuse.blocks[0].p;
-        drop_at(ja, 0);
-    }
     pthread_mutex_unlock(&ja->reuse.mu);
     give_back(out, nout);
 }

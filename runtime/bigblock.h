@@ -46,7 +46,7 @@ void *dm__bigblock_zero(void *p, size_t n);
 #define DM_BIG_TRIM_MIN ((size_t)64 << 10)
 void dm__bigblock_trim(void *p, size_t n, size_t touched);
 
-#define DM_REUSE_MAX 32 /* freed big blocks kept per je arena */
+#define DM_REUSE_MAX 8 /* freed big blocks kept per je arena */
 
 /* A kept big block: allocated from jemalloc, freed by its user, held for the
  * next array (bigblock.c, "Reuse" and "Lending"). */
@@ -131,9 +131,6 @@ void dm__bigblock_expire(struct dm__arena_je *ja);
 /* Any thread: every block ja keeps goes back to jemalloc now (the worker
  * limit, near its edge, wants the pages: arena.c, dm__arena_give_back_idle). */
 void dm__bigblock_release(struct dm__arena_je *ja);
-/* Any thread: ja's oldest kept blocks go back to jemalloc, `bytes` of them or
- * a block more (arena.c, the purge on growth). */
-void dm__bigblock_release_some(struct dm__arena_je *ja, size_t bytes);
 void dm__bigblock_fork(int phase);
 
 /* What NumPy's default handler does (np._core.multiarray._get_madvise_hugepage();

@@ -114,6 +114,32 @@ static void test_reuse(void) {
     dm_free_hint(b, n);
 }
 
+/* A kept block's colour serves again only where the arena's alignment holds
+ * it: a block kept at a colour of 64-byte steps, reused after a reload asks for
+ * 4096-byte alignment, comes back at a multiple of 4096. */
+static void test_reuse_after_realign(void) {
+    const dm_ctx_t *root = dm_ctx_root();
+    size_t n = 5 * MB + 1000;
+    test_load_policy("bigblock_test", "version: 1\ndefault: c\narenas:\n  c: {}\n");
+    char *p[N], *a = NULL;
+    for (int i = 0; i < N; i++) { /* one at a colour 4096 does not divide */
+        p[i] = dm_alloc(root, n, DM_DT_UNKNOWN);
+        if (p[i] && !a && colour(p[i]) % 4096 != 0)
+            a = p[i];
+    }
+    for (int i = 0; i < N; i++) /* that one last: the newest kept block */
+        if (p[i] != a)
+            dm_free_hint(p[i], n);
+    EXPECT(a != NULL, "a block at a colour of 64-byte steps");
+    char *blk = dm__block_of(dm__mem_owner_of(a), a);
+    dm_free_hint(a, n);
+    test_load_policy("bigblock_test", "version: 1\ndefault: c\narenas:\n  c: {alignment: 4096}\n");
+    char *b = dm_alloc(root, n, DM_DT_UNKNOWN);
+    EXPECT(b && dm__block_of(dm__mem_owner_of(b), b) == blk, "the kept block serves again");
+    EXPECT(b && (uintptr_t)b % 4096 == 0, "at the new alignment: %p", (void *)b);
+    dm_free_hint(b, n);
+}
+
 /* An arena with a limit counts each block's usable size from its start; every
  * byte comes back at the frees. */
 static uint64_t live(void) { /* arena t's */
@@ -157,6 +183,7 @@ int main(void) {
     test_colours("{}", 64);
     test_colours("{alignment: 4096}", 4096);
     test_reuse();
+    test_reuse_after_realign();
     test_tracked();
     return TEST_EXIT();
 }

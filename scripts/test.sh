@@ -98,13 +98,13 @@ stage "runtime, stress, spill and service thread tests under TSan"
 # (fork_test is not here: TSan supports no threads in a fork child; it skips.)
 bazel test --config=tsan //runtime:runtime_test //runtime:bcache_test //runtime:arena_test \
   //runtime:tables_test //runtime:stress_test //runtime:tally_test \
-  //runtime:spill_test //service:http_test //service:textfile_test
+  //runtime:spill_test //runtime:lend_test //service:http_test //service:textfile_test
 
 stage "valgrind memcheck (the C tests that fit the time budget)"
 bazel test --run_under='valgrind -q --error-exitcode=9 --leak-check=full --errors-for-leak-kinds=definite' \
   //policy:units_test //policy:parse_test //policy:corpus_test //policy:schema_test \
   //runtime:runtime_test //runtime:bcache_test //runtime:arena_test //runtime:fork_test \
-  //runtime:tables_test //runtime:bigblock_test
+  //runtime:tables_test //runtime:bigblock_test //runtime:lend_test
 
 if [ -x policy/fuzz.sh ]; then
   stage "policy fuzzer (libFuzzer, bounded)"
