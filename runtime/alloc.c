@@ -143,42 +143,35 @@ small_block(dm__thread_t *t, const dm__dispatch_slot_t *s, dm__arena_je_t *ja, s
 }
 
 /* A big block of n bytes fresh from jemalloc, handed out at colour c (n + c
- * asked for, with big-block flags): its pages past n trimmed (bigblock.c,
- * "Trimming"), the growth check, and a spill arena's resident bound kept
- * before anyone writes. */
+ * asked for, with big-block flags): the kept blocks' frames lent to it, its
+ * pages past them and n trimmed (bigblock.c, "Lending", "Trimming"), the
+ * growth check, and a spill arena's resident bound kept before anyone writes. */
 static void *big_fresh(dm__thread_t *t, dm__arena_je_t *ja, int flags, size_t n, size_t c,
-                       int zero, dm__donors_t *donors) {
+                       int zero, dm__donors_t *d) {
     char *p = je_alloc_flags(t, flags, ja, n + c, zero);
-    size_t filled = 0;
-    if (donors && donors->n) { /* the kept blocks lend p their frames (bigblock.c) */
-        filled = dm__bigblock_lend(ja, p, n + c, donors);
-        if (!p) { /* jemalloc gets them back and may serve the block from them */
-            dm__bigblock_release(ja);
-            p = je_alloc_flags(t, flags, ja, n + c, zero);
-        }
-    }
+    bool lends = d && d->n;
+    size_t filled = lends ? dm__bigblock_lend(ja, p, n + c, d) : 0;
+    if (!p && lends) /* the donors went back to jemalloc, which may use them */
+        p = je_alloc_flags(t, flags, ja, n + c, zero);
     if (!p)
         return NULL;
-    dm__bigblock_trim(p, filled > n + c ? filled : n + c, SIZE_MAX); /* not the lent frames */
+    dm__bigblock_trim(p, filled > n + c ? filled : n + c, SIZE_MAX);
     dm__arena_check_growth(ja);
     if (DM_UNLIKELY(ja->spill != NULL))
         dm__spill_catch_up(ja->spill, n);
     return p + c;
 }
 
-/* n >= 4 MiB, untracked: a block kept by dm__bigblock_keep if one of its size
- * is there (bigblock.c, "Reuse"), at the colour it had, else a fresh one at a
- * new colour. */
+/* n >= 4 MiB, untracked: a kept block of its size at the colour it had
+ * (bigblock.c, "Reuse"), else a fresh one at a new colour ("Lending"). */
 static __attribute__((noinline)) void *slot_alloc_big(dm__thread_t *t, const dm__dispatch_slot_t *s,
                                                       dm__arena_je_t *ja, size_t n, int zero) {
     int flags = dm__bigblock_flags(ja, s->flags);
     size_t c;
-    dm__donors_t donors;
-    /* a calloc's block takes no lent frames: its pages must read zero */
-    char *p = dm__bigblock_take(ja, n, flags, s->flags, &c, zero ? NULL : &donors);
+    dm__donors_t donors, *d = zero ? NULL : &donors; /* a calloc's pages must read zero */
+    char *p = dm__bigblock_take(ja, n, flags, s->flags, &c, d);
     if (!p)
-        return big_fresh(t, ja, flags, n, dm__bigblock_colour(ja, n, s->flags, flags), zero,
-                         zero ? NULL : &donors);
+        return big_fresh(t, ja, flags, n, dm__bigblock_colour(ja, n, s->flags, flags), zero, d);
     if (DM_UNLIKELY(ja->spill != NULL)) /* resident_max, before anyone writes */
         dm__spill_catch_up(ja->spill, n);
     if (zero)
@@ -673,11 +666,6 @@ void dm_free_hint(void *p, size_t size_hint) { free_impl(p, size_hint); }
  * start, which stays on a 2 MiB frame, and its data stays at the same offset
  * from that start. */
 
-/* How far p is from the start of its block: its colour in a big half. */
-static size_t colour_of(const void *p) {
-    return (size_t)((const char *)p - (const char *)dm__block_of(dm__mem_owner_of(p), p));
-}
-
 /* realloc while bytes are counted per tag: a new block in the caller's
  * context, the bytes copied, the old block freed (its tags give its bytes
  * back). Never in place: the block may change tags. */
@@ -685,7 +673,7 @@ static __attribute__((noinline)) void *realloc_tallied(const dm_ctx_t *c, void *
     void *q = dm_alloc(c, size, DM_DT_UNKNOWN);
     if (!q)
         return NULL; /* the old block stays valid */
-    size_t have = dm__block_usable(p) - colour_of(p);
+    size_t have = dm__block_usable(p) - dm__colour_of(p);
     memcpy(q, p, have < size ? have : size);
     dm_free(p);
     return q;

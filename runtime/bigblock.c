@@ -50,9 +50,10 @@
  *     of jemalloc, still allocated, and the next allocation of their size
  *     class and alignment takes one back without a jemalloc call. Peak RSS
  *     does not grow: a kept block is memory jemalloc would have kept as dirty
- *     pages, and an allocation that finds no block of its size first hands
- *     every kept block back, so jemalloc can split or merge them and the
- *     growth purge (arena.c) sees them. A block waits at most the arena's
+ *     pages, and an allocation that finds no block of its size takes the
+ *     kept blocks' frames before the kernel's new pages ("Lending"); a kept
+ *     block comes back at its colour only where the rule's alignment holds
+ *     it (a reload may have made it stricter). A block waits at most the arena's
  *     decay.dirty (checked at each reuse operation and each stats snapshot);
  *     decay.dirty 0 keeps none. Tracked arenas (`limit`) keep none, and
  *     neither does a small half (arena.c, "Big halves"): no allocation
@@ -365,19 +366,26 @@ static int put(dm__arena_je_t *ja, const dm__kept_t *k, void **out) {
 
 /* ---- Lending -----------------------------------------------------------------
  *
- * A big block that finds no kept block of its size comes from jemalloc; where
- * jemalloc takes new pages for it, the kernel zeroes them on first touch,
- * while the kept blocks hold resident pages nobody uses. So the block's empty
- * frames get the kept blocks' frames, moved by the kernel (mremap with
- * MREMAP_DONTUNMAP: page tables change hands, nothing is copied or zeroed; a
- * 2 MiB hugepage moves as one entry). Oldest donor first; a donor that still
- * has frames to lend is kept again, one with none goes back to jemalloc, its
- * range mapped and empty. The resident set grows only when no kept frame is
- * left, so the pages freed arrays leave are the next arrays' pages whatever
- * their sizes. Moves go 2 MiB frame to 2 MiB frame (big halves' blocks start
- * on frames), and only to frames with no resident page (mincore), so nothing
- * jemalloc reused is replaced. A calloc lends nothing: its pages must read
- * zero. */
+ * A big block that finds no kept block of its size comes from jemalloc, and
+ * where jemalloc takes new pages for it the kernel zeroes each on first touch,
+ * while the kept blocks hold resident pages of other sizes that nobody uses:
+ * on bench/'s mixed sizes the purge on growth gave 2.35 GB back and the next
+ * arrays faulted them in again. So the new block's empty frames get the kept
+ * blocks' frames, moved by the kernel (mremap with MREMAP_DONTUNMAP: page
+ * tables change hands, nothing is copied or zeroed, a 2 MiB hugepage moves as
+ * one entry, and the donor's range stays mapped, reading zeros). Oldest donor
+ * first, each up to the frame its last user's request ended in; a donor with
+ * frames left is kept again (a kept block that lent serves no exact reuse: its
+ * first frames are gone), one with none goes back to jemalloc. Moves go frame
+ * to frame (a big half's blocks start on frames) and only into frames with no
+ * resident page (mincore), so nothing jemalloc reused is replaced; the block's
+ * last frame is filled whole where its size class holds it, and trimming
+ * ("Trimming") then starts after it. A calloc takes no frames (its pages must
+ * read zero), nor does a spill, locked, pinned or NUMA-placed arena (their
+ * extents have a state of their own that a move would not carry). While the
+ * donors are out of the list they are the allocating thread's alone; if
+ * jemalloc cannot serve the block, they go back to it and it is asked again.
+ * bench/results/lend-*.md has the measurements. */
 static _Atomic uint64_t lent_bytes;
 
 uint64_t dm__bigblock_lent_bytes(void) { return atomic_load_explicit(&lent_bytes, memory_order_relaxed); }
@@ -514,7 +522,7 @@ size_t dm__bigblock_lend(dm__arena_je_t *ja, void *p, size_t n, dm__donors_t *d)
     int nout = 0;
     pthread_mutex_lock(&ja->reuse.mu);
     for (int i = 0; i < d->n; i++) {
-        if (d->b[i].lent >= lendable_end(&d->b[i]))
+        if (!p || d->b[i].lent >= lendable_end(&d->b[i]))
             out[nout++] = d->b[i].p; /* nothing left to lend: jemalloc's again */
         else
             nout += put(ja, &d->b[i], out + nout);

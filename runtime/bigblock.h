@@ -90,9 +90,12 @@ size_t dm__bigblock_colour(const struct dm__arena_je *ja, size_t n, int rule_fla
 /* Reuse of freed big blocks (bigblock.c, "Reuse"). dm__bigblock_take: a kept block
  * of the size class jemalloc would serve for mallocx(n, flags), aligned as
  * `flags` asks, trimmed for n at *colour, the offset its last user had (0
- * where n does not fit the class at that offset), or NULL, in which case
- * every block the arena kept has gone back to jemalloc (so that it can split
- * or merge them for this request). dm__bigblock_keep: keeps p (a live block
+ * where n does not fit the class at that offset or the alignment of
+ * `rule_flags` does not hold it), or NULL, in which case the blocks the arena
+ * kept are in `donors` to lend their frames to the block allocated instead
+ * (dm__bigblock_lend, which must follow), or, where the arena does not lend
+ * or `donors` is NULL (a calloc), have gone back to jemalloc so that it can
+ * split or merge them for this request. dm__bigblock_keep: keeps p (a live block
  * of the arena, not yet freed, last asked for as `hint` bytes at offset
  * `colour`) for the next allocation of its size; false if it is not kept (the
  * caller frees it). A block reused at the offset it had keeps the pages its
@@ -101,7 +104,8 @@ size_t dm__bigblock_colour(const struct dm__arena_je *ja, size_t n, int rule_fla
  * than its decay.dirty, and all it keeps once it counts live bytes (`limit`).
  * dm__bigblock_fork: 0 before fork() (takes every arena's lock), 1 after it, in
  * both processes. */
-/* The kept blocks a miss took out to lend their pages (dm__bigblock_take). */
+
+/* The kept blocks a miss took out to lend their frames (dm__bigblock_take). */
 typedef struct dm__donors {
     int n;
     dm__kept_t b[DM_REUSE_MAX];
@@ -110,9 +114,11 @@ typedef struct dm__donors {
 void *dm__bigblock_take(struct dm__arena_je *ja, size_t n, int flags, int rule_flags,
                         size_t *colour, dm__donors_t *donors);
 /* After a miss: the empty 2 MiB frames of the block [p, p+n) (p from the same
- * arena, frame-aligned; NULL to lend nothing) get the donors' resident frames
- * (moved, not copied), then each donor is kept again while it has frames to
- * lend, or goes back to jemalloc (bigblock.c, "Lending"). */
+ * arena, frame-aligned) get the donors' resident frames (moved, not copied),
+ * then each donor is kept again while it has frames to lend, or goes back to
+ * jemalloc (bigblock.c, "Lending"); returns the end of the frames filled
+ * (from p; 0: none). p NULL (jemalloc could not serve the block): every donor
+ * goes back to jemalloc. */
 size_t dm__bigblock_lend(struct dm__arena_je *ja, void *p, size_t n, dm__donors_t *donors);
 /* Bytes of pages lent so far, process-wide (tests, stats). */
 uint64_t dm__bigblock_lent_bytes(void);

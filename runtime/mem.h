@@ -136,6 +136,11 @@ static inline void *dm__block_of(const dm__arena_je_t *ja, const void *p) {
     return (void *)(ja && ja->is_big ? (uintptr_t)p & ~(DM_BIG_FRAME - 1) : (uintptr_t)p);
 }
 
+/* How far user pointer p is from the start of its block: its colour in a big half. */
+static inline size_t dm__colour_of(const void *p) {
+    return (size_t)((const char *)p - (const char *)dm__block_of(dm__mem_owner_of(p), p));
+}
+
 /* jemalloc's usable size of the block under user pointer p, counted from the
  * block's start (a colour included). */
 static inline size_t dm__block_usable(const void *p) {
