@@ -144,18 +144,19 @@ small_block(dm__thread_t *t, const dm__dispatch_slot_t *s, dm__arena_je_t *ja, s
 
 /* A big block of n bytes fresh from jemalloc, handed out at colour c (n + c
  * asked for, with big-block flags): the kept blocks' frames lent to it, its
- * pages past them and n trimmed (bigblock.c, "Lending", "Trimming"), the
- * growth check, and a spill arena's resident bound kept before anyone writes. */
+ * pages past n trimmed (bigblock.c, "Lending", "Trimming"), the growth
+ * check, and a spill arena's resident bound kept before anyone writes. */
 static void *big_fresh(dm__thread_t *t, dm__arena_je_t *ja, int flags, size_t n, size_t c,
                        int zero, dm__donors_t *d) {
     char *p = je_alloc_flags(t, flags, ja, n + c, zero);
     bool lends = d && d->n;
-    size_t filled = lends ? dm__bigblock_lend(ja, p, n + c, d) : 0;
+    if (lends)
+        dm__bigblock_lend(ja, p, n + c, d);
     if (!p && lends) /* the donors went back to jemalloc, which may use them */
         p = je_alloc_flags(t, flags, ja, n + c, zero);
     if (!p)
         return NULL;
-    dm__bigblock_trim(p, filled > n + c ? filled : n + c, SIZE_MAX);
+    dm__bigblock_trim(p, n + c, SIZE_MAX);
     dm__arena_check_growth(ja);
     if (DM_UNLIKELY(ja->spill != NULL))
         dm__spill_catch_up(ja->spill, n);

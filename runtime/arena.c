@@ -450,7 +450,7 @@ void dm__arena_after_growth(dm__arena_je_t *ja) {
      * peak RSS instead of 1.01x). */
     struct candidate {
         dm__arena_je_t *x;
-        uint64_t dirty, active;
+        uint64_t dirty, kept, active;
         bool due;
     } mine[2 * DM_NODES_MAX]; /* one per node, or one, and their big halves */
     int nmine = 0;
@@ -458,7 +458,12 @@ void dm__arena_after_growth(dm__arena_je_t *ja) {
     for (int j = 0; j < nje; j++) { /* one read of each arena's stats */
         dm__arena_je_t *x = dm__mem_by_slot[j];
         uint64_t d = stat_zu(x->index, "pdirty") * page, a = stat_zu(x->index, "pactive") * page;
-        footprint += d + a;
+        /* its kept blocks' pages wait as dirty ones do (jemalloc counts them active) */
+        uint64_t kept = atomic_load_explicit(&x->reuse.bytes, memory_order_relaxed);
+        uint64_t gone = kept + atomic_load_explicit(&x->reuse.lent, memory_order_relaxed);
+        kept = kept < a ? kept : a;
+        a -= gone < a ? gone : a; /* what they lent is in other blocks now, or given back */
+        footprint += d + kept + a;
         if (x->owner != ja->owner || nmine == 2 * DM_NODES_MAX)
             continue;
         bool due = x == ja;
@@ -468,16 +473,23 @@ void dm__arena_after_growth(dm__arena_je_t *ja) {
             due = due || ops == x->ops_seen;
             x->ops_seen = ops;
         }
-        mine[nmine++] = (struct candidate){x, d, a, due};
+        mine[nmine++] = (struct candidate){x, d, kept, a, due};
     }
     bool past = footprint > peak_footprint;
+    uint64_t over = past ? footprint - peak_footprint : 0; /* what the purges give back first */
     int npurge = 0;
     for (int k = 0; k < nmine; k++) {
-        uint64_t d = mine[k].dirty;
+        uint64_t d = mine[k].dirty + mine[k].kept;
         if (past && mine[k].due && d > budget && d - budget > mine[k].active / 64 &&
             mine[k].x->purge_mib[0]) {
-            mine[npurge++].x = mine[k].x; /* the purge list, in place */
-            purged += d;
+            /* jemalloc's dirty pages all go; kept blocks, oldest first, only
+             * for what the growth passed the peak by (bigblock.c, "Lending") */
+            uint64_t shed = over > mine[k].dirty ? over - mine[k].dirty : 0;
+            shed = shed < mine[k].kept ? shed : mine[k].kept;
+            over -= over < mine[k].dirty + shed ? over : mine[k].dirty + shed;
+            mine[npurge].x = mine[k].x; /* the purge list, in place */
+            mine[npurge++].kept = shed;
+            purged += mine[k].dirty + shed;
         }
     }
     if (footprint - purged > peak_footprint) /* a purge never lowers the mark */
@@ -486,8 +498,11 @@ void dm__arena_after_growth(dm__arena_je_t *ja) {
     if (trim)
         trimmed_at = footprint;
     pthread_mutex_unlock(&dm__mem_mu);
-    for (int k = 0; k < npurge; k++)
+    for (int k = 0; k < npurge; k++) {
+        if (mine[k].kept)
+            dm__bigblock_release_some(mine[k].x, mine[k].kept);
         dmje_mallctlbymib(mine[k].x->purge_mib, 3, NULL, NULL, NULL, 0);
+    }
     if (trim)
         dm__os_trim_libc();
     if (npurge)

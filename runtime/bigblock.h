@@ -65,7 +65,8 @@ typedef struct dm__reuse {
     pthread_mutex_t mu;
     int n;
     dm__kept_t blocks[DM_REUSE_MAX];
-    _Atomic size_t bytes;    /* their usable bytes */
+    _Atomic size_t bytes;    /* their bytes still their own (usable - lent) */
+    _Atomic size_t lent;     /* their bytes lent away or given back (the sum of `lent`) */
     /* Kept blocks handed out again, which jemalloc does not count (the floor
      * above reads it: an arena that reuses is not idle). */
     _Atomic uint64_t reused;
@@ -116,10 +117,9 @@ void *dm__bigblock_take(struct dm__arena_je *ja, size_t n, int flags, int rule_f
 /* After a miss: the empty 2 MiB frames of the block [p, p+n) (p from the same
  * arena, frame-aligned) get the donors' resident frames (moved, not copied),
  * then each donor is kept again while it has frames to lend, or goes back to
- * jemalloc (bigblock.c, "Lending"); returns the end of the frames filled
- * (from p; 0: none). p NULL (jemalloc could not serve the block): every donor
- * goes back to jemalloc. */
-size_t dm__bigblock_lend(struct dm__arena_je *ja, void *p, size_t n, dm__donors_t *donors);
+ * jemalloc (bigblock.c, "Lending"). p NULL (jemalloc could not serve the
+ * block): every donor goes back to jemalloc. */
+void dm__bigblock_lend(struct dm__arena_je *ja, void *p, size_t n, dm__donors_t *donors);
 /* Bytes of pages lent so far, process-wide (tests, stats). */
 uint64_t dm__bigblock_lent_bytes(void);
 /* Frames that received lent pages and are still marked, process-wide: each
@@ -137,6 +137,12 @@ void dm__bigblock_expire(struct dm__arena_je *ja);
 /* Any thread: every block ja keeps goes back to jemalloc now (the worker
  * limit, near its edge, wants the pages: arena.c, dm__arena_give_back_idle). */
 void dm__bigblock_release(struct dm__arena_je *ja);
+/* Any thread: ja's kept blocks give `bytes` back (or up to a frame more):
+ * first those that lent (what they have left serves no exact reuse), then
+ * the oldest; a block's frames from its `lent` on where only some of it must
+ * go, the whole block back to jemalloc otherwise (arena.c, the purge on
+ * growth). */
+void dm__bigblock_release_some(struct dm__arena_je *ja, size_t bytes);
 void dm__bigblock_fork(int phase);
 
 /* What NumPy's default handler does (np._core.multiarray._get_madvise_hugepage();

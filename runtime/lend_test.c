@@ -243,6 +243,39 @@ static void test_cap(void) {
     dm__bigblock_set_lend_cap(-1);
 }
 
+/* The purge on growth sheds kept blocks for what passed the peak: a block
+ * that lent first, and only the frames asked for; then whole blocks. */
+static void test_shed(void) {
+    load();
+    const dm_ctx_t *root = dm_ctx_root();
+    char *z = dm_alloc(root, 10 * MB, DM_DT_UNKNOWN);
+    fill(z, 10 * MB, 13);
+    char *zb = dm__block_of(dm__mem_owner_of(z), z);
+    char *x = dm_alloc(root, 16 * MB, DM_DT_UNKNOWN);
+    fill(x, 16 * MB, 11);
+    char *xb = dm__block_of(dm__mem_owner_of(x), x);
+    dm_free_hint(x, 16 * MB);
+    char *y = dm_alloc(root, 7 * MB, DM_DT_UNKNOWN); /* x lends it its first frames */
+    fill(y, 7 * MB, 12);
+    dm_free_hint(z, 10 * MB); /* kept after x, lent nothing */
+    dm__arena_je_t *ja = dm__mem_owner_of(y);
+    size_t xlent = SIZE_MAX; /* y's whole frames (its class's); none without moves */
+    for (int i = 0; i < ja->reuse.n; i++)
+        if (ja->reuse.blocks[i].p == xb)
+            xlent = ja->reuse.blocks[i].lent;
+    EXPECT(moves ? xlent >= 4 * MB && xlent < 16 * MB : xlent == 0, "x kept, lent %zu", xlent);
+    EXPECT(resident(xb + xlent, FRAME) == FRAME, "x's next frame resident");
+    dm__bigblock_release_some(ja, FRAME);
+    EXPECT(resident(xb + xlent, FRAME) == 0, "x's next frame given back: %zu", resident(xb + xlent, FRAME));
+    EXPECT(resident(xb + xlent + FRAME, FRAME) == FRAME, "and only that frame");
+    EXPECT(resident(zb, 10 * MB) == 10 * MB, "z kept whole: %zu", resident(zb, 10 * MB));
+    dm__bigblock_release_some(ja, 64 * MB);
+    EXPECT(atomic_load(&ja->reuse.bytes) == 0 && ja->reuse.n == 0, "then both went back: %zu",
+           (size_t)atomic_load(&ja->reuse.bytes));
+    EXPECT(filled(y, 7 * MB, 12), "the live block untouched");
+    dm_free_hint(y, 7 * MB);
+}
+
 /* A fork child lends as its parent does, on its own copy. (Not under TSan:
  * jemalloc's prefork takes more locks than its deadlock detector holds, as in
  * fork_test.) */
@@ -288,6 +321,7 @@ int main(void) {
     test_live_untouched();
     test_threads();
     test_cap();
+    test_shed();
     test_fork();
     return TEST_EXIT();
 }
