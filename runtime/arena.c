@@ -419,6 +419,13 @@ static uint64_t stat_u64(unsigned idx, const char *leaf) {
  * jemalloc, and reads jemalloc's stats (under dm__mem_mu like every stats reader)
  * only when the arena did grow. docs/performance.md has the numbers.
  *
+ * A big half's kept blocks (bigblock.c) wait as dirty pages do, and count so
+ * here (their bytes lent to other blocks not at all: those are in the blocks
+ * that took them). Past the peak, jemalloc's dirty pages all go, and kept
+ * blocks only for what the footprint passed the peak by, blocks that lent
+ * first: shedding them all, or none, cost pandas_etl 8.6k faults, or
+ * sklearn_pipeline 13 MB of peak RSS (bench/results/lend-*.md).
+ *
  * Past the peak, glibc's malloc is also asked to give back its free pages
  * (malloc_trim), at most once per 1/16 the footprint grows. Under NumPy's
  * default, arrays and the rest (pandas' hash tables, Python's objects) share
