@@ -103,7 +103,7 @@ def test_the_command_writes_no_regression_into_the_budgets(tmp_path):
     path.write_text(json.dumps(doc))
     os.chmod(path, 0o644)
     budgets = doc["budgets"]
-    worse, better = "minimal/empty64/instr_per_op", "minimal/mixed/faults_per_op"
+    worse, better = "minimal/empty64/instr_per_op", "minimal/mixed/pages_zeroed_per_op"
     figs = tmp_path / "figs.json"
     figs.write_text(json.dumps({worse: budgets[worse]["value"] * 2 + 10,
                                 better: budgets[better]["value"] / 2}))
