@@ -44,7 +44,7 @@ def run(python, policy, args):
     huge = thp_faults() - t0
     res = json.loads(out.decode().strip().splitlines()[-1])
     small = ru.ru_minflt - huge
-    return {"thp": huge, "small": small, "zeroed_mb": (small * 4096 + huge * (2 << 20)) / 1e6,
+    return {"handler": res["handler"], "thp": huge, "small": small, "zeroed_mb": (small * 4096 + huge * (2 << 20)) / 1e6,
             "rss_mb": (res["maxrss_kb"] - res["rss0_kb"]) * 1024 / 1e6,
             "us_per_op": res["results"].get("ns", 0) / 1e3}
 
@@ -70,7 +70,7 @@ def main(argv=None):
     print("| build | hugepage faults | small faults | zeroed MB | peak RSS over start MB | us per op |")
     print("|---|---|---|---|---|---|")
     for name, samples in rows.items():
-        med = {k: statistics.median(s[k] for s in samples) for k in samples[0]}
+        med = {k: statistics.median(s[k] for s in samples) for k in samples[0] if k != "handler"}
         print("| %s | %.0f | %.0f | %.0f | %.0f | %.0f |" % (
             name, med["thp"], med["small"], med["zeroed_mb"], med["rss_mb"], med["us_per_op"]))
     if a.out:

@@ -285,12 +285,14 @@ static int64_t ttl_of(const dm__arena_je_t *ja) {
     return ms < 0 ? INT64_MAX : ms;
 }
 
+static _Atomic bool cannot_move; /* the kernel said EINVAL (before 5.7, valgrind) or ENOSYS */
+
 /* Whether ja's kept blocks lend their frames ("Lending"): a big half (its
  * blocks start on frames) of plain anonymous memory (a spill arena's pages
  * are its file's; locked, pinned and NUMA-placed extents have a state of
- * their own that a move would not carry). */
+ * their own that a move would not carry), where the kernel moves pages. */
 static bool lends(const dm__arena_je_t *ja) {
-    return ja->is_big && !ja->spill && !atomic_load_explicit(&ja->ever_locked, memory_order_relaxed) &&
+    return ja->is_big && !ja->spill && !atomic_load_explicit(&cannot_move, memory_order_relaxed) && !atomic_load_explicit(&ja->ever_locked, memory_order_relaxed) &&
            !atomic_load_explicit(&ja->ever_pinned, memory_order_relaxed) &&
            !atomic_load_explicit(&ja->place->lock, memory_order_relaxed) &&
            atomic_load_explicit(&ja->place->pinned, memory_order_relaxed) == DM_PIN_NONE &&
@@ -303,19 +305,33 @@ static size_t lendable_end(const dm__kept_t *k) {
     return t < u ? t : u;
 }
 
+/* In a fork child: the blocks another thread had out on loan when the parent
+ * forked go to out[] (under reuse_mu); returns how many. */
+static int take_orphans(dm__arena_je_t *ja, void **out) {
+    if (!atomic_load_explicit(&ja->reuse.orphans, memory_order_relaxed))
+        return 0;
+    int n = ja->reuse.nloaned;
+    for (int i = 0; i < n; i++)
+        out[i] = ja->reuse.loaned[i].p;
+    ja->reuse.nloaned = 0;
+    atomic_store_explicit(&ja->reuse.orphans, false, memory_order_relaxed);
+    return n;
+}
+
 void *dm__bigblock_take(dm__arena_je_t *ja, size_t n, int flags, int rule_flags, size_t *colour,
                         dm__donors_t *donors) {
     *colour = 0;
     if (donors)
         donors->n = 0;
-    if (atomic_load_explicit(&ja->reuse.bytes, memory_order_relaxed) == 0)
+    if (atomic_load_explicit(&ja->reuse.bytes, memory_order_relaxed) == 0 &&
+        !atomic_load_explicit(&ja->reuse.orphans, memory_order_relaxed))
         return NULL; /* a racy peek: a miss here only costs a jemalloc call */
     size_t want = dmje_nallocx(n, flags & LG_ALIGN_MASK);
     uintptr_t align = (uintptr_t)1 << (flags & LG_ALIGN_MASK);
-    void *out[DM_REUSE_MAX], *p = NULL;
+    void *out[2 * DM_REUSE_MAX], *p = NULL;
     size_t touched = 0, c = 0;
-    int nout = 0;
     pthread_mutex_lock(&ja->reuse.mu);
+    int nout = take_orphans(ja, out);
     for (int i = ja->reuse.n - 1; i >= 0; i--) { /* the newest: its pages are warmest */
         if (ja->reuse.blocks[i].usable == want && ja->reuse.blocks[i].lent == 0 &&
             ((uintptr_t)ja->reuse.blocks[i].p & (align - 1)) == 0) {
@@ -329,13 +345,17 @@ void *dm__bigblock_take(dm__arena_je_t *ja, size_t n, int flags, int rule_flags,
             break;
         }
     }
-    if (!p && donors && lends(ja)) { /* no block of this size: they lend their frames */
+    if (!p && donors && lends(ja) && ja->reuse.nloaned + ja->reuse.n <= DM_REUSE_MAX) {
+        /* no block of this size: they lend their frames, on loan meanwhile */
         memcpy(donors->b, ja->reuse.blocks, (size_t)ja->reuse.n * sizeof(donors->b[0]));
+        memcpy(ja->reuse.loaned + ja->reuse.nloaned, ja->reuse.blocks,
+               (size_t)ja->reuse.n * sizeof(donors->b[0]));
+        ja->reuse.nloaned += ja->reuse.n;
         donors->n = ja->reuse.n;
         while (ja->reuse.n > 0)
             drop_at(ja, ja->reuse.n - 1);
     } else if (!p) /* jemalloc gets them all back to split or merge */
-        nout = take_expired(ja, 0, 0, true, out);
+        nout += take_expired(ja, 0, 0, true, out + nout);
     pthread_mutex_unlock(&ja->reuse.mu);
     give_back(out, nout);
     if (p) /* a block that served a bigger array: its pages past n go */
@@ -411,7 +431,6 @@ uint64_t dm__bigblock_lent_bytes(void) { return atomic_load_explicit(&lent_bytes
 static _Atomic uint64_t moved[NFRAMES / 64];
 static _Atomic int64_t nmoved;
 static _Atomic int64_t lend_cap = DM_LEND_FRAMES_MAX;
-static _Atomic bool cannot_move; /* the kernel said EINVAL (before 5.7) or ENOSYS */
 
 int64_t dm__bigblock_moved_frames(void) { return atomic_load_explicit(&nmoved, memory_order_relaxed); }
 
@@ -521,10 +540,14 @@ void dm__bigblock_lend(dm__arena_je_t *ja, void *p, size_t n, dm__donors_t *d) {
         size_t whole = (n + FRAME - 1) & ~(FRAME - 1), u = dmje_sallocx(p, 0) & ~(FRAME - 1);
         lend_frames(p, whole < u ? whole : u, d);
     }
-    void *out[2 * DM_REUSE_MAX];
+    void *out[3 * DM_REUSE_MAX];
     int nout = 0;
     pthread_mutex_lock(&ja->reuse.mu);
+    nout += take_orphans(ja, out);
     for (int i = 0; i < d->n; i++) {
+        for (int j = 0; j < ja->reuse.nloaned; j++) /* back from loan */
+            if (ja->reuse.loaned[j].p == d->b[i].p)
+                ja->reuse.loaned[j] = ja->reuse.loaned[--ja->reuse.nloaned];
         if (!p || d->b[i].lent >= lendable_end(&d->b[i]))
             out[nout++] = d->b[i].p; /* nothing left to lend: jemalloc's again */
         else
@@ -533,7 +556,6 @@ void dm__bigblock_lend(dm__arena_je_t *ja, void *p, size_t n, dm__donors_t *d) {
     pthread_mutex_unlock(&ja->reuse.mu);
     give_back(out, nout);
     d->n = 0;
-    return;
 }
 
 bool dm__bigblock_keep(dm__arena_je_t *ja, void *p, size_t hint, size_t colour) {
@@ -546,11 +568,12 @@ bool dm__bigblock_keep(dm__arena_je_t *ja, void *p, size_t hint, size_t colour) 
     size_t usable = dmje_sallocx(p, 0);
     if (usable < DM_BIG_THP_MIN || usable > REUSE_BYTES_MAX)
         return false;
-    void *out[2 * DM_REUSE_MAX + 1];
+    void *out[3 * DM_REUSE_MAX + 1];
     dm__kept_t k = {.p = p, .usable = usable, .touched = hint + colour, .colour = colour,
                     .lent = 0, .at_ms = now_ms()};
     pthread_mutex_lock(&ja->reuse.mu);
-    int nout = take_expired(ja, ttl, k.at_ms, false, out);
+    int nout = take_orphans(ja, out);
+    nout += take_expired(ja, ttl, k.at_ms, false, out + nout);
     nout += put(ja, &k, out + nout);
     pthread_mutex_unlock(&ja->reuse.mu);
     give_back(out, nout);
@@ -558,25 +581,29 @@ bool dm__bigblock_keep(dm__arena_je_t *ja, void *p, size_t hint, size_t colour) 
 }
 
 void dm__bigblock_expire(dm__arena_je_t *ja) {
-    if (atomic_load_explicit(&ja->reuse.bytes, memory_order_relaxed) == 0)
+    if (atomic_load_explicit(&ja->reuse.bytes, memory_order_relaxed) == 0 &&
+        !atomic_load_explicit(&ja->reuse.orphans, memory_order_relaxed))
         return;
-    void *out[DM_REUSE_MAX];
+    void *out[2 * DM_REUSE_MAX];
     int64_t now = now_ms();
     /* An arena that has started counting live bytes (a reload gave it a
      * limit) takes no kept block back: they all go now. */
     bool all = atomic_load_explicit(&ja->tracked, memory_order_relaxed);
     pthread_mutex_lock(&ja->reuse.mu);
-    int nout = take_expired(ja, ttl_of(ja), now, all, out);
+    int nout = take_orphans(ja, out);
+    nout += take_expired(ja, ttl_of(ja), now, all, out + nout);
     pthread_mutex_unlock(&ja->reuse.mu);
     give_back(out, nout);
 }
 
 void dm__bigblock_release(dm__arena_je_t *ja) {
-    if (atomic_load_explicit(&ja->reuse.bytes, memory_order_relaxed) == 0)
+    if (atomic_load_explicit(&ja->reuse.bytes, memory_order_relaxed) == 0 &&
+        !atomic_load_explicit(&ja->reuse.orphans, memory_order_relaxed))
         return;
-    void *out[DM_REUSE_MAX];
+    void *out[2 * DM_REUSE_MAX];
     pthread_mutex_lock(&ja->reuse.mu);
-    int nout = take_expired(ja, 0, 0, true, out);
+    int nout = take_orphans(ja, out);
+    nout += take_expired(ja, 0, 0, true, out + nout);
     pthread_mutex_unlock(&ja->reuse.mu);
     give_back(out, nout);
 }
@@ -620,9 +647,13 @@ void dm__bigblock_expire_all(void) {
 
 void dm__bigblock_fork(int phase) {
     for (int i = 0; i < DM_JE_MAX && dm__mem_by_slot[i]; i++) {
-        if (phase == 0)
-            pthread_mutex_lock(&dm__mem_by_slot[i]->reuse.mu);
-        else
-            pthread_mutex_unlock(&dm__mem_by_slot[i]->reuse.mu);
+        dm__reuse_t *r = &dm__mem_by_slot[i]->reuse;
+        if (phase == 0) {
+            pthread_mutex_lock(&r->mu);
+            continue;
+        }
+        if (phase == 2 && r->nloaned > 0) /* their lender did not come along */
+            atomic_store_explicit(&r->orphans, true, memory_order_relaxed);
+        pthread_mutex_unlock(&r->mu);
     }
 }

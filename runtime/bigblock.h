@@ -65,6 +65,13 @@ typedef struct dm__reuse {
     pthread_mutex_t mu;
     int n;
     dm__kept_t blocks[DM_REUSE_MAX];
+    /* Kept blocks out on loan (a miss lending their frames, with no lock held),
+     * so that a fork child, where the lending thread does not exist, gives them
+     * back: `orphans` is set in the child, and the next take, keep or expiry
+     * there hands them to jemalloc. */
+    dm__kept_t loaned[DM_REUSE_MAX];
+    int nloaned;
+    _Atomic bool orphans;
     _Atomic size_t bytes;    /* their bytes still their own (usable - lent) */
     _Atomic size_t lent;     /* their bytes lent away or given back (the sum of `lent`) */
     /* Kept blocks handed out again, which jemalloc does not count (the floor
@@ -103,8 +110,8 @@ size_t dm__bigblock_colour(const struct dm__arena_je *ja, size_t n, int rule_fla
  * last user had resident: a colour of its own would trim them.
  * dm__bigblock_expire_all (under dm__mem_mu): every arena hands back what waited longer
  * than its decay.dirty, and all it keeps once it counts live bytes (`limit`).
- * dm__bigblock_fork: 0 before fork() (takes every arena's lock), 1 after it, in
- * both processes. */
+ * dm__bigblock_fork: 0 before fork() (takes every arena's lock), 1 after it in
+ * the parent, 2 in the child (blocks out on loan there become orphans). */
 
 /* The kept blocks a miss took out to lend their frames (dm__bigblock_take). */
 typedef struct dm__donors {

@@ -147,7 +147,7 @@ static void inner_parent(void) {
 
 static void inner_child(void) {
     dm__spill_fork(2);
-    dm__bigblock_fork(1);
+    dm__bigblock_fork(2);
     dm__arena_fork(1);
 }
 
