@@ -478,7 +478,7 @@ static int move_frames(char *src, char *dst, size_t m) {
             atomic_store_explicit(&cannot_move, true, memory_order_relaxed);
         return FAILED;
     }
-    if (healed && dm__os_commit(src, m * FRAME) == 0) { /* a mapping that merges again */
+    if (healed && dm__os_map_fresh(src, m * FRAME) == 0) { /* a mapping that merges again */
         mark_moved(fs, m, false);
         if (frames_advised(fs, fs + m))
             (void)dm__os_thp(src, m * FRAME, DM_THP_ON);

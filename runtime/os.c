@@ -214,9 +214,18 @@ bool dm__os_resident(void *p, size_t n) {
 #define MREMAP_DONTUNMAP 4 /* Linux 5.7 */
 #endif
 
+/* Moves and fresh maps of memory an arena already holds go through syscall(2)
+ * whatever a profiler hooks: they move or replace pages it was shown, and a
+ * profiler that counted them would count the same array twice. */
 int dm__os_move(void *from, void *to, size_t n) {
-    void *q = mremap(from, n, n, MREMAP_MAYMOVE | MREMAP_FIXED | MREMAP_DONTUNMAP, to);
-    return q == to ? 0 : -errno;
+    long q = syscall(SYS_mremap, from, n, n, MREMAP_MAYMOVE | MREMAP_FIXED | MREMAP_DONTUNMAP, to);
+    return (void *)q == to ? 0 : -errno;
+}
+
+int dm__os_map_fresh(void *p, size_t n) {
+    long q = syscall(SYS_mmap, p, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED,
+                     -1, 0L);
+    return (void *)q == p ? 0 : -errno;
 }
 
 int dm__os_empty_frames(void *p, size_t n, size_t frame, uint64_t *out) {

@@ -96,6 +96,9 @@ bool dm__os_resident(void *p, size_t n);
  * anonymous memory): whatever was at `to` is gone, `from` stays mapped and
  * reads zeros (mremap with MREMAP_DONTUNMAP). 0 or -errno. */
 int dm__os_move(void *from, void *to, size_t n);
+/* Maps [p, p+n) afresh (committed, empty), replacing what is there, unseen
+ * by profilers' hooks. 0 or -errno. */
+int dm__os_map_fresh(void *p, size_t n);
 
 /* Sets bit i of out[] (n / frame bits, zeroed by the caller) when frame i of
  * [p, p+n) (frame-aligned, n a multiple of `frame`) has no resident page.
