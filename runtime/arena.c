@@ -489,8 +489,9 @@ void dm__arena_after_growth(dm__arena_je_t *ja) {
         uint64_t d = mine[k].dirty + mine[k].kept;
         if (past && mine[k].due && d > budget && d - budget > mine[k].active / 64 &&
             mine[k].x->purge_mib[0]) {
-            /* jemalloc's dirty pages all go; kept blocks, oldest first, only
-             * for what the growth passed the peak by (bigblock.c, "Lending") */
+            /* jemalloc's dirty pages all go; kept blocks (those that lent
+             * first, then the oldest) only for what the growth passed the
+             * peak by (bigblock.c, dm__bigblock_release_some) */
             uint64_t shed = over > mine[k].dirty ? over - mine[k].dirty : 0;
             shed = shed < mine[k].kept ? shed : mine[k].kept;
             over -= over < mine[k].dirty + shed ? over : mine[k].dirty + shed;
