@@ -97,7 +97,7 @@ static const arena_metric_t arena_metrics[] = {
     AM("growth_purges_total", "counter", "growth_purges", ngrowth_purges,
        "Times the arena purged its dirty pages as it grew past decay.budget."),
     AM("reuse_bytes", "gauge", "reuse_bytes", reuse_bytes,
-       "Freed blocks of 4 MiB or more kept for the next allocation of their size."),
+       "Freed blocks of 4 MiB or more kept for the next allocations: the bytes they have not lent to newer blocks."),
     AM("jemalloc_allocations_total", "counter", "jemalloc_allocations", je_nmalloc,
        "Allocations jemalloc made in the arena (small + large nmalloc)."),
     AM("jemalloc_frees_total", "counter", "jemalloc_frees", je_ndalloc,
