@@ -250,16 +250,26 @@ static int64_t now_ms(void) {
 /* A kept block's bytes that are still its own: not lent away or given back. */
 static size_t held(const dm__kept_t *k) { return k->usable - k->lent; }
 
+/* Counts k into (sign 1) or out of (-1) the list's totals (under reuse_mu:
+ * the atomics are for readers without it). */
+static void count_kept(dm__arena_je_t *ja, const dm__kept_t *k, int sign) {
+    size_t bytes = atomic_load_explicit(&ja->reuse.bytes, memory_order_relaxed);
+    size_t lent = atomic_load_explicit(&ja->reuse.lent, memory_order_relaxed);
+    atomic_store_explicit(&ja->reuse.bytes, sign > 0 ? bytes + held(k) : bytes - held(k),
+                          memory_order_relaxed);
+    atomic_store_explicit(&ja->reuse.lent, sign > 0 ? lent + k->lent : lent - k->lent,
+                          memory_order_relaxed);
+}
+
+/* Whether ja may keep anything: a racy peek that spares an empty list its lock. */
+static bool keeps_any(const dm__arena_je_t *ja) {
+    return atomic_load_explicit(&ja->reuse.bytes, memory_order_relaxed) != 0 ||
+           atomic_load_explicit(&ja->reuse.orphans, memory_order_relaxed);
+}
+
 /* Removes entry i (under reuse_mu). */
 static void drop_at(dm__arena_je_t *ja, int i) {
-    atomic_store_explicit(&ja->reuse.bytes,
-                          atomic_load_explicit(&ja->reuse.bytes, memory_order_relaxed) -
-                              held(&ja->reuse.blocks[i]),
-                          memory_order_relaxed);
-    atomic_store_explicit(&ja->reuse.lent,
-                          atomic_load_explicit(&ja->reuse.lent, memory_order_relaxed) -
-                              ja->reuse.blocks[i].lent,
-                          memory_order_relaxed);
+    count_kept(ja, &ja->reuse.blocks[i], -1);
     memmove(&ja->reuse.blocks[i], &ja->reuse.blocks[i + 1], (size_t)(ja->reuse.n - i - 1) * sizeof(ja->reuse.blocks[0]));
     ja->reuse.n--;
 }
@@ -292,7 +302,8 @@ static _Atomic bool cannot_move; /* the kernel said EINVAL (before 5.7, valgrind
  * are its file's; locked, pinned and NUMA-placed extents have a state of
  * their own that a move would not carry), where the kernel moves pages. */
 static bool lends(const dm__arena_je_t *ja) {
-    return ja->is_big && !ja->spill && !atomic_load_explicit(&cannot_move, memory_order_relaxed) && !atomic_load_explicit(&ja->ever_locked, memory_order_relaxed) &&
+    return ja->is_big && !ja->spill && !atomic_load_explicit(&cannot_move, memory_order_relaxed) &&
+           !atomic_load_explicit(&ja->ever_locked, memory_order_relaxed) &&
            !atomic_load_explicit(&ja->ever_pinned, memory_order_relaxed) &&
            !atomic_load_explicit(&ja->place->lock, memory_order_relaxed) &&
            atomic_load_explicit(&ja->place->pinned, memory_order_relaxed) == DM_PIN_NONE &&
@@ -323,8 +334,7 @@ void *dm__bigblock_take(dm__arena_je_t *ja, size_t n, int flags, int rule_flags,
     *colour = 0;
     if (donors)
         donors->n = 0;
-    if (atomic_load_explicit(&ja->reuse.bytes, memory_order_relaxed) == 0 &&
-        !atomic_load_explicit(&ja->reuse.orphans, memory_order_relaxed))
+    if (!keeps_any(ja))
         return NULL; /* a racy peek: a miss here only costs a jemalloc call */
     size_t want = dmje_nallocx(n, flags & LG_ALIGN_MASK);
     uintptr_t align = (uintptr_t)1 << (flags & LG_ALIGN_MASK);
@@ -382,12 +392,7 @@ static int put(dm__arena_je_t *ja, const dm__kept_t *k, void **out) {
             (size_t)(ja->reuse.n - i) * sizeof(ja->reuse.blocks[0]));
     ja->reuse.blocks[i] = *k;
     ja->reuse.n++;
-    atomic_store_explicit(&ja->reuse.bytes,
-                          atomic_load_explicit(&ja->reuse.bytes, memory_order_relaxed) + held(k),
-                          memory_order_relaxed);
-    atomic_store_explicit(&ja->reuse.lent,
-                          atomic_load_explicit(&ja->reuse.lent, memory_order_relaxed) + k->lent,
-                          memory_order_relaxed);
+    count_kept(ja, k, 1);
     return nout;
 }
 
@@ -581,8 +586,7 @@ bool dm__bigblock_keep(dm__arena_je_t *ja, void *p, size_t hint, size_t colour) 
 }
 
 void dm__bigblock_expire(dm__arena_je_t *ja) {
-    if (atomic_load_explicit(&ja->reuse.bytes, memory_order_relaxed) == 0 &&
-        !atomic_load_explicit(&ja->reuse.orphans, memory_order_relaxed))
+    if (!keeps_any(ja))
         return;
     void *out[2 * DM_REUSE_MAX];
     int64_t now = now_ms();
@@ -597,8 +601,7 @@ void dm__bigblock_expire(dm__arena_je_t *ja) {
 }
 
 void dm__bigblock_release(dm__arena_je_t *ja) {
-    if (atomic_load_explicit(&ja->reuse.bytes, memory_order_relaxed) == 0 &&
-        !atomic_load_explicit(&ja->reuse.orphans, memory_order_relaxed))
+    if (!keeps_any(ja))
         return;
     void *out[2 * DM_REUSE_MAX];
     pthread_mutex_lock(&ja->reuse.mu);
