@@ -18,15 +18,9 @@ import os
 import statistics
 import subprocess
 
+from datamem._profile.tune import thp_faults  # one reading of /proc/vmstat (installed)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def thp_faults():
-    with open("/proc/vmstat") as f:
-        for line in f:
-            if line.startswith("thp_fault_alloc "):
-                return int(line.split()[1])
-    return 0
 
 
 def run(python, policy, args):
@@ -41,7 +35,8 @@ def run(python, policy, args):
     _, status, ru = os.wait4(p.pid, 0)
     if status != 0:
         raise SystemExit("%s %s failed (%d)" % (python, " ".join(args), status))
-    huge = thp_faults() - t0
+    t1 = thp_faults()
+    huge = t1 - t0 if t0 is not None and t1 is not None else 0
     res = json.loads(out.decode().strip().splitlines()[-1])
     small = ru.ru_minflt - huge
     return {"handler": res["handler"], "thp": huge, "small": small, "zeroed_mb": (small * 4096 + huge * (2 << 20)) / 1e6,
