@@ -101,7 +101,10 @@ bazel test --config=tsan //runtime:runtime_test //runtime:bcache_test //runtime:
   //runtime:spill_test //runtime:lend_test //service:http_test //service:textfile_test
 
 stage "valgrind memcheck (the C tests that fit the time budget)"
-bazel test --run_under='valgrind -q --error-exitcode=9 --leak-check=full --errors-for-leak-kinds=definite' \
+# --vgdb=no: each test runs in its own PID namespace, so two valgrinds running at once
+# are both pid 11 or so and their gdbserver FIFOs (/tmp/vgdb-pipe-...-<pid>-...) collide;
+# one unlinks the other's and valgrind stops with "vgdb FIFO cannot be opened".
+bazel test --run_under='valgrind -q --vgdb=no --error-exitcode=9 --leak-check=full --errors-for-leak-kinds=definite' \
   //policy:units_test //policy:parse_test //policy:corpus_test //policy:schema_test \
   //runtime:runtime_test //runtime:bcache_test //runtime:arena_test //runtime:fork_test \
   //runtime:tables_test //runtime:bigblock_test //runtime:lend_test
