@@ -572,6 +572,7 @@ static void je_stats_add(dm__arena_je_t *ja, dm_arena_stats_t *o) {
     o->mapped += stat_zu(i, "mapped");
     o->retained += stat_zu(i, "retained");
     o->reuse_bytes += atomic_load_explicit(&ja->reuse.bytes, memory_order_relaxed);
+    o->lent_bytes += atomic_load_explicit(&ja->reuse.lent_total, memory_order_relaxed);
     o->je_nmalloc += stat_u64(i, "small.nmalloc") + stat_u64(i, "large.nmalloc");
     o->je_ndalloc += stat_u64(i, "small.ndalloc") + stat_u64(i, "large.ndalloc");
     pthread_mutex_lock(&ja->region.mu);

@@ -436,8 +436,13 @@ uint64_t dm__bigblock_lent_bytes(void) { return atomic_load_explicit(&lent_bytes
 static _Atomic uint64_t moved[NFRAMES / 64];
 static _Atomic int64_t nmoved;
 static _Atomic int64_t lend_cap = DM_LEND_FRAMES_MAX;
+static _Atomic uint64_t capped; /* moves not made at the cap (stats: lend_capped_total) */
 
 int64_t dm__bigblock_moved_frames(void) { return atomic_load_explicit(&nmoved, memory_order_relaxed); }
+
+int64_t dm__bigblock_lend_cap(void) { return atomic_load_explicit(&lend_cap, memory_order_relaxed); }
+
+uint64_t dm__bigblock_capped_moves(void) { return atomic_load_explicit(&capped, memory_order_relaxed); }
 
 void dm__bigblock_set_lend_cap(int64_t frames) {
     atomic_store_explicit(&lend_cap, frames < 0 ? DM_LEND_FRAMES_MAX : frames, memory_order_relaxed);
@@ -530,6 +535,7 @@ static void lend_frames(char *p, size_t whole, dm__donors_t *d) {
             if (r == FAILED)
                 return;
             if (r == CAPPED) {
+                atomic_fetch_add_explicit(&capped, 1, memory_order_relaxed);
                 stopped[k] = true;
                 continue;
             }
@@ -543,7 +549,13 @@ void dm__bigblock_lend(dm__arena_je_t *ja, void *p, size_t n, dm__donors_t *d) {
     if (p && ((uintptr_t)p & (FRAME - 1)) == 0) {
         /* to n's last frame, whole, where the block's size class holds it */
         size_t whole = (n + FRAME - 1) & ~(FRAME - 1), u = dmje_sallocx(p, 0) & ~(FRAME - 1);
+        size_t before = 0, after = 0;
+        for (int i = 0; i < d->n; i++)
+            before += d->b[i].lent;
         lend_frames(p, whole < u ? whole : u, d);
+        for (int i = 0; i < d->n; i++)
+            after += d->b[i].lent;
+        atomic_fetch_add_explicit(&ja->reuse.lent_total, after - before, memory_order_relaxed);
     }
     void *out[3 * DM_REUSE_MAX];
     int nout = 0;

@@ -74,6 +74,7 @@ typedef struct dm__reuse {
     _Atomic bool orphans;
     _Atomic size_t bytes;    /* their bytes still their own (usable - lent) */
     _Atomic size_t lent;     /* their bytes lent away or given back (the sum of `lent`) */
+    _Atomic uint64_t lent_total; /* bytes its kept blocks ever lent to new blocks */
     /* Kept blocks handed out again, which jemalloc does not count (the floor
      * above reads it: an arena that reuses is not idle). */
     _Atomic uint64_t reused;
@@ -135,7 +136,10 @@ uint64_t dm__bigblock_lent_bytes(void);
  * to DM_LEND_FRAMES_MAX). */
 #define DM_LEND_FRAMES_MAX 8192
 int64_t dm__bigblock_moved_frames(void);
+/* Moves not made because the count was at the cap, process-wide (stats). */
+uint64_t dm__bigblock_capped_moves(void);
 void dm__bigblock_set_lend_cap(int64_t frames);
+int64_t dm__bigblock_lend_cap(void);
 bool dm__bigblock_keep(struct dm__arena_je *ja, void *p, size_t hint, size_t colour);
 void dm__bigblock_expire_all(void);
 /* Any thread: ja hands back what waited longer than its decay.dirty (all it

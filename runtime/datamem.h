@@ -239,6 +239,7 @@ typedef struct dm_arena_stats {
     uint64_t locked_bytes;    /* bytes mlock'ed now */
     uint64_t pinned_bytes;    /* bytes registered with the GPU runtime now */
     uint64_t reuse_bytes;     /* freed blocks >= 4 MiB kept for their size's next allocation */
+    uint64_t lent_bytes;      /* bytes kept blocks ever lent to new blocks (moved, not zeroed) */
     /* `backing` (file-backed arenas; all 0 for RAM ones) */
     bool backed;
     uint64_t backing_max;            /* backing.max; UINT64_MAX = none */
@@ -278,6 +279,9 @@ typedef struct dm_stats {
     double last_reload_time;  /* unix seconds of the last successful load */
     uint64_t foreign_frees;   /* dm_free of a pointer datamem does not own */
     uint64_t cached_bytes;    /* freed blocks held in threads' block caches */
+    int64_t lend_frames;      /* frames holding lent pages, each maybe a mapping (bigblock.c) */
+    int64_t lend_frames_max;  /* lending stops at this many */
+    uint64_t lend_capped;     /* frame moves not made at that cap */
     int nthreads;             /* threads that have allocated through datamem */
     int ncontexts;
     int tables_live;          /* dispatch tables alive: the one in force plus

@@ -77,6 +77,31 @@ static bool filled(const char *p, size_t n, unsigned seed) {
     return p[n - 1] == (char)seed;
 }
 
+/* What stats say of lending: arena c's lent_bytes and the process's
+ * lend_frames, lend_frames_max and lend_capped, as /metrics exports them. */
+typedef struct {
+    uint64_t lent, capped;
+    int64_t frames, max;
+} lend_stats_t;
+
+static lend_stats_t lend_stats(void) {
+    dm_stats_t *s = malloc(sizeof(*s));
+    lend_stats_t v = {UINT64_MAX, 0, 0, 0};
+    if (!s || dm_stats_snapshot(s) != 0) {
+        free(s);
+        return v;
+    }
+    for (int i = 0; i < s->narenas; i++)
+        if (strcmp(s->arenas[i].name, "c") == 0)
+            v.lent = s->arenas[i].lent_bytes;
+    v.capped = s->lend_capped;
+    v.frames = s->lend_frames;
+    v.max = s->lend_frames_max;
+    dm_stats_release(s);
+    free(s);
+    return v;
+}
+
 /* Each test starts from arena c with no kept block. */
 static void load(void) {
     test_load_policy("lend_test", "version: 1\ndefault: c\narenas:\n  c: {}\n");
@@ -93,13 +118,21 @@ static void test_lends(void) {
     fill(a, 16 * MB, 1);
     dm_free_hint(a, 16 * MB);
     uint64_t before = dm__bigblock_lent_bytes();
+    lend_stats_t s0 = lend_stats();
     char *b = dm_alloc(root, 24 * MB + 1000, DM_DT_UNKNOWN);
     EXPECT(b != NULL, "the 24 MiB block");
     char *blk = dm__block_of(dm__mem_owner_of(b), b);
     uint64_t lent = dm__bigblock_lent_bytes() - before;
+    lend_stats_t s1 = lend_stats();
+    EXPECT(s1.lent - s0.lent == lent, "stats: arena c lent %llu bytes, as counted",
+           (unsigned long long)(s1.lent - s0.lent));
+    EXPECT(s1.frames == dm__bigblock_moved_frames() && s1.max == DM_LEND_FRAMES_MAX,
+           "stats: %lld frames of %lld", (long long)s1.frames, (long long)s1.max);
     if (moves) {
         EXPECT(lent == 16 * MB, "the kept block lent its 8 frames: %llu bytes",
                (unsigned long long)lent);
+        EXPECT(s1.frames - s0.frames == 8, "stats: 8 frames more hold lent pages: %lld",
+               (long long)(s1.frames - s0.frames));
         EXPECT(resident(blk, 16 * MB) == 16 * MB, "its first 16 MiB resident before any write: %zu",
                resident(blk, 16 * MB));
     } else {
@@ -224,6 +257,8 @@ static void test_cap(void) {
      * (one from a marked donor, which heals as many, still may): the count
      * never rises, and every block is served and holds its data. */
     dm__bigblock_set_lend_cap(0);
+    lend_stats_t s0 = lend_stats();
+    EXPECT(s0.max == 0, "stats: the cap in force: %lld", (long long)s0.max);
     int64_t full = dm__bigblock_moved_frames(), top = full;
     for (unsigned i = 0; i < 100; i++) {
         size_t n = (4 + (i * 3) % 19) * MB + 777;
@@ -235,6 +270,9 @@ static void test_cap(void) {
         top = m > top ? m : top;
     }
     EXPECT(top <= full, "full: the count never rose: %lld -> %lld", (long long)full, (long long)top);
+    if (moves)
+        EXPECT(lend_stats().capped > s0.capped, "stats: moves refused at the cap are counted: %llu",
+               (unsigned long long)(lend_stats().capped - s0.capped));
     /* Room again: a kept block lends as at the start. */
     dm__bigblock_set_lend_cap(-1);
     EXPECT(dm__arena_give_back_idle(), "the kept blocks go back");

@@ -118,6 +118,9 @@ int dm_stats_snapshot(dm_stats_t *out) {
     out->tables_live = dm__dispatch_live();
     pthread_mutex_unlock(&dm__mem_mu);
     out->foreign_frees = dm__alloc_foreign_frees();
+    out->lend_frames = dm__bigblock_moved_frames();
+    out->lend_frames_max = dm__bigblock_lend_cap();
+    out->lend_capped = dm__bigblock_capped_moves();
     if (trc) {
         dm_stats_release(out);
         return trc;

@@ -98,6 +98,8 @@ static const arena_metric_t arena_metrics[] = {
        "Times the arena purged its dirty pages as it grew past decay.budget."),
     AM("reuse_bytes", "gauge", "reuse_bytes", reuse_bytes,
        "Freed blocks of 4 MiB or more kept for the next allocations: the bytes they have not lent to newer blocks."),
+    AM("lent_bytes_total", "counter", "lent_bytes", lent_bytes,
+       "Bytes of resident pages kept blocks lent to new blocks (moved, so not zeroed again)."),
     AM("jemalloc_allocations_total", "counter", "jemalloc_allocations", je_nmalloc,
        "Allocations jemalloc made in the arena (small + large nmalloc)."),
     AM("jemalloc_frees_total", "counter", "jemalloc_frees", je_ndalloc,
@@ -371,6 +373,14 @@ static void text_process(const dm_stats_t *st, const char *cl, dm_buf_t *b) {
     process_u64(b, cl, "thread_cache_bytes", "gauge",
                 "Freed blocks held in threads' block caches, for reuse by the same thread.",
                 st->cached_bytes);
+    process_u64(b, cl, "lend_frames", "gauge",
+                "2 MiB frames holding pages kept blocks lent, each possibly a mapping of its own.",
+                (uint64_t)st->lend_frames);
+    process_u64(b, cl, "lend_frames_max", "gauge",
+                "The cap on lend_frames: at it, blocks fault their pages in instead.",
+                (uint64_t)st->lend_frames_max);
+    process_u64(b, cl, "lend_capped_total", "counter",
+                "Frame moves not made because lend_frames was at its cap.", st->lend_capped);
     process_u64(b, cl, "threads", "gauge",
                 "Live threads that have allocated through datamem.", (uint64_t)st->nthreads);
     process_u64(b, cl, "contexts", "gauge", "Distinct tag sets seen.", (uint64_t)st->ncontexts);
@@ -567,6 +577,9 @@ static void json_process(const dm_stats_t *st, int *n, dm_buf_t *b) {
     dm__buf_printf(b, "%.6f", st->last_reload_time);
     json_u64(b, n, "foreign_frees", st->foreign_frees);
     json_u64(b, n, "thread_cache_bytes", st->cached_bytes);
+    json_u64(b, n, "lend_frames", (uint64_t)st->lend_frames);
+    json_u64(b, n, "lend_frames_max", (uint64_t)st->lend_frames_max);
+    json_u64(b, n, "lend_capped", st->lend_capped);
     json_u64(b, n, "threads", (uint64_t)st->nthreads);
     json_u64(b, n, "contexts", (uint64_t)st->ncontexts);
     json_u64(b, n, "tables_live", (uint64_t)st->tables_live);

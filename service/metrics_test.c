@@ -87,6 +87,7 @@ static dm_stats_t *sample_stats(void) {
     a->muzzy_decay_ms = 250;
     a->locked_bytes = 2 << 20;
     a->backing_disk_bytes = 5 << 20;
+    a->lent_bytes = UINT64_C(6) << 21;
     s.nrules = 2;
     s.rules = rules;
     snprintf(rules[0].name, sizeof(rules[0].name), "huge");
@@ -110,6 +111,9 @@ static dm_stats_t *sample_stats(void) {
     s.last_reload_time = 1700000000.25;
     s.foreign_frees = 5;
     s.cached_bytes = 4096;
+    s.lend_frames = 37;
+    s.lend_frames_max = 8192;
+    s.lend_capped = 6;
     s.nthreads = 4;
     s.ncontexts = 2;
     s.snapshot_time = 1700000001.5;
@@ -138,6 +142,14 @@ static void test_text(void) {
     EXPECT_LINE(t, "datamem_foreign_frees_total 5");
     EXPECT_LINE(t, "datamem_thread_cache_bytes 4096");
     EXPECT_LINE(t, "datamem_threads 4");
+    EXPECT_LINE(t, "# TYPE datamem_lend_frames gauge");
+    EXPECT_LINE(t, "datamem_lend_frames 37");
+    EXPECT_LINE(t, "datamem_lend_frames_max 8192");
+    EXPECT_LINE(t, "# TYPE datamem_lend_capped_total counter");
+    EXPECT_LINE(t, "datamem_lend_capped_total 6");
+    EXPECT_LINE(t, "# TYPE datamem_arena_lent_bytes_total counter");
+    EXPECT_LINE(t, "datamem_arena_lent_bytes_total{arena=\"big\"} 12582912");
+    EXPECT_LINE(t, "datamem_arena_lent_bytes_total{arena=\"general\"} 0");
     EXPECT_LINE(t, "# TYPE datamem_arena_info gauge");
     EXPECT_LINE(t, "datamem_arena_info{arena=\"general\",alignment=\"64\",hugepages=\"system\","
                    "numa=\"none\",nodes=\"\",per_node=\"false\"} 1");
@@ -205,11 +217,11 @@ static void test_text(void) {
         if (strlen(last_type) != n || strncmp(buf, last_type, n) != 0)
             TEST_FAIL_("sample outside its family (%s): %s", last_type, buf);
     }
-    /* 10 process families (one sample each), 3 arena families outside the table,
-     * 32 in it (2 arenas each), the limit (a sample only for the arena with
+    /* 13 process families (one sample each), 3 arena families outside the table,
+     * 33 in it (2 arenas each), the limit (a sample only for the arena with
      * one), 7 rule families (2 rules each). */
-    EXPECT_INT_EQ(families, 10 + 3 + 32 + 1 + 7, "families");
-    EXPECT_INT_EQ(samples, 10 + 2 * (3 + 32) + 1 + 2 * 7, "samples");
+    EXPECT_INT_EQ(families, 13 + 3 + 33 + 1 + 7, "families");
+    EXPECT_INT_EQ(samples, 13 + 2 * (3 + 33) + 1 + 2 * 7, "samples");
     EXPECT_LINE(t, "datamem_arena_limit_bytes{arena=\"big\"} 8589934592");
     EXPECT_LINE(t, "datamem_arena_live_bytes{arena=\"big\"} 3145728");
     EXPECT_LINE(t, "datamem_arena_limit_hits_total{arena=\"big\"} 4");

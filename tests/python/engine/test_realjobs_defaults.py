@@ -368,8 +368,10 @@ import numpy as np
 import datamem
 
 def st():
-    a = datamem.stats()["arenas"]["main"]
-    return {k: a[k] for k in ("reuse_bytes", "dirty_bytes", "active_bytes")}
+    s = datamem.stats()
+    a = s["arenas"]["main"]
+    return dict({k: a[k] for k in ("reuse_bytes", "dirty_bytes", "active_bytes", "lent_bytes")},
+                lend_frames=s["lend_frames"], lend_frames_max=s["lend_frames_max"])
 
 res = {}
 x = np.ones(16 << 20, np.uint8); addr = x.ctypes.data
@@ -409,6 +411,12 @@ def test_kept_big_block_comes_back_zeroed_and_lends_on_a_miss():
     # and goes back to jemalloc, the 64 MiB one 4 or 5 more (the new block's last
     # frame, where its colour reaches into it) and stays kept with the rest.
     assert (54 << 20) <= out["after_miss"]["reuse_bytes"] <= (56 << 20), out
+    # stats say so: what was lent and what stays kept add up to the two blocks,
+    # and every lent frame is counted against lending's cap
+    lent = out["after_miss"]["lent_bytes"] - out["kept"]["lent_bytes"]
+    assert lent + out["after_miss"]["reuse_bytes"] == (16 << 20) + (64 << 20), out
+    frames = out["after_miss"]["lend_frames"] - out["kept"]["lend_frames"]
+    assert frames == lent >> 21 and out["after_miss"]["lend_frames_max"] == 8192, out
 
 
 def test_blocks_grown_by_realloc_are_reused():
