@@ -9,6 +9,7 @@ APT_PKGS=(bazel-bootstrap libyaml-dev libnuma-dev dpkg-dev
           prometheus chromium   # real-Prometheus and headless-browser tests
           debootstrap qemu-user-static binfmt-support   # scripts/roots.sh: other Pythons, arm64
           iproute2   # ip netns: test_cluster_netns.py's hosts
+          linux-perf   # bench/fault_map.py: the address of every page fault
           btrfs-progs xfsprogs)   # test_spill_cowfs.py: a full btrfs and XFS on a loop device
 
 need_apt=()
