@@ -156,7 +156,7 @@ static void *big_fresh(dm__thread_t *t, dm__arena_je_t *ja, int flags, size_t n,
         p = je_alloc_flags(t, flags, ja, n + c, zero);
     if (!p)
         return NULL;
-    dm__bigblock_trim(p, n + c, SIZE_MAX);
+    dm__bigblock_fresh(ja, p, n + c);
     dm__arena_check_growth(ja);
     if (DM_UNLIKELY(ja->spill != NULL))
         dm__spill_catch_up(ja->spill, n);

@@ -76,6 +76,8 @@ bool dm__arena_give_back_idle(void);
  * blocks; jemalloc's stats refreshed), or UINT64_MAX if the runtime's lock was
  * busy (arena.c; the worker limit's figure of memory beside the arrays). */
 uint64_t dm__arena_idle_bytes(void);
+/* malloc_trim calls the purge on growth has made (tests). */
+uint64_t dm__arena_growth_trims(void);
 static inline void dm__arena_check_growth(dm__arena_je_t *ja) {
     if (DM_UNLIKELY(atomic_load_explicit(&ja->region.grown, memory_order_relaxed) != 0))
         dm__arena_after_growth(ja);

@@ -274,12 +274,34 @@ static void drop_at(dm__arena_je_t *ja, int i) {
     ja->reuse.n--;
 }
 
+/* k goes back to jemalloc, through *out: the bytes it lent away go with it
+ * as address space jemalloc counts dirty and no page is behind (`unbacked`). */
+static int to_jemalloc(dm__arena_je_t *ja, const dm__kept_t *k, void **out) {
+    if (k->lent)
+        atomic_fetch_add_explicit(&ja->reuse.unbacked, k->lent, memory_order_relaxed);
+    *out = k->p;
+    return 1;
+}
+
+void dm__bigblock_dirty_gone(dm__arena_je_t *ja, size_t n) {
+    uint64_t u = atomic_load_explicit(&ja->reuse.unbacked, memory_order_relaxed);
+    while (u && !atomic_compare_exchange_weak_explicit(&ja->reuse.unbacked, &u, u > n ? u - n : 0,
+                                                       memory_order_relaxed, memory_order_relaxed))
+        ;
+}
+
+void dm__bigblock_fresh(dm__arena_je_t *ja, void *p, size_t n) {
+    if (atomic_load_explicit(&ja->region.grown, memory_order_relaxed) == 0)
+        dm__bigblock_dirty_gone(ja, n);
+    dm__bigblock_trim(p, n, SIZE_MAX);
+}
+
 /* Moves the entries that waited ttl ms or longer into out[] (under reuse_mu);
  * returns how many. all: every entry. */
 static int take_expired(dm__arena_je_t *ja, int64_t ttl, int64_t now, bool all, void **out) {
     int n = 0;
     while (ja->reuse.n > 0 && (all || now - ja->reuse.blocks[0].at_ms >= ttl)) {
-        out[n++] = ja->reuse.blocks[0].p;
+        n += to_jemalloc(ja, &ja->reuse.blocks[0], out + n);
         drop_at(ja, 0);
     }
     return n;
@@ -382,7 +404,7 @@ static int put(dm__arena_je_t *ja, const dm__kept_t *k, void **out) {
            (ja->reuse.n == DM_REUSE_MAX ||
             atomic_load_explicit(&ja->reuse.bytes, memory_order_relaxed) + held(k) >
                 REUSE_BYTES_MAX)) { /* room: the oldest goes */
-        out[nout++] = ja->reuse.blocks[0].p;
+        nout += to_jemalloc(ja, &ja->reuse.blocks[0], out + nout);
         drop_at(ja, 0);
     }
     int i = ja->reuse.n; /* oldest first: after those kept earlier */
@@ -566,7 +588,7 @@ void dm__bigblock_lend(dm__arena_je_t *ja, void *p, size_t n, dm__donors_t *d) {
             if (ja->reuse.loaned[j].p == d->b[i].p)
                 ja->reuse.loaned[j] = ja->reuse.loaned[--ja->reuse.nloaned];
         if (!p || d->b[i].lent >= lendable_end(&d->b[i]))
-            out[nout++] = d->b[i].p; /* nothing left to lend: jemalloc's again */
+            nout += to_jemalloc(ja, &d->b[i], out + nout); /* nothing left to lend */
         else
             nout += put(ja, &d->b[i], out + nout);
     }
@@ -638,7 +660,7 @@ void dm__bigblock_release_some(dm__arena_je_t *ja, size_t bytes) {
         size_t end = lendable_end(&k), avail = end > k.lent ? end - k.lent : 0;
         size_t shed = (bytes + FRAME - 1) & ~(FRAME - 1);
         if (!partial || shed >= avail) { /* the whole block goes back */
-            out[nout++] = k.p;
+            nout += to_jemalloc(ja, &k, out + nout);
             bytes -= bytes < held(&k) ? bytes : held(&k);
             continue;
         }

@@ -75,6 +75,14 @@ typedef struct dm__reuse {
     _Atomic size_t bytes;    /* their bytes still their own (usable - lent) */
     _Atomic size_t lent;     /* their bytes lent away or given back (the sum of `lent`) */
     _Atomic uint64_t lent_total; /* bytes its kept blocks ever lent to new blocks */
+    /* Bytes that blocks given back to jemalloc had lent away: jemalloc counts
+     * them dirty, but no page is behind them, so the purge on growth leaves
+     * them out of the footprint (arena.c). Added to as such a block goes
+     * back; taken from by whatever leaves jemalloc's dirty pages (a block it
+     * serves without growing, a purge or decommit of any range: either may
+     * be of them, dm__bigblock_dirty_gone), so that it drops with them; and
+     * the footprint never takes more than the dirty count from it. */
+    _Atomic uint64_t unbacked;
     /* Kept blocks handed out again, which jemalloc does not count (the floor
      * above reads it: an arena that reuses is not idle). */
     _Atomic uint64_t reused;
@@ -128,6 +136,13 @@ void *dm__bigblock_take(struct dm__arena_je *ja, size_t n, int flags, int rule_f
  * jemalloc (bigblock.c, "Lending"). p NULL (jemalloc could not serve the
  * block): every donor goes back to jemalloc. */
 void dm__bigblock_lend(struct dm__arena_je *ja, void *p, size_t n, dm__donors_t *donors);
+/* n bytes left ja's dirty pages in jemalloc (served as a block without
+ * growing, purged or decommitted): `unbacked` drops by as much. */
+void dm__bigblock_dirty_gone(struct dm__arena_je *ja, size_t n);
+/* A block [p, p+n) jemalloc just served ja (no kept block did): its pages
+ * past n go (dm__bigblock_trim), and where jemalloc took no new pages for it,
+ * it came from dirty ones (dm__bigblock_dirty_gone). */
+void dm__bigblock_fresh(struct dm__arena_je *ja, void *p, size_t n);
 /* Bytes of pages lent so far, process-wide (tests, stats). */
 uint64_t dm__bigblock_lent_bytes(void);
 /* Frames that received lent pages and are still marked, process-wide: each

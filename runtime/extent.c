@@ -308,6 +308,7 @@ static bool hook_decommit(extent_hooks_t *h, void *addr, size_t size,
         return dm__spill_decommit(ja, (char *)addr + offset, length) != 0;
     if (!unpin_range(ja, (char *)addr + offset, length))
         return true; /* declined: the pages stay committed */
+    dm__bigblock_dirty_gone(ja, length);
     return dm__os_purge((char *)addr + offset, length, true) != 0;
 }
 
@@ -317,6 +318,7 @@ static bool hook_purge_lazy(extent_hooks_t *h, void *addr, size_t size,
     /* A file's pages: madvise keeps their blocks; decommit punches them (spill.c). */
     if (ja->spill || !unpin_range(ja, (char *)addr + offset, length))
         return true;
+    dm__bigblock_dirty_gone(ja, length);
     return dm__os_purge((char *)addr + offset, length, false) != 0;
 }
 
@@ -325,6 +327,7 @@ static bool hook_purge_forced(extent_hooks_t *h, void *addr, size_t size,
     dm__arena_je_t *ja = (dm__arena_je_t *)h;
     if (ja->spill || !unpin_range(ja, (char *)addr + offset, length))
         return true;
+    dm__bigblock_dirty_gone(ja, length);
     return dm__os_purge((char *)addr + offset, length, true) != 0;
 }
 
