@@ -441,9 +441,6 @@ static int put(dm__arena_je_t *ja, const dm__kept_t *k, void **out) {
  * donors are out of the list they are the allocating thread's alone; if
  * jemalloc cannot serve the block, they go back to it and it is asked again.
  * bench/results/lend-*.md has the measurements. */
-static _Atomic uint64_t lent_bytes;
-
-uint64_t dm__bigblock_lent_bytes(void) { return atomic_load_explicit(&lent_bytes, memory_order_relaxed); }
 
 /* Mappings. A moved frame keeps its old address's page offset, so its mapping
  * never merges with its neighbours': every frame that received pages may be a
@@ -516,7 +513,6 @@ static int move_frames(char *src, char *dst, size_t m) {
             (void)dm__os_thp(src, m * FRAME, DM_THP_ON);
     }
     mark_moved(fd, m, true);
-    atomic_fetch_add_explicit(&lent_bytes, m * FRAME, memory_order_relaxed);
     return MOVED;
 }
 
@@ -527,26 +523,28 @@ static int next_donor(const dm__donors_t *d, int k, const bool *stopped) {
     return k;
 }
 
-/* Fills the empty frames of [p, p+whole) from d's donors, oldest first. At
- * the cap a run goes frame by frame, and a donor whose next frame would add
- * to the count stops lending (it is kept with the rest). */
-static void lend_frames(char *p, size_t whole, dm__donors_t *d) {
+/* Fills the empty frames of [p, p+whole) from d's donors, oldest first, and
+ * returns the bytes moved. At the cap a run goes frame by frame, and a donor
+ * whose next frame would add to the count stops lending (it is kept with the
+ * rest). */
+static size_t lend_frames(char *p, size_t whole, dm__donors_t *d) {
     bool stopped[DM_REUSE_MAX] = {false};
     int k = 0;
+    size_t moved_bytes = 0;
     for (size_t off = 0; off < whole; off += 64 * FRAME) {
         if ((k = next_donor(d, k, stopped)) == d->n)
-            return;
+            return moved_bytes;
         size_t len = whole - off < 64 * FRAME ? whole - off : 64 * FRAME, nf = len / FRAME;
         uint64_t empty = 0;
         if (dm__os_empty_frames(p + off, len, FRAME, &empty) != 0)
-            return;
+            return moved_bytes;
         for (size_t f = 0; f < nf;) {
             if (!(empty >> f & 1)) {
                 f++;
                 continue;
             }
             if ((k = next_donor(d, k, stopped)) == d->n)
-                return;
+                return moved_bytes;
             size_t m = 1; /* a run of empty frames, as long as the donor's */
             size_t have = (lendable_end(&d->b[k]) - d->b[k].lent) / FRAME;
             while (m < have && f + m < nf && (empty >> (f + m) & 1))
@@ -555,29 +553,26 @@ static void lend_frames(char *p, size_t whole, dm__donors_t *d) {
             if (r == CAPPED && m > 1)
                 r = move_frames((char *)d->b[k].p + d->b[k].lent, p + off + f * FRAME, m = 1);
             if (r == FAILED)
-                return;
+                return moved_bytes;
             if (r == CAPPED) {
                 atomic_fetch_add_explicit(&capped, 1, memory_order_relaxed);
                 stopped[k] = true;
                 continue;
             }
             d->b[k].lent += m * FRAME;
+            moved_bytes += m * FRAME;
             f += m;
         }
     }
+    return moved_bytes;
 }
 
 void dm__bigblock_lend(dm__arena_je_t *ja, void *p, size_t n, dm__donors_t *d) {
     if (p && ((uintptr_t)p & (FRAME - 1)) == 0) {
         /* to n's last frame, whole, where the block's size class holds it */
         size_t whole = (n + FRAME - 1) & ~(FRAME - 1), u = dmje_sallocx(p, 0) & ~(FRAME - 1);
-        size_t before = 0, after = 0;
-        for (int i = 0; i < d->n; i++)
-            before += d->b[i].lent;
-        lend_frames(p, whole < u ? whole : u, d);
-        for (int i = 0; i < d->n; i++)
-            after += d->b[i].lent;
-        atomic_fetch_add_explicit(&ja->reuse.lent_total, after - before, memory_order_relaxed);
+        size_t lent = lend_frames(p, whole < u ? whole : u, d);
+        atomic_fetch_add_explicit(&ja->reuse.lent_total, lent, memory_order_relaxed);
     }
     void *out[3 * DM_REUSE_MAX];
     int nout = 0;

@@ -143,8 +143,6 @@ void dm__bigblock_dirty_gone(struct dm__arena_je *ja, size_t n);
  * past n go (dm__bigblock_trim), and where jemalloc took no new pages for it,
  * it came from dirty ones (dm__bigblock_dirty_gone). */
 void dm__bigblock_fresh(struct dm__arena_je *ja, void *p, size_t n);
-/* Bytes of pages lent so far, process-wide (tests, stats). */
-uint64_t dm__bigblock_lent_bytes(void);
 /* Frames that received lent pages and are still marked, process-wide: each
  * may be a mapping of its own, so lending stops at DM_LEND_FRAMES_MAX of
  * them (bigblock.c, "Mappings"); tests lower the cap (a negative value: back

@@ -102,6 +102,9 @@ static lend_stats_t lend_stats(void) {
     return v;
 }
 
+/* Bytes arena c's kept blocks have lent so far. */
+static uint64_t lent_bytes(void) { return lend_stats().lent; }
+
 /* Each test starts from arena c with no kept block. */
 static void load(void) {
     test_load_policy("lend_test", "version: 1\ndefault: c\narenas:\n  c: {}\n");
@@ -164,15 +167,12 @@ static void test_lends(void) {
     char *a = dm_alloc(root, 16 * MB, DM_DT_UNKNOWN);
     fill(a, 16 * MB, 1);
     dm_free_hint(a, 16 * MB);
-    uint64_t before = dm__bigblock_lent_bytes();
     lend_stats_t s0 = lend_stats();
     char *b = dm_alloc(root, 24 * MB + 1000, DM_DT_UNKNOWN);
     EXPECT(b != NULL, "the 24 MiB block");
     char *blk = dm__block_of(dm__mem_owner_of(b), b);
-    uint64_t lent = dm__bigblock_lent_bytes() - before;
     lend_stats_t s1 = lend_stats();
-    EXPECT(s1.lent - s0.lent == lent, "stats: arena c lent %llu bytes, as counted",
-           (unsigned long long)(s1.lent - s0.lent));
+    uint64_t lent = s1.lent - s0.lent;
     EXPECT(s1.frames == dm__bigblock_moved_frames() && s1.max == DM_LEND_FRAMES_MAX,
            "stats: %lld frames of %lld", (long long)s1.frames, (long long)s1.max);
     if (moves) {
@@ -200,13 +200,13 @@ static void test_calloc(void) {
     char *a = dm_alloc(root, 12 * MB, DM_DT_UNKNOWN);
     memset(a, 0x7f, 12 * MB);
     dm_free_hint(a, 12 * MB);
-    uint64_t before = dm__bigblock_lent_bytes();
+    uint64_t before = lent_bytes();
     char *z = dm_calloc(root, 20 * MB, DM_DT_UNKNOWN);
     bool zero = z != NULL;
     for (size_t i = 0; z && i < 20 * MB; i += 512)
         zero = zero && z[i] == 0;
     EXPECT(zero, "calloc: zeros");
-    EXPECT(dm__bigblock_lent_bytes() == before, "calloc: nothing lent");
+    EXPECT(lent_bytes() == before, "calloc: nothing lent");
     dm_free_hint(z, 20 * MB);
 }
 
@@ -282,7 +282,7 @@ static void test_cap(void) {
     dm__bigblock_set_lend_cap(cap);
     int maps0 = mappings(), maps_max = maps0;
     int64_t moved_max = 0;
-    uint64_t before = dm__bigblock_lent_bytes();
+    uint64_t before = lent_bytes();
     for (unsigned i = 0; i < 400; i++) {
         size_t n = (4 + (i * 5) % 17) * MB + 12345;
         char *p = dm_alloc(root, n, DM_DT_UNKNOWN);
@@ -294,7 +294,7 @@ static void test_cap(void) {
         EXPECT(filled(p, n, i), "block %u holds its data", i);
         dm_free_hint(p, n);
     }
-    uint64_t lent = dm__bigblock_lent_bytes() - before;
+    uint64_t lent = lent_bytes() - before;
     EXPECT(moved_max <= cap, "moved frames never past the cap: %lld of %lld", (long long)moved_max,
            (long long)cap);
     EXPECT(maps_max - maps0 <= 32, "mappings %d -> at most %d", maps0, maps_max);
@@ -328,11 +328,11 @@ static void test_cap(void) {
     char *k = dm_alloc(root, 16 * MB, DM_DT_UNKNOWN);
     fill(k, 16 * MB, 3);
     dm_free_hint(k, 16 * MB);
-    before = dm__bigblock_lent_bytes();
+    before = lent_bytes();
     char *q = dm_alloc(root, 24 * MB + 1000, DM_DT_UNKNOWN);
     if (moves)
-        EXPECT(dm__bigblock_lent_bytes() - before == 16 * MB, "back to lending: %llu bytes",
-               (unsigned long long)(dm__bigblock_lent_bytes() - before));
+        EXPECT(lent_bytes() - before == 16 * MB, "back to lending: %llu bytes",
+               (unsigned long long)(lent_bytes() - before));
     dm_free_hint(q, 24 * MB + 1000);
     dm__bigblock_set_lend_cap(-1);
 }
@@ -394,9 +394,9 @@ static void test_fork(void) {
     dm_free_hint(a, 16 * MB);
     pid_t pid = fork();
     if (pid == 0) {
-        uint64_t before = dm__bigblock_lent_bytes();
+        uint64_t before = lent_bytes();
         char *b = dm_alloc(root, 26 * MB, DM_DT_UNKNOWN);
-        bool ok = b && (!moves || dm__bigblock_lent_bytes() - before == 16 * MB);
+        bool ok = b && (!moves || lent_bytes() - before == 16 * MB);
         if (b)
             fill(b, 26 * MB, 7);
         ok = ok && b && filled(b, 26 * MB, 7) && filled(keep, 8 * MB, 6);
