@@ -36,6 +36,11 @@ process, from a fixed seed:
                   budget: the yardstick a budget is flagged against)
   pandas          bench/jobs pandas3_etl (pandas 2: pandas_etl) at scale 0.3: peak
                   RSS as a ratio to NumPy's default in the same run
+  jobs/JOB        every job of bench/jobs at scale 0.3, under the policy and under
+                  NumPy's default in the same run, each child with hugepages off
+                  (so each fault is one 4 KiB page the kernel zeroed, counted per
+                  process): pages zeroed during the job (zeroed_ratio) and peak
+                  RSS (rss_ratio), each as a ratio to the default's
 
 A figure fails when it is worse than its budget by more than the budget's
 tolerance (relative `tol` plus absolute `abs`); one better by more than that is
@@ -44,13 +49,14 @@ reported as room to tighten, and passes. Exit status 1 when any figure fails.
 figure (tolerances kept), so a regression is never written in as a budget;
 it flags a budget above NumPy's default's figure where the run measured that.
 Loosening a budget is a hand edit with a reason in docs/performance.md (its
-"The net" section says how). About 2.5 minutes on 2 cores (idle); needs valgrind and
-pandas.
+"The net" section says how). About 4 minutes on 2 cores (idle); needs valgrind and
+the jobs' libraries (pandas 3, pyarrow, scikit-learn, SciPy).
 """
 import argparse
 import ctypes
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -120,6 +126,7 @@ TOLERANCES = {
     "faults_per_iter": {"abs": 0.5},
     "rss_over_live": {"tol": 0.02},
     "rss_ratio": {"abs": 0.01},
+    "zeroed_ratio": {"tol": 0.03},
 }
 
 
@@ -287,12 +294,48 @@ def figures_pandas(policies):
             for p in policies}
 
 
+def job_names():
+    """Every job of bench/jobs (each needs its libraries: pandas 3, pyarrow,
+    scikit-learn, SciPy; a missing one fails the net, it is not skipped)."""
+    sys.path.insert(0, os.path.join(HERE, "jobs"))
+    from child import JOBS
+    return list(JOBS)
+
+
+JOB_REPS = 3  # per job and configuration, interleaved; the medians are compared
+
+
+def figures_jobs(policies):
+    """Per job, pages zeroed during the job (imports excluded) and peak RSS
+    under each policy, as ratios to NumPy's default's, medians of JOB_REPS runs
+    interleaved. Hugepages are off in each child: every fault is one 4 KiB
+    page, counted per process, so a run's count is its own whatever else the
+    machine runs; what still varies is the job's (threads, Arrow's pool)."""
+    out = {p: {} for p in policies}
+    for job in job_names():
+        cmd = [sys.executable, os.path.join(HERE, "jobs", "child.py"), job, "--scale", "0.3"]
+        runs = {c: [] for c in [None] + policies}
+        for _ in range(JOB_REPS):
+            for c in runs:
+                r = run_json(cmd, policy_env(c), hugepages=False)
+                if c and r["handler"] != "datamem":
+                    raise RuntimeError("%s under %s ran with handler %r" % (job, c, r["handler"]))
+                runs[c].append(r)
+        med = {c: {k: statistics.median(r[k] for r in rs) for k in ("faults", "maxrss_mb")}
+               for c, rs in runs.items()}
+        for p in policies:
+            out[p]["jobs/%s/zeroed_ratio" % job] = med[p]["faults"] / med[None]["faults"]
+            out[p]["jobs/%s/rss_ratio" % job] = med[p]["maxrss_mb"] / med[None]["maxrss_mb"]
+    return out
+
+
 def figure_names():
     """Every figure a full run measures (bench/budgets.json holds one budget each)."""
     per = ["mixed/pages_zeroed_per_op", "mixed/rss_over_live", "temp8/faults_per_iter",
            "temp64/faults_per_iter", "threads8/faults_per_iter", "pandas/rss_ratio"]
     per += ["%s%s/%s" % (loop, c, m) for loop in LOOPS for c in SUFFIX.values()
             for m in ("instr_per_op", "own_instr_per_op")]
+    per += ["jobs/%s/%s" % (j, m) for j in job_names() for m in ("zeroed_ratio", "rss_ratio")]
     return sorted("%s/%s" % (p, f) for p in POLICIES for f in per)
 
 
@@ -311,6 +354,9 @@ def measure(only):
     if any(want(p + "/pandas") for p in POLICIES):
         for p, fs in figures_pandas(list(POLICIES)).items():
             figs.update({"%s/%s" % (p, k): v for k, v in fs.items()})
+    if any(want(p + "/jobs") for p in POLICIES):
+        for p, fs in figures_jobs([p for p in POLICIES if want(p + "/jobs")]).items():
+            figs.update({"%s/%s" % (p, k): v for k, v in fs.items()})
     figs = {k: v for k, v in figs.items() if want(k)}
     figs.update(dflt)
     return figs
@@ -318,11 +364,11 @@ def measure(only):
 
 def default_figure(key, figs):
     """NumPy's default handler's figure for a budget's key where this run measured
-    it (None where not): the pandas ratio is to the default by its definition."""
+    it (None where not): a ratio is to the default by its definition."""
     policy, rest = key.split("/", 1)
     if policy == DEFAULT:
         return None
-    if rest.endswith("/rss_ratio"):
+    if rest.endswith("_ratio"):
         return 1.0
     loop, metric = rest.split("/", 1)
     return figs.get("%s/%s/%s" % (DEFAULT, loop.split("+")[0], metric))

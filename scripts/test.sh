@@ -119,14 +119,15 @@ python3 -m pytest -q tests/python
 
 stage "performance net: page faults, instructions and peak RSS against bench/budgets.json (bench/net.py)"
 # Figures that repeat run to run (docs/performance.md, "The net"); a figure past
-# its budget's tolerance fails. pandas goes into a venv that sees the main
-# site-packages (numpy, the installed wheel), as the engines stage does.
+# its budget's tolerance fails. The jobs' libraries (pandas 3, scikit-learn;
+# pyarrow and SciPy come with the main environment) go into a venv that sees the
+# main site-packages (numpy, the installed wheel), as the engines stage does.
 venv=.venv-net
 if [ ! -x "$venv/bin/python" ]; then
   python3 -m venv --system-site-packages "$venv"
 fi
-"$venv/bin/python" -c "import pandas" 2>/dev/null ||
-  "$venv/bin/python" -m pip install -q --disable-pip-version-check "pandas>=2"
+"$venv/bin/python" -c "import sys, pandas, sklearn, scipy, pyarrow; sys.exit(int(pandas.__version__.split('.')[0]) < 3)" 2>/dev/null ||
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check "pandas>=3" "scikit-learn>=1.3" "scipy>=1.10" "pyarrow>=15"
 "$venv/bin/python" bench/net.py
 
 stage "Python tests with the extension built under ASan+UBSan"

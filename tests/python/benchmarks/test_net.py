@@ -192,3 +192,40 @@ def test_a_share_callgrind_cannot_see_is_an_error(monkeypatch):
     monkeypatch.setitem(net.HANDLER_FUNCTIONS, "datamem", ["dm_no_such_function"])
     with pytest.raises(RuntimeError, match="saw no instructions in dm_no_such_function"):
         net.callgrind_totals("minimal", False, own=True, n=200)
+
+
+def test_the_job_figures_are_ratios_of_medians_to_the_default_in_the_same_run(monkeypatch):
+    """Per job: pages zeroed (minor faults with hugepages off) and peak RSS, the
+    median of the policy's runs over the median of the default's, the runs
+    interleaved, every child with hugepages off; a policy run NumPy did not
+    allocate through fails rather than compares."""
+    calls = []
+    faults = {None: iter([100, 300, 200]), "p": iter([90, 500, 110])}  # medians 200, 110
+
+    def run_json(cmd, env, timeout=600, hugepages=True):
+        policy = "p" if "DATAMEM_CONFIG" in env else None
+        calls.append((cmd[2], policy, hugepages))
+        return {"faults": next(faults[policy]), "maxrss_mb": 100.0 if policy is None else 103.0,
+                "handler": "datamem" if policy else "default_allocator"}
+
+    monkeypatch.setattr(net, "run_json", run_json)
+    monkeypatch.setattr(net, "job_names", lambda: ["scipy_cg"])
+    monkeypatch.setitem(net.POLICIES, "p", "configs/minimal.yaml")
+    figs = net.figures_jobs(["p"])
+    assert figs == {"p": {"jobs/scipy_cg/zeroed_ratio": 110 / 200,
+                          "jobs/scipy_cg/rss_ratio": 1.03}}, figs
+    assert [c[1] for c in calls] == [None, "p"] * net.JOB_REPS, calls
+    assert all(c[0] == "scipy_cg" and c[2] is False for c in calls), calls
+    monkeypatch.setattr(net, "run_json", lambda *a, **k: {"faults": 1, "maxrss_mb": 1.0,
+                                                          "handler": "default_allocator"})
+    with pytest.raises(RuntimeError, match="ran with handler"):
+        net.figures_jobs(["p"])
+
+
+def test_every_job_of_bench_jobs_has_its_figures():
+    sys.path.insert(0, os.path.join(ROOT, "bench", "jobs"))
+    from child import JOBS
+    names = net.figure_names()
+    for job in JOBS:
+        assert "minimal/jobs/%s/zeroed_ratio" % job in names, job
+        assert "minimal/jobs/%s/rss_ratio" % job in names, job
