@@ -152,12 +152,18 @@ def policy_env(policy, extra=None):
     return child_env(env)
 
 
-def workload(name, policy, hugepages=True):
-    out = run_json([sys.executable, os.path.join(HERE, "workloads.py"), name, "--quick"],
-                   policy_env(policy), hugepages=hugepages)
+def under_datamem(what, policy, out):
+    """out, a child's reading under policy; an error if NumPy did not allocate
+    through datamem's handler there (the figure would be the default's)."""
     if out["handler"] != "datamem":
-        raise RuntimeError("%s under %s ran with handler %r" % (name, policy, out["handler"]))
+        raise RuntimeError("%s under %s ran with handler %r" % (what, policy, out["handler"]))
     return out
+
+
+def workload(name, policy, hugepages=True):
+    return under_datamem(name, policy, run_json(
+        [sys.executable, os.path.join(HERE, "workloads.py"), name, "--quick"],
+        policy_env(policy), hugepages=hugepages))
 
 
 def figures_workloads(policy):
@@ -287,17 +293,22 @@ def pandas_job():
 
 
 def figures_pandas(policies):
+    """The pandas job's peak RSS with hugepages on (the machine's setting),
+    over the default's: hugepage advice rounds blocks up to whole 2 MiB frames,
+    which the jobs' figures (hugepages off, figures_jobs) cannot see."""
     job = pandas_job()
     cmd = [sys.executable, os.path.join(HERE, "jobs", "child.py"), job, "--scale", "0.3"]
     base = run_json(cmd, policy_env(None))["maxrss_mb"]
-    return {p: {"pandas/rss_ratio": run_json(cmd, policy_env(p))["maxrss_mb"] / base}
-            for p in policies}
+    return {p: {"pandas/rss_ratio": under_datamem(job, p, run_json(cmd, policy_env(p)))["maxrss_mb"]
+                / base} for p in policies}
 
 
 def job_names():
     """Every job of bench/jobs (each needs its libraries: pandas 3, pyarrow,
     scikit-learn, SciPy; a missing one fails the net, it is not skipped)."""
-    sys.path.insert(0, os.path.join(HERE, "jobs"))
+    jobs = os.path.join(HERE, "jobs")
+    if jobs not in sys.path:
+        sys.path.insert(0, jobs)
     from child import JOBS
     return list(JOBS)
 
@@ -318,9 +329,7 @@ def figures_jobs(policies):
         for _ in range(JOB_REPS):
             for c in runs:
                 r = run_json(cmd, policy_env(c), hugepages=False)
-                if c and r["handler"] != "datamem":
-                    raise RuntimeError("%s under %s ran with handler %r" % (job, c, r["handler"]))
-                runs[c].append(r)
+                runs[c].append(under_datamem(job, c, r) if c else r)
         med = {c: {k: statistics.median(r[k] for r in rs) for k in ("faults", "maxrss_mb")}
                for c, rs in runs.items()}
         for p in policies:

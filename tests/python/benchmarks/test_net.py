@@ -223,9 +223,29 @@ def test_the_job_figures_are_ratios_of_medians_to_the_default_in_the_same_run(mo
 
 
 def test_every_job_of_bench_jobs_has_its_figures():
-    sys.path.insert(0, os.path.join(ROOT, "bench", "jobs"))
-    from child import JOBS
+    """A job module added to bench/jobs is a job of child.py's JOBS, so the net
+    measures it, and the checked-in budgets hold both of its figures."""
+    jobs_dir = os.path.join(ROOT, "bench", "jobs")
+    modules = {f[:-3] for f in os.listdir(jobs_dir)
+               if f.endswith(".py") and f not in ("child.py", "__init__.py", "__main__.py")}
+    jobs = net.job_names()
+    child = sys.modules["child"]
+    assert modules <= set(jobs), modules - set(jobs)
+    assert {child.MODULE.get(j, j) for j in jobs} == modules, jobs
+    with open(os.path.join(ROOT, "bench", "budgets.json")) as f:
+        budgets = json.load(f)["budgets"]
     names = net.figure_names()
-    for job in JOBS:
-        assert "minimal/jobs/%s/zeroed_ratio" % job in names, job
-        assert "minimal/jobs/%s/rss_ratio" % job in names, job
+    for job in jobs:
+        for m in ("zeroed_ratio", "rss_ratio"):
+            key = "minimal/jobs/%s/%s" % (job, m)
+            assert key in names, key
+            assert key in budgets, key
+    assert net.job_names() == jobs and sys.path.count(jobs_dir) == 1, sys.path
+
+
+def test_the_pandas_figure_fails_a_run_not_under_datamem(monkeypatch):
+    monkeypatch.setattr(net, "pandas_job", lambda: "pandas3_etl")
+    monkeypatch.setattr(net, "run_json", lambda *a, **k: {"maxrss_mb": 1.0,
+                                                          "handler": "default_allocator"})
+    with pytest.raises(RuntimeError, match="ran with handler"):
+        net.figures_pandas(["minimal"])
