@@ -56,6 +56,30 @@ WORKLOADS = ["empty", "zeros", "touch", "temp1", "temp8", "temp64",
 VALUE_METRICS = {"faults", "steady_faults", "peak_live_mb", "thp_mb", "rss_over_live"}
 
 
+def add_variants(variants, known):
+    """--variant NAME:VAR=VAL[;VAR=VAL] into known (DATAMEM_CONFIG relative to
+    the repository); returns the names, in order."""
+    names = []
+    for v in variants:
+        name, _, spec = v.partition(":")
+        env = dict(kv.split("=", 1) for kv in spec.split(";") if kv)
+        if "DATAMEM_CONFIG" in env:
+            env["DATAMEM_CONFIG"] = os.path.join(ROOT, env["DATAMEM_CONFIG"])
+        known[name] = (env, None)
+        names.append(name)
+    return names
+
+
+def config_list(requested, standard, variants):
+    """The configurations to run: --configs (comma-separated) or the standard
+    ones, then the variants not named, NumPy's default always first."""
+    configs = requested.split(",") if requested else list(standard)
+    configs += [n for n in variants if n not in configs]
+    if "default" not in configs:
+        configs.insert(0, "default")
+    return configs
+
+
 def usable_configs(configs, known):
     """Drops (with a note on stderr) the configurations whose LD_PRELOAD library is
     missing; exits on an unknown one. `configs` is changed in place; returns the
@@ -251,22 +275,11 @@ def main():
         order += [c for c in d["meta"]["configs"] if c not in order]
         plot(d["medians"], d["ratios"], order, args.plot)
         return
-    for v in args.variant:
-        name, _, spec = v.partition(":")
-        env = dict(kv.split("=", 1) for kv in spec.split(";") if kv)
-        if "DATAMEM_CONFIG" in env:
-            env["DATAMEM_CONFIG"] = os.path.join(ROOT, env["DATAMEM_CONFIG"])
-        CONFIGS[name] = (env, None)
-
+    variants = add_variants(args.variant, CONFIGS)
     reps = args.reps or (3 if args.quick else 5)
     workloads = args.only.split(",") if args.only else list(WORKLOADS)
-    configs = args.configs.split(",") if args.configs else [
-        c for c in CONFIGS if c not in ON_REQUEST]
-    for v in args.variant:
-        if v.partition(":")[0] not in configs:
-            configs.append(v.partition(":")[0])
-    if "default" not in configs:
-        configs.insert(0, "default")
+    standard = [c for c in CONFIGS if c not in ON_REQUEST and c not in variants]
+    configs = config_list(args.configs, standard, variants)
     for w in workloads:
         if w not in WORKLOADS:
             sys.exit("unknown workload %r" % w)

@@ -37,7 +37,8 @@ import subprocess
 import sys
 import time
 
-from bench.run import CONFIGS as RUN_CONFIGS, child_env, usable_configs  # one definition of the peers
+# one definition of the peers and of the command line's configurations
+from bench.run import CONFIGS as RUN_CONFIGS, add_variants, child_env, config_list, usable_configs
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -264,19 +265,11 @@ def main():
         if args.plot:
             plot(med, ratio, configs, args.plot)
         return
-    for v in args.variant:
-        name, _, spec = v.partition(":")
-        env = dict(kv.split("=", 1) for kv in spec.split(";") if kv)
-        if "DATAMEM_CONFIG" in env:
-            env["DATAMEM_CONFIG"] = os.path.join(ROOT, env["DATAMEM_CONFIG"])
-        CONFIGS[name] = (env, None)
+    variants = add_variants(args.variant, CONFIGS)
     reps = args.reps if args.reps is not None else (2 if args.quick else 3)
     scale = args.scale or (0.4 if args.quick else 1.0)
     jobs = args.only.split(",") if args.only else list(JOBS)
-    configs = args.configs.split(",") if args.configs else list(DEFAULT_CONFIGS)
-    configs += [v.partition(":")[0] for v in args.variant if v.partition(":")[0] not in configs]
-    if "default" not in configs:
-        configs.insert(0, "default")
+    configs = config_list(args.configs, DEFAULT_CONFIGS, variants)
     for j in jobs:
         if j not in JOBS:
             sys.exit("unknown job %r" % j)

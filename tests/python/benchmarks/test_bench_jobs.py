@@ -63,3 +63,22 @@ def test_child_peak_sampler_sees_the_arenas_hold_a_numpy_job():
     r = subprocess.run([sys.executable, child, "stencil_big", "--scale", "0.1"], env=env,
                        capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert json.loads(r.stdout.strip().splitlines()[-1])["peak"] is None  # off unless asked
+
+
+def test_variants_and_the_configuration_list_are_one_definition_for_both_benchmarks():
+    """--variant NAME:VAR=VAL;VAR=VAL adds a configuration (its policy path
+    made absolute) to bench/run.py's and bench/jobs' lists alike; --configs
+    picks, the variants follow, NumPy's default always comes first."""
+    from bench import run
+    known = {}
+    names = run.add_variants(["dm-a:DATAMEM_CONFIG=configs/minimal.yaml;DMJE_MALLOC_CONF=x:1",
+                              "dm-b:"], known)
+    assert names == ["dm-a", "dm-b"]
+    assert known["dm-a"] == ({"DATAMEM_CONFIG": os.path.join(ROOT, "configs/minimal.yaml"),
+                              "DMJE_MALLOC_CONF": "x:1"}, None)
+    assert known["dm-b"] == ({}, None)
+    assert run.config_list(None, ["default", "tcmalloc"], names) == \
+        ["default", "tcmalloc", "dm-a", "dm-b"]
+    assert run.config_list("tcmalloc,dm-b", ["default"], names) == \
+        ["default", "tcmalloc", "dm-b", "dm-a"]
+    assert jobs.add_variants is run.add_variants and jobs.config_list is run.config_list
