@@ -462,6 +462,52 @@ static uint64_t unbacked(const dm__arena_je_t *x, uint64_t d) {
     return u < d ? u : d;
 }
 
+/* The next `arena.<i>.purge` on this thread leaves the `pages` most recently
+ * freed dirty pages (0: none, jemalloc's own meaning). Added to jemalloc's
+ * source by third_party/jemalloc/jemalloc.bzl; its private namespace names it. */
+void dmje_private_je_dm_purge_keep(size_t pages);
+#define dm_purge_keep dmje_private_je_dm_purge_keep
+
+/* A jemalloc arena at a growth check (dm__arena_after_growth). */
+struct candidate {
+    dm__arena_je_t *x;
+    uint64_t dirty, kept, active;
+    bool due;
+};
+
+/* A purge to make: leave `keep` bytes of x's dirty pages, shed `shed` bytes of
+ * its kept blocks first. */
+struct purge {
+    dm__arena_je_t *x;
+    uint64_t keep, shed;
+};
+
+/* Only what the growth passed the peak by (`over`) goes, from each arena due
+ * in turn (slot order: a policy arena's small half before its big half, whose
+ * dirty ranges are often blocks that lent their pages away, so that purging
+ * them frees nothing): jemalloc's dirty pages, the oldest freed first and in
+ * whole extents, then kept blocks (those that lent first, then the oldest;
+ * bigblock.c, dm__bigblock_release_some). A page given back past that is one
+ * the next allocation faults in again (scipy_cg: 15 MB for a 4 KiB
+ * overshoot). Fills list, adds what it gives back to *purged, returns how
+ * many purges. */
+static int plan_purges(const struct candidate *mine, int nmine, uint64_t over, uint64_t budget,
+                       struct purge *list, uint64_t *purged) {
+    int npurge = 0;
+    for (int k = 0; k < nmine && over > 0; k++) {
+        uint64_t d = mine[k].dirty + mine[k].kept;
+        if (!mine[k].due || d <= budget || d - budget <= mine[k].active / 64 ||
+            !mine[k].x->purge_mib[0])
+            continue;
+        uint64_t take = over < mine[k].dirty ? over : mine[k].dirty;
+        uint64_t shed = over - take < mine[k].kept ? over - take : mine[k].kept;
+        over -= take + shed;
+        *purged += take + shed;
+        list[npurge++] = (struct purge){mine[k].x, mine[k].dirty - take, shed};
+    }
+    return npurge;
+}
+
 void dm__arena_after_growth(dm__arena_je_t *ja) {
     if (atomic_exchange_explicit(&ja->region.grown, 0, memory_order_relaxed) == 0)
         return;
@@ -478,11 +524,7 @@ void dm__arena_after_growth(dm__arena_je_t *ja) {
      * the last check: in one jemalloc arena its idle pages would have served
      * this growth (sklearn_pipeline: 111 MB of them, or 1.034x the default's
      * peak RSS instead of 1.01x). */
-    struct candidate {
-        dm__arena_je_t *x;
-        uint64_t dirty, kept, active;
-        bool due;
-    } mine[2 * DM_NODES_MAX]; /* one per node, or one, and their big halves */
+    struct candidate mine[2 * DM_NODES_MAX]; /* one per node, or one, and their big halves */
     int nmine = 0;
     uint64_t footprint = 0, purged = 0, no_pages = 0;
     for (int j = 0; j < nje; j++) { /* one read of each arena's stats */
@@ -507,23 +549,9 @@ void dm__arena_after_growth(dm__arena_je_t *ja) {
         mine[nmine++] = (struct candidate){x, d, kept, a, due};
     }
     bool past = footprint > peak_footprint;
-    uint64_t over = past ? footprint - peak_footprint : 0; /* what the purges give back first */
-    int npurge = 0;
-    for (int k = 0; k < nmine; k++) {
-        uint64_t d = mine[k].dirty + mine[k].kept;
-        if (past && mine[k].due && d > budget && d - budget > mine[k].active / 64 &&
-            mine[k].x->purge_mib[0]) {
-            /* jemalloc's dirty pages all go; kept blocks (those that lent
-             * first, then the oldest) only for what the growth passed the
-             * peak by (bigblock.c, dm__bigblock_release_some) */
-            uint64_t shed = over > mine[k].dirty ? over - mine[k].dirty : 0;
-            shed = shed < mine[k].kept ? shed : mine[k].kept;
-            over -= over < mine[k].dirty + shed ? over : mine[k].dirty + shed;
-            mine[npurge].x = mine[k].x; /* the purge list, in place */
-            mine[npurge++].kept = shed;
-            purged += mine[k].dirty + shed;
-        }
-    }
+    struct purge list[2 * DM_NODES_MAX];
+    int npurge = plan_purges(mine, nmine, past ? footprint - peak_footprint : 0, budget, list,
+                             &purged);
     if (footprint - purged > peak_footprint) /* a purge never lowers the mark */
         peak_footprint = footprint - purged;
     bool trim = past && footprint - no_pages > trimmed_at + (trimmed_at >> 4);
@@ -531,9 +559,11 @@ void dm__arena_after_growth(dm__arena_je_t *ja) {
         trimmed_at = footprint - no_pages;
     pthread_mutex_unlock(&dm__mem_mu);
     for (int k = 0; k < npurge; k++) {
-        if (mine[k].kept)
-            dm__bigblock_release_some(mine[k].x, mine[k].kept);
-        dmje_mallctlbymib(mine[k].x->purge_mib, 3, NULL, NULL, NULL, 0);
+        if (list[k].shed)
+            dm__bigblock_release_some(list[k].x, list[k].shed);
+        dm_purge_keep(list[k].keep / page);
+        dmje_mallctlbymib(list[k].x->purge_mib, 3, NULL, NULL, NULL, 0);
+        dm_purge_keep(0);
     }
     if (trim)
         trim_libc();

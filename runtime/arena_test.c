@@ -146,9 +146,9 @@ static void test_big_tail_trimmed(void) {
     dm_free(b);
 }
 
-/* The small half growing past the peak purges the dirty pages of a big half
- * that served nothing since the last check (arena.c): in one jemalloc arena
- * they would have served that growth. */
+/* The small half growing past the peak gives back what it passed the peak by
+ * from the dirty pages of a big half that served nothing since the last check
+ * first (arena.c): in one jemalloc arena they would have served that growth. */
 static void test_idle_big_half_purged(void) {
     const dm_ctx_t *root = dm_ctx_root();
     const size_t MB = (size_t)1 << 20;
@@ -171,7 +171,9 @@ static void test_idle_big_half_purged(void) {
         touch(small[n++], 3 * MB);
     }
     CHECK(arena_stat("idle", 2) > purges, "a growth purge after %d blocks of 3 MiB", n);
-    CHECK(arena_stat("idle", 3) < 16 * MB, "the idle big half's dirty pages purged: %llu",
+    /* a 16 MiB extent at least (the overshoot is under 3 MiB; the small
+     * half's few dirty pages count too); the others stay */
+    CHECK(arena_stat("idle", 3) <= 49 * MB, "the idle big half's dirty pages purged: %llu",
           (unsigned long long)arena_stat("idle", 3));
     for (int i = 0; i < n; i++)
         dm_free(small[i]);

@@ -61,6 +61,49 @@ def _unseen_maps(rctx):
         fail("jemalloc: src/pages.c has no single '/* Data. */' section to put the unseen mappings before")
     rctx.file(path, text.replace(anchor, _UNSEEN_MAPS + anchor, 1))
 
+# A purge that keeps pages: `arena.<i>.purge` gives back every dirty page of the
+# arena; datamem's purge on growth needs only what the footprint passed its peak
+# by (runtime/arena.c, dm__arena_after_growth), and a page given back beyond it
+# is zeroed again by the next allocation that wants it. dm_purge_keep(n), called
+# on the purging thread just before the purge, leaves the n most recently
+# freed dirty pages of that arena (jemalloc evicts the oldest first); 0 gives
+# the purge its usual meaning. Only the dirty pages: the muzzy ones are purged
+# lazily already. jemalloc's private namespace names it
+# dmje_private_je_dm_purge_keep, which runtime/arena.c declares.
+_PURGE_KEEP_OLD = """void
+pac_decay_all(tsdn_t *tsdn, pac_t *pac, decay_t *decay,
+    pac_decay_stats_t *decay_stats, ecache_t *ecache, bool fully_decay) {
+	malloc_mutex_assert_owner(tsdn, &decay->mtx);
+	pac_decay_to_limit(tsdn, pac, decay, decay_stats, ecache, fully_decay,
+	    /* npages_limit */ 0, ecache_npages_get(ecache));
+}
+"""
+_PURGE_KEEP_NEW = """/* datamem (third_party/jemalloc/jemalloc.bzl): a purge that keeps pages */
+static __thread size_t dm_purge_keep_pages;
+
+void
+dm_purge_keep(size_t pages) {
+	dm_purge_keep_pages = pages;
+}
+
+void
+pac_decay_all(tsdn_t *tsdn, pac_t *pac, decay_t *decay,
+    pac_decay_stats_t *decay_stats, ecache_t *ecache, bool fully_decay) {
+	malloc_mutex_assert_owner(tsdn, &decay->mtx);
+	size_t npages = ecache_npages_get(ecache);
+	size_t keep = ecache == &pac->ecache_dirty ? dm_purge_keep_pages : 0;
+	pac_decay_to_limit(tsdn, pac, decay, decay_stats, ecache, fully_decay,
+	    /* npages_limit */ keep, npages > keep ? npages - keep : 0);
+}
+"""
+
+def _purge_keep(rctx):
+    path = "src/src/pac.c"
+    text = rctx.read(path)
+    if text.count(_PURGE_KEEP_OLD) != 1:
+        fail("jemalloc: src/pac.c has no single pac_decay_all as 5.3.0 wrote it, to give a purge that keeps pages")
+    rctx.file(path, text.replace(_PURGE_KEEP_OLD, _PURGE_KEEP_NEW, 1))
+
 def _debian_jemalloc_impl(rctx):
     rctx.report_progress("fetching jemalloc source from Debian")
     _run(rctx, ["mkdir", "-p", "dl"], "mkdir")
@@ -72,6 +115,7 @@ def _debian_jemalloc_impl(rctx):
         fail("jemalloc: expected version %s from Debian, got %r" % (_VERSION, version))
 
     _unseen_maps(rctx)
+    _purge_keep(rctx)
 
     rctx.report_progress("configuring jemalloc")
     env = {"CFLAGS": "-O2 -g -fPIC -fno-omit-frame-pointer", "CC": "gcc"}
@@ -101,6 +145,10 @@ def _debian_jemalloc_impl(rctx):
     _run(rctx, ["sh", "-c", "cd src && make -s -j$(nproc) build_lib_static"], "make", env = env)
     _run(rctx, ["mkdir", "-p", "lib", "include/jemalloc"], "mkdir")
     _run(rctx, ["cp", "src/lib/libjemalloc_pic.a", "lib/"], "copy lib")
+    # The name runtime/arena.c calls (a shared object links with it undefined,
+    # and only the import would fail).
+    _run(rctx, ["sh", "-c", "nm -g lib/libjemalloc_pic.a | grep -q ' T dmje_private_je_dm_purge_keep$'"],
+         "finding dmje_private_je_dm_purge_keep in the archive (jemalloc's private namespace names it)")
     _run(rctx, ["cp", "src/include/jemalloc/jemalloc.h", "include/jemalloc/"], "copy header")
     _run(rctx, ["rm", "-rf", "dl", "src"], "clean")
     rctx.symlink(rctx.attr.build_file, "BUILD.bazel")
