@@ -223,6 +223,9 @@ static _Atomic uintptr_t mu;
 static _Atomic uint32_t mu_seq, mu_waiters;
 static _Atomic bool active; /* recording now */
 static bool started;        /* between dm_prof_start and dm_prof_stop (a fork child records) */
+/* The records not yet written, apart from `w` so that it stays in .bss: an
+ * initialised 1 MiB would be stored in the shared object (and each wheel). */
+static unsigned char wbuf[BUF_CAP];
 static struct {
     int fd;
     int dirfd;                /* DIR, checked by dm_prof_start */
@@ -231,7 +234,7 @@ static struct {
     uint64_t max_bytes;       /* the file's size limit */
     char dir[4096], path[4160];
     char *meta;               /* the caller's JSON object text */
-    unsigned char buf[BUF_CAP];
+    unsigned char *buf;       /* wbuf, below */
     size_t len;
     size_t whole;             /* buf[0, whole) holds whole records (SIGTERM writes them) */
     uint64_t last_flush;
@@ -240,7 +243,7 @@ static struct {
     bool write_failed;
     bool flusher;             /* this process's flusher thread runs */
     unsigned flusher_gen;     /* bumped by stop and fork: an older flusher exits */
-} w = {.fd = -1, .dirfd = -1};
+} w = {.fd = -1, .dirfd = -1, .buf = wbuf};
 
 uint64_t dm_prof_now(void) {
     struct timespec ts;

@@ -38,6 +38,15 @@ def _run(rctx, args, what, timeout = 900, env = {}):
         fail("jemalloc: %s failed (%d):\n%s\n%s" % (what, res.return_code, res.stdout[-4000:], res.stderr[-4000:]))
     return res
 
+# One anchored edit of jemalloc's source: the anchor must occur exactly once
+# (a Debian update that moves it fails the build here, by name, rather than
+# building an allocator without the edit).
+def _edit_once(rctx, path, old, new, why):
+    text = rctx.read("src/" + path)
+    if text.count(old) != 1:
+        fail("jemalloc: %s has no single anchor for %s (jemalloc %s wrote one)" % (path, why, _VERSION))
+    rctx.file("src/" + path, text.replace(old, new, 1))
+
 # jemalloc's own mappings (its metadata, the radix tree, arena 0's extents) are
 # made with syscall(2) instead of libc's mmap/munmap: a memory profiler that
 # hooks those symbols in every library's GOT (memray) counted them as the
@@ -52,14 +61,8 @@ _UNSEEN_MAPS = """/* datamem (third_party/jemalloc/jemalloc.bzl): mappings unsee
 #define munmap(a, n) ((int)syscall(SYS_munmap, (a), (n)))
 
 """
+_PAGES_ANCHOR = "/******************************************************************************/\n/* Data. */"
 
-def _unseen_maps(rctx):
-    path = "src/src/pages.c"
-    text = rctx.read(path)
-    anchor = "/******************************************************************************/\n/* Data. */"
-    if text.count(anchor) != 1:
-        fail("jemalloc: src/pages.c has no single '/* Data. */' section to put the unseen mappings before")
-    rctx.file(path, text.replace(anchor, _UNSEEN_MAPS + anchor, 1))
 
 # A purge that keeps pages: `arena.<i>.purge` gives back every dirty page of the
 # arena; datamem's purge on growth needs only what the footprint passed its peak
@@ -97,13 +100,6 @@ pac_decay_all(tsdn_t *tsdn, pac_t *pac, decay_t *decay,
 }
 """
 
-def _purge_keep(rctx):
-    path = "src/src/pac.c"
-    text = rctx.read(path)
-    if text.count(_PURGE_KEEP_OLD) != 1:
-        fail("jemalloc: src/pac.c has no single pac_decay_all as 5.3.0 wrote it, to give a purge that keeps pages")
-    rctx.file(path, text.replace(_PURGE_KEEP_OLD, _PURGE_KEEP_NEW, 1))
-
 def _debian_jemalloc_impl(rctx):
     rctx.report_progress("fetching jemalloc source from Debian")
     _run(rctx, ["mkdir", "-p", "dl"], "mkdir")
@@ -114,8 +110,9 @@ def _debian_jemalloc_impl(rctx):
     if not version.startswith(_VERSION):
         fail("jemalloc: expected version %s from Debian, got %r" % (_VERSION, version))
 
-    _unseen_maps(rctx)
-    _purge_keep(rctx)
+    _edit_once(rctx, "src/pages.c", _PAGES_ANCHOR, _UNSEEN_MAPS + _PAGES_ANCHOR,
+               "the unseen mappings (before its '/* Data. */' section)")
+    _edit_once(rctx, "src/pac.c", _PURGE_KEEP_OLD, _PURGE_KEEP_NEW, "a purge that keeps pages (pac_decay_all)")
 
     rctx.report_progress("configuring jemalloc")
     env = {"CFLAGS": "-O2 -g -fPIC -fno-omit-frame-pointer", "CC": "gcc"}

@@ -62,3 +62,15 @@ def test_tls_anchor_library():
     needed = subprocess.run(["readelf", "-dW", ext_path()], capture_output=True, text=True,
                             check=True).stdout
     assert "[libdatamem_tls.so]" in needed and "$ORIGIN" in needed
+
+
+def test_writable_data_is_not_stored_in_the_file():
+    # Initialised writable data is stored in the shared object and read from
+    # it; the big tables (the profiler's 1 MiB buffer, the hugepage bitmaps)
+    # belong in .bss, which costs nothing on disk or in page cache until used.
+    out = subprocess.run(["readelf", "-SW", ext_path()], capture_output=True, text=True,
+                         check=True).stdout
+    sizes = {f[1]: int(f[5], 16) for f in (l.replace("[ ", "[").split() for l in out.splitlines())
+             if len(f) > 5 and f[0].startswith("[") and f[1] in (".data", ".bss")}
+    assert sizes[".data"] <= 64 * 1024, sizes
+    assert sizes[".bss"] >= 1 << 20, sizes
