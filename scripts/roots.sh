@@ -7,8 +7,8 @@
 #
 #   bash scripts/roots.sh make NAME           make the root if missing; print its path
 #   bash scripts/roots.sh run NAME CMD...     run CMD in the root (chroot), with /proc,
-#                                             /dev and /tmp/datamem-src (the clone, read-only)
-#                                             bound only while it runs
+#                                             /dev, a /tmp of its own and /tmp/datamem-src
+#                                             (the clone, read-only) bound only while it runs
 #   NAME: forky (x86_64, CPython 3.14), arm64 (bookworm arm64, CPython 3.11),
 #         bullseye (x86_64, glibc 2.31, CPython 3.11 built from bookworm's source)
 #
@@ -48,13 +48,21 @@ enable_qemu() {
   [ -e /proc/sys/fs/binfmt_misc/qemu-aarch64 ] || die "qemu-aarch64 is not registered with binfmt_misc"
 }
 
-# Mounts for one command in a root; undone by the caller's trap.
+# Mounts for one command in a root; undone by the caller's trap. `run` makes
+# them in a mount namespace of its own with a /tmp of its own (a directory it
+# made under $ROOTS, removed after), so that two clones testing in one root at
+# once neither see nor unmount each other's clone, wheel or pytest directories.
 MOUNTED=()
+RUN_TMP=
 bind_mounts() {
   local r=$1
-  mkdir -p "$r/proc" "$r/dev" "$r/tmp/datamem-src"
+  mkdir -p "$r/proc" "$r/dev" "$r/tmp"
   mount --bind /proc "$r/proc" && MOUNTED+=("$r/proc")
   mount --bind /dev "$r/dev" && MOUNTED+=("$r/dev")
+  if [ -n "$RUN_TMP" ]; then
+    mount --bind "$RUN_TMP" "$r/tmp" && MOUNTED+=("$r/tmp")
+  fi
+  mkdir -p "$r/tmp/datamem-src"
   mount --bind "$PWD" "$r/tmp/datamem-src" && MOUNTED+=("$r/tmp/datamem-src")
   mount -o remount,bind,ro "$r/tmp/datamem-src"
 }
@@ -62,6 +70,7 @@ unmount_all() {
   local i
   for ((i = ${#MOUNTED[@]} - 1; i >= 0; i--)); do umount -l "${MOUNTED[$i]}" 2>/dev/null || true; done
   MOUNTED=()
+  if [ -n "$RUN_TMP" ]; then rm -rf --one-file-system "$RUN_TMP"; RUN_TMP=; fi
 }
 
 # rm -rf of a root, never through a mount: a run killed before its trap (or
@@ -152,11 +161,16 @@ case $cmd in
   make) [ $# -eq 1 ] || die "usage: roots.sh make NAME"; make_root "$1" ;;
   run)
     [ $# -ge 2 ] || die "usage: roots.sh run NAME CMD..."
+    if [ -z "${DATAMEM_ROOT_NS:-}" ]; then  # the mounts below in a namespace of this run's own
+      DATAMEM_ROOT_NS=1 exec unshare --mount --propagation private bash "$PWD/scripts/roots.sh" run "$@"
+    fi
     r=$ROOTS/$1; shift
     made "$r" ||
       die "no root $r, or one made by an older scripts/roots.sh (bash scripts/roots.sh make $(basename "$r"))"
     [ "$(basename "$r")" != arm64 ] || enable_qemu
     trap unmount_all EXIT
+    RUN_TMP=$(mktemp -d "$ROOTS/tmp.$(basename "$r").XXXXXX")
+    chmod 1777 "$RUN_TMP"
     bind_mounts "$r"
     in_root "$r" "$@" ;;
   *) die "usage: roots.sh make NAME | run NAME CMD..." ;;

@@ -35,6 +35,16 @@ bash scripts/build.sh
 # run uses about 1.1 of the machine's 2 cores one lane at a time (40% idle over
 # a minute of the NumPy 1.26 stage). Its stages are counted with the rest.
 lane_dir=$(mktemp -d)
+# Two commands in one root at once (two clones testing on one machine): each
+# has a /tmp of its own and its own view of the clone (scripts/roots.sh).
+roots_apart() {
+  local out
+  out=$( (bash scripts/roots.sh run forky sh -c 'echo first > /tmp/mine; sleep 3; cat /tmp/mine; test -f /tmp/datamem-src/README.md && echo clone' &
+          sleep 1
+          bash scripts/roots.sh run forky sh -c 'test ! -e /tmp/mine && echo second > /tmp/mine && cat /tmp/mine'
+          wait) | tr '\n' ' ')
+  [ "$out" = "second first clone " ] || { echo "roots.sh: two runs in one root share a /tmp or lose the clone: '$out'" >&2; return 1; }
+}
 other_lane() {
   nstages=0
   stage "Python tests under NumPy 1.26 (same wheel)"
@@ -49,6 +59,7 @@ other_lane() {
 
   stage "Debian roots: testing (CPython 3.14), bookworm arm64 (qemu), bullseye (glibc 2.31) (scripts/roots.sh), free-threaded CPython 3.13t from trixie's source (scripts/ft-python.sh); all cached"
   for r in forky arm64 bullseye; do bash scripts/roots.sh make "$r"; done
+  roots_apart
   bash scripts/ft-python.sh make
 
   stage "manylinux_2_28 wheels, CPython 3.10-3.14 (x86_64 and aarch64) and 3.13t (x86_64) (scripts/wheels.sh)"
