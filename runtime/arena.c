@@ -415,9 +415,24 @@ static uint64_t stat_u64(unsigned idx, const char *leaf) {
  * that leaves the dirty pages to decay (bench/run.py's mixed run: 0.28x the
  * default's time instead of 0.91x, the same peak RSS; real jobs: the same
  * peak RSS to the megabyte, sklearn_pipeline 7.6k faults instead of 11k).
+ * Nor well below the process's own peak: the figure a user (and a memory
+ * limit) reads is the process's peak RSS, and when the new pages, added to
+ * what the process holds now (VmRSS), leave it a sixteenth or more under the
+ * peak it already had (VmHWM), neither the purge nor the trim runs and the
+ * mark stays: pandas or Arrow freed their own buffers meanwhile, and what a
+ * purge or a trim gave back there the next arrays and buffers faulted in
+ * again (pandas_etl -3.8% pages at scale 0.3, pandas3_arrow -2.5%,
+ * pandas3_etl -2.0%; every peak RSS within 0.7 MB).
+ * The sixteenth is for the rises no check sees (glibc's buffers, blocks
+ * refilling frames they lent, hugepage frames): gating at the peak itself, a
+ * process that churns there ratchets its peak up by them (bench/run.py's
+ * mixed run: 1.12x-1.21x peak RSS per live byte against 1.09x); with the
+ * sixteenth it reads 1.092 and 133.3 pages per operation, as before
+ * (bench/results/process-peak.md).
  * The check runs after allocations above the block cache's sizes, outside
  * jemalloc, and reads jemalloc's stats (under dm__mem_mu like every stats reader)
- * only when the arena did grow. docs/performance.md has the numbers.
+ * and /proc/self/status (before taking it) only when the arena did grow.
+ * docs/performance.md has the numbers.
  *
  * A big half's kept blocks (bigblock.c) wait as dirty pages do, and count so
  * here (their bytes lent to other blocks not at all: those are in the blocks
@@ -509,11 +524,14 @@ static int plan_purges(const struct candidate *mine, int nmine, uint64_t over, u
 }
 
 void dm__arena_after_growth(dm__arena_je_t *ja) {
-    if (atomic_exchange_explicit(&ja->region.grown, 0, memory_order_relaxed) == 0)
+    uint64_t grown = atomic_exchange_explicit(&ja->region.grown, 0, memory_order_relaxed);
+    if (grown == 0)
         return;
     size_t budget = atomic_load_explicit(&ja->owner->dirty_budget, memory_order_relaxed);
     if (budget == SIZE_MAX || !ja->purge_mib[0])
         return;
+    uint64_t rss, hwm;
+    bool under_peak = dm__os_rss_peak(&rss, &hwm) && rss + grown + (hwm >> 4) <= hwm;
     /* Growth is rare: the stats readers' lock (dm__mem_mu) is affordable here. */
     uint64_t epoch = 1, page = je_page_size();
     pthread_mutex_lock(&dm__mem_mu);
@@ -548,11 +566,13 @@ void dm__arena_after_growth(dm__arena_je_t *ja) {
         }
         mine[nmine++] = (struct candidate){x, d, kept, a, due};
     }
-    bool past = footprint > peak_footprint;
+    bool past = footprint > peak_footprint && !under_peak;
     struct purge list[2 * DM_NODES_MAX];
     int npurge = plan_purges(mine, nmine, past ? footprint - peak_footprint : 0, budget, list,
                              &purged);
-    if (footprint - purged > peak_footprint) /* a purge never lowers the mark */
+    /* A purge never lowers the mark; growth well under the process's peak
+     * does not raise it, so that the next check near that peak gives it back. */
+    if (footprint - purged > peak_footprint && !under_peak)
         peak_footprint = footprint - purged;
     bool trim = past && footprint - no_pages > trimmed_at + (trimmed_at >> 4);
     if (trim)

@@ -319,6 +319,22 @@ uint64_t dm__os_anon_resident(void) {
     return (uint64_t)(resident - shared) * dm__os_page_size();
 }
 
+/* The kB figure after `key` in a /proc status text, in bytes (false: none). */
+static bool status_kb(const char *text, const char *key, uint64_t *bytes) {
+    const char *at = strstr(text, key);
+    unsigned long long kb;
+    if (!at || sscanf(at + strlen(key), " %llu kB", &kb) != 1)
+        return false;
+    *bytes = (uint64_t)kb * 1024;
+    return true;
+}
+
+bool dm__os_rss_peak(uint64_t *rss, uint64_t *peak) {
+    char buf[4096]; /* /proc/self/status is about 1.5 KB; VmHWM and VmRSS in its first third */
+    return dm__os_read_small("/proc/self/status", buf, sizeof(buf)) > 0 &&
+           status_kb(buf, "\nVmHWM:", peak) && status_kb(buf, "\nVmRSS:", rss);
+}
+
 size_t dm__os_page_size(void) {
     static _Atomic size_t page;
     size_t p = atomic_load_explicit(&page, memory_order_relaxed);

@@ -67,6 +67,12 @@ uint64_t dm__os_as_limit(void);
  * cache), 0 when it cannot be read. open, read, close: no allocation, no lock;
  * about 10 us (tally.c reads it at most every DM_TALLY_BESIDE_STALE_MS). */
 uint64_t dm__os_anon_resident(void);
+/* The process's resident set now and its peak over the process's life
+ * (/proc/self/status: VmRSS, VmHWM; file pages included, as every RSS a user
+ * reads), in bytes; false when they cannot be read. VmHWM, not getrusage's
+ * ru_maxrss: a process started by one that exec'd (subprocess, spawn) inherits
+ * its parent's ru_maxrss. open, read, close: no allocation, no lock; about 20 us. */
+bool dm__os_rss_peak(uint64_t *rss, uint64_t *peak);
 /* mlock / munlock: 0 or -errno. */
 int dm__os_lock(void *p, size_t n);
 int dm__os_unlock(void *p, size_t n);

@@ -1,7 +1,7 @@
 /*
  * os_test.c: the OS primitives behind hugepage accounting (PAGEMAP_SCAN and
  * the /proc/self/smaps fallback) count the same hugepages; the cgroup memory
- * limit (cgroup.c) read from fake v1 and v2 trees.
+ * limit (cgroup.c) read from fake v1 and v2 trees; the resident set and its peak.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -192,7 +192,28 @@ static void test_cgroup_charge(void) {
     EXPECT_UINT_EQ(dm__cgroup_charge(dir, 2), UINT64_MAX, "not a number: unknown");
 }
 
+/* The process's resident set and its peak: 32 MiB touched and unmapped leave
+ * the peak 32 MiB or more over the resident set (the purge on growth compares
+ * the two, runtime/arena.c). */
+static void test_rss_peak(void) {
+    uint64_t rss0, peak0, rss, peak;
+    EXPECT_TRUE(dm__os_rss_peak(&rss0, &peak0), "/proc/self/status read");
+    EXPECT_TRUE(rss0 > 0 && rss0 <= peak0, "resident under its peak");
+    size_t len = 32 << 20;
+    char *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    EXPECT_TRUE(p != MAP_FAILED, "mmap");
+    if (p == MAP_FAILED)
+        return;
+    memset(p, 1, len);
+    EXPECT_TRUE(dm__os_rss_peak(&rss, &peak), "read again");
+    EXPECT_TRUE(rss >= rss0 + len - (1 << 20), "touched: the resident set grew by 32 MiB");
+    munmap(p, len);
+    EXPECT_TRUE(dm__os_rss_peak(&rss, &peak), "read after munmap");
+    EXPECT_TRUE(peak >= rss + len - (1 << 20), "unmapped: the peak stays 32 MiB over the resident set");
+}
+
 int main(void) {
+    test_rss_peak();
     test_hugepage_primitives();
     test_cgroup_limit();
     test_cgroup_charge();

@@ -300,6 +300,28 @@ def test_a_growth_purge_gives_back_only_what_passed_the_peak():
     assert 6 * MiB <= out["dirty"] <= out["dirty_before"] - 15 * MiB // 4, out
 
 
+# HOLES after the process peaked higher outside datamem (64 MiB that glibc
+# maps, touches and unmaps: the resident set falls, its peak, VmHWM, stays).
+HOLES_BELOW_PEAK = HOLES.replace("old = touched(", """ballast = bytes(64 * MiB).replace(b"\\0", b"\\1")
+del ballast
+old = touched(""", 1)
+
+
+def test_a_growth_below_the_process_peak_purges_nothing():
+    """The purge on growth holds the process's peak RSS: a growth past
+    datamem's own peak that leaves the process a sixteenth or more under the
+    peak it already had gives nothing back, and the freed pages serve the next
+    arrays (the pandas jobs: their arrays grow while pandas' and Arrow's
+    buffers are freed, and each purge there was faulted in again)."""
+    assert "ballast" in HOLES_BELOW_PEAK
+    r = run_py(HOLES_BELOW_PEAK, config=MINIMAL)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    MiB = 1 << 20
+    assert out["purges"] == 0 and out["dirty_before"] >= 15 * MiB, out
+    assert out["dirty"] >= out["dirty_before"] - MiB // 2, out
+
+
 GLIBC_HOLE = r"""
 import ctypes, json
 import numpy as np
@@ -338,6 +360,23 @@ def test_growth_past_the_peak_trims_glibc():
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["grew"] < (32 << 20), out      # the array's 64 MiB, less glibc's 63 MiB
+
+
+@skip_under_asan  # ASan's malloc, not glibc's, serves ctypes' malloc there
+def test_growth_below_the_process_peak_leaves_glibc_its_pages():
+    """The same growth after the process peaked at 256 MiB more (mapped,
+    touched, unmapped): glibc keeps its free pages, which the rest of the job
+    would fault in again if they went (pandas3_arrow at scale 0.3: 119.4k
+    pages against 122.4k, bench/results/process-peak.md)."""
+    script = GLIBC_HOLE.replace("libc.free(libc.malloc(16 << 20))", """big = libc.malloc(256 << 20)
+ctypes.memset(big, 1, 256 << 20)
+libc.free(big)
+libc.free(libc.malloc(16 << 20))""", 1)
+    assert "256 << 20" in script
+    r = run_py(script, config=MINIMAL)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["grew"] > (56 << 20), out      # the array's 64 MiB, glibc's 63 MiB kept
 
 
 def test_zeros_in_a_pinned_arena_keeps_its_pages(write_policy, fake_cudart):
