@@ -312,6 +312,13 @@ def job_env(tmp_path, http="127.0.0.1:0", config=DEMO, extra=None):
     return e
 
 
+def job_died(p):
+    """What a job that closed its stdout before its first line left: its exit
+    status (a negative one is the signal that ended it) and its stderr."""
+    err = p.communicate(timeout=30)[1]
+    return "job died (exit status %s): %s" % (p.returncode, err)
+
+
 @contextlib.contextmanager
 def job(tmp_path, code=SERVE, argv=(), **kw):
     """Starts `code` (sys.argv[1:] = `argv`); yields (Popen, first stdout line as
@@ -323,7 +330,7 @@ def job(tmp_path, code=SERVE, argv=(), **kw):
     try:
         line = p.stdout.readline()
         if not line:
-            raise AssertionError("job died: %s" % p.communicate(timeout=30)[1])
+            raise AssertionError(job_died(p))
         yield p, json.loads(line)
     finally:
         if p.poll() is None:

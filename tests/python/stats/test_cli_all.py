@@ -9,7 +9,7 @@ import sys
 import time
 import uuid
 
-from conftest import CONFIGS, ROOT
+from conftest import CONFIGS, ROOT, job_died
 
 from datamem._cli import stats as stats_cli
 from datamem._stats import tables
@@ -46,7 +46,7 @@ class Job:
                                   stderr=subprocess.PIPE, text=True)
         line = self.p.stdout.readline()
         if not line:
-            raise AssertionError("job died: %s" % self.p.communicate(timeout=30)[1])
+            raise AssertionError(job_died(self.p))
         info = json.loads(line)
         self.pid, self.url = info["pid"], info["url"]
 

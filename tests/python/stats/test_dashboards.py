@@ -20,7 +20,7 @@ import pytest
 
 import _prometheus
 from _prometheus import Prometheus, promtool
-from conftest import CONFIGS, ROOT
+from conftest import CONFIGS, ROOT, job_died
 
 DASHBOARD = os.path.join(ROOT, "docs", "grafana", "datamem.json")
 ALERTS = os.path.join(ROOT, "docs", "prometheus", "alerts.yml")
@@ -113,7 +113,7 @@ def test_dashboard_and_alerts_against_real_prometheus(tmp_path):
                            text=True)
     try:
         line = job.stdout.readline()
-        assert line, "job died: %s" % job.communicate(timeout=30)[1]
+        assert line, job_died(job)
         info = json.loads(line)
         target = info["url"].split("/")[2]
         pid = str(info["pid"])

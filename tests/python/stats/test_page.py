@@ -25,7 +25,7 @@ import urllib.request
 import pytest
 
 from _prometheus import tool_env
-from conftest import CONFIGS, ROOT
+from conftest import CONFIGS, ROOT, job_died
 
 PAGE = os.path.join(ROOT, "service", "page", "index.html")
 
@@ -94,7 +94,7 @@ def job(tmp_path, unix_socket=None):
     try:
         line = p.stdout.readline()
         if not line:
-            raise AssertionError("job died: %s" % p.communicate(timeout=30)[1])
+            raise AssertionError(job_died(p))
         info = json.loads(line)
         info["base"] = info["url"].rsplit("/", 1)[0]
         yield info

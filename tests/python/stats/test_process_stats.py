@@ -15,7 +15,7 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import CONFIGS, ROOT, UNDER_ASAN, run_py, wait_for
+from conftest import CONFIGS, ROOT, UNDER_ASAN, job_died, run_py, wait_for
 
 from datamem import _text
 from datamem._stats import client, tables
@@ -91,7 +91,7 @@ def serve(tmp_path, code=SERVE):
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     line = p.stdout.readline()
     if not line:
-        raise AssertionError("job died: %s" % p.communicate(timeout=30)[1])
+        raise AssertionError(job_died(p))
     return p, json.loads(line)
 
 
