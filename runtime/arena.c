@@ -418,11 +418,15 @@ static uint64_t stat_u64(unsigned idx, const char *leaf) {
  * Nor well below the process's own peak: the figure a user (and a memory
  * limit) reads is the process's peak RSS, and when the new pages, added to
  * what the process holds now (VmRSS), leave it a sixteenth or more under the
- * peak it already had (VmHWM), neither the purge nor the trim runs and the
- * mark stays: pandas or Arrow freed their own buffers meanwhile, and what a
- * purge or a trim gave back there the next arrays and buffers faulted in
- * again (pandas_etl -3.8% pages at scale 0.3, pandas3_arrow -2.5%,
- * pandas3_etl -2.0%; every peak RSS within 0.7 MB).
+ * peak it already had (VmHWM), neither the purge nor the trim runs: pandas or
+ * Arrow freed their own buffers meanwhile, and what a purge or a trim gave
+ * back there the next arrays and buffers faulted in again (pandas_etl -3.8%
+ * pages at scale 0.3, pandas3_arrow -2.5%, pandas3_etl -2.0%; every peak RSS
+ * within 0.7 MB). The mark rises there as past the peak, so that what such a
+ * growth kept is not given back in one piece at the next check near the
+ * peak: whether that check came turned on Arrow's allocator returning its
+ * pages a few milliseconds earlier, and pandas3_etl took 1.086x the default's
+ * pages or 1.041x by it (bench/results/mark-rises.md).
  * The sixteenth is for the rises no check sees (glibc's buffers, blocks
  * refilling frames they lent, hugepage frames): gating at the peak itself, a
  * process that churns there ratchets its peak up by them (bench/run.py's
@@ -570,9 +574,10 @@ void dm__arena_after_growth(dm__arena_je_t *ja) {
     struct purge list[2 * DM_NODES_MAX];
     int npurge = plan_purges(mine, nmine, past ? footprint - peak_footprint : 0, budget, list,
                              &purged);
-    /* A purge never lowers the mark; growth well under the process's peak
-     * does not raise it, so that the next check near that peak gives it back. */
-    if (footprint - purged > peak_footprint && !under_peak)
+    /* A purge never lowers the mark, and growth well under the process's
+     * peak raises it as any growth does: what that growth kept is not given
+     * back in one piece at the next check near the peak. */
+    if (footprint - purged > peak_footprint)
         peak_footprint = footprint - purged;
     bool trim = past && footprint - no_pages > trimmed_at + (trimmed_at >> 4);
     if (trim)
