@@ -424,8 +424,8 @@ static uint64_t stat_u64(unsigned idx, const char *leaf) {
  * pages at scale 0.3, pandas3_arrow -2.5%, pandas3_etl -2.0%; every peak RSS
  * within 0.7 MB). The mark rises there as past the peak, so that what such a
  * growth kept is not given back in one piece at the next check near the
- * peak: whether that check came turned on Arrow's allocator returning its
- * pages a few milliseconds earlier, and pandas3_etl took 1.086x the default's
+ * peak: whether that check came turned on a transient rise outside datamem
+ * that differs from run to run, and pandas3_etl took 1.086x the default's
  * pages or 1.041x by it (bench/results/mark-rises.md).
  * The sixteenth is for the rises no check sees (glibc's buffers, blocks
  * refilling frames they lent, hugepage frames): gating at the peak itself, a
