@@ -30,7 +30,7 @@ bash scripts/roots.sh run "$name" sh -c '
   w=$1; shift
   cat > "/tmp/$w"   # the wheel, on standard input
   python -m pip install -q --force-reinstall --no-deps "/tmp/$w"
-  rm -rf /tmp/datamem-run && mkdir -p /tmp/datamem-run && cd /tmp/datamem-run
+  cd "$(mktemp -d /tmp/datamem-run.XXXXXX)"   # its own (0700): python puts its directory on sys.path
   python -c "import os, platform, multiprocessing as mp, numpy, datamem
 print(\"%s: %s, Linux %s, CPython %s, NumPy %s, glibc %s, %d-byte pages, start method %s\" % (
     \"${w##*/}\", platform.machine(), os.uname().release, platform.python_version(),

@@ -47,6 +47,11 @@ def outcomes(xml_path):
 
 
 def run(targets, policy, xml_path):
+    """pytest on targets, its report written to xml_path. It runs in the
+    directory that holds xml_path, which must be the caller's own (a
+    TemporaryDirectory): `python -m` puts its working directory first on
+    sys.path, so in a shared one (/tmp) any file named like a module pytest
+    or NumPy imports would run in its place."""
     env = dict(os.environ)
     env.pop("DATAMEM_CONFIG", None)
     if policy:
@@ -54,9 +59,13 @@ def run(targets, policy, xml_path):
     cmd = [sys.executable, "-m", "pytest", "--pyargs", *targets, "-q", "-p", "no:cacheprovider",
            "-m", "not slow", "-W", "error::pytest.PytestUnhandledThreadExceptionWarning",
            "--junitxml", xml_path]
-    r = subprocess.run(cmd, env=env, cwd=tempfile.gettempdir(), capture_output=True, text=True)
+    r = subprocess.run(cmd, env=env, cwd=os.path.dirname(os.path.abspath(xml_path)),
+                       capture_output=True, text=True)
     tail = r.stdout.strip().splitlines()[-1:] if r.stdout.strip() else []
     print("  %s: %s" % ("datamem" if policy else "default", " ".join(tail)), flush=True)
+    if not os.path.exists(xml_path):
+        raise SystemExit("FAIL: pytest wrote no report (exit status %d); its stderr ends:\n%s"
+                         % (r.returncode, "\n".join(r.stderr.strip().splitlines()[-20:])))
     return outcomes(xml_path)
 
 
