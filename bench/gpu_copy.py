@@ -34,6 +34,7 @@ Usage: python3 bench/gpu_copy.py [--sizes 1M,16M,256M,1G] [--rounds 7]
                                  [--first-rounds 3] [--out FILE] [--cudart PATH]
 """
 import argparse
+import atexit
 import contextvars
 import ctypes
 import ctypes.util
@@ -43,6 +44,7 @@ import os
 import platform
 import random
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -366,6 +368,7 @@ def main():
 
     import datamem
     tmp = tempfile.mkdtemp(prefix="gpu_copy_")
+    atexit.register(shutil.rmtree, tmp, True)  # the policy lives until the process ends
     policy = os.path.join(tmp, "policy.yaml")
     with open(policy, "w") as f:
         f.write(POLICY)

@@ -11,16 +11,18 @@ stage() {  # each stage's start says how long the one before took, and the time 
   nstages=$((nstages + 1)); stage_t0=$SECONDS; printf '\n=== %s ===\n' "$*"
 }
 # set -e stops at the first failing stage; reaching the end means all passed.
-lane_pid=
+lane_pid= lane_dir=
 on_exit() {
   local rc=$?
-  [ $rc -ne 0 ] || return 0
-  if [ -n "$lane_pid" ] && kill -0 "$lane_pid" 2>/dev/null; then
-    kill -- -"$lane_pid" 2>/dev/null || true
-    wait "$lane_pid" 2>/dev/null || true
-    printf '\n--- the second lane, stopped (its output so far) ---\n'; cat "$lane_dir/log"
+  if [ $rc -ne 0 ]; then
+    if [ -n "$lane_pid" ] && kill -0 "$lane_pid" 2>/dev/null; then
+      kill -- -"$lane_pid" 2>/dev/null || true
+      wait "$lane_pid" 2>/dev/null || true
+      printf '\n--- the second lane, stopped (its output so far) ---\n'; cat "$lane_dir/log"
+    fi
+    printf "\nstages: %d passed, 1 failed\n" $((nstages - 1))
   fi
-  printf "\nstages: %d passed, 1 failed\n" $((nstages - 1))
+  [ -z "$lane_dir" ] || rm -rf "$lane_dir"   # its log and stage count, made below
 }
 trap on_exit EXIT
 

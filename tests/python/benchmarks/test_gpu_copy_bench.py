@@ -78,9 +78,12 @@ def test_every_allocator_is_measured_with_a_stand_in_runtime(tmp_path):
     lib = tmp_path / "libcudart.so"
     subprocess.run([cc, "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
     out = tmp_path / "gpu_copy.json"
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
     r = bench("--cudart", str(lib), "--sizes", "1M,4M", "--rounds", "1", "--first-rounds", "1",
-              "--out", str(out))
+              "--out", str(out), env={"TMPDIR": str(scratch)})
     assert r.returncode == 0, r.stdout + r.stderr
+    assert list(scratch.iterdir()) == []  # its policy's directory goes with it (80 were left in /tmp)
     doc = json.loads(out.read_text())
     modes = ["numpy", "plain", "lock", "pinned", "mallochost"]
     assert sorted(doc["copies"]) == sorted(modes)

@@ -61,7 +61,7 @@ def test_threads_race_installs_tags_profiles_and_sites(tmp_path, threads, iterat
 
 
 GIL_STEPS = textwrap.dedent(r"""
-    import json, os, sys, tempfile, urllib.request, warnings
+    import json, os, shutil, sys, tempfile, urllib.request, warnings
     warnings.simplefilter("error")  # "The global interpreter lock (GIL) has been enabled ..."
     steps = []
 
@@ -98,6 +98,7 @@ GIL_STEPS = textwrap.dedent(r"""
     assert recording.start(d, sample=0).startswith(d)
     np.ones(100)
     datamem._ext.profile_stop()
+    shutil.rmtree(d)
     check("profile")
     try:
         import distributed  # noqa: F401
