@@ -7,12 +7,11 @@ hugepages (the VmFlags of the mapping: `hg` is MADV_HUGEPAGE, `nh`
 MADV_NOHUGEPAGE), and that np.zeros of a big reused block gives its pages back
 instead of clearing them (RSS), with every byte still zero.
 """
-import json
 import os
 
 import pytest
 
-from conftest import CONFIGS, UNDER_ASAN, UNDER_TSAN, run_py, skip_under_asan
+from conftest import CONFIGS, UNDER_ASAN, UNDER_TSAN, last_json, run_py, skip_under_asan
 
 MINIMAL = os.path.join(CONFIGS, "minimal.yaml")
 
@@ -47,8 +46,7 @@ print(json.dumps({"arena": datamem.arena_of(big),
 
 def flags(pre="", config=MINIMAL, env=None):
     r = run_py(VMFLAGS % pre, config=config, env=env)
-    assert r.returncode == 0, r.stderr
-    out = json.loads(r.stdout.strip().splitlines()[-1])
+    out = last_json(r)
     assert out["arena"] is not None, "datamem did not serve the array"
     return out
 
@@ -102,8 +100,7 @@ def test_big_blocks_start_on_a_hugepage_frame(thp):
     Without NumPy's advice the blocks are placed the same (free finds a block by
     its frame), only not advised (test_numpy_madvise_hugepage_0_is_honoured)."""
     r = run_py(ALIGNED, config=MINIMAL, env={"NUMPY_MADVISE_HUGEPAGE": thp})
-    assert r.returncode == 0, r.stderr
-    offsets = json.loads(r.stdout.strip().splitlines()[-1])
+    offsets = last_json(r)
     assert all(o < 4096 and o % 64 == 0 for o in offsets), offsets
     assert offsets[0] == offsets[4] == 0, offsets
     assert len({offsets[i] for i in (1, 2, 3, 5)}) > 1, offsets
@@ -136,8 +133,7 @@ print(json.dumps({"reused": z.ctypes.data == addr, "before": before, "after": af
 
 def zeros(n, part=1.0):
     r = run_py(ZEROS % (n, part), config=MINIMAL)
-    assert r.returncode == 0, r.stderr
-    out = json.loads(r.stdout.strip().splitlines()[-1])
+    out = last_json(r)
     assert out["reused"], out
     return out
 
@@ -204,15 +200,13 @@ def test_default_budget_bounds_dirty_pages(write_policy):
     bounds this loop, the test below.)"""
     purged = write_policy("version: 1\ndefault: main\narenas:\n  main: {hugepages: off}\n")
     r = run_py(GROWING, config=purged)
-    assert r.returncode == 0, r.stderr
-    out = json.loads(r.stdout.strip().splitlines()[-1])
+    out = last_json(r)
     assert out["purges"] > 0, out
     assert out["peak"] < (100 << 20), out
     never = write_policy("version: 1\ndefault: main\narenas:\n"
                          "  main: {hugepages: off, decay: {budget: never}}\n")
     r = run_py(GROWING, config=never)
-    assert r.returncode == 0, r.stderr
-    kept = json.loads(r.stdout.strip().splitlines()[-1])
+    kept = last_json(r)
     assert kept["purges"] == 0 and kept["peak"] > (160 << 20), kept
 
 
@@ -222,12 +216,10 @@ def test_lending_bounds_growing_sizes_without_a_purge(write_policy):
     the largest array, where it held every freed block (over 160 MiB) before."""
     never = write_policy("version: 1\ndefault: main\narenas:\n  main: {decay: {budget: never}}\n")
     r = run_py(GROWING, config=never)
-    assert r.returncode == 0, r.stderr
-    out = json.loads(r.stdout.strip().splitlines()[-1])
+    out = last_json(r)
     assert out["purges"] == 0 and out["peak"] < (100 << 20), out
     r = run_py(GROWING, config=MINIMAL)
-    assert r.returncode == 0, r.stderr
-    out = json.loads(r.stdout.strip().splitlines()[-1])
+    out = last_json(r)
     assert out["peak"] < (100 << 20), out
 
 
@@ -251,8 +243,7 @@ def test_growth_purge_slack_is_small():
     With 1/16 a job with ~450 MB live keeps 28 MB of freed pages at its peak:
     sklearn_pipeline 1.05x NumPy's default peak RSS."""
     r = run_py(SLACK, config=MINIMAL)
-    assert r.returncode == 0, r.stderr
-    out = json.loads(r.stdout.strip().splitlines()[-1])
+    out = last_json(r)
     assert out["purges"] == 1 and out["dirty"] < (10 << 20), out
 
 
@@ -293,8 +284,7 @@ def test_a_growth_purge_gives_back_only_what_passed_the_peak():
     the next arrays, where a purge of every dirty page made them fault in
     again (scipy_cg: 15 MB given back for a 4 KiB overshoot)."""
     r = run_py(HOLES, config=MINIMAL)
-    assert r.returncode == 0, r.stderr
-    out = json.loads(r.stdout.strip().splitlines()[-1])
+    out = last_json(r)
     MiB = 1 << 20
     assert out["purges"] == 1 and out["dirty_before"] >= 15 * MiB, out
     assert 6 * MiB <= out["dirty"] <= out["dirty_before"] - 15 * MiB // 4, out
@@ -320,8 +310,7 @@ def test_a_growth_below_the_process_peak_purges_nothing():
     buffers are freed, and each purge there was faulted in again)."""
     assert "ballast" in HOLES_BELOW_PEAK
     r = run_py(HOLES_BELOW_PEAK, config=MINIMAL)
-    assert r.returncode == 0, r.stderr
-    out = json.loads(r.stdout.strip().splitlines()[-1])
+    out = last_json(r)
     MiB = 1 << 20
     assert out["purges"] == 0 and out["dirty_before"] >= 15 * MiB, out
     assert out["dirty"] >= out["dirty_before"] - MiB // 2, out
@@ -348,8 +337,7 @@ def test_a_growth_below_the_process_peak_is_not_given_back_later():
     against 1.041x (bench/results/mark-rises.md)."""
     assert "again" in BACK_AT_PEAK
     r = run_py(BACK_AT_PEAK, config=MINIMAL)
-    assert r.returncode == 0, r.stderr
-    out = json.loads(r.stdout.strip().splitlines()[-1])
+    out = last_json(r)
     MiB = 1 << 20
     assert out["purges"] == 0 and out["dirty"] >= 15 * MiB, out
     assert out["purges_at_peak"] == 1, out
@@ -391,8 +379,7 @@ def test_growth_past_the_peak_trims_glibc():
     passes its peak, glibc gives its free pages back (without that, pandas_etl's
     peak held 17 MiB of them, 1.020x NumPy's default peak RSS; with it, 1.002x)."""
     r = run_py(GLIBC_HOLE, config=MINIMAL)
-    assert r.returncode == 0, r.stderr
-    out = json.loads(r.stdout.strip().splitlines()[-1])
+    out = last_json(r)
     assert out["grew"] < (32 << 20), out      # the array's 64 MiB, less glibc's 63 MiB
 
 
@@ -408,8 +395,7 @@ libc.free(big)
 libc.free(libc.malloc(16 << 20))""", 1)
     assert "256 << 20" in script
     r = run_py(script, config=MINIMAL)
-    assert r.returncode == 0, r.stderr
-    out = json.loads(r.stdout.strip().splitlines()[-1])
+    out = last_json(r)
     assert out["grew"] > (56 << 20), out      # the array's 64 MiB, glibc's 63 MiB kept
 
 
@@ -418,8 +404,7 @@ def test_zeros_in_a_pinned_arena_keeps_its_pages(write_policy, fake_cudart):
     reused big block there is cleared with memset, never given back."""
     pol = write_policy("version: 1\ndefault: gpu\narenas:\n  gpu: {pinned: cuda}\n")
     r = run_py(ZEROS % ((64 << 20), 0.5), config=pol, env={"DATAMEM_CUDART": fake_cudart})
-    assert r.returncode == 0, r.stderr
-    out = json.loads(r.stdout.strip().splitlines()[-1])
+    out = last_json(r)
     assert out["nonzero"] == 0, out
     assert out["before"] - out["after"] < (4 << 20), out
 
@@ -471,8 +456,7 @@ def test_big_temporaries_in_two_threads_reuse_their_blocks():
     thread is not a block: Python's and NumPy's own small allocations can touch
     a new page (one thread faulted once in a fresh-clone CI run on NumPy 1.26)."""
     r = run_py(TWO_THREADS, config=MINIMAL)
-    assert r.returncode == 0, r.stderr
-    out = json.loads(r.stdout.strip().splitlines()[-1])
+    out = last_json(r)
     assert len(out["faults"]) == 2 and max(out["faults"]) <= 4, out
     # Small allocations (Python's own) still reach jemalloc; no 16 MiB one does.
     assert out["je_allocs"] < 40, out
@@ -513,8 +497,7 @@ print(json.dumps(res))
 
 def run_reuse(config, wait=0.0):
     r = run_py(REUSE % wait, config=config)
-    assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return last_json(r)
 
 
 def test_kept_big_block_comes_back_zeroed_and_lends_on_a_miss():
@@ -558,8 +541,7 @@ for i in range(8):
 m = datamem.stats()["arenas"]["main"]
 print(json.dumps({k: m[k] for k in ("active_bytes", "reuse_bytes", "reallocs")}))
 """, config=MINIMAL)
-    assert r.returncode == 0, r.stderr
-    out = json.loads(r.stdout.strip().splitlines()[-1])
+    out = last_json(r)
     assert out["reallocs"] >= 8, out
     assert out["active_bytes"] < (64 << 20), out   # one or two 24 MB blocks, not eight
 
@@ -584,8 +566,7 @@ x = np.ones(16 << 20, np.uint8); del x
 a = datamem.stats()["arenas"]["main"]
 print(json.dumps({"reuse": a["reuse_bytes"], "live": a["live_bytes"]}))
 """, config=limited)
-    assert r.returncode == 0, r.stderr
-    out = json.loads(r.stdout.strip().splitlines()[-1])
+    out = last_json(r)
     assert out["reuse"] == 0 and out["live"] < (1 << 20), out
 
 
@@ -632,8 +613,7 @@ del y
 print(json.dumps({"before": before, "after": a["reuse_bytes"], "live": live,
                   "end": datamem.stats()["arenas"]["main"]["reuse_bytes"]}))
 """.replace("sys.argv[1]", repr(limited)), config=MINIMAL)
-    assert r.returncode == 0, r.stderr
-    out = json.loads(r.stdout.strip().splitlines()[-1])
+    out = last_json(r)
     assert out["before"] == 16 << 20 and out["after"] == 0 and out["end"] == 0, out
     assert out["live"] >= 16 << 20, out
 
@@ -665,8 +645,7 @@ above = b()
 print(json.dumps({"below": [below["growth_purges"], below["dirty_bytes"]],
                   "above": [above["growth_purges"], above["dirty_bytes"]]}))
 """, config=two)
-    assert r.returncode == 0, r.stderr
-    out = json.loads(r.stdout.strip().splitlines()[-1])
+    out = last_json(r)
     assert out["below"][0] == 0 and out["below"][1] >= (128 << 20), out
     # 554 MiB against the peak's 512: the 42 MiB over it go, in whole holes
     # (two of 32 MiB), and the other two stay for the next arrays
@@ -698,8 +677,7 @@ h = np.ones(40 << 20, np.uint8)                  # grows to 162 MiB: below the p
 print(json.dumps({"first": first, "second": purges(),
                   "dirty": datamem.stats()["arenas"]["b"]["dirty_bytes"]}))
 """, config=one)
-    assert r.returncode == 0, r.stderr
-    out = json.loads(r.stdout.strip().splitlines()[-1])
+    out = last_json(r)
     assert out["first"] == 1 and out["second"] == 1, out
     assert out["dirty"] >= (32 << 20), out      # the last hole, not purged
 
